@@ -1,0 +1,119 @@
+//! `build.kat`: how to build the image of a workload with a `git` source (RFC 001 §3.5).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::relative_path_problem;
+use crate::report::Scope;
+use crate::workload::image_reference_problem;
+
+#[cfg(test)]
+use proptest_derive::Arbitrary;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BuildDefinition {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub spec: BuildSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BuildSpec {
+    #[serde(default = "dot")]
+    pub build_context: String,
+    #[serde(default = "dockerfile")]
+    pub dockerfile_path: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub build_args: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_stage: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<BuildCache>,
+}
+
+impl Default for BuildSpec {
+    fn default() -> Self {
+        BuildSpec {
+            build_context: dot(),
+            dockerfile_path: dockerfile(),
+            build_args: BTreeMap::new(),
+            target_stage: None,
+            platform: None,
+            cache: None,
+        }
+    }
+}
+
+fn dot() -> String {
+    ".".to_string()
+}
+fn dockerfile() -> String {
+    "./Dockerfile".to_string()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BuildCache {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_path: Option<String>,
+}
+
+const PLATFORM_OS: [&str; 2] = ["linux", "windows"];
+const PLATFORM_ARCH: [&str; 8] = [
+    "amd64", "arm64", "arm", "386", "ppc64le", "s390x", "riscv64", "mips64le",
+];
+
+impl BuildDefinition {
+    pub fn validate(&self, s: &mut Scope<'_>) {
+        let mut s = s.field("spec");
+        for (field, path) in [
+            ("buildContext", &self.spec.build_context),
+            ("dockerfilePath", &self.spec.dockerfile_path),
+        ] {
+            if path.is_empty() {
+                s.error(field, "must not be empty");
+            } else if let Some(p) = relative_path_problem(path) {
+                s.error(field, format!("{p} (it is relative to the repository)"));
+            }
+        }
+        for key in self.spec.build_args.keys() {
+            if key.is_empty() || key.contains(['=', ' ', '\0']) {
+                s.error(
+                    &format!("buildArgs.{key}"),
+                    format!("{key:?} is not a build argument name"),
+                );
+            }
+        }
+        if let Some(stage) = &self.spec.target_stage {
+            if stage.is_empty() || stage.contains(char::is_whitespace) {
+                s.error("targetStage", format!("{stage:?} is not a stage name"));
+            }
+        }
+        if let Some(platform) = &self.spec.platform {
+            let parts: Vec<&str> = platform.split('/').collect();
+            let ok = (2..=3).contains(&parts.len())
+                && PLATFORM_OS.contains(&parts[0])
+                && PLATFORM_ARCH.contains(&parts[1]);
+            if !ok {
+                s.error("platform", format!("{platform:?} is not a platform (expected os/arch[/variant], e.g. linux/amd64 or linux/arm64)"));
+            }
+        }
+        if let Some(BuildCache {
+            registry_path: Some(path),
+        }) = &self.spec.cache
+        {
+            if let Some(p) = image_reference_problem(path) {
+                s.error("cache.registryPath", p);
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! `cluster.kat`: immutable cluster-wide parameters, read by `kat-agent init` (RFC 001 §3.9).
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::names::{absolute_path_problem, dns_label_problem, dns_name_problem};
+use crate::report::Scope;
+
+#[cfg(test)]
+use proptest_derive::Arbitrary;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterConfiguration {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ClusterMetadata,
+    pub spec: ClusterSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterMetadata {
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterSpec {
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: String,
+    #[serde(rename = "serviceCIDR")]
+    pub service_cidr: String,
+    #[serde(default = "defaults::node_subnet_bits")]
+    pub node_subnet_bits: u32,
+    #[serde(default = "defaults::cluster_domain")]
+    pub cluster_domain: String,
+    #[serde(default = "defaults::agent_port")]
+    pub agent_port: u32,
+    #[serde(default = "defaults::api_port")]
+    pub api_port: u32,
+    #[serde(default = "defaults::etcd_peer_port")]
+    pub etcd_peer_port: u32,
+    #[serde(default = "defaults::etcd_client_port")]
+    pub etcd_client_port: u32,
+    #[serde(default = "defaults::volume_base_path")]
+    pub volume_base_path: String,
+    #[serde(default = "defaults::backup_path")]
+    pub backup_path: String,
+    #[serde(default = "defaults::backup_interval_minutes")]
+    pub backup_interval_minutes: u32,
+    #[serde(default = "defaults::agent_tick_seconds")]
+    pub agent_tick_seconds: u32,
+    #[serde(default = "defaults::node_loss_timeout_seconds")]
+    pub node_loss_timeout_seconds: u32,
+}
+
+/// The RFC's defaults for `cluster.kat`.
+pub mod defaults {
+    pub fn node_subnet_bits() -> u32 {
+        7
+    }
+    pub fn cluster_domain() -> String {
+        "kat.cluster.local".into()
+    }
+    pub fn agent_port() -> u32 {
+        9116
+    }
+    pub fn api_port() -> u32 {
+        9115
+    }
+    pub fn etcd_peer_port() -> u32 {
+        2380
+    }
+    pub fn etcd_client_port() -> u32 {
+        2379
+    }
+    pub fn volume_base_path() -> String {
+        "/var/lib/kat/volumes".into()
+    }
+    pub fn backup_path() -> String {
+        "/var/lib/kat/backups".into()
+    }
+    pub fn backup_interval_minutes() -> u32 {
+        30
+    }
+    pub fn agent_tick_seconds() -> u32 {
+        15
+    }
+    pub fn node_loss_timeout_seconds() -> u32 {
+        60
+    }
+}
+
+/// The smallest node subnet that still leaves room for instances: a /28 (IPv4) holds 14 hosts.
+const MIN_HOST_BITS: u8 = 4;
+
+impl ClusterSpec {
+    /// The parsed `clusterCIDR`, once validated.
+    pub fn cluster_net(&self) -> Option<IpNet> {
+        self.cluster_cidr.parse().ok()
+    }
+    pub fn service_net(&self) -> Option<IpNet> {
+        self.service_cidr.parse().ok()
+    }
+}
+
+impl ClusterConfiguration {
+    pub fn validate(&self, s: &mut Scope<'_>) {
+        if let Some(p) = dns_label_problem(&self.metadata.name) {
+            s.error("metadata.name", p);
+        }
+        let spec = &self.spec;
+        let mut s = s.field("spec");
+        let parse = |s: &mut Scope<'_>, field: &str, v: &str| -> Option<IpNet> {
+            match v.parse::<IpNet>() {
+                Ok(net) if net.trunc() != net => {
+                    s.error(
+                        field,
+                        format!(
+                            "{v:?} has host bits set (expected the network address, {})",
+                            net.trunc()
+                        ),
+                    );
+                    None
+                }
+                Ok(net) => Some(net),
+                Err(_) => {
+                    s.error(
+                        field,
+                        format!("{v:?} is not a CIDR (expected e.g. 10.100.0.0/16)"),
+                    );
+                    None
+                }
+            }
+        };
+        let cluster = parse(&mut s, "clusterCIDR", &spec.cluster_cidr);
+        let service = parse(&mut s, "serviceCIDR", &spec.service_cidr);
+        if let (Some(c), Some(sv)) = (cluster, service) {
+            if c.addr().is_ipv4() != sv.addr().is_ipv4() {
+                s.error("serviceCIDR", format!("{sv} and clusterCIDR {c} are different address families (expected both IPv4 or both IPv6)"));
+            } else if c.contains(&sv.network()) || sv.contains(&c.network()) {
+                s.error(
+                    "serviceCIDR",
+                    format!("{sv} overlaps clusterCIDR {c} (expected separate ranges)"),
+                );
+            }
+        }
+        if let Some(c) = cluster {
+            let node_prefix = c.prefix_len() as u32 + spec.node_subnet_bits;
+            let limit = (c.max_prefix_len() - MIN_HOST_BITS) as u32;
+            if spec.node_subnet_bits == 0 {
+                s.error(
+                    "nodeSubnetBits",
+                    "0 must be at least 1 (each node needs its own subnet)",
+                );
+            } else if node_prefix > limit {
+                s.error(
+                    "nodeSubnetBits",
+                    format!(
+                        "{} does not fit clusterCIDR {c}: node subnets would be /{node_prefix}, smaller than the /{limit} needed for instances (expected at most {})",
+                        spec.node_subnet_bits,
+                        limit.saturating_sub(c.prefix_len() as u32)
+                    ),
+                );
+            }
+        }
+        if let Some(p) = dns_name_problem(&spec.cluster_domain) {
+            s.error("clusterDomain", p);
+        }
+        let mut ports: BTreeMap<u32, &str> = BTreeMap::new();
+        for (field, port) in [
+            ("agentPort", spec.agent_port),
+            ("apiPort", spec.api_port),
+            ("etcdPeerPort", spec.etcd_peer_port),
+            ("etcdClientPort", spec.etcd_client_port),
+        ] {
+            if !(1..=65535).contains(&port) {
+                s.error(field, format!("{port} is not a port (expected 1-65535)"));
+            } else if let Some(other) = ports.insert(port, field) {
+                s.error(
+                    field,
+                    format!("{port} is also {other} (every port must be different)"),
+                );
+            }
+        }
+        for (field, path) in [
+            ("volumeBasePath", &spec.volume_base_path),
+            ("backupPath", &spec.backup_path),
+        ] {
+            if let Some(p) = absolute_path_problem(path) {
+                s.error(field, p);
+            }
+        }
+        for (field, v) in [
+            ("backupIntervalMinutes", spec.backup_interval_minutes),
+            ("agentTickSeconds", spec.agent_tick_seconds),
+            ("nodeLossTimeoutSeconds", spec.node_loss_timeout_seconds),
+        ] {
+            if v == 0 {
+                s.error(field, "0 must be at least 1");
+            }
+        }
+        if spec.agent_tick_seconds > 0 && spec.node_loss_timeout_seconds <= spec.agent_tick_seconds
+        {
+            s.error(
+                "nodeLossTimeoutSeconds",
+                format!(
+                    "{} must be longer than agentTickSeconds ({}), or every node would be declared lost between two heartbeats",
+                    spec.node_loss_timeout_seconds, spec.agent_tick_seconds
+                ),
+            );
+        }
+    }
+}

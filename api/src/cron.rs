@@ -1,0 +1,242 @@
+//! Cron schedules for `job.kat` `spec.schedule`.
+//!
+//! The classic five fields (minute, hour, day of month, month, day of week) with `*`, lists,
+//! ranges, steps and month/day names, plus the `@hourly`-style macros. Parsed into bit sets so
+//! the job controller can ask whether a minute matches without re-parsing.
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CronSchedule {
+    pub minutes: u64,
+    pub hours: u64,
+    pub days_of_month: u64,
+    pub months: u64,
+    pub days_of_week: u64,
+    /// True when day-of-month was `*`: then only day-of-week restricts days (and vice versa),
+    /// as in Vixie cron.
+    dom_star: bool,
+    dow_star: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{input:?} is not a cron schedule: {reason} (expected 5 fields \"minute hour day-of-month month day-of-week\", e.g. \"*/15 * * * *\", or @hourly, @daily, @weekly, @monthly, @yearly)")]
+pub struct CronError {
+    pub input: String,
+    pub reason: String,
+}
+
+struct Field {
+    name: &'static str,
+    min: u32,
+    max: u32,
+    names: &'static [&'static str],
+}
+
+const FIELDS: [Field; 5] = [
+    Field {
+        name: "minute",
+        min: 0,
+        max: 59,
+        names: &[],
+    },
+    Field {
+        name: "hour",
+        min: 0,
+        max: 23,
+        names: &[],
+    },
+    Field {
+        name: "day of month",
+        min: 1,
+        max: 31,
+        names: &[],
+    },
+    Field {
+        name: "month",
+        min: 1,
+        max: 12,
+        names: &[
+            "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+        ],
+    },
+    Field {
+        name: "day of week",
+        min: 0,
+        max: 7,
+        names: &["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
+    },
+];
+
+impl CronSchedule {
+    pub fn parse(input: &str) -> Result<Self, CronError> {
+        let err = |reason: String| CronError {
+            input: input.to_string(),
+            reason,
+        };
+        let expanded = match input.trim() {
+            "@yearly" | "@annually" => "0 0 1 1 *",
+            "@monthly" => "0 0 1 * *",
+            "@weekly" => "0 0 * * 0",
+            "@daily" | "@midnight" => "0 0 * * *",
+            "@hourly" => "0 * * * *",
+            other if other.starts_with('@') => return Err(err(format!("unknown macro {other}"))),
+            other => other,
+        };
+        let parts: Vec<&str> = expanded.split_whitespace().collect();
+        if parts.len() != 5 {
+            return Err(err(format!("found {} fields", parts.len())));
+        }
+        let mut sets = [0u64; 5];
+        for (i, (part, field)) in parts.iter().zip(FIELDS.iter()).enumerate() {
+            sets[i] = parse_field(part, field)
+                .map_err(|reason| err(format!("{} field {part:?}: {reason}", field.name)))?;
+        }
+        // Sunday may be written 0 or 7.
+        if sets[4] & (1 << 7) != 0 {
+            sets[4] = (sets[4] | 1) & !(1 << 7);
+        }
+        Ok(CronSchedule {
+            minutes: sets[0],
+            hours: sets[1],
+            days_of_month: sets[2],
+            months: sets[3],
+            days_of_week: sets[4],
+            dom_star: parts[2] == "*",
+            dow_star: parts[4] == "*",
+        })
+    }
+
+    /// Whether the schedule fires at this wall-clock minute (`weekday` 0 = Sunday).
+    pub fn matches(&self, minute: u32, hour: u32, day: u32, month: u32, weekday: u32) -> bool {
+        let bit = |set: u64, v: u32| v < 64 && set & (1 << v) != 0;
+        let dom = bit(self.days_of_month, day);
+        let dow = bit(self.days_of_week, weekday);
+        let day_ok = match (self.dom_star, self.dow_star) {
+            (true, true) => true,
+            (true, false) => dow,
+            (false, true) => dom,
+            (false, false) => dom || dow,
+        };
+        bit(self.minutes, minute) && bit(self.hours, hour) && bit(self.months, month) && day_ok
+    }
+}
+
+fn parse_field(part: &str, field: &Field) -> Result<u64, String> {
+    let mut set = 0u64;
+    for item in part.split(',') {
+        let (range, step) = match item.split_once('/') {
+            Some((r, s)) => {
+                let step: u32 = s
+                    .parse()
+                    .map_err(|_| format!("step {s:?} is not a number"))?;
+                if step == 0 {
+                    return Err("step must be at least 1".into());
+                }
+                (r, step)
+            }
+            None => (item, 1),
+        };
+        let (lo, hi) = if range == "*" {
+            (field.min, field.max)
+        } else if let Some((a, b)) = range.split_once('-') {
+            (value(a, field)?, value(b, field)?)
+        } else {
+            let v = value(range, field)?;
+            // "5/15" means from 5 to the end in steps of 15.
+            (v, if step > 1 { field.max } else { v })
+        };
+        if lo > hi {
+            return Err(format!("range {lo}-{hi} is backwards"));
+        }
+        let mut v = lo;
+        while v <= hi {
+            set |= 1 << v;
+            v += step;
+        }
+    }
+    Ok(set)
+}
+
+fn value(s: &str, field: &Field) -> Result<u32, String> {
+    let lower = s.to_ascii_lowercase();
+    if let Some(i) = field.names.iter().position(|n| *n == lower) {
+        return Ok(i as u32 + if field.min == 1 { 1 } else { 0 });
+    }
+    let v: u32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v < field.min || v > field.max {
+        return Err(format!("{v} is outside {}-{}", field.min, field.max));
+    }
+    Ok(v)
+}
+
+impl fmt::Display for CronSchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cron({:x} {:x} {:x} {:x} {:x})",
+            self.minutes, self.hours, self.days_of_month, self.months, self.days_of_week
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_common_forms() {
+        for ok in [
+            "* * * * *",
+            "*/15 * * * *",
+            "0 3 * * 1-5",
+            "0,30 8-18 * jan-jun mon",
+            "5/10 * 1,15 * *",
+            "@daily",
+            "0 0 * * 7",
+        ] {
+            CronSchedule::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_forms() {
+        for bad in [
+            "",
+            "* * * *",
+            "* * * * * *",
+            "60 * * * *",
+            "* 24 * * *",
+            "* * 0 * *",
+            "* * * 13 *",
+            "*/0 * * * *",
+            "5-1 * * * *",
+            "@often",
+            "a * * * *",
+            "* * * * 8",
+        ] {
+            assert!(CronSchedule::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn matching() {
+        let s = CronSchedule::parse("*/15 9-17 * * mon-fri").unwrap();
+        assert!(s.matches(30, 9, 4, 3, 1));
+        assert!(!s.matches(31, 9, 4, 3, 1));
+        assert!(!s.matches(30, 9, 4, 3, 0));
+        let sunday = CronSchedule::parse("0 0 * * 7").unwrap();
+        assert!(sunday.matches(0, 0, 1, 1, 0));
+        // Day of month OR day of week when both are restricted.
+        let either = CronSchedule::parse("0 0 1 * mon").unwrap();
+        assert!(either.matches(0, 0, 1, 5, 3));
+        assert!(either.matches(0, 0, 9, 5, 1));
+        assert!(!either.matches(0, 0, 9, 5, 2));
+    }
+
+    #[test]
+    fn error_names_field() {
+        let e = CronSchedule::parse("61 * * * *").unwrap_err().to_string();
+        assert!(e.contains("minute field \"61\""), "{e}");
+    }
+}

@@ -1,0 +1,111 @@
+//! The etcd key schema (RFC 001 §5.2), in one place.
+//!
+//! Every key KAT reads or writes is built here, so a reader can see the whole layout at once
+//! and a typo cannot create a second, silently different key. Prefix functions end in `/` so
+//! that a prefix for `web` never matches `web2`.
+
+pub const ROOT: &str = "/kat/";
+pub const SCHEMA_VERSION: &str = "/kat/schema_version";
+pub const SCHEMA_VERSION_VALUE: &str = "v1.0";
+pub const CLUSTER_UID: &str = "/kat/config/cluster_uid";
+pub const CLUSTER_CONFIG: &str = "/kat/config/cluster";
+pub const LEADER_ENDPOINT: &str = "/kat/config/leader_endpoint";
+pub const LEADER_ELECTION: &str = "/kat/leader_election/";
+pub const OVERLAY_CIDR: &str = "/kat/network/config/overlay_cidr";
+pub const EVENTS: &str = "/kat/events/";
+
+pub fn namespace(name: &str) -> String {
+    format!("/kat/namespaces/{name}")
+}
+pub fn namespaces() -> &'static str {
+    "/kat/namespaces/"
+}
+
+pub fn node_registration(node: &str) -> String {
+    format!("/kat/nodes/registration/{node}")
+}
+pub fn node_registrations() -> &'static str {
+    "/kat/nodes/registration/"
+}
+/// Dynamic node status; written under the agent's lease so it vanishes with the agent.
+pub fn node_status(node: &str) -> String {
+    format!("/kat/nodes/status/{node}")
+}
+pub fn node_statuses() -> &'static str {
+    "/kat/nodes/status/"
+}
+
+/// Everything desired about one workload (manifest files and meta).
+pub fn workload_desired(ns: &str, name: &str) -> String {
+    format!("/kat/workloads/desired/{ns}/{name}/")
+}
+pub fn workloads_desired(ns: &str) -> String {
+    format!("/kat/workloads/desired/{ns}/")
+}
+pub fn workload_manifest(ns: &str, name: &str, file: &str) -> String {
+    format!("/kat/workloads/desired/{ns}/{name}/manifest/{file}")
+}
+pub fn workload_manifests(ns: &str, name: &str) -> String {
+    format!("/kat/workloads/desired/{ns}/{name}/manifest/")
+}
+/// Generation and spec hash of the desired state.
+pub fn workload_meta(ns: &str, name: &str) -> String {
+    format!("/kat/workloads/desired/{ns}/{name}/meta")
+}
+pub fn workload_status(ns: &str, name: &str) -> String {
+    format!("/kat/workloads/status/{ns}/{name}")
+}
+/// Quadlet files of an earlier generation, kept for rollback.
+pub fn workload_archive(ns: &str, name: &str, generation: u64, file: &str) -> String {
+    format!("/kat/workloads/archive/{ns}/{name}/{generation:020}/{file}")
+}
+pub fn workload_archives(ns: &str, name: &str) -> String {
+    format!("/kat/workloads/archive/{ns}/{name}/")
+}
+
+/// Instances assigned to a node: the agent watches this prefix.
+pub fn node_instances(node: &str) -> String {
+    format!("/kat/instances/{node}/")
+}
+pub fn instance(node: &str, instance_id: &str) -> String {
+    format!("/kat/instances/{node}/{instance_id}")
+}
+
+pub fn node_subnet(node: &str) -> String {
+    format!("/kat/network/nodes/{node}/subnet")
+}
+pub fn ip_allocation(instance_id: &str) -> String {
+    format!("/kat/network/allocations/{instance_id}/ip")
+}
+pub fn dns_record(ns: &str, workload: &str, record_type: &str, value: &str) -> String {
+    format!("/kat/dns/{ns}/{workload}/{record_type}/{value}")
+}
+pub fn dns_records() -> &'static str {
+    "/kat/dns/"
+}
+
+/// Events sort by key: a zero-padded sequence number keeps them in order.
+pub fn event(sequence: u64) -> String {
+    format!("/kat/events/{sequence:020}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_do_not_collide() {
+        assert!(!workload_manifest("default", "web2", "workload.kat")
+            .starts_with(&workload_desired("default", "web")));
+        assert!(workload_manifest("default", "web", "workload.kat")
+            .starts_with(&workload_desired("default", "web")));
+        assert!(instance("n1", "abc").starts_with(&node_instances("n1")));
+        assert!(!instance("n10", "abc").starts_with(&node_instances("n1")));
+    }
+
+    #[test]
+    fn archive_and_event_keys_sort_numerically() {
+        assert!(workload_archive("d", "w", 9, "f") < workload_archive("d", "w", 10, "f"));
+        assert!(event(99) < event(100));
+    }
+}

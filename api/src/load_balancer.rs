@@ -1,0 +1,214 @@
+//! `VirtualLoadBalancer.kat`: ports, health check and ingress hints of a Service (RFC 001 §3.3).
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::{dns_label_problem, dns_name_problem};
+use crate::report::Scope;
+
+#[cfg(test)]
+use proptest_derive::Arbitrary;
+
+pub const DEFAULT_PERIOD_SECONDS: u32 = 10;
+pub const DEFAULT_TIMEOUT_SECONDS: u32 = 1;
+pub const DEFAULT_SUCCESS_THRESHOLD: u32 = 1;
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VirtualLoadBalancer {
+    pub api_version: String,
+    pub kind: String,
+    pub spec: LoadBalancerSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancerSpec {
+    pub ports: Vec<Port>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress: Vec<Ingress>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Port {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub container_port: u32,
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+pub enum Protocol {
+    #[default]
+    TCP,
+    UDP,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthCheck {
+    pub exec: ExecAction,
+    #[serde(default)]
+    pub initial_delay_seconds: u32,
+    #[serde(default = "period")]
+    pub period_seconds: u32,
+    #[serde(default = "timeout")]
+    pub timeout_seconds: u32,
+    #[serde(default = "success")]
+    pub success_threshold: u32,
+    #[serde(default = "failure")]
+    pub failure_threshold: u32,
+}
+
+fn period() -> u32 {
+    DEFAULT_PERIOD_SECONDS
+}
+fn timeout() -> u32 {
+    DEFAULT_TIMEOUT_SECONDS
+}
+fn success() -> u32 {
+    DEFAULT_SUCCESS_THRESHOLD
+}
+fn failure() -> u32 {
+    DEFAULT_FAILURE_THRESHOLD
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecAction {
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Ingress {
+    pub host: String,
+    #[serde(default = "root_path")]
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_port_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_port: Option<u32>,
+    #[serde(default)]
+    pub tls: bool,
+}
+
+fn root_path() -> String {
+    "/".to_string()
+}
+
+impl VirtualLoadBalancer {
+    pub fn validate(&self, s: &mut Scope<'_>) {
+        let mut s = s.field("spec");
+        if self.spec.ports.is_empty() {
+            s.error(
+                "ports",
+                "must list at least one port (expected e.g. - containerPort: 8080)",
+            );
+        }
+        let mut seen = BTreeSet::new();
+        let mut names = BTreeSet::new();
+        for (i, p) in self.spec.ports.iter().enumerate() {
+            let mut ps = s.field(&format!("ports[{i}]"));
+            if !(1..=65535).contains(&p.container_port) {
+                ps.error(
+                    "containerPort",
+                    format!("{} is not a port (expected 1-65535)", p.container_port),
+                );
+            } else if !seen.insert((p.container_port, p.protocol)) {
+                ps.error(
+                    "containerPort",
+                    format!(
+                        "{}/{:?} is declared more than once",
+                        p.container_port, p.protocol
+                    ),
+                );
+            }
+            if let Some(name) = &p.name {
+                if let Some(problem) = dns_label_problem(name) {
+                    ps.error("name", problem);
+                } else if !names.insert(name.as_str()) {
+                    ps.error("name", format!("{name:?} is used by more than one port"));
+                }
+            }
+        }
+        if let Some(h) = &self.spec.health_check {
+            let mut hs = s.field("healthCheck");
+            if h.exec.command.is_empty() || h.exec.command[0].is_empty() {
+                hs.error("exec.command", "must name a command to run (expected e.g. [\"/bin/check\"]; exit 0 means healthy)");
+            }
+            for (field, v) in [
+                ("periodSeconds", h.period_seconds),
+                ("timeoutSeconds", h.timeout_seconds),
+                ("successThreshold", h.success_threshold),
+                ("failureThreshold", h.failure_threshold),
+            ] {
+                if v == 0 {
+                    hs.error(field, "0 must be at least 1");
+                }
+            }
+        }
+        for (i, ing) in self.spec.ingress.iter().enumerate() {
+            let mut is = s.field(&format!("ingress[{i}]"));
+            if let Some(p) = dns_name_problem(&ing.host) {
+                is.error("host", p);
+            }
+            if !ing.path.starts_with('/') {
+                is.error("path", format!("{:?} must start with '/'", ing.path));
+            }
+            let declared_ports = || {
+                self.spec
+                    .ports
+                    .iter()
+                    .map(|p| p.container_port.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            match (&ing.service_port, &ing.service_port_name) {
+                (Some(port), _) => {
+                    if !self.spec.ports.iter().any(|p| p.container_port == *port) {
+                        is.error(
+                            "servicePort",
+                            format!(
+                                "{port} is not a port declared in spec.ports (declared: {})",
+                                declared_ports()
+                            ),
+                        );
+                    }
+                }
+                (None, Some(name)) => {
+                    if !self
+                        .spec
+                        .ports
+                        .iter()
+                        .any(|p| p.name.as_deref() == Some(name))
+                    {
+                        let declared: Vec<_> = self
+                            .spec
+                            .ports
+                            .iter()
+                            .filter_map(|p| p.name.as_deref())
+                            .collect();
+                        is.error("servicePortName", format!("{name:?} is not the name of a port in spec.ports (named ports: {})", if declared.is_empty() { "none".to_string() } else { declared.join(", ") }));
+                    }
+                }
+                (None, None) => is.error_here(
+                    "needs servicePortName or servicePort to say which port receives the traffic",
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! Parsing Quadlet files and checking a workload's files together.
+//!
+//! A file is identified by its `kind`, not its name, so `web.kat` may hold the `Workload`.
+//! Parsing happens in two steps: the YAML is read into a generic value to learn `apiVersion`
+//! and `kind` (so the user hears "unknown kind" rather than a confusing type error), then it
+//! is deserialized strictly (unknown fields are errors) into the kind's type, and every
+//! semantic rule runs, collecting all findings.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::build_definition::BuildDefinition;
+use crate::cluster::ClusterConfiguration;
+use crate::job::JobDefinition;
+use crate::load_balancer::VirtualLoadBalancer;
+use crate::namespace::Namespace;
+use crate::report::{InvalidQuadlet, Report};
+use crate::workload::{Workload, WorkloadType};
+
+pub const API_VERSION: &str = "kat.dws.rip/v1alpha1";
+
+/// Largest Quadlet file accepted, in bytes; a real one is a few KiB.
+pub const MAX_FILE_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Workload,
+    VirtualLoadBalancer,
+    JobDefinition,
+    BuildDefinition,
+    Namespace,
+    ClusterConfiguration,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Workload,
+        Kind::VirtualLoadBalancer,
+        Kind::JobDefinition,
+        Kind::BuildDefinition,
+        Kind::Namespace,
+        Kind::ClusterConfiguration,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Workload => "Workload",
+            Kind::VirtualLoadBalancer => "VirtualLoadBalancer",
+            Kind::JobDefinition => "JobDefinition",
+            Kind::BuildDefinition => "BuildDefinition",
+            Kind::Namespace => "Namespace",
+            Kind::ClusterConfiguration => "ClusterConfiguration",
+        }
+    }
+
+    /// The file name the RFC uses for this kind.
+    pub fn conventional_file(self) -> &'static str {
+        match self {
+            Kind::Workload => "workload.kat",
+            Kind::VirtualLoadBalancer => "VirtualLoadBalancer.kat",
+            Kind::JobDefinition => "job.kat",
+            Kind::BuildDefinition => "build.kat",
+            Kind::Namespace => "namespace.kat",
+            Kind::ClusterConfiguration => "cluster.kat",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+/// One parsed, individually valid Quadlet file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Quadlet {
+    Workload(Workload),
+    VirtualLoadBalancer(VirtualLoadBalancer),
+    JobDefinition(JobDefinition),
+    BuildDefinition(BuildDefinition),
+    Namespace(Namespace),
+    ClusterConfiguration(ClusterConfiguration),
+}
+
+impl Quadlet {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Quadlet::Workload(_) => Kind::Workload,
+            Quadlet::VirtualLoadBalancer(_) => Kind::VirtualLoadBalancer,
+            Quadlet::JobDefinition(_) => Kind::JobDefinition,
+            Quadlet::BuildDefinition(_) => Kind::BuildDefinition,
+            Quadlet::Namespace(_) => Kind::Namespace,
+            Quadlet::ClusterConfiguration(_) => Kind::ClusterConfiguration,
+        }
+    }
+}
+
+/// Parse and validate one file. Findings go to `report`; `None` when the file could not be
+/// read as its kind at all (semantic findings still return the value).
+pub fn parse_file(file: &str, bytes: &[u8], report: &mut Report) -> Option<Quadlet> {
+    parse_file_with_kind(file, bytes, report).1
+}
+
+/// Like [`parse_file`], also returning the kind the file declared even when it failed to parse.
+fn parse_file_with_kind(
+    file: &str,
+    bytes: &[u8],
+    report: &mut Report,
+) -> (Option<Kind>, Option<Quadlet>) {
+    if bytes.len() > MAX_FILE_BYTES {
+        report.push(
+            file,
+            "",
+            format!(
+                "is {} bytes, more than the limit of {MAX_FILE_BYTES}",
+                bytes.len()
+            ),
+        );
+        return (None, None);
+    }
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        report.push(file, "", "is not UTF-8 text (expected a YAML file)");
+        return (None, None);
+    };
+    let value: serde_yaml::Value = match serde_yaml::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            report.push(file, "", format!("is not valid YAML: {e}"));
+            return (None, None);
+        }
+    };
+    let Some(map) = value.as_mapping() else {
+        report.push(
+            file,
+            "",
+            "is not a YAML mapping (expected apiVersion, kind, metadata and spec at the top level)",
+        );
+        return (None, None);
+    };
+    let field = |name: &str| {
+        map.get(name)
+            .map(|v| v.as_str().map(str::to_owned).ok_or(v.clone()))
+    };
+    match field("apiVersion") {
+        None => report.push(
+            file,
+            "apiVersion",
+            format!("is missing (expected {API_VERSION})"),
+        ),
+        Some(Ok(v)) if v == API_VERSION => {}
+        Some(Ok(v)) => report.push(
+            file,
+            "apiVersion",
+            format!("{v:?} is not supported (expected {API_VERSION})"),
+        ),
+        Some(Err(v)) => report.push(
+            file,
+            "apiVersion",
+            format!("{} is not a string (expected {API_VERSION})", yaml_repr(&v)),
+        ),
+    }
+    let expected_kinds = Kind::ALL.map(Kind::as_str).join(", ");
+    let kind = match field("kind") {
+        None => {
+            report.push(
+                file,
+                "kind",
+                format!("is missing (expected one of {expected_kinds})"),
+            );
+            return (None, None);
+        }
+        Some(Ok(k)) if k == "Volume" || k == "VolumeDefinition" => {
+            report.push(
+                file,
+                "kind",
+                format!("{k:?} (volume.kat) is deprecated and not accepted: declare volumes in workload.kat under spec.volumes and mount them with spec.container.volumeMounts"),
+            );
+            return (None, None);
+        }
+        Some(Ok(k)) => match Kind::from_name(&k) {
+            Some(kind) => kind,
+            None => {
+                report.push(
+                    file,
+                    "kind",
+                    format!("{k:?} is not a Quadlet kind (expected one of {expected_kinds})"),
+                );
+                return (None, None);
+            }
+        },
+        Some(Err(v)) => {
+            report.push(
+                file,
+                "kind",
+                format!(
+                    "{} is not a string (expected one of {expected_kinds})",
+                    yaml_repr(&v)
+                ),
+            );
+            return (None, None);
+        }
+    };
+    let quadlet = match kind {
+        Kind::Workload => typed(file, text, report).map(Quadlet::Workload),
+        Kind::VirtualLoadBalancer => typed(file, text, report).map(Quadlet::VirtualLoadBalancer),
+        Kind::JobDefinition => typed(file, text, report).map(Quadlet::JobDefinition),
+        Kind::BuildDefinition => typed(file, text, report).map(Quadlet::BuildDefinition),
+        Kind::Namespace => typed(file, text, report).map(Quadlet::Namespace),
+        Kind::ClusterConfiguration => typed(file, text, report).map(Quadlet::ClusterConfiguration),
+    };
+    let Some(quadlet) = quadlet else {
+        return (Some(kind), None);
+    };
+    let mut scope = report.at(file);
+    match &quadlet {
+        Quadlet::Workload(q) => q.validate(&mut scope),
+        Quadlet::VirtualLoadBalancer(q) => q.validate(&mut scope),
+        Quadlet::JobDefinition(q) => q.validate(&mut scope),
+        Quadlet::BuildDefinition(q) => q.validate(&mut scope),
+        Quadlet::Namespace(q) => q.validate(&mut scope),
+        Quadlet::ClusterConfiguration(q) => q.validate(&mut scope),
+    }
+    (Some(kind), Some(quadlet))
+}
+
+fn yaml_repr(v: &serde_yaml::Value) -> String {
+    serde_yaml::to_string(v)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "value".into())
+}
+
+/// Strict typed deserialization; the first structural error is reported with its field path.
+fn typed<T: DeserializeOwned>(file: &str, text: &str, report: &mut Report) -> Option<T> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let path = if path == "." { String::new() } else { path };
+            let message = strip_path_prefix(&e.inner().to_string(), &path);
+            report.push(file, &path, message);
+            None
+        }
+    }
+}
+
+/// serde_yaml prefixes some messages with the path (or its parent's); do not say it twice.
+fn strip_path_prefix(message: &str, path: &str) -> String {
+    let message = match message.split_once(": ") {
+        Some((head, rest)) if !head.is_empty() && path.starts_with(head) => rest,
+        _ => message,
+    };
+    message
+        .replace('`', "\"")
+        .replace("expected u32", "expected a whole number of at least 0")
+        .replace("expected u64", "expected a whole number of at least 0")
+}
+
+/// Parse and validate a `cluster.kat` on its own.
+pub fn parse_cluster(file: &str, bytes: &[u8]) -> Result<ClusterConfiguration, InvalidQuadlet> {
+    let mut report = Report::new();
+    match parse_file_with_kind(file, bytes, &mut report) {
+        (_, Some(Quadlet::ClusterConfiguration(c))) => report.into_result(c),
+        (Some(kind), _) if kind != Kind::ClusterConfiguration => {
+            // Errors of the file read as another kind would only confuse.
+            let mut report = Report::new();
+            report.push(file, "kind", format!("{:?} is not ClusterConfiguration (expected the cluster.kat given to kat-agent init)", kind.as_str()));
+            Err(InvalidQuadlet(report))
+        }
+        _ => Err(InvalidQuadlet(report)),
+    }
+}
+
+/// The files of one workload, each valid on its own and consistent with each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadBundle {
+    pub workload: Workload,
+    pub load_balancer: Option<VirtualLoadBalancer>,
+    pub job: Option<JobDefinition>,
+    pub build: Option<BuildDefinition>,
+    pub namespace: Option<Namespace>,
+    /// The files as the user wrote them, by file name, for `files/{fileName}` and the archive.
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
+impl WorkloadBundle {
+    /// Parse and validate every file, then the rules between files. All findings are reported.
+    pub fn parse(files: BTreeMap<String, Vec<u8>>) -> Result<WorkloadBundle, InvalidQuadlet> {
+        let mut report = Report::new();
+        let mut by_kind: BTreeMap<Kind, (String, Quadlet)> = BTreeMap::new();
+        let mut declared = std::collections::BTreeSet::new();
+        for (name, bytes) in &files {
+            if !name.ends_with(".kat") {
+                report.push(
+                    name,
+                    "",
+                    "is not a Quadlet file (only *.kat files belong in a workload directory)",
+                );
+                continue;
+            }
+            if name == "volume.kat" {
+                // Name the deprecation even when the kind inside says something else.
+                report.push(name, "", "volume.kat is deprecated and not accepted: declare volumes in workload.kat under spec.volumes");
+                continue;
+            }
+            let (kind, q) = parse_file_with_kind(name, bytes, &mut report);
+            declared.extend(kind);
+            let Some(q) = q else { continue };
+            let kind = q.kind();
+            if kind == Kind::ClusterConfiguration {
+                report.push(name, "kind", "ClusterConfiguration is read by `kat-agent init --config`, not applied with a workload (check it with `katcall validate --cluster FILE`)");
+                continue;
+            }
+            if let Some((first, _)) = by_kind.get(&kind) {
+                report.push(
+                    name,
+                    "kind",
+                    format!(
+                        "a {} is already defined in {first} (expected one file per kind)",
+                        kind.as_str()
+                    ),
+                );
+                continue;
+            }
+            by_kind.insert(kind, (name.clone(), q));
+        }
+        let mut take = |k: Kind| by_kind.remove(&k);
+        let workload = take(Kind::Workload);
+        let load_balancer = take(Kind::VirtualLoadBalancer);
+        let job = take(Kind::JobDefinition);
+        let build = take(Kind::BuildDefinition);
+        let namespace = take(Kind::Namespace);
+
+        let Some((wl_file, Quadlet::Workload(workload))) = workload else {
+            if files.is_empty() {
+                report.push("(bundle)", "", "is empty (expected a workload.kat)");
+            } else if !declared.contains(&Kind::Workload) {
+                report.push(
+                    "workload.kat",
+                    "",
+                    "is missing: every workload directory needs one file of kind Workload",
+                );
+            }
+            return Err(InvalidQuadlet(report));
+        };
+        let spec = &workload.spec;
+        match (&spec.workload_type, &job) {
+            (WorkloadType::Job, None) if !declared.contains(&Kind::JobDefinition) => report.push(&wl_file, "spec.type", "is Job, which needs a job.kat (kind: JobDefinition) beside workload.kat"),
+            (t, Some((f, _))) if *t != WorkloadType::Job => {
+                report.push(f, "kind", format!("JobDefinition applies only to workloads of type Job, but {wl_file} has type {t:?}"))
+            }
+            _ => {}
+        }
+        match (&spec.source.git, &build) {
+            (Some(_), None) if !declared.contains(&Kind::BuildDefinition) => report.push(&wl_file, "spec.source.git", "needs a build.kat (kind: BuildDefinition) beside workload.kat that says how to build the image"),
+            (None, Some((f, _))) => report.push(f, "kind", format!("BuildDefinition applies only to a git source, but {wl_file} uses spec.source.image")),
+            _ => {}
+        }
+        if let Some((f, _)) = &load_balancer {
+            if spec.workload_type == WorkloadType::Job {
+                report.push(f, "kind", format!("VirtualLoadBalancer applies to Service and DaemonService workloads, but {wl_file} has type Job"));
+            }
+        }
+        if let Some((f, Quadlet::Namespace(ns))) = &namespace {
+            if ns.metadata.name != workload.metadata.namespace {
+                report.push(
+                    f,
+                    "metadata.name",
+                    format!(
+                        "{:?} differs from the workload's namespace {:?} in {wl_file}",
+                        ns.metadata.name, workload.metadata.namespace
+                    ),
+                );
+            }
+        }
+        let bundle = WorkloadBundle {
+            workload,
+            load_balancer: load_balancer.and_then(|(_, q)| {
+                if let Quadlet::VirtualLoadBalancer(v) = q {
+                    Some(v)
+                } else {
+                    None
+                }
+            }),
+            job: job.and_then(|(_, q)| {
+                if let Quadlet::JobDefinition(v) = q {
+                    Some(v)
+                } else {
+                    None
+                }
+            }),
+            build: build.and_then(|(_, q)| {
+                if let Quadlet::BuildDefinition(v) = q {
+                    Some(v)
+                } else {
+                    None
+                }
+            }),
+            namespace: namespace.and_then(|(_, q)| {
+                if let Quadlet::Namespace(v) = q {
+                    Some(v)
+                } else {
+                    None
+                }
+            }),
+            files,
+        };
+        report.into_result(bundle)
+    }
+
+    /// A hash of the parsed desired state. Comments and formatting do not change it, so a
+    /// re-apply of the same spec does not roll the workload.
+    pub fn spec_hash(&self) -> String {
+        #[derive(Serialize)]
+        struct Canonical<'a> {
+            workload: &'a Workload,
+            load_balancer: &'a Option<VirtualLoadBalancer>,
+            job: &'a Option<JobDefinition>,
+            build: &'a Option<BuildDefinition>,
+        }
+        let canonical = Canonical {
+            workload: &self.workload,
+            load_balancer: &self.load_balancer,
+            job: &self.job,
+            build: &self.build,
+        };
+        // Serializing plain data structs to a Vec cannot fail.
+        let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
+        let digest = Sha256::digest(&bytes);
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}

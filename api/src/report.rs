@@ -1,0 +1,136 @@
+//! Validation findings.
+//!
+//! A user who applies a Quadlet directory wants to see *every* problem at once, each pointing at
+//! the file and the field, with the value found and what was expected. Parsing stops at the
+//! first structural error of a file (serde cannot go on past a type error), but every semantic
+//! rule runs and adds to one [`Report`], and every file of a bundle is checked.
+
+use std::fmt;
+
+/// One problem found in one field of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// File name as the user knows it, e.g. `workload.kat`.
+    pub file: String,
+    /// Dotted field path, e.g. `spec.container.resources.limits.memory`; empty for the whole file.
+    pub path: String,
+    /// What is wrong and what is expected.
+    pub message: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(f, "{}: {}: {}", self.file, self.path, self.message)
+        }
+    }
+}
+
+/// All findings of one validation run. Empty means valid.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    findings: Vec<Finding>,
+}
+
+impl Report {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, file: &str, path: &str, message: impl Into<String>) {
+        self.findings.push(Finding {
+            file: file.to_string(),
+            path: path.to_string(),
+            message: message.into(),
+        });
+    }
+
+    pub fn extend(&mut self, other: Report) {
+        self.findings.extend(other.findings);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.findings.is_empty()
+    }
+
+    pub fn findings(&self) -> &[Finding] {
+        &self.findings
+    }
+
+    /// `Ok(value)` when nothing was found, else the report as an error.
+    pub fn into_result<T>(self, value: T) -> Result<T, InvalidQuadlet> {
+        if self.is_empty() {
+            Ok(value)
+        } else {
+            Err(InvalidQuadlet(self))
+        }
+    }
+
+    /// A scoped writer that prefixes every path with `file` and a base path.
+    pub fn at<'a>(&'a mut self, file: &'a str) -> Scope<'a> {
+        Scope {
+            report: self,
+            file,
+            base: String::new(),
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, finding) in self.findings.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{finding}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The error of a validation that found problems; it carries every finding.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidQuadlet(pub Report);
+
+/// A writer into a [`Report`] for one file, below a base field path.
+pub struct Scope<'a> {
+    report: &'a mut Report,
+    file: &'a str,
+    base: String,
+}
+
+impl Scope<'_> {
+    /// A child scope for the field `name` below this one (`name` may be `ports[2]`).
+    pub fn field(&mut self, name: &str) -> Scope<'_> {
+        let base = join(&self.base, name);
+        Scope {
+            report: self.report,
+            file: self.file,
+            base,
+        }
+    }
+
+    /// Record a problem with the field `name` below this scope.
+    pub fn error(&mut self, name: &str, message: impl Into<String>) {
+        let path = join(&self.base, name);
+        self.report.push(self.file, &path, message);
+    }
+
+    /// Record a problem with this scope's own field.
+    pub fn error_here(&mut self, message: impl Into<String>) {
+        self.report.push(self.file, &self.base.clone(), message);
+    }
+}
+
+fn join(base: &str, name: &str) -> String {
+    if base.is_empty() {
+        name.to_string()
+    } else if name.starts_with('[') {
+        format!("{base}{name}")
+    } else {
+        format!("{base}.{name}")
+    }
+}

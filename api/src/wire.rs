@@ -1,0 +1,321 @@
+//! Types on the wire between `katcall`, agents and the leader: JSON in camelCase.
+//!
+//! These are the API's representation (RFC 001 §8.2). Timestamps are RFC 3339 strings in UTC,
+//! quantities are integers (millicores, bytes) so that clients never parse units.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::workload::TaintEffect;
+
+/// Format a time as RFC 3339 with milliseconds, e.g. `2026-11-21T10:43:00.123Z`.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// The error body of every failed API request: `{"error": code, "message": …}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: ErrorCode,
+    pub message: String,
+}
+
+/// Machine-readable error codes; each has one HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    InvalidQuadlet,
+    Unauthorized,
+    NotFound,
+    Conflict,
+    PayloadTooLarge,
+    RateLimited,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest | ErrorCode::InvalidQuadlet => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::NotFound => 404,
+            ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
+/// Metadata common to stored objects.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub uid: String,
+    #[serde(default)]
+    pub generation: u64,
+    /// The store revision this object was read at; send it back to update conditionally.
+    #[serde(default)]
+    pub resource_version: i64,
+    pub creation_timestamp: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What the leader records for each applied generation (key `workload_meta`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadMeta {
+    pub metadata: ObjectMeta,
+    pub spec_hash: String,
+    pub workload_type: crate::workload::WorkloadType,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum InstanceState {
+    /// Not placed yet, or waiting for its image or volumes.
+    Pending,
+    Creating,
+    Running,
+    /// Exited 0 (jobs).
+    Succeeded,
+    /// Exited non-zero and will not be restarted, or could not be created.
+    Failed,
+    OOMKilled,
+    Stopping,
+    Stopped,
+    /// The node stopped reporting.
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Health {
+    #[default]
+    Unknown,
+    Healthy,
+    Unhealthy,
+}
+
+/// One instance of a workload as reported by its node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    #[serde(rename = "instanceID")]
+    pub instance_id: String,
+    pub namespace: String,
+    pub workload: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub generation: u64,
+    pub state: InstanceState,
+    #[serde(default)]
+    pub health: Health,
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why the instance is in its state, e.g. which scheduler filter excluded the nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Limits the node could not enforce, said out loud.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    pub observed_generation: u64,
+    #[serde(default)]
+    pub observed_spec_hash: String,
+    pub replicas_desired: u32,
+    pub replicas_ready: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    pub from_generation: u64,
+    pub to_generation: u64,
+    pub updated: u32,
+    pub total: u32,
+    #[serde(default)]
+    pub stalled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// `GET /workloads/...`: metadata and status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadObject {
+    pub metadata: ObjectMeta,
+    pub spec_hash: String,
+    pub workload_type: crate::workload::WorkloadType,
+    pub status: WorkloadStatus,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceObject {
+    pub metadata: ObjectMeta,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    Ready,
+    NotReady,
+    Draining,
+}
+
+/// Amounts of node resources, in integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceList {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub pids: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    pub driver: crate::workload::GpuDriver,
+    #[serde(rename = "vramMB")]
+    pub vram_mb: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Taint {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub effect: TaintEffect,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub metadata: ObjectMeta,
+    pub state: NodeState,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    pub capacity: ResourceList,
+    pub allocatable: ResourceList,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<String>,
+}
+
+/// `POST /nodes/{name}/status`: what an agent reports every tick.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeHeartbeat {
+    pub node: String,
+    pub timestamp: String,
+    pub capacity: ResourceList,
+    pub allocatable: ResourceList,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
+    #[serde(default)]
+    pub instances: Vec<InstanceStatus>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectReference {
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// One entry of the capped event log (RFC 001 §9.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub timestamp: String,
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    pub reason: String,
+    pub involved_object: ObjectReference,
+    pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_body_shape() {
+        let body = ErrorBody {
+            error: ErrorCode::InvalidQuadlet,
+            message: "workload.kat: spec.replicas: is required".into(),
+        };
+        let json = serde_json::to_string(&body).unwrap();
+        assert_eq!(
+            json,
+            r#"{"error":"invalid_quadlet","message":"workload.kat: spec.replicas: is required"}"#
+        );
+        assert_eq!(ErrorCode::PayloadTooLarge.http_status(), 413);
+    }
+
+    #[test]
+    fn camel_case_on_the_wire() {
+        let s = InstanceStatus {
+            instance_id: "web-abc".into(),
+            namespace: "default".into(),
+            workload: "web".into(),
+            node: Some("n1".into()),
+            generation: 2,
+            state: InstanceState::Running,
+            health: Health::Healthy,
+            restarts: 1,
+            exit_code: None,
+            reason: None,
+            ip: None,
+            started_at: Some(rfc3339(std::time::UNIX_EPOCH)),
+            finished_at: None,
+            warnings: vec![],
+        };
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["instanceID"], "web-abc");
+        assert_eq!(json["startedAt"], "1970-01-01T00:00:00.000Z");
+        let back: InstanceStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back, s);
+    }
+}

@@ -1,0 +1,834 @@
+//! `workload.kat`: a workload's identity, source, type and lifecycle policies (RFC 001 §3.2).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::{
+    absolute_path_problem, dns_label_problem, env_name_problem, label_key_problem,
+    relative_path_problem, validate_labels,
+};
+use crate::quantity::{Bytes, MilliCpu};
+use crate::report::Scope;
+
+#[cfg(test)]
+use proptest_derive::Arbitrary;
+
+pub const DEFAULT_NAMESPACE: &str = "default";
+pub const DEFAULT_MAX_SURGE: u32 = 1;
+pub const DEFAULT_MAX_RESTARTS: u32 = 5;
+pub const DEFAULT_RESET_SECONDS: u32 = 3600;
+/// Below this no process, not even kat-init, can start in a container.
+pub const MIN_MEMORY_LIMIT: Bytes = Bytes(4 << 20);
+/// A ceiling that catches typos such as `replicas: 30000`; raise it if a real cluster needs it.
+pub const MAX_REPLICAS: u32 = 10_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workload {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: WorkloadMetadata,
+    pub spec: WorkloadSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadMetadata {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+}
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.to_string()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadSpec {
+    #[serde(rename = "type")]
+    pub workload_type: WorkloadType,
+    pub source: Source,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<UpdateStrategy>,
+    pub restart_policy: RestartPolicy,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    pub container: Container,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+pub enum WorkloadType {
+    Service,
+    Job,
+    DaemonService,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Source {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<GitSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_image: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GitSource {
+    pub repository: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpdateStrategy {
+    #[serde(rename = "type", default)]
+    pub strategy_type: UpdateStrategyType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling: Option<RollingUpdate>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+pub enum UpdateStrategyType {
+    #[default]
+    Rolling,
+    Simultaneous,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RollingUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<IntOrString>,
+}
+
+/// A YAML value that may be written as a number or a string (`maxSurge: 2` or `maxSurge: "25%"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(untagged)]
+pub enum IntOrString {
+    Int(i64),
+    String(String),
+}
+
+/// `maxSurge` once validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxSurge {
+    Count(u32),
+    Percent(u32),
+}
+
+impl MaxSurge {
+    pub fn parse(v: &IntOrString) -> Result<Self, String> {
+        let expected = "(expected an integer of at least 1, e.g. 1, or a percentage, e.g. \"25%\")";
+        match v {
+            IntOrString::Int(n) if *n >= 1 && *n <= u32::MAX as i64 => {
+                Ok(MaxSurge::Count(*n as u32))
+            }
+            IntOrString::Int(n) => Err(format!("{n} is out of range {expected}")),
+            IntOrString::String(s) => match s.strip_suffix('%').map(str::parse::<u32>) {
+                Some(Ok(p)) if (1..=100).contains(&p) => Ok(MaxSurge::Percent(p)),
+                Some(Ok(p)) => Err(format!("\"{p}%\" is out of range (expected 1% to 100%)")),
+                _ => Err(format!("{s:?} is not a surge {expected}")),
+            },
+        }
+    }
+
+    /// The absolute number of extra instances for `replicas`: percentages round up, and the
+    /// result is at least 1 so that a rollout can always make progress.
+    pub fn absolute(self, replicas: u32) -> u32 {
+        let n = match self {
+            MaxSurge::Count(n) => n,
+            MaxSurge::Percent(p) => ((replicas as u64 * p as u64).div_ceil(100)) as u32,
+        };
+        n.max(1)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RestartPolicy {
+    pub condition: RestartCondition,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_seconds: Option<u32>,
+}
+
+impl RestartPolicy {
+    pub fn max_restarts(&self) -> u32 {
+        self.max_restarts.unwrap_or(DEFAULT_MAX_RESTARTS)
+    }
+    pub fn reset_seconds(&self) -> u32 {
+        self.reset_seconds.unwrap_or(DEFAULT_RESET_SECONDS)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+pub enum RestartCondition {
+    Never,
+    MaxCount,
+    Always,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Toleration {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub operator: TolerationOperator,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `None` tolerates every effect of the matching taint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<TaintEffect>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+pub enum TolerationOperator {
+    #[default]
+    Exists,
+    Equal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Container {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvVar {
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeMount {
+    pub name: String,
+    pub mount_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<String>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<ResourceAmounts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ResourceAmounts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuRequest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceAmounts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(deny_unknown_fields)]
+pub struct GpuRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<GpuDriver>,
+    #[serde(
+        rename = "minVRAM_MB",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub min_vram_mb: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "lowercase")]
+pub enum GpuDriver {
+    Any,
+    Nvidia,
+    Amd,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Volume {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simple_cluster_storage: Option<SimpleClusterStorage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_mount: Option<HostMount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(deny_unknown_fields)]
+pub struct SimpleClusterStorage {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostMount {
+    pub host_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ensure_type: Option<EnsureType>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+pub enum EnsureType {
+    DirectoryOrCreate,
+    Directory,
+    FileOrCreate,
+    File,
+    Socket,
+}
+
+/// Requests and limits once parsed. Requests default to limits (RFC §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ParsedResources {
+    pub cpu_request: Option<MilliCpu>,
+    pub memory_request: Option<Bytes>,
+    pub cpu_limit: Option<MilliCpu>,
+    pub memory_limit: Option<Bytes>,
+}
+
+impl Resources {
+    /// Parsed quantities; `None` for any that is absent or malformed (validation reports those).
+    pub fn parsed(&self) -> ParsedResources {
+        let cpu = |a: &Option<ResourceAmounts>| {
+            a.as_ref()?
+                .cpu
+                .as_deref()
+                .and_then(|s| MilliCpu::parse(s).ok())
+        };
+        let mem = |a: &Option<ResourceAmounts>| {
+            a.as_ref()?
+                .memory
+                .as_deref()
+                .and_then(|s| Bytes::parse(s).ok())
+        };
+        let cpu_limit = cpu(&self.limits);
+        let memory_limit = mem(&self.limits);
+        ParsedResources {
+            cpu_request: cpu(&self.requests).or(cpu_limit),
+            memory_request: mem(&self.requests).or(memory_limit),
+            cpu_limit,
+            memory_limit,
+        }
+    }
+}
+
+impl WorkloadSpec {
+    pub fn update_strategy_type(&self) -> UpdateStrategyType {
+        self.update_strategy
+            .as_ref()
+            .map(|u| u.strategy_type)
+            .unwrap_or_default()
+    }
+
+    /// Validated `maxSurge`, defaulting to 1.
+    pub fn max_surge(&self) -> MaxSurge {
+        self.update_strategy
+            .as_ref()
+            .and_then(|u| u.rolling.as_ref())
+            .and_then(|r| r.max_surge.as_ref())
+            .and_then(|v| MaxSurge::parse(v).ok())
+            .unwrap_or(MaxSurge::Count(DEFAULT_MAX_SURGE))
+    }
+}
+
+impl Workload {
+    /// Every rule of `workload.kat` that needs no other file.
+    pub fn validate(&self, s: &mut Scope<'_>) {
+        if let Some(p) = dns_label_problem(&self.metadata.name) {
+            s.error("metadata.name", p);
+        }
+        if let Some(p) = dns_label_problem(&self.metadata.namespace) {
+            s.error("metadata.namespace", p);
+        }
+        self.spec.validate(&mut s.field("spec"));
+    }
+}
+
+impl WorkloadSpec {
+    fn validate(&self, s: &mut Scope<'_>) {
+        validate_source(&self.source, &mut s.field("source"));
+
+        match (self.workload_type, self.replicas) {
+            (WorkloadType::Service, None) => {
+                s.error("replicas", "is required for type Service (the number of instances to run, e.g. 2)")
+            }
+            (WorkloadType::Service, Some(n)) if n > MAX_REPLICAS => {
+                s.error("replicas", format!("{n} is more than the maximum of {MAX_REPLICAS}"))
+            }
+            (WorkloadType::DaemonService, Some(_)) => {
+                s.error("replicas", "is not used by type DaemonService, which runs one instance on every eligible node; remove it")
+            }
+            (WorkloadType::Job, Some(_)) => {
+                s.error("replicas", "is not used by type Job; set completions and parallelism in job.kat instead")
+            }
+            _ => {}
+        }
+
+        if let Some(strategy) = &self.update_strategy {
+            let mut s = s.field("updateStrategy");
+            if self.workload_type == WorkloadType::Job {
+                s.error_here("is not used by type Job (jobs run to completion and are not rolled); remove it");
+            }
+            match (strategy.strategy_type, &strategy.rolling) {
+                (UpdateStrategyType::Simultaneous, Some(_)) => s.error(
+                    "rolling",
+                    "applies only to type Rolling; remove it or set type: Rolling",
+                ),
+                (_, Some(RollingUpdate { max_surge: Some(v) })) => {
+                    if let Err(p) = MaxSurge::parse(v) {
+                        s.error("rolling.maxSurge", p);
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        let policy = &self.restart_policy;
+        let mut rp = s.field("restartPolicy");
+        if policy.condition != RestartCondition::MaxCount {
+            for (field, set) in [
+                ("maxRestarts", policy.max_restarts.is_some()),
+                ("resetSeconds", policy.reset_seconds.is_some()),
+            ] {
+                if set {
+                    rp.error(
+                        field,
+                        format!(
+                            "is used only with condition MaxCount, not {:?}; remove it",
+                            policy.condition
+                        ),
+                    );
+                }
+            }
+        }
+        if policy.max_restarts == Some(0) {
+            rp.error(
+                "maxRestarts",
+                "0 must be at least 1 (use condition: Never for no restarts)",
+            );
+        }
+        if policy.reset_seconds == Some(0) {
+            rp.error("resetSeconds", "0 must be at least 1 second");
+        }
+
+        validate_labels(&self.node_selector, &mut s.field("nodeSelector"));
+
+        for (i, t) in self.tolerations.iter().enumerate() {
+            let mut ts = s.field(&format!("tolerations[{i}]"));
+            if t.key.is_empty() && t.operator == TolerationOperator::Equal {
+                ts.error("key", "is required with operator Equal");
+            } else if !t.key.is_empty() {
+                if let Some(p) = label_key_problem(&t.key) {
+                    ts.error("key", p);
+                }
+            }
+            match (t.operator, &t.value) {
+                (TolerationOperator::Equal, None) => {
+                    ts.error("value", "is required with operator Equal")
+                }
+                (TolerationOperator::Exists, Some(_)) => ts.error(
+                    "value",
+                    "must not be set with operator Exists (use operator: Equal to match a value)",
+                ),
+                _ => {}
+            }
+        }
+
+        let volume_names = validate_volumes(&self.volumes, s);
+        self.container
+            .validate(&volume_names, &mut s.field("container"));
+    }
+}
+
+fn validate_source(source: &Source, s: &mut Scope<'_>) {
+    match (&source.image, &source.git) {
+        (Some(_), Some(_)) => s.error_here("has both image and git (expected exactly one of them)"),
+        (None, None) => s.error_here("has neither image nor git (expected exactly one of them)"),
+        _ => {}
+    }
+    if let Some(image) = &source.image {
+        if let Some(p) = image_reference_problem(image) {
+            s.error("image", p);
+        }
+    }
+    if let Some(cache) = &source.cache_image {
+        if source.git.is_none() {
+            s.error("cacheImage", "is used only with a git source; remove it");
+        } else if let Some(p) = image_reference_problem(cache) {
+            s.error("cacheImage", p);
+        }
+    }
+    if let Some(git) = &source.git {
+        if git.repository.trim().is_empty() {
+            s.error(
+                "git.repository",
+                "must not be empty (expected a Git URL, e.g. https://example.com/app.git)",
+            );
+        }
+        if let Some(c) = &git.commit {
+            let hex = c.bytes().all(|b| b.is_ascii_hexdigit());
+            if !hex || !(7..=64).contains(&c.len()) {
+                s.error(
+                    "git.commit",
+                    format!("{c:?} is not a commit id (expected 7 to 64 hexadecimal digits)"),
+                );
+            }
+        }
+        for (field, v) in [("git.branch", &git.branch), ("git.tag", &git.tag)] {
+            if let Some(v) = v {
+                if v.is_empty() || v.contains(char::is_whitespace) || v.contains("..") {
+                    s.error(field, format!("{v:?} is not a valid Git ref name"));
+                }
+            }
+        }
+    }
+}
+
+/// A light syntactic check of an image reference (`[registry/]repo[:tag][@digest]`); the registry
+/// has the last word, but obvious typos are caught before anything is stored.
+pub fn image_reference_problem(image: &str) -> Option<String> {
+    let bad = || {
+        Some(format!("{image:?} is not an image reference (expected e.g. \"registry.example.com/app:1.2\" or \"busybox@sha256:…\")"))
+    };
+    if image.is_empty() || image.len() > 512 || image.contains(char::is_whitespace) {
+        return bad();
+    }
+    let (name, digest) = match image.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (image, None),
+    };
+    if let Some(d) = digest {
+        let Some((alg, hex)) = d.split_once(':') else {
+            return bad();
+        };
+        if alg.is_empty() || hex.len() < 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return bad();
+        }
+    }
+    // A tag is after the last ':' that follows the last '/' (a ':' before that is a registry port).
+    let last_slash = name.rfind('/').map_or(0, |i| i + 1);
+    let (repo, tag) = match name[last_slash..].rfind(':') {
+        Some(i) => (&name[..last_slash + i], Some(&name[last_slash + i + 1..])),
+        None => (name, None),
+    };
+    if let Some(t) = tag {
+        let ok = !t.is_empty()
+            && t.len() <= 128
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !ok {
+            return bad();
+        }
+    }
+    if repo.is_empty() || repo.split('/').any(|c| c.is_empty()) {
+        return bad();
+    }
+    // Path components after the registry must be lowercase.
+    let path = repo.split_once('/').map_or(repo, |(first, rest)| {
+        if first.contains(['.', ':']) || first == "localhost" {
+            rest
+        } else {
+            repo
+        }
+    });
+    if path.bytes().any(|b| {
+        !(b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-' | b'/'))
+    }) {
+        return bad();
+    }
+    None
+}
+
+/// Checks `spec.volumes` and returns the set of declared names.
+fn validate_volumes(volumes: &[Volume], s: &mut Scope<'_>) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let mut vs = s.field(&format!("volumes[{i}]"));
+        if let Some(p) = dns_label_problem(&v.name) {
+            vs.error("name", p);
+        }
+        if !names.insert(v.name.clone()) {
+            vs.error("name", format!("{:?} is declared more than once", v.name));
+        }
+        match (&v.simple_cluster_storage, &v.host_mount) {
+            (Some(_), Some(_)) => {
+                vs.error_here("has both simpleClusterStorage and hostMount (expected exactly one)")
+            }
+            (None, None) => vs.error_here(
+                "has no source (expected exactly one of simpleClusterStorage: {} or hostMount)",
+            ),
+            _ => {}
+        }
+        if let Some(h) = &v.host_mount {
+            if let Some(p) = absolute_path_problem(&h.host_path) {
+                vs.error("hostMount.hostPath", p);
+            }
+        }
+    }
+    names
+}
+
+impl Container {
+    fn validate(&self, volumes: &BTreeSet<String>, s: &mut Scope<'_>) {
+        for (field, list) in [("command", &self.command), ("args", &self.args)] {
+            for (i, item) in list.iter().enumerate() {
+                if item.contains('\0') {
+                    s.error(&format!("{field}[{i}]"), "contains a NUL byte");
+                }
+            }
+        }
+        if self.command.first().is_some_and(|c| c.is_empty()) {
+            s.error(
+                "command[0]",
+                "must not be empty (expected the program to run)",
+            );
+        }
+        let mut env_names = BTreeSet::new();
+        for (i, e) in self.env.iter().enumerate() {
+            if let Some(p) = env_name_problem(&e.name) {
+                s.error(&format!("env[{i}].name"), p);
+            } else if !env_names.insert(&e.name) {
+                s.error(
+                    &format!("env[{i}].name"),
+                    format!("{:?} is set more than once", e.name),
+                );
+            }
+            if e.value.contains('\0') {
+                s.error(&format!("env[{i}].value"), "contains a NUL byte");
+            }
+        }
+        let mut mount_paths = BTreeSet::new();
+        for (i, m) in self.volume_mounts.iter().enumerate() {
+            let mut ms = s.field(&format!("volumeMounts[{i}]"));
+            if !volumes.contains(&m.name) {
+                let known = if volumes.is_empty() {
+                    "no volumes are declared in spec.volumes".to_string()
+                } else {
+                    format!(
+                        "declared: {}",
+                        volumes.iter().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                };
+                ms.error(
+                    "name",
+                    format!(
+                        "{:?} does not refer to a volume in spec.volumes ({known})",
+                        m.name
+                    ),
+                );
+            }
+            if let Some(p) = absolute_path_problem(&m.mount_path) {
+                ms.error("mountPath", p);
+            } else if m.mount_path.trim_end_matches('/').is_empty() {
+                ms.error(
+                    "mountPath",
+                    "\"/\" cannot be a mount point (expected a directory such as /data)",
+                );
+            } else if !mount_paths.insert(m.mount_path.trim_end_matches('/')) {
+                ms.error(
+                    "mountPath",
+                    format!("{:?} is used by more than one mount", m.mount_path),
+                );
+            }
+            if let Some(sub) = &m.sub_path {
+                if let Some(p) = relative_path_problem(sub) {
+                    ms.error("subPath", p);
+                }
+            }
+        }
+        if let Some(r) = &self.resources {
+            validate_resources(r, &mut s.field("resources"));
+        }
+    }
+}
+
+fn validate_resources(r: &Resources, s: &mut Scope<'_>) {
+    let mut parsed: [[Option<u64>; 2]; 2] = [[None; 2]; 2]; // [requests, limits] x [cpu, memory]
+    for (i, (section, amounts)) in [("requests", &r.requests), ("limits", &r.limits)]
+        .into_iter()
+        .enumerate()
+    {
+        let Some(a) = amounts else { continue };
+        if let Some(cpu) = &a.cpu {
+            match MilliCpu::parse(cpu) {
+                Ok(MilliCpu(0)) => s.error(
+                    &format!("{section}.cpu"),
+                    format!("{cpu:?} must be greater than zero"),
+                ),
+                Ok(v) => parsed[i][0] = Some(v.0),
+                Err(e) => s.error(&format!("{section}.cpu"), e.to_string()),
+            }
+        }
+        if let Some(mem) = &a.memory {
+            match Bytes::parse(mem) {
+                Ok(Bytes(0)) => s.error(&format!("{section}.memory"), format!("{mem:?} must be greater than zero")),
+                Ok(v) if section == "limits" && v < MIN_MEMORY_LIMIT => s.error(
+                    "limits.memory",
+                    format!("{mem:?} is below the minimum of {MIN_MEMORY_LIMIT} (no process can start with less)"),
+                ),
+                Ok(v) => parsed[i][1] = Some(v.0),
+                Err(e) => s.error(&format!("{section}.memory"), e.to_string()),
+            }
+        }
+    }
+    for (j, what) in ["cpu", "memory"].into_iter().enumerate() {
+        if let (Some(req), Some(lim)) = (parsed[0][j], parsed[1][j]) {
+            if req > lim {
+                let (rv, lv) = (
+                    r.requests
+                        .as_ref()
+                        .and_then(|a| {
+                            if j == 0 {
+                                a.cpu.clone()
+                            } else {
+                                a.memory.clone()
+                            }
+                        })
+                        .unwrap_or_default(),
+                    r.limits
+                        .as_ref()
+                        .and_then(|a| {
+                            if j == 0 {
+                                a.cpu.clone()
+                            } else {
+                                a.memory.clone()
+                            }
+                        })
+                        .unwrap_or_default(),
+                );
+                s.error(&format!("requests.{what}"), format!("{rv:?} is larger than limits.{what} {lv:?} (a request must not exceed its limit)"));
+            }
+        }
+    }
+    if let Some(gpu) = &r.gpu {
+        if gpu.min_vram_mb == Some(0) {
+            s.error("gpu.minVRAM_MB", "0 must be at least 1 (or remove it)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_surge_forms() {
+        assert_eq!(
+            MaxSurge::parse(&IntOrString::Int(2)),
+            Ok(MaxSurge::Count(2))
+        );
+        assert_eq!(
+            MaxSurge::parse(&IntOrString::String("25%".into())),
+            Ok(MaxSurge::Percent(25))
+        );
+        assert!(MaxSurge::parse(&IntOrString::Int(0)).is_err());
+        assert!(MaxSurge::parse(&IntOrString::Int(-1)).is_err());
+        assert!(MaxSurge::parse(&IntOrString::String("0%".into())).is_err());
+        assert!(MaxSurge::parse(&IntOrString::String("101%".into())).is_err());
+        assert!(MaxSurge::parse(&IntOrString::String("two".into())).is_err());
+        assert!(MaxSurge::parse(&IntOrString::String("2".into())).is_err());
+    }
+
+    #[test]
+    fn max_surge_absolute_rounds_up_and_is_at_least_one() {
+        assert_eq!(MaxSurge::Percent(25).absolute(10), 3);
+        assert_eq!(MaxSurge::Percent(1).absolute(1), 1);
+        assert_eq!(MaxSurge::Percent(50).absolute(0), 1);
+        assert_eq!(MaxSurge::Count(4).absolute(2), 4);
+    }
+
+    #[test]
+    fn image_references() {
+        for ok in [
+            "busybox",
+            "busybox:1.36",
+            "127.0.0.1:5000/test/busybox:latest",
+            "localhost/app",
+            "ghcr.io/a/b-c_d.e:v1.2-rc",
+            &format!("app@sha256:{}", "a".repeat(64)),
+        ] {
+            assert_eq!(image_reference_problem(ok), None, "{ok}");
+        }
+        for bad in [
+            "",
+            "Busybox",
+            "bad image",
+            "app:",
+            "app:t@g",
+            "/app",
+            "app//x",
+            "app@sha256:xyz",
+        ] {
+            assert!(image_reference_problem(bad).is_some(), "{bad}");
+        }
+    }
+}
