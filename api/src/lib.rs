@@ -26,3 +26,6 @@ pub mod workload;
 
 pub use quadlet::{parse_cluster, parse_file, Kind, Quadlet, WorkloadBundle, API_VERSION};
 pub use report::{Finding, InvalidQuadlet, Report};
+
+#[cfg(test)]
+mod round_trip_tests;
