@@ -152,7 +152,7 @@ impl ClusterConfiguration {
             }
         }
         if let Some(c) = cluster {
-            let node_prefix = c.prefix_len() as u32 + spec.node_subnet_bits;
+            let node_prefix = (c.prefix_len() as u32).saturating_add(spec.node_subnet_bits);
             let limit = (c.max_prefix_len() - MIN_HOST_BITS) as u32;
             if spec.node_subnet_bits == 0 {
                 s.error(

@@ -130,8 +130,8 @@ fn parse_field(part: &str, field: &Field) -> Result<u64, String> {
                 let step: u32 = s
                     .parse()
                     .map_err(|_| format!("step {s:?} is not a number"))?;
-                if step == 0 {
-                    return Err("step must be at least 1".into());
+                if step == 0 || step > field.max {
+                    return Err(format!("step must be between 1 and {}", field.max));
                 }
                 (r, step)
             }
@@ -149,10 +149,9 @@ fn parse_field(part: &str, field: &Field) -> Result<u64, String> {
         if lo > hi {
             return Err(format!("range {lo}-{hi} is backwards"));
         }
-        let mut v = lo;
-        while v <= hi {
+        // lo, hi <= 59 and step <= 59 here, so this cannot overflow.
+        for v in (lo..=hi).step_by(step as usize) {
             set |= 1 << v;
-            v += step;
         }
     }
     Ok(set)

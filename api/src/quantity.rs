@@ -97,8 +97,12 @@ impl Bytes {
         let frac_bytes = if frac.is_empty() {
             0
         } else {
-            let digits = frac.len() as u32;
-            let denom = 10u128.checked_pow(digits).ok_or_else(not_memory)?;
+            // 18 fractional digits are finer than a byte for every unit up to Ei; more is
+            // noise, not precision, and would overflow the arithmetic below.
+            if frac.len() > 18 {
+                return Err(not_memory());
+            }
+            let denom = 10u128.pow(frac.len() as u32);
             let numer = frac.parse::<u128>().map_err(|_| not_memory())? * unit as u128;
             u64::try_from(numer.div_ceil(denom)).map_err(|_| overflow())?
         };

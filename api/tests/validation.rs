@@ -983,6 +983,7 @@ fn cluster_rules() {
         ("spec.serviceCIDR", "10.100.128.0/17", "cluster.kat: spec.serviceCIDR: 10.100.128.0/17 overlaps clusterCIDR 10.100.0.0/16 (expected separate ranges)"),
         ("spec.nodeSubnetBits", "13", "cluster.kat: spec.nodeSubnetBits: 13 does not fit clusterCIDR 10.100.0.0/16: node subnets would be /29, smaller than the /28 needed for instances (expected at most 12)"),
         ("spec.nodeSubnetBits", "0", "spec.nodeSubnetBits: 0 must be at least 1"),
+        ("spec.nodeSubnetBits", "4294967295", "spec.nodeSubnetBits: 4294967295 does not fit clusterCIDR"),
         ("spec.apiPort", "2379", "cluster.kat: spec.etcdClientPort: 2379 is also apiPort (every port must be different)"),
         ("spec.agentPort", "70000", "spec.agentPort: 70000 is not a port (expected 1-65535)"),
         ("spec.volumeBasePath", "var/lib", "spec.volumeBasePath: \"var/lib\" is not an absolute path"),

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install what KAT needs to build and test on Debian/Ubuntu. Idempotent: installs only what is
+# missing. Sourced by quickstart.sh and test.sh; run it alone to prepare a machine.
+set -euo pipefail
+
+need_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "==> installing ${missing[*]}"
+    need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's etcd-server package starts a system etcd on 2379; KAT runs its own, so stop that one.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
+    echo "==> stopping the distribution's etcd service (KAT starts and supervises its own etcd)"
+    need_root systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then
+        export PATH="$HOME/.cargo/bin:$PATH"
+    else
+        echo "==> installing the Rust toolchain with rustup (https://rustup.rs)"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+        export PATH="$HOME/.cargo/bin:$PATH"
+    fi
+fi
