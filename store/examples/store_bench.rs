@@ -2,7 +2,7 @@
 //!
 //! Starts its own etcd (through `EtcdServer`) in a temporary directory. Prints one line per
 //! figure and a last line that `bench/store.sh` and docs/benchmarks.md quote:
-//! `store_puts_per_s mem=X etcd=Y etcd_batched=Z watch_p50_us mem=A etcd=B watch_p99_us mem=C etcd=D`
+//! `store_puts_per_s mem=X etcd=Y raw_etcd_client=P etcd/raw=R etcd_batched=Z watch_p50_us mem=A etcd=B watch_p99_us mem=C etcd=D`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +26,28 @@ async fn puts_per_second(store: Arc<dyn StateStore>, prefix: &str, n: usize) -> 
                         .put(&format!("{prefix}{t}/{i}"), vec![b'x'; 256], None)
                         .await
                         .expect("put");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    (per_task * CONCURRENCY) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The peer: the same puts through `etcd-client` directly, without our StateStore layer.
+async fn raw_client_puts_per_second(endpoint: &str, prefix: &str, n: usize) -> f64 {
+    let client = etcd_client::Client::connect([endpoint], None).await.expect("connect");
+    let start = Instant::now();
+    let per_task = n / CONCURRENCY;
+    let tasks: Vec<_> = (0..CONCURRENCY)
+        .map(|t| {
+            let mut kv = client.kv_client();
+            let prefix = prefix.to_string();
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    kv.put(format!("{prefix}{t}/{i}"), vec![b'x'; 256], None).await.expect("put");
                 }
             })
         })
@@ -118,6 +140,8 @@ async fn main() {
     println!("mem   puts/s (concurrency {CONCURRENCY}): {mem_puts:.0}");
     let etcd_puts = puts_per_second(etcd.clone(), "/bench/puts/", PUTS).await;
     println!("etcd  puts/s (concurrency {CONCURRENCY}): {etcd_puts:.0}");
+    let raw_puts = raw_client_puts_per_second(server.client_url(), "/bench/raw/", PUTS).await;
+    println!("peer: raw etcd-client puts/s (concurrency {CONCURRENCY}): {raw_puts:.0}; EtcdStore/raw = {:.2}", etcd_puts / raw_puts);
     let etcd_batched = batched_puts_per_second(etcd.clone(), "/bench/batched/", PUTS * 2).await;
     println!("etcd  puts/s in {MAX_TXN_OPS}-op transactions: {etcd_batched:.0}");
     let (mem_p50, mem_p99) = watch_latency_us(mem.clone(), "/bench/watch/").await;
@@ -127,6 +151,7 @@ async fn main() {
     println!("mem/etcd puts ratio: {:.1}x", mem_puts / etcd_puts);
     server.stop().await;
     println!(
-        "store_puts_per_s mem={mem_puts:.0} etcd={etcd_puts:.0} etcd_batched={etcd_batched:.0} watch_p50_us mem={mem_p50} etcd={etcd_p50} watch_p99_us mem={mem_p99} etcd={etcd_p99}"
+        "store_puts_per_s mem={mem_puts:.0} etcd={etcd_puts:.0} raw_etcd_client={raw_puts:.0} etcd/raw={:.2} etcd_batched={etcd_batched:.0} watch_p50_us mem={mem_p50} etcd={etcd_p50} watch_p99_us mem={mem_p99} etcd={etcd_p99}",
+        etcd_puts / raw_puts
     );
 }
