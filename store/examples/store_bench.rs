@@ -38,7 +38,9 @@ async fn puts_per_second(store: Arc<dyn StateStore>, prefix: &str, n: usize) -> 
 
 /// The peer: the same puts through `etcd-client` directly, without our StateStore layer.
 async fn raw_client_puts_per_second(endpoint: &str, prefix: &str, n: usize) -> f64 {
-    let client = etcd_client::Client::connect([endpoint], None).await.expect("connect");
+    let client = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("connect");
     let start = Instant::now();
     let per_task = n / CONCURRENCY;
     let tasks: Vec<_> = (0..CONCURRENCY)
@@ -47,7 +49,9 @@ async fn raw_client_puts_per_second(endpoint: &str, prefix: &str, n: usize) -> f
             let prefix = prefix.to_string();
             tokio::spawn(async move {
                 for i in 0..per_task {
-                    kv.put(format!("{prefix}{t}/{i}"), vec![b'x'; 256], None).await.expect("put");
+                    kv.put(format!("{prefix}{t}/{i}"), vec![b'x'; 256], None)
+                        .await
+                        .expect("put");
                 }
             })
         })
