@@ -169,6 +169,58 @@ fn value(s: &str, field: &Field) -> Result<u32, String> {
     Ok(v)
 }
 
+impl CronSchedule {
+    /// The first matching minute strictly after `minute` (minutes since the Unix epoch, UTC),
+    /// searching at most five years ahead (a schedule such as "0 0 30 2 *" never fires).
+    pub fn next_after(&self, minute: u64) -> Option<u64> {
+        let mut m = minute + 1;
+        let limit = minute + 5 * 366 * 24 * 60;
+        while m <= limit {
+            let (days, minute_of_day) = (m / 1440, m % 1440);
+            let (_, month, day) = civil_from_days(days as i64);
+            let weekday = ((days + 4) % 7) as u32; // 1970-01-01 was a Thursday
+            if !self.matches_day(day, month, weekday) {
+                m = (days + 1) * 1440; // skip to the next midnight
+                continue;
+            }
+            let (hour, min) = ((minute_of_day / 60) as u32, (minute_of_day % 60) as u32);
+            if self.hours & (1 << hour) == 0 {
+                m = days * 1440 + (hour as u64 + 1) * 60;
+                continue;
+            }
+            if self.minutes & (1 << min) != 0 {
+                return Some(m);
+            }
+            m += 1;
+        }
+        None
+    }
+
+    fn matches_day(&self, day: u32, month: u32, weekday: u32) -> bool {
+        self.matches(
+            self.minutes.trailing_zeros(),
+            self.hours.trailing_zeros(),
+            day,
+            month,
+            weekday,
+        )
+    }
+}
+
+/// Proleptic Gregorian date of a day number since 1970-01-01 (Howard Hinnant's algorithm).
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 impl fmt::Display for CronSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -231,6 +283,42 @@ mod tests {
         assert!(either.matches(0, 0, 1, 5, 3));
         assert!(either.matches(0, 0, 9, 5, 1));
         assert!(!either.matches(0, 0, 9, 5, 2));
+    }
+
+    #[test]
+    fn next_after_walks_the_calendar() {
+        let sat_midnight = 20_778 * 1440; // 2026-11-21, a Saturday
+        assert_eq!(civil_from_days(20_778), (2026, 11, 21));
+        let every_15 = CronSchedule::parse("*/15 * * * *").unwrap();
+        assert_eq!(every_15.next_after(sat_midnight), Some(sat_midnight + 15));
+        assert_eq!(
+            every_15.next_after(sat_midnight + 14),
+            Some(sat_midnight + 15)
+        );
+        // Weekdays at 03:30: from Saturday, the next is Monday 03:30.
+        let weekdays = CronSchedule::parse("30 3 * * mon-fri").unwrap();
+        assert_eq!(
+            weekdays.next_after(sat_midnight),
+            Some(sat_midnight + 2 * 1440 + 3 * 60 + 30)
+        );
+        // Yearly: next 1 January 00:00.
+        let yearly = CronSchedule::parse("@yearly").unwrap();
+        assert_eq!(
+            yearly
+                .next_after(sat_midnight)
+                .map(|m| civil_from_days((m / 1440) as i64)),
+            Some((2027, 1, 1))
+        );
+        // Leap day only.
+        let leap = CronSchedule::parse("0 12 29 2 *").unwrap();
+        let next = leap.next_after(sat_midnight).unwrap();
+        assert_eq!(civil_from_days((next / 1440) as i64), (2028, 2, 29));
+        assert_eq!(
+            CronSchedule::parse("0 0 30 2 *")
+                .unwrap()
+                .next_after(sat_midnight),
+            None
+        );
     }
 
     #[test]

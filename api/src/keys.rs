@@ -84,9 +84,73 @@ pub fn dns_records() -> &'static str {
     "/kat/dns/"
 }
 
+pub fn job_runs(ns: &str, workload: &str) -> String {
+    format!("/kat/jobs/runs/{ns}/{workload}/")
+}
+/// Run ids start with a zero-padded number so runs sort by age.
+pub fn job_run(ns: &str, workload: &str, run_id: &str) -> String {
+    format!("/kat/jobs/runs/{ns}/{workload}/{run_id}")
+}
+
 /// Events sort by key: a zero-padded sequence number keeps them in order.
 pub fn event(sequence: u64) -> String {
     format!("/kat/events/{sequence:020}")
+}
+
+/// A key of the schema, parsed. Keys KAT does not know parse to `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key<'a> {
+    WorkloadMeta {
+        ns: &'a str,
+        name: &'a str,
+    },
+    WorkloadManifest {
+        ns: &'a str,
+        name: &'a str,
+        file: &'a str,
+    },
+    WorkloadStatus {
+        ns: &'a str,
+        name: &'a str,
+    },
+    NodeRegistration {
+        node: &'a str,
+    },
+    NodeStatus {
+        node: &'a str,
+    },
+    Instance {
+        node: &'a str,
+        id: &'a str,
+    },
+    JobRun {
+        ns: &'a str,
+        name: &'a str,
+        run: &'a str,
+    },
+    Namespace {
+        name: &'a str,
+    },
+    Event,
+}
+
+pub fn parse(key: &str) -> Option<Key<'_>> {
+    let rest = key.strip_prefix(ROOT)?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    Some(match parts.as_slice() {
+        ["workloads", "desired", ns, name, "meta"] => Key::WorkloadMeta { ns, name },
+        ["workloads", "desired", ns, name, "manifest", file] => {
+            Key::WorkloadManifest { ns, name, file }
+        }
+        ["workloads", "status", ns, name] => Key::WorkloadStatus { ns, name },
+        ["nodes", "registration", node] => Key::NodeRegistration { node },
+        ["nodes", "status", node] => Key::NodeStatus { node },
+        ["instances", node, id] => Key::Instance { node, id },
+        ["jobs", "runs", ns, name, run] => Key::JobRun { ns, name, run },
+        ["namespaces", name] => Key::Namespace { name },
+        ["events", _] => Key::Event,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -101,6 +165,56 @@ mod tests {
             .starts_with(&workload_desired("default", "web")));
         assert!(instance("n1", "abc").starts_with(&node_instances("n1")));
         assert!(!instance("n10", "abc").starts_with(&node_instances("n1")));
+    }
+
+    #[test]
+    fn every_builder_parses_back() {
+        assert_eq!(
+            parse(&workload_meta("ns", "w")),
+            Some(Key::WorkloadMeta {
+                ns: "ns",
+                name: "w"
+            })
+        );
+        assert_eq!(
+            parse(&workload_manifest("ns", "w", "job.kat")),
+            Some(Key::WorkloadManifest {
+                ns: "ns",
+                name: "w",
+                file: "job.kat"
+            })
+        );
+        assert_eq!(
+            parse(&workload_status("ns", "w")),
+            Some(Key::WorkloadStatus {
+                ns: "ns",
+                name: "w"
+            })
+        );
+        assert_eq!(
+            parse(&node_registration("n")),
+            Some(Key::NodeRegistration { node: "n" })
+        );
+        assert_eq!(
+            parse(&node_status("n")),
+            Some(Key::NodeStatus { node: "n" })
+        );
+        assert_eq!(
+            parse(&instance("n", "i")),
+            Some(Key::Instance { node: "n", id: "i" })
+        );
+        assert_eq!(
+            parse(&job_run("ns", "w", "r")),
+            Some(Key::JobRun {
+                ns: "ns",
+                name: "w",
+                run: "r"
+            })
+        );
+        assert_eq!(parse(&namespace("a")), Some(Key::Namespace { name: "a" }));
+        assert_eq!(parse(&event(7)), Some(Key::Event));
+        assert_eq!(parse(&workload_archive("ns", "w", 1, "f")), None);
+        assert_eq!(parse("/other/x"), None);
     }
 
     #[test]

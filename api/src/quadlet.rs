@@ -410,6 +410,15 @@ impl WorkloadBundle {
         report.into_result(bundle)
     }
 
+    /// A hash of what an instance runs: the spec without `replicas` and `updateStrategy`, so
+    /// scaling or changing the strategy does not replace running instances.
+    pub fn template_hash(&self) -> String {
+        let mut template = self.clone();
+        template.workload.spec.replicas = None;
+        template.workload.spec.update_strategy = None;
+        template.spec_hash()
+    }
+
     /// A hash of the parsed desired state. Comments and formatting do not change it, so a
     /// re-apply of the same spec does not roll the workload.
     pub fn spec_hash(&self) -> String {

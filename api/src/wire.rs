@@ -77,6 +77,8 @@ pub struct ObjectMeta {
 pub struct WorkloadMeta {
     pub metadata: ObjectMeta,
     pub spec_hash: String,
+    /// What instances run; instances with another template hash are old versions.
+    pub template_hash: String,
     pub workload_type: crate::workload::WorkloadType,
 }
 
@@ -318,4 +320,74 @@ mod tests {
         let back: InstanceStatus = serde_json::from_value(json).unwrap();
         assert_eq!(back, s);
     }
+}
+
+/// What the leader assigns to a node (key `instance(node, id)`); the agent converges on it.
+/// The record's existence is the instruction to run; deleting it is the instruction to stop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceRecord {
+    #[serde(rename = "instanceID")]
+    pub instance_id: String,
+    pub namespace: String,
+    pub workload: String,
+    pub node: String,
+    pub generation: u64,
+    pub spec_hash: String,
+    pub workload_type: crate::workload::WorkloadType,
+    /// What the scheduler accounted for on the node.
+    pub requests: ResourceList,
+    /// The job run this instance belongs to (jobs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_run: Option<String>,
+    pub created_at: String,
+}
+
+/// A node's static registration plus what administrators set on it (labels, taints, drain).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRegistration {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+    /// Set by `katcall drain`: no new instances, Service instances move elsewhere.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// The taint `katcall drain` adds; `katcall uncordon` removes it.
+pub const DRAIN_TAINT_KEY: &str = "kat.dws.rip/unschedulable";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobRunState {
+    Active,
+    Succeeded,
+    Failed,
+}
+
+/// One run of a Job workload: one per generation, or one per cron tick.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRun {
+    pub run_id: String,
+    pub namespace: String,
+    pub workload: String,
+    pub generation: u64,
+    pub state: JobRunState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub started_at: String,
+    /// Start in milliseconds since the epoch, for deadlines (strings are for people).
+    pub started_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// The cron tick this run is for, in minutes since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_minute: Option<u64>,
 }

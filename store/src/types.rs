@@ -110,6 +110,12 @@ impl WatchStream {
     pub async fn next(&mut self) -> Option<Result<WatchEvent>> {
         self.rx.recv().await
     }
+
+    /// An event that has already arrived, without waiting. `None` when there is none yet, or
+    /// the stream has ended (then [`WatchStream::next`] returns `None` too).
+    pub fn try_next(&mut self) -> Option<Result<WatchEvent>> {
+        self.rx.try_recv().ok()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,685 @@
+//! The leader's reconcile loop.
+//!
+//! [`Leader::sync`] runs one round: take in what changed (watch events), decide (controllers
+//! on the in-memory view, no I/O), and commit the decisions as a [`Plan`]: groups of writes,
+//! each group atomic, packed into transactions of at most 128 operations and fenced by the
+//! leadership so that a deposed leader cannot write. The plan's writes are applied to the view
+//! at once, so the next round sees them even before their watch events come back.
+//!
+//! Rounds are level-triggered: each one looks at the whole desired and observed state, so a
+//! missed event or a leader restart only delays convergence, never breaks it. Tests drive
+//! `sync` step by step under simulated time; production calls [`Leader::run`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kat_api::cluster::ClusterSpec;
+use kat_api::keys;
+use kat_api::wire::{
+    Event, EventType, Health, InstanceRecord, InstanceState, InstanceStatus, ObjectReference,
+    ResourceList, WorkloadStatus,
+};
+use kat_api::workload::{GpuRequest, MaxSurge, Toleration, UpdateStrategyType, WorkloadType};
+use kat_store::{
+    Compare, Leadership, Result, StateStore, StoreError, Txn, TxnOp, WatchOptions, WatchStream,
+    MAX_TXN_OPS,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+use crate::events::{self, EventLog};
+use crate::scheduler::{self, NodeLoad, Request, SchedNode, Unschedulable};
+use crate::view::ClusterView;
+use crate::{daemons, jobs, nodes, services};
+
+#[derive(Debug, Clone)]
+pub struct LeaderConfig {
+    /// A node without a heartbeat for this long is NotReady (`nodeLossTimeoutSeconds`).
+    pub node_loss_timeout: Duration,
+    /// A rollout that makes no progress for this long is reported as stalled.
+    pub rollout_progress_deadline: Duration,
+    /// How long a `Simultaneous` update waits for old instances to stop before starting anyway.
+    pub simultaneous_stop_timeout: Duration,
+    /// Finished job runs kept per workload.
+    pub job_history: usize,
+    pub event_capacity: u64,
+    /// Seed for tie-breaks and instance ids (fixed in simulations, random in production).
+    pub seed: u64,
+}
+
+impl Default for LeaderConfig {
+    fn default() -> Self {
+        LeaderConfig {
+            node_loss_timeout: Duration::from_secs(60),
+            rollout_progress_deadline: Duration::from_secs(600),
+            simultaneous_stop_timeout: Duration::from_secs(60),
+            job_history: 5,
+            event_capacity: events::DEFAULT_CAPACITY,
+            seed: rand::random(),
+        }
+    }
+}
+
+impl LeaderConfig {
+    pub fn from_cluster(spec: &ClusterSpec) -> Self {
+        LeaderConfig {
+            node_loss_timeout: Duration::from_secs(spec.node_loss_timeout_seconds as u64),
+            ..Default::default()
+        }
+    }
+}
+
+/// Decisions of one round: groups of writes (each group atomic) and events.
+#[derive(Default)]
+pub struct Plan {
+    pub groups: Vec<Vec<TxnOp>>,
+    pub events: Vec<Event>,
+}
+
+/// What leader remembers between rounds; all of it can be rebuilt from the store (a new
+/// leader starts with none of it and converges to the same decisions).
+#[derive(Default)]
+pub struct Memory {
+    pub ready: HashMap<String, bool>,
+    pub known_nodes: HashSet<String>,
+    pub rollouts: HashMap<String, services::RolloutTracker>,
+    pub simultaneous_since: HashMap<String, Instant>,
+    pub pending_reason: HashMap<String, String>,
+    pub statuses: HashMap<String, WorkloadStatus>,
+    pub first_seen: HashMap<String, u64>,
+}
+
+/// What the controllers need to know about a workload, extracted once per round.
+pub struct WorkloadCtx {
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    pub generation: u64,
+    pub spec_hash: String,
+    pub template_hash: String,
+    pub workload_type: WorkloadType,
+    pub replicas: u32,
+    pub strategy: UpdateStrategyType,
+    pub max_surge: MaxSurge,
+    pub requests: ResourceList,
+    pub node_selector: std::collections::BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+    pub gpu: Option<GpuRequest>,
+    pub has_health_check: bool,
+    /// Creation time in minutes since the epoch, from the workload's metadata.
+    pub created_minute: Option<u64>,
+    pub bundle: Arc<kat_api::WorkloadBundle>,
+}
+
+impl WorkloadCtx {
+    pub fn request(&self) -> Request<'_> {
+        Request {
+            workload: &self.key,
+            requests: self.requests,
+            node_selector: &self.node_selector,
+            tolerations: &self.tolerations,
+            gpu: self.gpu.as_ref(),
+        }
+    }
+
+    pub fn object(&self) -> ObjectReference {
+        events::workload_ref(&self.namespace, &self.name)
+    }
+}
+
+/// One round's working state.
+pub struct Round<'a> {
+    pub view: &'a ClusterView,
+    pub config: &'a LeaderConfig,
+    pub now: Instant,
+    pub wall: String,
+    pub wall_ms: u64,
+    pub nodes: Vec<SchedNode>,
+    pub node_index: HashMap<String, usize>,
+    pub loads: Vec<NodeLoad>,
+    pub ready: HashMap<String, bool>,
+    pub reported: HashMap<&'a str, (&'a str, &'a InstanceStatus)>,
+    pub by_workload: HashMap<String, Vec<&'a InstanceRecord>>,
+    /// Instances nodes still report whose records are gone, per workload: still running.
+    pub terminating: HashMap<String, u32>,
+    pub plan: Plan,
+    pub rng: &'a mut StdRng,
+    new_ids: HashSet<String>,
+}
+
+impl<'a> Round<'a> {
+    pub fn node_ready(&self, node: &str) -> bool {
+        self.ready.get(node).copied().unwrap_or(false)
+    }
+
+    pub fn status_of(&self, id: &str) -> Option<&'a InstanceStatus> {
+        self.reported.get(id).map(|(_, s)| *s)
+    }
+
+    pub fn healthy(&self, rec: &InstanceRecord, has_health_check: bool) -> bool {
+        self.status_of(&rec.instance_id).is_some_and(|s| {
+            s.state == InstanceState::Running && (!has_health_check || s.health == Health::Healthy)
+        })
+    }
+
+    pub fn instances_of(&self, workload: &str) -> Vec<&'a InstanceRecord> {
+        self.by_workload.get(workload).cloned().unwrap_or_default()
+    }
+
+    pub fn event(
+        &mut self,
+        event_type: EventType,
+        reason: &str,
+        object: ObjectReference,
+        message: impl Into<String>,
+    ) {
+        self.plan.events.push(events::event(
+            self.wall.clone(),
+            event_type,
+            reason,
+            object,
+            message,
+        ));
+    }
+
+    fn new_id(&mut self, name: &str) -> String {
+        loop {
+            let id = format!("{name}-{:08x}", self.rng.gen::<u32>());
+            if !self.view.instances.contains_key(&id) && self.new_ids.insert(id.clone()) {
+                return id;
+            }
+        }
+    }
+
+    /// A new instance record on `node` (an index into `nodes`), accounted in the loads.
+    pub fn create_on(
+        &mut self,
+        w: &WorkloadCtx,
+        node: usize,
+        job_run: Option<&str>,
+    ) -> InstanceRecord {
+        let id = self.new_id(&w.name);
+        let record = InstanceRecord {
+            instance_id: id,
+            namespace: w.namespace.clone(),
+            workload: w.name.clone(),
+            node: self.nodes[node].name.clone(),
+            generation: w.generation,
+            spec_hash: w.template_hash.clone(),
+            workload_type: w.workload_type,
+            requests: w.requests,
+            job_run: job_run.map(str::to_string),
+            created_at: self.wall.clone(),
+        };
+        self.loads[node].add(&w.key, &w.requests);
+        record
+    }
+
+    /// Place and create up to `count` instances; returns how many were placed and, if some
+    /// could not be, why. `extra` ops join each instance's group (e.g. a job run update).
+    pub fn place(
+        &mut self,
+        w: &WorkloadCtx,
+        count: u32,
+        job_run: Option<&str>,
+    ) -> (Vec<InstanceRecord>, Option<Unschedulable>) {
+        let mut placed = Vec::new();
+        if count == 0 {
+            return (placed, None);
+        }
+        let req = w.request();
+        let (candidates, why) = scheduler::eligible(&self.nodes, &req);
+        for _ in 0..count {
+            match scheduler::pick(&self.nodes, &self.loads, &candidates, &req, &why, self.rng) {
+                Ok(node) => placed.push(self.create_on(w, node, job_run)),
+                Err(reason) => return (placed, Some(reason)),
+            }
+        }
+        (placed, None)
+    }
+
+    pub fn put_instance_op(record: &InstanceRecord) -> TxnOp {
+        TxnOp::put(
+            keys::instance(&record.node, &record.instance_id),
+            serde_json::to_vec(record).unwrap_or_default(),
+        )
+    }
+
+    pub fn delete_instance_op(record: &InstanceRecord) -> TxnOp {
+        TxnOp::delete(keys::instance(&record.node, &record.instance_id))
+    }
+
+    /// Delete an instance record (its node stops the container) and release its resources.
+    pub fn delete_instance(&mut self, record: &InstanceRecord) {
+        if let Some(&i) = self.node_index.get(&record.node) {
+            self.loads[i].remove(
+                &format!("{}/{}", record.namespace, record.workload),
+                &record.requests,
+            );
+        }
+        self.plan
+            .groups
+            .push(vec![Self::delete_instance_op(record)]);
+    }
+
+    /// Status entries for `records`, as reported or as just assigned.
+    pub fn instance_statuses(&self, records: &[&InstanceRecord]) -> Vec<InstanceStatus> {
+        records
+            .iter()
+            .map(|r| match self.status_of(&r.instance_id) {
+                Some(s) => s.clone(),
+                None => InstanceStatus {
+                    instance_id: r.instance_id.clone(),
+                    namespace: r.namespace.clone(),
+                    workload: r.workload.clone(),
+                    node: Some(r.node.clone()),
+                    generation: r.generation,
+                    state: InstanceState::Pending,
+                    health: Health::Unknown,
+                    restarts: 0,
+                    exit_code: None,
+                    reason: Some(format!("assigned to {}, not reported yet", r.node)),
+                    ip: None,
+                    started_at: None,
+                    finished_at: None,
+                    warnings: vec![],
+                },
+            })
+            .collect()
+    }
+
+    /// Record (as an event, once per change) why instances stay Pending.
+    pub fn note_pending(
+        &mut self,
+        memory: &mut Memory,
+        w: &WorkloadCtx,
+        missing: u32,
+        why: Option<&Unschedulable>,
+    ) -> Option<String> {
+        let Some(why) = why else {
+            memory.pending_reason.remove(&w.key);
+            return None;
+        };
+        let message = format!("{missing} instance(s) Pending: {why}");
+        if memory.pending_reason.get(&w.key) != Some(&message) {
+            self.event(
+                EventType::Warning,
+                "FailedScheduling",
+                w.object(),
+                message.clone(),
+            );
+            memory.pending_reason.insert(w.key.clone(), message.clone());
+        }
+        Some(message)
+    }
+}
+
+/// The leader's controllers over one store.
+pub struct Leader {
+    store: Arc<dyn StateStore>,
+    config: LeaderConfig,
+    clock: Clock,
+    view: ClusterView,
+    memory: Memory,
+    events: EventLog,
+    rng: StdRng,
+    watch: WatchStream,
+    fence: Option<Compare>,
+}
+
+/// What one round did, for tests, metrics and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RoundReport {
+    pub writes: usize,
+    pub transactions: usize,
+    pub events: usize,
+}
+
+impl Leader {
+    /// Load the state and start watching it. `fence` (from [`Leadership::fence`]) guards every
+    /// write; `None` is for tests that run a leader without an election.
+    pub async fn start(
+        store: Arc<dyn StateStore>,
+        config: LeaderConfig,
+        clock: Clock,
+        fence: Option<Compare>,
+    ) -> Result<Self> {
+        let events = EventLog::open(&*store, config.event_capacity).await?;
+        let (view, watch) = load(&*store, clock.now()).await?;
+        let rng = StdRng::seed_from_u64(config.seed);
+        Ok(Leader {
+            store,
+            config,
+            clock,
+            view,
+            memory: Memory::default(),
+            events,
+            rng,
+            watch,
+            fence,
+        })
+    }
+
+    pub fn view(&self) -> &ClusterView {
+        &self.view
+    }
+
+    pub fn events(&self) -> &EventLog {
+        &self.events
+    }
+
+    /// Take in watch events already delivered; on a broken watch, reload everything.
+    async fn catch_up(&mut self) -> Result<()> {
+        let now = self.clock.now();
+        loop {
+            match self.watch.try_next() {
+                None => return Ok(()),
+                Some(Ok(e)) => {
+                    let value =
+                        (e.kind == kat_store::EventKind::Put).then_some(e.kv.value.as_slice());
+                    self.view.apply(&e.kv.key, value, e.revision(), now);
+                }
+                Some(Err(err)) => {
+                    tracing::warn!(error = %err, "watch broke; reloading state");
+                    let (view, watch) = load(&*self.store, now).await?;
+                    // Keep liveness: nodes seen before are not "new" to the reloaded view.
+                    self.view = view;
+                    self.watch = watch;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// One reconcile round.
+    pub async fn sync(&mut self) -> Result<RoundReport> {
+        self.catch_up().await?;
+        self.view.refresh_bundles();
+        let plan = self.decide();
+        self.commit(plan).await
+    }
+
+    fn decide(&mut self) -> Plan {
+        let now = self.clock.now();
+        let Leader {
+            view,
+            config,
+            memory,
+            rng,
+            clock,
+            ..
+        } = self;
+        let mut round = build_round(view, config, rng, clock, &memory.ready, now);
+        nodes::reconcile(&mut round, memory);
+        let workloads: Vec<WorkloadCtx> =
+            view.workloads.values().filter_map(workload_ctx).collect();
+        let live: HashSet<&str> = workloads.iter().map(|w| w.key.as_str()).collect();
+        for w in &workloads {
+            let status = match w.workload_type {
+                WorkloadType::Service => services::reconcile(&mut round, memory, w),
+                WorkloadType::DaemonService => daemons::reconcile(&mut round, memory, w),
+                WorkloadType::Job => jobs::reconcile(&mut round, memory, w),
+            };
+            if memory.statuses.get(&w.key) != Some(&status) {
+                let op = TxnOp::put(
+                    keys::workload_status(&w.namespace, &w.name),
+                    serde_json::to_vec(&status).unwrap_or_default(),
+                );
+                round.plan.groups.push(vec![op]);
+                memory.statuses.insert(w.key.clone(), status);
+            }
+        }
+        // Instances and runs of workloads that no longer exist. A workload whose files are
+        // mid-update (meta present, bundle not parsed yet) keeps its instances.
+        let exists = |key: &str| {
+            live.contains(key) || view.workloads.get(key).is_some_and(|e| e.meta.is_some())
+        };
+        let orphans: Vec<&InstanceRecord> = view
+            .instances
+            .values()
+            .filter(|r| !exists(&format!("{}/{}", r.namespace, r.workload)))
+            .collect();
+        for r in orphans {
+            round.delete_instance(r);
+        }
+        for (key, runs) in &view.job_runs {
+            if !exists(key) {
+                let ops = runs
+                    .values()
+                    .map(|run| {
+                        TxnOp::delete(keys::job_run(&run.namespace, &run.workload, &run.run_id))
+                    })
+                    .collect();
+                round.plan.groups.push(ops);
+            }
+        }
+        memory.statuses.retain(|k, _| live.contains(k.as_str()));
+        round.plan
+    }
+
+    /// Write a plan in fenced transactions of at most [`MAX_TXN_OPS`] operations.
+    async fn commit(&mut self, plan: Plan) -> Result<RoundReport> {
+        let mut groups = plan.groups;
+        for event in &plan.events {
+            groups.push(self.events.ops(event));
+        }
+        let mut report = RoundReport {
+            events: plan.events.len(),
+            ..Default::default()
+        };
+        let budget = MAX_TXN_OPS - self.fence.is_some() as usize;
+        let mut batch: Vec<TxnOp> = Vec::new();
+        for group in groups {
+            if !batch.is_empty() && batch.len() + group.len() > budget {
+                self.commit_batch(std::mem::take(&mut batch), &mut report)
+                    .await?;
+            }
+            batch.extend(group);
+        }
+        if !batch.is_empty() {
+            self.commit_batch(batch, &mut report).await?;
+        }
+        Ok(report)
+    }
+
+    async fn commit_batch(&mut self, ops: Vec<TxnOp>, report: &mut RoundReport) -> Result<()> {
+        let txn = Txn::new().when(self.fence.clone()).and_then(ops.clone());
+        let result = self.store.txn(txn).await?;
+        if !result.succeeded {
+            return Err(StoreError::InvalidRequest(
+                "leadership lost: a fenced write was refused".into(),
+            ));
+        }
+        self.view.apply_ops(&ops, result.revision, self.clock.now());
+        report.writes += ops.len();
+        report.transactions += 1;
+        Ok(())
+    }
+
+    /// Reconcile until leadership is lost: on every change (debounced by `min_interval`) and at
+    /// least every `tick`.
+    pub async fn run(
+        mut self,
+        leadership: &Leadership,
+        tick: Duration,
+        min_interval: Duration,
+    ) -> Result<()> {
+        loop {
+            if let Err(e) = self.sync().await {
+                if !leadership.is_leader() {
+                    return Ok(());
+                }
+                tracing::warn!(error = %e, "reconcile round failed; retrying");
+            }
+            tokio::select! {
+                _ = leadership.lost() => return Ok(()),
+                _ = tokio::time::sleep(tick) => {}
+                _ = self.wait_for_change(min_interval) => {}
+            }
+        }
+    }
+
+    async fn wait_for_change(&mut self, min_interval: Duration) {
+        tokio::time::sleep(min_interval).await;
+        if let Some(event) = self.watch.next().await {
+            let now = self.clock.now();
+            match event {
+                Ok(e) => {
+                    let value =
+                        (e.kind == kat_store::EventKind::Put).then_some(e.kv.value.as_slice());
+                    self.view.apply(&e.kv.key, value, e.revision(), now);
+                }
+                Err(_) => {
+                    // catch_up in the next round reloads
+                    if let Ok((view, watch)) = load(&*self.store, now).await {
+                        self.view = view;
+                        self.watch = watch;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn build_round<'a>(
+    view: &'a ClusterView,
+    config: &'a LeaderConfig,
+    rng: &'a mut StdRng,
+    clock: &Clock,
+    ready: &HashMap<String, bool>,
+    now: Instant,
+) -> Round<'a> {
+    let reported = view.reported();
+    let mut by_workload: HashMap<String, Vec<&InstanceRecord>> = HashMap::new();
+    for r in view.instances.values() {
+        by_workload
+            .entry(format!("{}/{}", r.namespace, r.workload))
+            .or_default()
+            .push(r);
+    }
+    let mut terminating: HashMap<String, u32> = HashMap::new();
+    for (id, (_, s)) in &reported {
+        let alive = !matches!(
+            s.state,
+            InstanceState::Stopped
+                | InstanceState::Succeeded
+                | InstanceState::Failed
+                | InstanceState::OOMKilled
+        );
+        if alive && !view.instances.contains_key(*id) {
+            *terminating
+                .entry(format!("{}/{}", s.namespace, s.workload))
+                .or_default() += 1;
+        }
+    }
+    let nodes = sched_nodes(view, ready);
+    let node_index: HashMap<String, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.clone(), i))
+        .collect();
+    let mut loads = vec![NodeLoad::default(); nodes.len()];
+    for r in view.instances.values() {
+        if let Some(&i) = node_index.get(&r.node) {
+            loads[i].add(&format!("{}/{}", r.namespace, r.workload), &r.requests);
+        }
+    }
+    Round {
+        view,
+        config,
+        now,
+        wall: clock.rfc3339(),
+        wall_ms: clock.wall_ms(),
+        nodes,
+        node_index,
+        loads,
+        ready: ready.clone(),
+        reported,
+        by_workload,
+        terminating,
+        plan: Plan::default(),
+        rng,
+        new_ids: HashSet::new(),
+    }
+}
+
+async fn load(store: &dyn StateStore, now: Instant) -> Result<(ClusterView, WatchStream)> {
+    let listing = store.list(keys::ROOT).await?;
+    let mut view = ClusterView::default();
+    for kv in &listing.kvs {
+        view.apply(&kv.key, Some(&kv.value), kv.mod_revision, now);
+    }
+    let watch = store
+        .watch(
+            keys::ROOT,
+            WatchOptions::prefix().from_revision(listing.revision + 1),
+        )
+        .await?;
+    Ok((view, watch))
+}
+
+fn sched_nodes(view: &ClusterView, ready: &HashMap<String, bool>) -> Vec<SchedNode> {
+    view.nodes
+        .iter()
+        .filter_map(|(name, entry)| {
+            let reg = entry.registration.as_ref()?;
+            let hb = entry.heartbeat.as_ref()?;
+            Some(SchedNode {
+                name: name.clone(),
+                schedulable: ready.get(name).copied().unwrap_or(false) && !reg.draining,
+                labels: reg.labels.clone(),
+                taints: reg.taints.clone(),
+                allocatable: hb.allocatable,
+                gpus: hb.gpus.clone(),
+            })
+        })
+        .collect()
+}
+
+fn workload_ctx(entry: &crate::view::WorkloadEntry) -> Option<WorkloadCtx> {
+    let meta = entry.meta.as_ref()?;
+    let bundle = entry.bundle.clone()?;
+    let spec = &bundle.workload.spec;
+    let parsed = spec
+        .container
+        .resources
+        .as_ref()
+        .map(|r| r.parsed())
+        .unwrap_or_default();
+    Some(WorkloadCtx {
+        key: entry.key(),
+        namespace: entry.namespace.clone(),
+        name: entry.name.clone(),
+        generation: meta.metadata.generation,
+        spec_hash: meta.spec_hash.clone(),
+        template_hash: meta.template_hash.clone(),
+        workload_type: spec.workload_type,
+        replicas: spec.replicas.unwrap_or(0),
+        strategy: spec.update_strategy_type(),
+        max_surge: spec.max_surge(),
+        requests: ResourceList {
+            cpu_millis: parsed.cpu_request.map_or(0, |c| c.0),
+            memory_bytes: parsed.memory_request.map_or(0, |m| m.0),
+            pids: 0,
+        },
+        node_selector: spec.node_selector.clone(),
+        tolerations: spec.tolerations.clone(),
+        gpu: spec
+            .container
+            .resources
+            .as_ref()
+            .and_then(|r| r.gpu.clone()),
+        has_health_check: bundle
+            .load_balancer
+            .as_ref()
+            .is_some_and(|lb| lb.spec.health_check.is_some()),
+        created_minute: humantime::parse_rfc3339(&meta.metadata.creation_timestamp)
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs() / 60),
+        bundle: bundle.clone(),
+    })
+}

@@ -1,0 +1,165 @@
+//! `DaemonService` workloads: one instance on every eligible node (RFC 001 §4.4).
+//!
+//! Eligibility is the scheduler's: static filters and free resources. Nodes that join get an
+//! instance; nodes that stop being eligible (label or taint changes, removal) lose theirs.
+//! Instances on NotReady nodes stay: the node runs them when it comes back, and there is no
+//! other node they could move to. Draining leaves them in place.
+//!
+//! Updates roll node by node: on up to `maxSurge` nodes at a time a new instance starts
+//! beside the old one, and the old one goes once the new one is healthy. `Simultaneous`
+//! replaces every node's instance at once.
+
+use std::collections::HashMap;
+
+use kat_api::wire::{EventType, InstanceRecord, WorkloadStatus};
+use kat_api::workload::UpdateStrategyType;
+
+use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::scheduler;
+
+pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
+    let mut by_node: HashMap<String, Vec<&InstanceRecord>> = HashMap::new();
+    for r in round.instances_of(&w.key) {
+        by_node.entry(r.node.clone()).or_default().push(r);
+    }
+    let req = w.request();
+    let mut created = Vec::new();
+    let mut kept: Vec<&InstanceRecord> = Vec::new();
+    let mut in_progress = 0usize;
+    let mut unschedulable = scheduler::Unschedulable {
+        total_nodes: round.nodes.len(),
+        ..Default::default()
+    };
+    let surge = w.max_surge.absolute(round.nodes.len() as u32) as usize;
+
+    // Nodes whose registration is gone: their instances go too.
+    for (node, records) in &by_node {
+        if !round.node_index.contains_key(node) {
+            for r in records {
+                round.delete_instance(r);
+            }
+        }
+    }
+
+    for i in 0..round.nodes.len() {
+        let name = round.nodes[i].name.clone();
+        let records = by_node.remove(&name).unwrap_or_default();
+        let ready = round.node_ready(&name);
+        let draining = round
+            .view
+            .nodes
+            .get(&name)
+            .and_then(|e| e.registration.as_ref())
+            .is_some_and(|r| r.draining);
+        // A node that is merely NotReady or draining keeps what it has.
+        let static_ok = {
+            let mut node = round.nodes[i].clone();
+            node.schedulable = true;
+            scheduler::static_exclusion(&node, &req)
+        };
+        if let Some(why) = static_ok {
+            for r in &records {
+                round.event(
+                    EventType::Normal,
+                    "InstanceRemoved",
+                    w.object(),
+                    format!(
+                        "{} removed: node {name} is no longer eligible ({why})",
+                        r.instance_id
+                    ),
+                );
+                round.delete_instance(r);
+            }
+            *unschedulable.excluded.entry(why).or_default() += 1;
+            continue;
+        }
+        let (current, old): (Vec<&InstanceRecord>, Vec<&InstanceRecord>) =
+            records.iter().partition(|r| r.spec_hash == w.template_hash);
+        if !ready || draining {
+            kept.extend(records.iter().copied());
+            continue;
+        }
+        if current.is_empty() {
+            let replace_now = old.is_empty()
+                || w.strategy == UpdateStrategyType::Simultaneous
+                || in_progress < surge;
+            if w.strategy == UpdateStrategyType::Simultaneous {
+                for r in &old {
+                    round.delete_instance(r);
+                }
+            } else {
+                kept.extend(old.iter().copied());
+            }
+            if !replace_now {
+                continue;
+            }
+            if !old.is_empty() {
+                in_progress += 1;
+            }
+            // Resources: the old instance's share is still counted, as it still runs.
+            if let Some(why) = scheduler::resource_exclusion(&round.nodes[i], &round.loads[i], &req)
+            {
+                *unschedulable.excluded.entry(why).or_default() += 1;
+                continue;
+            }
+            let record = round.create_on(w, i, None);
+            round
+                .plan
+                .groups
+                .push(vec![Round::put_instance_op(&record)]);
+            created.push(record);
+            continue;
+        }
+        // Keep one current instance; retire duplicates, and old ones once it is healthy.
+        let keep = current[0];
+        kept.push(keep);
+        for extra in &current[1..] {
+            round.delete_instance(extra);
+        }
+        if round.healthy(keep, w.has_health_check) {
+            for r in &old {
+                round.delete_instance(r);
+            }
+        } else {
+            kept.extend(old.iter().copied());
+            if !old.is_empty() {
+                in_progress += 1;
+            }
+        }
+    }
+    if !created.is_empty() {
+        let nodes: Vec<&str> = created.iter().map(|r| r.node.as_str()).collect();
+        round.event(
+            EventType::Normal,
+            "Scheduled",
+            w.object(),
+            format!(
+                "generation {}: daemon instances on {}",
+                w.generation,
+                nodes.join(", ")
+            ),
+        );
+    }
+    let eligible = kept
+        .iter()
+        .map(|r| r.node.as_str())
+        .chain(created.iter().map(|r| r.node.as_str()))
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let why = (!unschedulable.excluded.is_empty() && eligible == 0).then_some(&unschedulable);
+    let message = round.note_pending(memory, w, 0, why);
+    let records: Vec<&InstanceRecord> = kept.iter().copied().chain(created.iter()).collect();
+    let ready = kept
+        .iter()
+        .filter(|r| r.spec_hash == w.template_hash && round.healthy(r, w.has_health_check))
+        .count();
+    WorkloadStatus {
+        observed_generation: w.generation,
+        observed_spec_hash: w.spec_hash.clone(),
+        replicas_desired: eligible as u32,
+        replicas_ready: ready as u32,
+        instances: round.instance_statuses(&records),
+        rollout: None,
+        message,
+    }
+}

@@ -1,0 +1,375 @@
+//! `Job` workloads (RFC 001 §3.4, §4.8): runs to completion.
+//!
+//! A job without `schedule` has one run per generation; applying a new generation supersedes
+//! a run still active. A cron job starts a run at each tick of its schedule (UTC).
+//!
+//! A run starts instances, at most `parallelism` at a time, until `completions` of them
+//! succeeded. Each instance that fails (non-zero exit, OOM, or lost with its node) counts
+//! against `backoffLimit`; more failures than that fail the run. A run active longer than
+//! `activeDeadlineSeconds` fails and its instances are stopped. An instance's outcome is
+//! counted and its record deleted in one transaction, so it is never counted twice.
+//!
+//! Missed ticks: if the leader was down across several ticks, the next leader starts **one**
+//! run, for the latest missed tick, and records a `MissedSchedule` event naming how many were
+//! skipped. Runs of a cron job may overlap if a run outlasts the interval. The last
+//! `job_history` finished runs are kept; older ones are deleted.
+
+use std::collections::BTreeMap;
+
+use kat_api::cron::CronSchedule;
+use kat_api::job::JobSpec;
+use kat_api::keys;
+use kat_api::wire::{
+    EventType, InstanceRecord, InstanceState, JobRun, JobRunState, WorkloadStatus,
+};
+use kat_store::TxnOp;
+
+use crate::controller::{Memory, Round, WorkloadCtx};
+
+pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
+    let spec = w
+        .bundle
+        .job
+        .as_ref()
+        .map(|j| j.spec.clone())
+        .unwrap_or_default();
+    let mut runs: BTreeMap<String, JobRun> =
+        round.view.job_runs.get(&w.key).cloned().unwrap_or_default();
+    start_due_runs(round, memory, w, &spec, &mut runs);
+    let mut pending = None;
+    let ids: Vec<String> = runs.keys().cloned().collect();
+    for id in ids {
+        if runs[&id].state == JobRunState::Active {
+            let run = runs.get_mut(&id).expect("present");
+            if let Some(p) = advance_run(round, memory, w, &spec, run) {
+                pending = Some(p);
+            }
+        }
+    }
+    prune_history(round, w, &mut runs);
+    let latest = runs.values().next_back();
+    let records = round.instances_of(&w.key);
+    WorkloadStatus {
+        observed_generation: w.generation,
+        observed_spec_hash: w.spec_hash.clone(),
+        replicas_desired: spec.completions,
+        replicas_ready: latest.map_or(0, |r| r.succeeded),
+        instances: round.instance_statuses(&records),
+        rollout: None,
+        message: pending.or_else(|| {
+            latest.map(|r| {
+                format!(
+                    "run {}: {:?}{}",
+                    r.run_id,
+                    r.state,
+                    r.reason
+                        .as_ref()
+                        .map(|x| format!(" ({x})"))
+                        .unwrap_or_default()
+                )
+            })
+        }),
+    }
+}
+
+fn next_run_id(runs: &BTreeMap<String, JobRun>) -> String {
+    let n = runs
+        .keys()
+        .filter_map(|k| k.get(..10)?.parse::<u64>().ok())
+        .max()
+        .map_or(1, |n| n + 1);
+    format!("{n:010}")
+}
+
+fn new_run(
+    round: &Round<'_>,
+    w: &WorkloadCtx,
+    run_id: String,
+    scheduled_minute: Option<u64>,
+) -> JobRun {
+    JobRun {
+        run_id,
+        namespace: w.namespace.clone(),
+        workload: w.name.clone(),
+        generation: w.generation,
+        state: JobRunState::Active,
+        reason: None,
+        succeeded: 0,
+        failed: 0,
+        started_at: round.wall.clone(),
+        started_ms: round.wall_ms,
+        finished_at: None,
+        scheduled_minute,
+    }
+}
+
+fn put_run_op(run: &JobRun) -> TxnOp {
+    TxnOp::put(
+        keys::job_run(&run.namespace, &run.workload, &run.run_id),
+        serde_json::to_vec(run).unwrap_or_default(),
+    )
+}
+
+fn start_due_runs(
+    round: &mut Round<'_>,
+    memory: &mut Memory,
+    w: &WorkloadCtx,
+    spec: &JobSpec,
+    runs: &mut BTreeMap<String, JobRun>,
+) {
+    let Some(schedule) = spec
+        .schedule
+        .as_deref()
+        .and_then(|s| CronSchedule::parse(s).ok())
+    else {
+        // One run per generation; a newer generation supersedes an active older run.
+        if runs.values().any(|r| r.generation == w.generation) {
+            return;
+        }
+        for run in runs.values_mut().filter(|r| r.state == JobRunState::Active) {
+            finish(
+                round,
+                w,
+                run,
+                JobRunState::Failed,
+                format!("superseded by generation {}", w.generation),
+            );
+        }
+        let run = new_run(round, w, next_run_id(runs), None);
+        round.event(
+            EventType::Normal,
+            "JobRunStarted",
+            w.object(),
+            format!("run {} for generation {}", run.run_id, w.generation),
+        );
+        round.plan.groups.push(vec![put_run_op(&run)]);
+        runs.insert(run.run_id.clone(), run);
+        return;
+    };
+    let now_minute = round.wall_ms / 60_000;
+    // Without earlier runs, ticks count from the workload's creation (or, if that is
+    // unknown, from when this leader first saw it).
+    let since = runs
+        .values()
+        .filter_map(|r| r.scheduled_minute)
+        .max()
+        .unwrap_or_else(|| {
+            *memory
+                .first_seen
+                .entry(w.key.clone())
+                .or_insert(w.created_minute.unwrap_or(now_minute))
+        });
+    let Some(mut due) = schedule.next_after(since) else {
+        return;
+    };
+    if due > now_minute {
+        return;
+    }
+    let mut missed = 0u64;
+    while let Some(next) = schedule.next_after(due) {
+        if next > now_minute || missed > 1_000_000 {
+            break;
+        }
+        due = next;
+        missed += 1;
+    }
+    if missed > 0 {
+        round.event(
+            EventType::Warning,
+            "MissedSchedule",
+            w.object(),
+            format!("{missed} scheduled run(s) were missed while no leader was running; starting one run for the latest tick"),
+        );
+    }
+    let run = new_run(round, w, next_run_id(runs), Some(due));
+    round.event(
+        EventType::Normal,
+        "JobRunStarted",
+        w.object(),
+        format!("run {} for the tick at minute {due}", run.run_id),
+    );
+    round.plan.groups.push(vec![put_run_op(&run)]);
+    runs.insert(run.run_id.clone(), run);
+}
+
+/// Count finished instances, check limits, start more instances. Returns a pending message.
+fn advance_run(
+    round: &mut Round<'_>,
+    memory: &mut Memory,
+    w: &WorkloadCtx,
+    spec: &JobSpec,
+    run: &mut JobRun,
+) -> Option<String> {
+    let mine: Vec<&InstanceRecord> = round
+        .instances_of(&w.key)
+        .into_iter()
+        .filter(|r| r.job_run.as_deref() == Some(run.run_id.as_str()))
+        .collect();
+    let mut active = Vec::new();
+    let mut group = Vec::new();
+    for r in mine {
+        let outcome = if !round.node_ready(&r.node) {
+            Some((
+                false,
+                format!("{} lost with node {}", r.instance_id, r.node),
+            ))
+        } else {
+            match round
+                .status_of(&r.instance_id)
+                .map(|s| (s.state, s.exit_code))
+            {
+                Some((InstanceState::Succeeded, _)) => Some((true, String::new())),
+                Some((InstanceState::Failed, code)) => Some((
+                    false,
+                    format!(
+                        "{} exited with {}",
+                        r.instance_id,
+                        code.map_or("an error".into(), |c| c.to_string())
+                    ),
+                )),
+                Some((InstanceState::OOMKilled, _)) => Some((
+                    false,
+                    format!(
+                        "{} was killed for exceeding its memory limit",
+                        r.instance_id
+                    ),
+                )),
+                _ => None,
+            }
+        };
+        match outcome {
+            Some((true, _)) => {
+                run.succeeded += 1;
+                group.push(Round::delete_instance_op(r));
+            }
+            Some((false, why)) => {
+                run.failed += 1;
+                round.event(
+                    EventType::Warning,
+                    "InstanceFailed",
+                    w.object(),
+                    format!("run {}: {why}", run.run_id),
+                );
+                group.push(Round::delete_instance_op(r));
+            }
+            None => active.push(r),
+        }
+    }
+    let changed = !group.is_empty();
+    let elapsed_s = round.wall_ms.saturating_sub(run.started_ms) / 1000;
+    let verdict = if run.succeeded >= spec.completions {
+        Some((
+            JobRunState::Succeeded,
+            format!("{} of {} completions", run.succeeded, spec.completions),
+        ))
+    } else if run.failed > spec.backoff_limit {
+        Some((
+            JobRunState::Failed,
+            format!(
+                "BackoffLimitExceeded: {} failed instance(s), backoffLimit {}",
+                run.failed, spec.backoff_limit
+            ),
+        ))
+    } else if spec
+        .active_deadline_seconds
+        .is_some_and(|d| elapsed_s >= d as u64)
+    {
+        Some((
+            JobRunState::Failed,
+            format!("DeadlineExceeded: active for {elapsed_s}s"),
+        ))
+    } else {
+        None
+    };
+    if let Some((state, reason)) = verdict {
+        for r in &active {
+            group.push(Round::delete_instance_op(r));
+        }
+        set_finished(round, w, run, state, reason);
+        group.push(put_run_op(run));
+        round.plan.groups.push(group);
+        return None;
+    }
+    if changed {
+        group.push(put_run_op(run));
+        round.plan.groups.push(group);
+    }
+    let remaining = spec.completions - run.succeeded;
+    let want = spec
+        .parallelism
+        .min(remaining)
+        .saturating_sub(active.len() as u32);
+    let run_id = run.run_id.clone();
+    let (created, why) = round.place(w, want, Some(&run_id));
+    for r in &created {
+        round.plan.groups.push(vec![Round::put_instance_op(r)]);
+    }
+    if !created.is_empty() {
+        let nodes: Vec<&str> = created.iter().map(|r| r.node.as_str()).collect();
+        round.event(
+            EventType::Normal,
+            "Scheduled",
+            w.object(),
+            format!(
+                "run {run_id}: {} instance(s) on {}",
+                created.len(),
+                nodes.join(", ")
+            ),
+        );
+    }
+    round.note_pending(memory, w, want - created.len() as u32, why.as_ref())
+}
+
+fn set_finished(
+    round: &mut Round<'_>,
+    w: &WorkloadCtx,
+    run: &mut JobRun,
+    state: JobRunState,
+    reason: String,
+) {
+    run.state = state;
+    run.finished_at = Some(round.wall.clone());
+    let (t, r) = if state == JobRunState::Succeeded {
+        (EventType::Normal, "JobRunSucceeded")
+    } else {
+        (EventType::Warning, "JobRunFailed")
+    };
+    round.event(t, r, w.object(), format!("run {}: {reason}", run.run_id));
+    run.reason = Some(reason);
+}
+
+/// End an active run now, stopping its instances.
+fn finish(
+    round: &mut Round<'_>,
+    w: &WorkloadCtx,
+    run: &mut JobRun,
+    state: JobRunState,
+    reason: String,
+) {
+    let mut group: Vec<TxnOp> = round
+        .instances_of(&w.key)
+        .into_iter()
+        .filter(|r| r.job_run.as_deref() == Some(run.run_id.as_str()))
+        .map(Round::delete_instance_op)
+        .collect();
+    set_finished(round, w, run, state, reason);
+    group.push(put_run_op(run));
+    round.plan.groups.push(group);
+}
+
+fn prune_history(round: &mut Round<'_>, w: &WorkloadCtx, runs: &mut BTreeMap<String, JobRun>) {
+    let finished: Vec<String> = runs
+        .values()
+        .filter(|r| r.state != JobRunState::Active)
+        .map(|r| r.run_id.clone())
+        .collect();
+    let excess = finished.len().saturating_sub(round.config.job_history);
+    for id in finished.into_iter().take(excess) {
+        round.plan.groups.push(vec![TxnOp::delete(keys::job_run(
+            &w.namespace,
+            &w.name,
+            &id,
+        ))]);
+        runs.remove(&id);
+    }
+}

@@ -1,0 +1,88 @@
+//! Node liveness (RFC 001 §4.1.4): Ready while heartbeats arrive, NotReady after
+//! `nodeLossTimeoutSeconds` without one. Join, leave and readiness changes become events.
+//! What happens to a lost node's instances is each workload controller's business.
+
+use kat_api::wire::EventType;
+
+use crate::controller::{Memory, Round};
+use crate::events::node_ref;
+
+pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
+    let timeout = round.config.node_loss_timeout;
+    let now = round.now;
+    let mut transitions = Vec::new();
+    for (name, entry) in &round.view.nodes {
+        let ready = entry.heartbeat.is_some()
+            && entry
+                .last_seen
+                .is_some_and(|seen| now.saturating_duration_since(seen) <= timeout);
+        if entry.registration.is_some() && memory.known_nodes.insert(name.clone()) {
+            transitions.push((
+                EventType::Normal,
+                "NodeJoined",
+                name.clone(),
+                format!("node {name} registered"),
+            ));
+        }
+        match memory.ready.insert(name.clone(), ready) {
+            Some(was) if was == ready => {}
+            None if ready => transitions.push((
+                EventType::Normal,
+                "NodeReady",
+                name.clone(),
+                format!("node {name} is ready"),
+            )),
+            None => {}
+            Some(_) if ready => transitions.push((
+                EventType::Normal,
+                "NodeReady",
+                name.clone(),
+                format!("node {name} is ready again"),
+            )),
+            Some(_) => transitions.push((
+                EventType::Warning,
+                "NodeNotReady",
+                name.clone(),
+                format!(
+                    "node {name} sent no heartbeat for {}s; its Service instances are rescheduled",
+                    timeout.as_secs()
+                ),
+            )),
+        }
+    }
+    let gone: Vec<String> = memory
+        .known_nodes
+        .iter()
+        .filter(|n| {
+            !round
+                .view
+                .nodes
+                .get(*n)
+                .is_some_and(|e| e.registration.is_some())
+        })
+        .cloned()
+        .collect();
+    for name in gone {
+        memory.known_nodes.remove(&name);
+        memory.ready.remove(&name);
+        transitions.push((
+            EventType::Normal,
+            "NodeLeft",
+            name.clone(),
+            format!("node {name} was removed"),
+        ));
+    }
+    for (t, reason, name, message) in transitions {
+        round.event(t, reason, node_ref(&name), message);
+    }
+    round.ready = memory.ready.clone();
+    for node in &mut round.nodes {
+        let draining = round
+            .view
+            .nodes
+            .get(&node.name)
+            .and_then(|e| e.registration.as_ref())
+            .is_some_and(|r| r.draining);
+        node.schedulable = round.ready.get(&node.name).copied().unwrap_or(false) && !draining;
+    }
+}

@@ -1,0 +1,308 @@
+//! `Service` workloads: keep `replicas` instances running and roll them to new versions
+//! (RFC 001 §4.5).
+//!
+//! Each round classifies the workload's instance records:
+//! - on a NotReady node: lost, deleted here and replaced elsewhere (the node stops it by
+//!   instance id if it comes back);
+//! - reported `Failed`/`OOMKilled`: deleted and replaced;
+//! - on a draining node, or with an old template hash: *old*, to be replaced;
+//! - otherwise: *new*.
+//!
+//! Rolling rule (availability first):
+//! - create new instances up to `replicas`, but while old ones exist never beyond
+//!   `replicas + maxSurge` instances in total, counting instances still terminating;
+//! - delete an old instance only while the healthy count stays at or above `replicas`, so
+//!   old instances go only once new ones are healthy;
+//! - unhealthy old instances go first; they hold no availability.
+//! A version that never becomes healthy leaves the old ones serving and, after
+//! `rollout_progress_deadline` without progress, the rollout is marked stalled.
+//!
+//! `Simultaneous` deletes every old instance, waits until their nodes report them gone (or a
+//! timeout), then creates the new ones: downtime by design.
+
+use kat_api::wire::{EventType, InstanceRecord, InstanceState, RolloutStatus, WorkloadStatus};
+use kat_api::workload::UpdateStrategyType;
+use tokio::time::Instant;
+
+use crate::controller::{Memory, Round, WorkloadCtx};
+
+/// Progress of one rollout, kept in leader memory.
+#[derive(Debug, Clone)]
+pub struct RolloutTracker {
+    pub target: String,
+    pub from_generations: Vec<u64>,
+    pub last_progress: Instant,
+    pub healthy_new: usize,
+    pub old: usize,
+    pub stalled: bool,
+}
+
+pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
+    let replicas = w.replicas as usize;
+    let kept = drop_lost_and_failed(round, w);
+    let draining = |r: &InstanceRecord| {
+        round
+            .view
+            .nodes
+            .get(&r.node)
+            .and_then(|n| n.registration.as_ref())
+            .is_some_and(|reg| reg.draining)
+    };
+    let (mut new, mut old): (Vec<&InstanceRecord>, Vec<&InstanceRecord>) = kept
+        .iter()
+        .partition(|r| r.spec_hash == w.template_hash && !draining(r));
+    let terminating = round.terminating.get(&w.key).copied().unwrap_or(0) as usize;
+    let healthy = |round: &Round<'_>, r: &InstanceRecord| round.healthy(r, w.has_health_check);
+
+    // Simultaneous: all old go first; new ones start once the old have stopped.
+    let mut hold_creation = false;
+    if w.strategy == UpdateStrategyType::Simultaneous
+        && old.iter().any(|r| r.spec_hash != w.template_hash)
+    {
+        for r in old.drain(..) {
+            round.delete_instance(r);
+        }
+        memory.simultaneous_since.insert(w.key.clone(), round.now);
+        round.event(
+            EventType::Normal,
+            "RolloutStep",
+            w.object(),
+            format!(
+                "Simultaneous update to generation {}: stopping all old instances",
+                w.generation
+            ),
+        );
+        hold_creation = true;
+    } else if let Some(since) = memory.simultaneous_since.get(&w.key).copied() {
+        if terminating > 0
+            && round.now.saturating_duration_since(since) < round.config.simultaneous_stop_timeout
+        {
+            hold_creation = true;
+        } else {
+            memory.simultaneous_since.remove(&w.key);
+        }
+    }
+
+    // Scale-down of new instances beyond replicas: unhealthy first.
+    if new.len() > replicas {
+        new.sort_by_key(|r| healthy(round, r));
+        let surplus: Vec<&InstanceRecord> = new.drain(..new.len() - replicas).collect();
+        for r in surplus {
+            round.delete_instance(r);
+        }
+    }
+
+    // Create.
+    let surge = w.max_surge.absolute(w.replicas) as usize;
+    let total = new.len() + old.len() + terminating;
+    let mut want = replicas.saturating_sub(new.len());
+    if !old.is_empty() || terminating > 0 {
+        want = want.min((replicas + surge).saturating_sub(total));
+    }
+    if hold_creation {
+        want = 0;
+    }
+    let (created, unschedulable) = round.place(w, want as u32, None);
+    let missing = replicas.saturating_sub(new.len() + created.len());
+    let pending = round.note_pending(memory, w, missing as u32, unschedulable.as_ref());
+    if !created.is_empty() {
+        let placements: Vec<String> = created
+            .iter()
+            .map(|r| format!("{} on {}", r.instance_id, r.node))
+            .collect();
+        round.event(
+            EventType::Normal,
+            "Scheduled",
+            w.object(),
+            format!("generation {}: {}", w.generation, placements.join(", ")),
+        );
+    }
+    for r in &created {
+        round.plan.groups.push(vec![Round::put_instance_op(r)]);
+    }
+
+    // Retire old instances: unhealthy ones freely, healthy ones only above `replicas` healthy.
+    let healthy_new = new.iter().filter(|r| healthy(round, r)).count();
+    let mut healthy_total = healthy_new + old.iter().filter(|r| healthy(round, r)).count();
+    old.sort_by_key(|r| healthy(round, r));
+    let mut retired = Vec::new();
+    for r in old.iter() {
+        let is_healthy = healthy(round, r);
+        if !is_healthy && new.len() + created.len() > 0 {
+            retired.push(*r);
+        } else if is_healthy && healthy_total > replicas {
+            healthy_total -= 1;
+            retired.push(*r);
+        }
+    }
+    for r in &retired {
+        round.delete_instance(r);
+    }
+    let old_left = old.len() - retired.len();
+
+    let rollout = track_rollout(round, memory, w, healthy_new, old_left, &old);
+    let records: Vec<&InstanceRecord> = new
+        .iter()
+        .chain(
+            old.iter()
+                .filter(|r| !retired.iter().any(|x| x.instance_id == r.instance_id)),
+        )
+        .copied()
+        .chain(created.iter())
+        .collect();
+    WorkloadStatus {
+        observed_generation: w.generation,
+        observed_spec_hash: w.spec_hash.clone(),
+        replicas_desired: w.replicas,
+        replicas_ready: healthy_new as u32
+            + old
+                .iter()
+                .filter(|r| {
+                    !retired.iter().any(|x| x.instance_id == r.instance_id) && healthy(round, r)
+                })
+                .count() as u32,
+        instances: round.instance_statuses(&records),
+        rollout,
+        message: pending,
+    }
+}
+
+/// Delete records on NotReady nodes and records of failed instances; return the rest.
+pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&'a InstanceRecord> {
+    let mut kept = Vec::new();
+    for r in round.instances_of(&w.key) {
+        if !round.node_ready(&r.node) {
+            round.event(
+                EventType::Warning,
+                "InstanceLost",
+                w.object(),
+                format!(
+                    "{} on node {} is lost with its node; replacing it",
+                    r.instance_id, r.node
+                ),
+            );
+            round.delete_instance(r);
+            continue;
+        }
+        if let Some(s) = round.status_of(&r.instance_id) {
+            if matches!(
+                s.state,
+                InstanceState::Failed | InstanceState::OOMKilled | InstanceState::Succeeded
+            ) {
+                let why = s.reason.clone().unwrap_or_else(|| format!("{:?}", s.state));
+                round.event(
+                    EventType::Warning,
+                    "InstanceFailed",
+                    w.object(),
+                    format!(
+                        "{} on {} ended ({why}); replacing it",
+                        r.instance_id, r.node
+                    ),
+                );
+                round.delete_instance(r);
+                continue;
+            }
+        }
+        kept.push(r);
+    }
+    kept
+}
+
+/// Update the rollout tracker; emit step, stall and completion events.
+fn track_rollout(
+    round: &mut Round<'_>,
+    memory: &mut Memory,
+    w: &WorkloadCtx,
+    healthy_new: usize,
+    old_left: usize,
+    old: &[&InstanceRecord],
+) -> Option<RolloutStatus> {
+    let done = old_left == 0 && healthy_new >= w.replicas as usize;
+    let tracker = match memory.rollouts.get_mut(&w.key) {
+        Some(t) if t.target == w.template_hash => t,
+        _ if done || old.is_empty() => {
+            memory.rollouts.remove(&w.key);
+            return None;
+        }
+        _ => {
+            let mut from: Vec<u64> = old.iter().map(|r| r.generation).collect();
+            from.sort_unstable();
+            from.dedup();
+            round.event(
+                EventType::Normal,
+                "RolloutStarted",
+                w.object(),
+                format!(
+                    "rolling {} instance(s) from generation {:?} to {}",
+                    old.len(),
+                    from,
+                    w.generation
+                ),
+            );
+            memory
+                .rollouts
+                .entry(w.key.clone())
+                .or_insert(RolloutTracker {
+                    target: w.template_hash.clone(),
+                    from_generations: from,
+                    last_progress: round.now,
+                    healthy_new: 0,
+                    old: old.len(),
+                    stalled: false,
+                })
+        }
+    };
+    if healthy_new > tracker.healthy_new || old_left < tracker.old {
+        tracker.last_progress = round.now;
+        tracker.healthy_new = healthy_new;
+        tracker.old = old_left;
+        tracker.stalled = false;
+        if !done {
+            let msg = format!(
+                "{healthy_new}/{} new instances healthy, {old_left} old left",
+                w.replicas
+            );
+            round.event(EventType::Normal, "RolloutStep", w.object(), msg);
+        }
+    }
+    if done {
+        memory.rollouts.remove(&w.key);
+        round.event(
+            EventType::Normal,
+            "RolloutComplete",
+            w.object(),
+            format!(
+                "all {} instances run generation {}",
+                w.replicas, w.generation
+            ),
+        );
+        return None;
+    }
+    let message;
+    if !tracker.stalled
+        && round.now.saturating_duration_since(tracker.last_progress)
+            >= round.config.rollout_progress_deadline
+    {
+        tracker.stalled = true;
+        message = format!(
+            "rollout to generation {} stalled: no new instance became healthy for {}s; {old_left} old instance(s) keep serving",
+            w.generation,
+            round.config.rollout_progress_deadline.as_secs()
+        );
+        round.event(
+            EventType::Warning,
+            "RolloutStalled",
+            w.object(),
+            message.clone(),
+        );
+    }
+    let tracker = &memory.rollouts[&w.key];
+    Some(RolloutStatus {
+        from_generation: tracker.from_generations.first().copied().unwrap_or(0),
+        to_generation: w.generation,
+        updated: healthy_new as u32,
+        total: w.replicas,
+        stalled: tracker.stalled,
+        message: tracker.stalled.then(|| format!("stalled: new instances are not becoming healthy; {old_left} old instance(s) keep serving")),
+    })
+}

@@ -1,0 +1,200 @@
+//! The leader's in-memory picture of the cluster, kept from one watch on `/kat/`.
+//!
+//! Controllers read this view, never the store, so a reconcile round costs no I/O. The view
+//! is fed by watch events and, right after the leader commits a plan, by the plan's own
+//! writes, so the next round never acts twice on the same gap. Every entry remembers the
+//! revision it was written at and an older event never overwrites a newer value.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kat_api::keys::{self, Key};
+use kat_api::wire::{
+    InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration, WorkloadMeta,
+};
+use kat_api::WorkloadBundle;
+use kat_store::{Revision, TxnOp};
+use tokio::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct WorkloadEntry {
+    pub namespace: String,
+    pub name: String,
+    pub meta: Option<WorkloadMeta>,
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// Parsed from `files` once `meta` is present; `None` while incomplete or invalid.
+    pub bundle: Option<Arc<WorkloadBundle>>,
+    dirty: bool,
+}
+
+impl WorkloadEntry {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct NodeEntry {
+    pub registration: Option<NodeRegistration>,
+    pub heartbeat: Option<NodeHeartbeat>,
+    /// When the leader last saw a heartbeat (its own clock, so node clocks do not matter).
+    pub last_seen: Option<Instant>,
+}
+
+#[derive(Default)]
+pub struct ClusterView {
+    pub workloads: BTreeMap<String, WorkloadEntry>,
+    pub nodes: BTreeMap<String, NodeEntry>,
+    /// Instance records by instance id.
+    pub instances: BTreeMap<String, InstanceRecord>,
+    /// Job runs by workload key, then run id.
+    pub job_runs: BTreeMap<String, BTreeMap<String, JobRun>>,
+    revisions: HashMap<String, Revision>,
+}
+
+impl ClusterView {
+    /// Apply a put (`Some(value)`) or delete (`None`) of `key` at `revision`, observed at `now`.
+    pub fn apply(&mut self, key: &str, value: Option<&[u8]>, revision: Revision, now: Instant) {
+        if self.revisions.get(key).is_some_and(|r| *r > revision) {
+            return; // an older event for a key we already wrote through
+        }
+        self.revisions.insert(key.to_string(), revision);
+        let Some(parsed) = keys::parse(key) else {
+            return;
+        };
+        match parsed {
+            Key::WorkloadMeta { ns, name } => {
+                let entry = self.workload_entry(ns, name);
+                entry.meta = value.and_then(decode);
+                entry.dirty = true;
+                if entry.meta.is_none() && entry.files.is_empty() {
+                    self.workloads.remove(&format!("{ns}/{name}"));
+                }
+            }
+            Key::WorkloadManifest { ns, name, file } => {
+                let entry = self.workload_entry(ns, name);
+                match value {
+                    Some(v) => entry.files.insert(file.to_string(), v.to_vec()),
+                    None => entry.files.remove(file),
+                };
+                entry.dirty = true;
+                if entry.meta.is_none() && entry.files.is_empty() {
+                    self.workloads.remove(&format!("{ns}/{name}"));
+                }
+            }
+            Key::NodeRegistration { node } => {
+                let entry = self.nodes.entry(node.to_string()).or_default();
+                entry.registration = value.and_then(decode);
+                self.forget_node_if_empty(node);
+            }
+            Key::NodeStatus { node } => {
+                let entry = self.nodes.entry(node.to_string()).or_default();
+                entry.heartbeat = value.and_then(decode);
+                if entry.heartbeat.is_some() {
+                    entry.last_seen = Some(now);
+                }
+                self.forget_node_if_empty(node);
+            }
+            Key::Instance { id, .. } => match value.and_then(decode::<InstanceRecord>) {
+                Some(record) => {
+                    self.instances.insert(id.to_string(), record);
+                }
+                None => {
+                    self.instances.remove(id);
+                }
+            },
+            Key::JobRun { ns, name, run } => {
+                let workload = format!("{ns}/{name}");
+                match value.and_then(decode::<JobRun>) {
+                    Some(r) => {
+                        self.job_runs
+                            .entry(workload)
+                            .or_default()
+                            .insert(run.to_string(), r);
+                    }
+                    None => {
+                        if let Some(runs) = self.job_runs.get_mut(&workload) {
+                            runs.remove(run);
+                            if runs.is_empty() {
+                                self.job_runs.remove(&workload);
+                            }
+                        }
+                    }
+                }
+            }
+            Key::WorkloadStatus { .. } | Key::Namespace { .. } | Key::Event => {}
+        }
+    }
+
+    /// Apply the writes of a committed transaction.
+    pub fn apply_ops(&mut self, ops: &[TxnOp], revision: Revision, now: Instant) {
+        for op in ops {
+            match op {
+                TxnOp::Put { key, value, .. } => self.apply(key, Some(value), revision, now),
+                TxnOp::Delete { key } => self.apply(key, None, revision, now),
+                TxnOp::Get { .. } => {}
+            }
+        }
+    }
+
+    fn workload_entry(&mut self, ns: &str, name: &str) -> &mut WorkloadEntry {
+        self.workloads
+            .entry(format!("{ns}/{name}"))
+            .or_insert_with(|| WorkloadEntry {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                meta: None,
+                files: BTreeMap::new(),
+                bundle: None,
+                dirty: true,
+            })
+    }
+
+    fn forget_node_if_empty(&mut self, node: &str) {
+        if self
+            .nodes
+            .get(node)
+            .is_some_and(|n| n.registration.is_none() && n.heartbeat.is_none())
+        {
+            self.nodes.remove(node);
+        }
+    }
+
+    /// Re-parse workloads whose files changed. A workload whose stored files do not parse
+    /// (they were validated on apply, so this means a partial write) keeps no bundle and is
+    /// left alone until it does.
+    pub fn refresh_bundles(&mut self) {
+        for entry in self.workloads.values_mut().filter(|e| e.dirty) {
+            entry.dirty = false;
+            entry.bundle = match &entry.meta {
+                Some(_) if !entry.files.is_empty() => WorkloadBundle::parse(entry.files.clone())
+                    .ok()
+                    .map(Arc::new),
+                _ => None,
+            };
+        }
+    }
+
+    /// Instance states as their nodes last reported them, by instance id.
+    pub fn reported(&self) -> HashMap<&str, (&str, &InstanceStatus)> {
+        let mut out = HashMap::new();
+        for (node, entry) in &self.nodes {
+            if let Some(hb) = &entry.heartbeat {
+                for s in &hb.instances {
+                    out.insert(s.instance_id.as_str(), (node.as_str(), s));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    match serde_json::from_slice(bytes) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring a stored value that does not decode");
+            None
+        }
+    }
+}

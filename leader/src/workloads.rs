@@ -1,0 +1,303 @@
+//! Writing desired state: apply, rollback and delete of workloads.
+//!
+//! The API handlers (and tests) call these; the controllers react to what they write.
+//! `apply` writes every file, the new generation's metadata, an archive copy of the files and
+//! an event in one transaction, guarded by a compare on the metadata's revision, so two
+//! concurrent applies cannot both believe they made generation N. Re-applying the same spec
+//! makes no new generation. Every generation's files are archived (the last
+//! [`ARCHIVE_GENERATIONS`]); `rollback` re-applies the previous generation's files as a new
+//! generation, so the workload's update strategy governs the way back.
+
+use std::collections::BTreeMap;
+
+use kat_api::keys;
+use kat_api::wire::{EventType, ObjectMeta, WorkloadMeta};
+use kat_api::WorkloadBundle;
+use kat_store::{Compare, StateStore, StoreError, Txn, TxnOp};
+
+use crate::clock::Clock;
+use crate::events::{event, workload_ref, EventLog};
+
+pub const ARCHIVE_GENERATIONS: u64 = 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("workload {0}/{1} not found")]
+    NotFound(String, String),
+    #[error("workload {ns}/{name} has no generation before {generation} to roll back to")]
+    NoPreviousGeneration {
+        ns: String,
+        name: String,
+        generation: u64,
+    },
+    #[error("archived generation {generation} of {ns}/{name} is unreadable: {message}")]
+    CorruptArchive {
+        ns: String,
+        name: String,
+        generation: u64,
+        message: String,
+    },
+    #[error("workload {0}/{1} was changed concurrently; retry")]
+    Conflict(String, String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The outcome of an apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub generation: u64,
+    pub created: bool,
+    /// False when the spec was unchanged and no new generation was made.
+    pub changed: bool,
+}
+
+/// Apply a validated bundle: create the workload or make a new generation.
+pub async fn apply(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    bundle: &WorkloadBundle,
+) -> Result<Applied, WorkloadError> {
+    let ns = &bundle.workload.metadata.namespace;
+    let name = &bundle.workload.metadata.name;
+    let meta_key = keys::workload_meta(ns, name);
+    let current = store.get(&meta_key).await?;
+    let previous: Option<WorkloadMeta> = current
+        .as_ref()
+        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+    let spec_hash = bundle.spec_hash();
+    if let Some(p) = &previous {
+        if p.spec_hash == spec_hash {
+            return Ok(Applied {
+                generation: p.metadata.generation,
+                created: false,
+                changed: false,
+            });
+        }
+    }
+    let generation = previous.as_ref().map_or(1, |p| p.metadata.generation + 1);
+    let meta = WorkloadMeta {
+        metadata: ObjectMeta {
+            name: name.clone(),
+            namespace: Some(ns.clone()),
+            uid: previous.as_ref().map_or_else(
+                || format!("{:032x}", rand::random::<u128>()),
+                |p| p.metadata.uid.clone(),
+            ),
+            generation,
+            resource_version: 0,
+            creation_timestamp: previous.as_ref().map_or_else(
+                || clock.rfc3339(),
+                |p| p.metadata.creation_timestamp.clone(),
+            ),
+            labels: BTreeMap::new(),
+        },
+        spec_hash,
+        template_hash: bundle.template_hash(),
+        workload_type: bundle.workload.spec.workload_type,
+    };
+    let mut ops = Vec::new();
+    let old_files = store.list(&keys::workload_manifests(ns, name)).await?;
+    for kv in &old_files.kvs {
+        let file = kv.key.rsplit('/').next().unwrap_or_default();
+        if !bundle.files.contains_key(file) {
+            ops.push(TxnOp::delete(kv.key.clone()));
+        }
+    }
+    for (file, bytes) in &bundle.files {
+        ops.push(TxnOp::put(
+            keys::workload_manifest(ns, name, file),
+            bytes.clone(),
+        ));
+        ops.push(TxnOp::put(
+            keys::workload_archive(ns, name, generation, file),
+            bytes.clone(),
+        ));
+    }
+    ops.push(TxnOp::put(
+        meta_key.clone(),
+        serde_json::to_vec(&meta).unwrap_or_default(),
+    ));
+    let (reason, message) = match &previous {
+        None => (
+            "WorkloadCreated",
+            format!(
+                "created {ns}/{name} ({:?}) at generation 1",
+                meta.workload_type
+            ),
+        ),
+        Some(p) => (
+            "WorkloadUpdated",
+            format!(
+                "updated {ns}/{name} from generation {} to {generation}",
+                p.metadata.generation
+            ),
+        ),
+    };
+    ops.extend(events.ops(&event(
+        clock.rfc3339(),
+        EventType::Normal,
+        reason,
+        workload_ref(ns, name),
+        message,
+    )));
+    let guard = match &current {
+        Some(kv) => Compare::mod_revision_is(meta_key, kv.mod_revision),
+        None => Compare::absent(meta_key),
+    };
+    let committed = store.txn(Txn::new().when([guard]).and_then(ops)).await?;
+    if !committed.succeeded {
+        return Err(WorkloadError::Conflict(ns.clone(), name.clone()));
+    }
+    prune_archive(store, ns, name, generation).await?;
+    Ok(Applied {
+        generation,
+        created: previous.is_none(),
+        changed: true,
+    })
+}
+
+async fn prune_archive(
+    store: &dyn StateStore,
+    ns: &str,
+    name: &str,
+    generation: u64,
+) -> Result<(), StoreError> {
+    if generation <= ARCHIVE_GENERATIONS {
+        return Ok(());
+    }
+    let oldest_kept = generation - ARCHIVE_GENERATIONS + 1;
+    for (g, _) in archived(store, ns, name).await? {
+        if g < oldest_kept {
+            store
+                .delete_prefix(&format!("{}{g:020}/", keys::workload_archives(ns, name)))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Archived generations and their files, oldest first.
+pub async fn archived(
+    store: &dyn StateStore,
+    ns: &str,
+    name: &str,
+) -> Result<BTreeMap<u64, BTreeMap<String, Vec<u8>>>, StoreError> {
+    let prefix = keys::workload_archives(ns, name);
+    let mut out: BTreeMap<u64, BTreeMap<String, Vec<u8>>> = BTreeMap::new();
+    for kv in store.list(&prefix).await?.kvs {
+        let rest = &kv.key[prefix.len()..];
+        if let Some((generation, file)) = rest.split_once('/') {
+            if let Ok(g) = generation.parse::<u64>() {
+                out.entry(g).or_default().insert(file.to_string(), kv.value);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Re-apply the generation before the current one as a new generation.
+pub async fn rollback(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    ns: &str,
+    name: &str,
+) -> Result<Applied, WorkloadError> {
+    let meta: WorkloadMeta = match store.get(&keys::workload_meta(ns, name)).await? {
+        Some(kv) => {
+            serde_json::from_slice(&kv.value).map_err(|e| WorkloadError::CorruptArchive {
+                ns: ns.into(),
+                name: name.into(),
+                generation: 0,
+                message: e.to_string(),
+            })?
+        }
+        None => return Err(WorkloadError::NotFound(ns.into(), name.into())),
+    };
+    let current = meta.metadata.generation;
+    let archive = archived(store, ns, name).await?;
+    // The newest archived generation whose spec differs from the current one.
+    let target = archive
+        .iter()
+        .rev()
+        .filter(|(g, _)| **g < current)
+        .map(|(g, files)| (*g, WorkloadBundle::parse(files.clone())))
+        .find(|(_, parsed)| {
+            parsed
+                .as_ref()
+                .map_or(true, |b| b.spec_hash() != meta.spec_hash)
+        });
+    let Some((generation, parsed)) = target else {
+        return Err(WorkloadError::NoPreviousGeneration {
+            ns: ns.into(),
+            name: name.into(),
+            generation: current,
+        });
+    };
+    let bundle = parsed.map_err(|e| WorkloadError::CorruptArchive {
+        ns: ns.into(),
+        name: name.into(),
+        generation,
+        message: e.to_string(),
+    })?;
+    let applied = apply(store, events, clock, &bundle).await?;
+    let message = format!(
+        "rolled back {ns}/{name} to the spec of generation {generation} (now generation {})",
+        applied.generation
+    );
+    let ops = events.ops(&event(
+        clock.rfc3339(),
+        EventType::Normal,
+        "WorkloadRolledBack",
+        workload_ref(ns, name),
+        message,
+    ));
+    store.txn(Txn::new().and_then(ops)).await?;
+    Ok(applied)
+}
+
+/// Delete a workload's desired state; the controllers then stop its instances.
+pub async fn delete(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    ns: &str,
+    name: &str,
+) -> Result<(), WorkloadError> {
+    let meta_key = keys::workload_meta(ns, name);
+    let Some(current) = store.get(&meta_key).await? else {
+        return Err(WorkloadError::NotFound(ns.into(), name.into()));
+    };
+    let mut ops: Vec<TxnOp> = store
+        .list(&keys::workload_manifests(ns, name))
+        .await?
+        .kvs
+        .into_iter()
+        .map(|kv| TxnOp::delete(kv.key))
+        .collect();
+    ops.push(TxnOp::delete(meta_key.clone()));
+    ops.push(TxnOp::delete(keys::workload_status(ns, name)));
+    ops.extend(events.ops(&event(
+        clock.rfc3339(),
+        EventType::Normal,
+        "WorkloadDeleted",
+        workload_ref(ns, name),
+        format!("deleted {ns}/{name}"),
+    )));
+    let done = store
+        .txn(
+            Txn::new()
+                .when([Compare::mod_revision_is(meta_key, current.mod_revision)])
+                .and_then(ops),
+        )
+        .await?;
+    if !done.succeeded {
+        return Err(WorkloadError::Conflict(ns.into(), name.into()));
+    }
+    store
+        .delete_prefix(&keys::workload_archives(ns, name))
+        .await?;
+    Ok(())
+}
