@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use kat_api::wire::{EventType, InstanceRecord, WorkloadStatus};
+use kat_api::wire::{EventType, InstanceRecord, WorkloadStatus, DRAIN_TAINT_KEY};
 use kat_api::workload::UpdateStrategyType;
 
 use crate::controller::{Memory, Round, WorkloadCtx};
@@ -25,7 +25,17 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     let req = w.request();
     let mut created = Vec::new();
     let mut kept: Vec<&InstanceRecord> = Vec::new();
-    let mut in_progress = 0usize;
+    // Nodes mid-replacement: a new instance beside an old one (the old one runs until its
+    // node stops it, even once retired this round), or an old instance still stopping.
+    // Counted before acting, so node order does not matter.
+    let mut in_progress = round.terminating.get(&w.key).copied().unwrap_or(0) as usize;
+    for records in by_node.values() {
+        let has_new = records.iter().any(|r| r.spec_hash == w.template_hash);
+        let has_old = records.iter().any(|r| r.spec_hash != w.template_hash);
+        if has_old && has_new {
+            in_progress += 1;
+        }
+    }
     let mut unschedulable = scheduler::Unschedulable {
         total_nodes: round.nodes.len(),
         ..Default::default()
@@ -51,10 +61,12 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
             .get(&name)
             .and_then(|e| e.registration.as_ref())
             .is_some_and(|r| r.draining);
-        // A node that is merely NotReady or draining keeps what it has.
+        // A node that is merely NotReady or draining keeps what it has: readiness and the
+        // drain taint do not make it ineligible.
         let static_ok = {
             let mut node = round.nodes[i].clone();
             node.schedulable = true;
+            node.taints.retain(|t| t.key != DRAIN_TAINT_KEY);
             scheduler::static_exclusion(&node, &req)
         };
         if let Some(why) = static_ok {
@@ -122,9 +134,6 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
             }
         } else {
             kept.extend(old.iter().copied());
-            if !old.is_empty() {
-                in_progress += 1;
-            }
         }
     }
     if !created.is_empty() {

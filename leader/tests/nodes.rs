@@ -1,0 +1,317 @@
+//! Node loss and return, drain, taints and labels, DaemonService: simulated on MemStore.
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+
+use kat_api::wire::{Taint, DRAIN_TAINT_KEY};
+use kat_api::workload::TaintEffect;
+use kat_leader::node_admin;
+use support::*;
+
+fn daemon(name: &str, extra: &str) -> String {
+    format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: {name}\nspec:\n  type: DaemonService\n  source:\n    image: agent:1\n  restartPolicy:\n    condition: Always\n  container: {{}}\n{extra}")
+}
+
+fn no_duplicate_ids(c: &kat_leader::sim::SimCluster) {
+    let mut seen = HashSet::new();
+    for r in c.live() {
+        assert!(
+            seen.insert(r.instance_id.clone()),
+            "instance {} is live twice",
+            r.instance_id
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_node_services_move_and_return_without_duplicates() {
+    let mut c = cluster(3).await;
+    c.apply(&[("workload.kat", &service("web", 3, "web:1", ""))])
+        .await;
+    c.run_until(5, |c| c.healthy_of("web") == 3).await.unwrap();
+    let victim = c.live_of("web")[0].node.clone();
+    let lost_id = c
+        .live_of("web")
+        .iter()
+        .find(|r| r.node == victim)
+        .unwrap()
+        .instance_id
+        .clone();
+    c.node(&victim).partitioned = true;
+
+    // 30s timeout: the node is declared NotReady and its instance replaced elsewhere.
+    let steps = c
+        .run_until(60, |c| {
+            c.live_of("web").iter().filter(|r| r.node != victim).count() == 3
+        })
+        .await
+        .unwrap();
+    assert!(
+        (30..=40).contains(&steps),
+        "rescheduled after {steps}s, expected just after the 30s timeout"
+    );
+    assert!(
+        c.live_of("web").iter().any(|r| r.instance_id == lost_id),
+        "the cut-off node still runs its container"
+    );
+    let reasons: Vec<String> = events(&c).await.into_iter().map(|e| e.reason).collect();
+    assert!(
+        reasons.contains(&"NodeNotReady".to_string())
+            && reasons.contains(&"InstanceLost".to_string()),
+        "{reasons:?}"
+    );
+    no_duplicate_ids(&c);
+
+    // The node comes back: it stops the replaced instance by id.
+    c.node(&victim).partitioned = false;
+    c.run_until(10, |c| c.live_of("web").len() == 3)
+        .await
+        .unwrap();
+    assert_eq!(c.live_of("web").len(), 3);
+    assert!(!c.live_of("web").iter().any(|r| r.instance_id == lost_id));
+    no_duplicate_ids(&c);
+    assert!(events(&c)
+        .await
+        .iter()
+        .any(|e| e.reason == "NodeReady" && e.message.contains("again")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn daemon_service_follows_nodes() {
+    let mut ns = nodes(3);
+    ns[2].labels.insert("role".into(), "edge".into());
+    let mut c = cluster_with(ns).await;
+    c.apply(&[("workload.kat", &daemon("agent", ""))]).await;
+    c.run_until(5, |c| c.healthy_of("agent") == 3)
+        .await
+        .unwrap();
+    assert_eq!(c.live_of("agent").len(), 3);
+
+    // A node joins: it gets an instance.
+    let mut n4 = kat_leader::sim::SimNode::new("node-4", 4000, 8 * GI);
+    n4.labels.insert("role".into(), "edge".into());
+    node_admin::register(&*c.store, "node-4", vec![], n4.labels.clone())
+        .await
+        .unwrap();
+    c.nodes.push(n4);
+    c.run_until(5, |c| c.live_of("agent").len() == 4)
+        .await
+        .unwrap();
+    assert!(c.live_of("agent").iter().any(|r| r.node == "node-4"));
+
+    // A NoSchedule taint makes a node ineligible: its instance goes.
+    let log = c.leader.events().clone();
+    node_admin::set_taints(
+        &*c.store,
+        &log,
+        &c.clock,
+        "node-1",
+        vec![Taint {
+            key: "maintenance".into(),
+            value: None,
+            effect: TaintEffect::NoSchedule,
+        }],
+    )
+    .await
+    .unwrap();
+    c.run_until(5, |c| {
+        !c.live_of("agent").iter().any(|r| r.node == "node-1")
+    })
+    .await
+    .unwrap();
+    assert_eq!(c.live_of("agent").len(), 3);
+
+    // A lost node keeps its daemon instance (it has nowhere else to go).
+    c.node("node-2").partitioned = true;
+    c.run_until(45, |_| false).await.unwrap();
+    assert!(
+        c.store
+            .list("/kat/instances/node-2/")
+            .await
+            .unwrap()
+            .kvs
+            .len()
+            == 1,
+        "record kept on the lost node"
+    );
+    c.node("node-2").partitioned = false;
+    c.run_until(3, |_| false).await.unwrap();
+    assert_eq!(c.live_of("agent").len(), 3);
+
+    // A selector narrows it to the edge nodes.
+    c.apply(&[(
+        "workload.kat",
+        &daemon("agent", "  nodeSelector: {role: edge}\n"),
+    )])
+    .await;
+    c.run_until(10, |c| {
+        c.live_of("agent")
+            .iter()
+            .all(|r| r.node == "node-3" || r.node == "node-4")
+            && c.live_of("agent").len() == 2
+    })
+    .await
+    .unwrap();
+    let on: HashSet<String> = c.live_of("agent").iter().map(|r| r.node.clone()).collect();
+    assert_eq!(
+        on,
+        HashSet::from(["node-3".to_string(), "node-4".to_string()])
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn daemon_rolling_update_replaces_node_by_node() {
+    let mut c = cluster(4).await;
+    c.apply(&[
+        (
+            "workload.kat",
+            &daemon("agent", "  updateStrategy: {rolling: {maxSurge: 1}}\n"),
+        ),
+        ("lb.kat", HEALTH_CHECK),
+    ])
+    .await;
+    c.run_until(5, |c| c.healthy_of("agent") == 4)
+        .await
+        .unwrap();
+    c.apply(&[
+        (
+            "workload.kat",
+            &daemon("agent", "  updateStrategy: {rolling: {maxSurge: 1}}\n")
+                .replace("agent:1", "agent:2"),
+        ),
+        ("lb.kat", HEALTH_CHECK),
+    ])
+    .await;
+    for _ in 0..30 {
+        c.tick().await.unwrap();
+        assert!(
+            c.live_of("agent").len() <= 5,
+            "at most one node at a time runs two instances"
+        );
+        assert!(c.healthy_of("agent") >= 3);
+    }
+    assert_eq!(c.live_of("agent").len(), 4);
+    assert!(c.live_of("agent").iter().all(|r| r.generation == 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn drain_moves_services_with_availability_and_uncordon_reopens() {
+    let mut c = cluster(3).await;
+    c.apply(&[
+        ("workload.kat", &service("web", 3, "web:1", "")),
+        ("lb.kat", HEALTH_CHECK),
+    ])
+    .await;
+    c.apply(&[("workload.kat", &daemon("agent", ""))]).await;
+    c.run_until(6, |c| {
+        c.healthy_of("web") == 3 && c.healthy_of("agent") == 3
+    })
+    .await
+    .unwrap();
+    let log = c.leader.events().clone();
+    let reg = node_admin::drain(&*c.store, &log, &c.clock, "node-1")
+        .await
+        .unwrap();
+    assert!(
+        reg.draining
+            && reg
+                .taints
+                .iter()
+                .any(|t| t.key == DRAIN_TAINT_KEY && t.effect == TaintEffect::NoSchedule)
+    );
+    for _ in 0..20 {
+        c.tick().await.unwrap();
+        assert!(
+            c.healthy_of("web") >= 3,
+            "availability kept during the drain"
+        );
+    }
+    assert!(
+        !c.live_of("web").iter().any(|r| r.node == "node-1"),
+        "services moved off node-1"
+    );
+    assert_eq!(c.live_of("web").len(), 3);
+    assert!(
+        c.live_of("agent").iter().any(|r| r.node == "node-1"),
+        "daemon instances stay"
+    );
+
+    node_admin::uncordon(&*c.store, &log, &c.clock, "node-1")
+        .await
+        .unwrap();
+    c.apply(&[
+        ("workload.kat", &service("web", 6, "web:1", "")),
+        ("lb.kat", HEALTH_CHECK),
+    ])
+    .await;
+    c.run_until(10, |c| c.live_of("web").iter().any(|r| r.node == "node-1"))
+        .await
+        .unwrap();
+    assert!(
+        c.live_of("web").iter().any(|r| r.node == "node-1"),
+        "node-1 takes instances again"
+    );
+    let reasons: Vec<String> = events(&c).await.into_iter().map(|e| e.reason).collect();
+    assert!(
+        reasons.contains(&"NodeDraining".to_string())
+            && reasons.contains(&"NodeUncordoned".to_string())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn labels_steer_scheduling() {
+    let mut c = cluster(2).await;
+    c.apply(&[(
+        "workload.kat",
+        &service("db", 1, "db:1", "  nodeSelector: {disk: nvme}\n"),
+    )])
+    .await;
+    c.run_until(3, |_| false).await.unwrap();
+    assert!(c.live_of("db").is_empty());
+    assert!(status(&c, "db")
+        .await
+        .message
+        .unwrap()
+        .contains("2 node selector mismatch"));
+    let log = c.leader.events().clone();
+    node_admin::set_labels(
+        &*c.store,
+        &log,
+        &c.clock,
+        "node-2",
+        BTreeMap::from([("disk".into(), Some("nvme".into()))]),
+    )
+    .await
+    .unwrap();
+    c.run_until(5, |c| c.healthy_of("db") == 1).await.unwrap();
+    assert_eq!(c.live_of("db")[0].node, "node-2");
+    let err = node_admin::drain(&*c.store, &log, &c.clock, "node-9")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("node node-9 is not registered"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_continues_without_duplicates() {
+    let mut c = cluster(3).await;
+    c.apply(&[("workload.kat", &service("web", 3, "web:1", ""))])
+        .await;
+    c.run_until(5, |c| c.healthy_of("web") == 3).await.unwrap();
+    let ids: HashSet<String> = c
+        .live_of("web")
+        .iter()
+        .map(|r| r.instance_id.clone())
+        .collect();
+    // The old leader is gone; a new one starts from the store alone.
+    c.leader = kat_leader::Leader::start(c.store.clone(), config(), c.clock, None)
+        .await
+        .unwrap();
+    c.run_until(40, |_| false).await.unwrap();
+    let after: HashSet<String> = c
+        .live_of("web")
+        .iter()
+        .map(|r| r.instance_id.clone())
+        .collect();
+    assert_eq!(ids, after, "the new leader keeps the same instances");
+}
