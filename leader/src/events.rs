@@ -114,6 +114,35 @@ impl EventFilter {
     }
 }
 
+/// Events recorded after `from_revision` that match `filter`, as they are written: the
+/// source of `katcall events --watch`. Ends when the underlying watch ends.
+pub async fn watch(
+    store: &dyn StateStore,
+    filter: EventFilter,
+    from_revision: i64,
+) -> Result<tokio::sync::mpsc::Receiver<Event>> {
+    let mut stream = store
+        .watch(
+            keys::EVENTS,
+            kat_store::WatchOptions::prefix().from_revision(from_revision),
+        )
+        .await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(async move {
+        while let Some(Ok(e)) = stream.next().await {
+            if e.kind != kat_store::EventKind::Put {
+                continue; // trimming the oldest entry
+            }
+            if let Ok(event) = serde_json::from_slice::<Event>(&e.kv.value) {
+                if filter.matches(&event) && tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
 /// Events in the store that match `filter`, oldest first.
 pub async fn list(store: &dyn StateStore, filter: &EventFilter) -> Result<Vec<Event>> {
     let listing = store.list(keys::EVENTS).await?;
