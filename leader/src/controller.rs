@@ -22,8 +22,8 @@ use kat_api::wire::{
 };
 use kat_api::workload::{GpuRequest, MaxSurge, Toleration, UpdateStrategyType, WorkloadType};
 use kat_store::{
-    Compare, Leadership, Result, StateStore, StoreError, Txn, TxnOp, WatchOptions, WatchStream,
-    MAX_TXN_OPS,
+    batch_groups, Compare, Leadership, Result, StateStore, StoreError, Txn, TxnOp, WatchOptions,
+    WatchStream, MAX_TXN_OPS,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -471,15 +471,7 @@ impl Leader {
             ..Default::default()
         };
         let budget = MAX_TXN_OPS - self.fence.is_some() as usize;
-        let mut batch: Vec<TxnOp> = Vec::new();
-        for group in groups {
-            if !batch.is_empty() && batch.len() + group.len() > budget {
-                self.commit_batch(std::mem::take(&mut batch), &mut report)
-                    .await?;
-            }
-            batch.extend(group);
-        }
-        if !batch.is_empty() {
+        for batch in batch_groups(groups, budget) {
             self.commit_batch(batch, &mut report).await?;
         }
         Ok(report)

@@ -21,7 +21,7 @@ use kat_api::wire::{
     NodeRegistration, ResourceList, Taint,
 };
 use kat_api::WorkloadBundle;
-use kat_store::{Result, StateStore, Txn, TxnOp, MAX_TXN_OPS};
+use kat_store::{batch_groups, Result, StateStore, Txn, TxnOp, MAX_TXN_OPS};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
@@ -352,8 +352,8 @@ impl SimCluster {
 }
 
 async fn commit_batched(store: &dyn StateStore, ops: Vec<TxnOp>) -> Result<()> {
-    for chunk in ops.chunks(MAX_TXN_OPS) {
-        store.txn(Txn::new().and_then(chunk.to_vec())).await?;
+    for batch in batch_groups(ops.into_iter().map(|op| vec![op]).collect(), MAX_TXN_OPS) {
+        store.txn(Txn::new().and_then(batch)).await?;
     }
     Ok(())
 }

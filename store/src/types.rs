@@ -227,10 +227,45 @@ impl TxnOp {
     pub fn get(key: impl Into<String>) -> Self {
         TxnOp::Get { key: key.into() }
     }
+
+    /// Approximate bytes on the wire, for keeping transactions under [`MAX_TXN_BYTES`].
+    pub fn size(&self) -> usize {
+        match self {
+            TxnOp::Put { key, value, .. } => key.len() + value.len() + 16,
+            TxnOp::Delete { key } | TxnOp::Get { key } => key.len() + 16,
+        }
+    }
+}
+
+/// Split groups of ops into transactions of at most `max_ops` operations and
+/// [`MAX_TXN_BYTES`] bytes, never splitting a group (a group larger than a whole
+/// transaction goes alone).
+pub fn batch_groups(groups: Vec<Vec<TxnOp>>, max_ops: usize) -> Vec<Vec<TxnOp>> {
+    let mut batches = Vec::new();
+    let mut batch: Vec<TxnOp> = Vec::new();
+    let mut bytes = 0;
+    for group in groups {
+        let group_bytes: usize = group.iter().map(TxnOp::size).sum();
+        if !batch.is_empty()
+            && (batch.len() + group.len() > max_ops || bytes + group_bytes > MAX_TXN_BYTES)
+        {
+            batches.push(std::mem::take(&mut batch));
+            bytes = 0;
+        }
+        bytes += group_bytes;
+        batch.extend(group);
+    }
+    if !batch.is_empty() {
+        batches.push(batch);
+    }
+    batches
 }
 
 /// etcd's default limit of operations in one transaction.
 pub const MAX_TXN_OPS: usize = 128;
+
+/// A safe size for one transaction: etcd refuses requests over 1.5 MiB by default.
+pub const MAX_TXN_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Txn {
