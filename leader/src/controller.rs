@@ -385,7 +385,7 @@ impl Leader {
                 Some(Err(err)) => {
                     tracing::warn!(error = %err, "watch broke; reloading state");
                     let (view, watch) = load(&*self.store, now).await?;
-                    // Keep liveness: nodes seen before are not "new" to the reloaded view.
+                    // A reload treats every node as just seen: a full timeout of grace.
                     self.view = view;
                     self.watch = watch;
                     return Ok(());

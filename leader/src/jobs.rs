@@ -39,8 +39,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     let mut pending = None;
     let ids: Vec<String> = runs.keys().cloned().collect();
     for id in ids {
-        if runs[&id].state == JobRunState::Active {
-            let run = runs.get_mut(&id).expect("present");
+        if let Some(run) = runs.get_mut(&id).filter(|r| r.state == JobRunState::Active) {
             if let Some(p) = advance_run(round, memory, w, &spec, run) {
                 pending = Some(p);
             }
