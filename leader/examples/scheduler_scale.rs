@@ -63,14 +63,6 @@ fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 #[tokio::main]
 async fn main() {
     let config = LeaderConfig {
@@ -91,20 +83,8 @@ async fn main() {
     drop(c);
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = EtcdServer::start(EtcdServerConfig {
-        binary: std::env::var("ETCD_BIN")
-            .unwrap_or_else(|_| "etcd".into())
-            .into(),
-        name: "scale".into(),
-        data_dir: dir.path().join("etcd"),
-        client_url: format!("http://127.0.0.1:{}", free_port()),
-        peer_url: format!("http://127.0.0.1:{}", free_port()),
-        log_file: dir.path().join("etcd.log"),
-        start_timeout: Duration::from_secs(30),
-        stop_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("start etcd");
+    let etcd_config = EtcdServerConfig::loopback("scale", dir.path()).expect("free ports");
+    let server = EtcdServer::start(etcd_config).await.expect("start etcd");
     let etcd: Arc<dyn StateStore> = Arc::new(
         EtcdStore::connect(&[server.client_url().to_string()])
             .await

@@ -12,27 +12,10 @@ use kat_leader::LeaderConfig;
 use kat_store::{EtcdServer, EtcdServerConfig, EtcdStore, StateStore};
 use support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn etcd(dir: &std::path::Path) -> (EtcdServer, Arc<dyn StateStore>) {
-    let server = EtcdServer::start(EtcdServerConfig {
-        binary: "etcd".into(),
-        name: "smoke".into(),
-        data_dir: dir.join("etcd"),
-        client_url: format!("http://127.0.0.1:{}", free_port()),
-        peer_url: format!("http://127.0.0.1:{}", free_port()),
-        log_file: dir.join("etcd.log"),
-        start_timeout: Duration::from_secs(30),
-        stop_timeout: Duration::from_secs(5),
-    })
-    .await
-    .expect("start etcd");
+    let server = EtcdServer::start(EtcdServerConfig::loopback("smoke", dir).unwrap())
+        .await
+        .expect("start etcd");
     let store = EtcdStore::connect(&[server.client_url().to_string()])
         .await
         .unwrap();

@@ -5,7 +5,7 @@
 //! `store_puts_per_s mem=X etcd=Y raw_etcd_client=P etcd/raw=R etcd_batched=Z watch_p50_us mem=A etcd=B watch_p99_us mem=C etcd=D`
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kat_store::*;
 
@@ -108,31 +108,11 @@ async fn watch_latency_us(store: Arc<dyn StateStore>, prefix: &str) -> (u128, u1
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 #[tokio::main]
 async fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = EtcdServer::start(EtcdServerConfig {
-        binary: std::env::var("ETCD_BIN")
-            .unwrap_or_else(|_| "etcd".into())
-            .into(),
-        name: "bench".into(),
-        data_dir: dir.path().join("etcd"),
-        client_url: format!("http://127.0.0.1:{}", free_port()),
-        peer_url: format!("http://127.0.0.1:{}", free_port()),
-        log_file: dir.path().join("etcd.log"),
-        start_timeout: Duration::from_secs(30),
-        stop_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("start etcd");
+    let config = EtcdServerConfig::loopback("bench", dir.path()).expect("free ports");
+    let server = EtcdServer::start(config).await.expect("start etcd");
     let etcd: Arc<dyn StateStore> = Arc::new(
         EtcdStore::connect(&[server.client_url().to_string()])
             .await

@@ -77,6 +77,27 @@ impl EtcdServerConfig {
         }
     }
 
+    /// A single-member etcd on loopback with free ports, its data and log under `dir`: for
+    /// tests, benchmarks and trying KAT out. The binary is `$ETCD_BIN` or `etcd` from PATH.
+    pub fn loopback(name: &str, dir: &Path) -> std::io::Result<Self> {
+        let port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+        };
+        Ok(EtcdServerConfig {
+            binary: std::env::var_os("ETCD_BIN")
+                .map_or_else(|| PathBuf::from("etcd"), PathBuf::from),
+            name: name.to_string(),
+            data_dir: dir.join("etcd"),
+            client_url: format!("http://127.0.0.1:{}", port()?),
+            peer_url: format!("http://127.0.0.1:{}", port()?),
+            log_file: dir.join("etcd.log"),
+            start_timeout: Duration::from_secs(30),
+            stop_timeout: Duration::from_secs(5),
+        })
+    }
+
     fn command(&self) -> Result<Command, EtcdServerError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();

@@ -42,27 +42,10 @@ struct EtcdFixture {
     _dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl EtcdFixture {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let config = EtcdServerConfig {
-            binary: "etcd".into(),
-            name: "conformance".into(),
-            data_dir: dir.path().join("etcd"),
-            client_url: format!("http://127.0.0.1:{}", free_port()),
-            peer_url: format!("http://127.0.0.1:{}", free_port()),
-            log_file: dir.path().join("etcd.log"),
-            start_timeout: Duration::from_secs(30),
-            stop_timeout: Duration::from_secs(5),
-        };
+        let config = EtcdServerConfig::loopback("conformance", dir.path()).unwrap();
         let server = EtcdServer::start(config)
             .await
             .expect("start etcd (apt-get install etcd-server)");

@@ -5,25 +5,8 @@ use std::time::Duration;
 
 use kat_store::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn config(dir: &std::path::Path) -> EtcdServerConfig {
-    EtcdServerConfig {
-        binary: "etcd".into(),
-        name: "node-1".into(),
-        data_dir: dir.join("etcd"),
-        client_url: format!("http://127.0.0.1:{}", free_port()),
-        peer_url: format!("http://127.0.0.1:{}", free_port()),
-        log_file: dir.join("etcd.log"),
-        start_timeout: Duration::from_secs(30),
-        stop_timeout: Duration::from_secs(5),
-    }
+    EtcdServerConfig::loopback("node-1", dir).unwrap()
 }
 
 fn alive(pid: u32) -> bool {
