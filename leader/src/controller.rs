@@ -252,6 +252,27 @@ impl<'a> Round<'a> {
         TxnOp::delete(keys::instance(&record.node, &record.instance_id))
     }
 
+    /// Write the records of newly placed instances and record one `Scheduled` event for them,
+    /// its message starting with `context` (e.g. "generation 3").
+    pub fn schedule(&mut self, w: &WorkloadCtx, created: &[InstanceRecord], context: &str) {
+        if created.is_empty() {
+            return;
+        }
+        for r in created {
+            self.plan.groups.push(vec![Self::put_instance_op(r)]);
+        }
+        let placements: Vec<String> = created
+            .iter()
+            .map(|r| format!("{} on {}", r.instance_id, r.node))
+            .collect();
+        self.event(
+            EventType::Normal,
+            "Scheduled",
+            w.object(),
+            format!("{context}: {}", placements.join(", ")),
+        );
+    }
+
     /// Delete an instance record (its node stops the container) and release its resources.
     pub fn delete_instance(&mut self, record: &InstanceRecord) {
         if let Some(&i) = self.node_index.get(&record.node) {

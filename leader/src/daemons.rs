@@ -115,10 +115,6 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
                 continue;
             }
             let record = round.create_on(w, i, None);
-            round
-                .plan
-                .groups
-                .push(vec![Round::put_instance_op(&record)]);
             created.push(record);
             continue;
         }
@@ -136,19 +132,11 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
             kept.extend(old.iter().copied());
         }
     }
-    if !created.is_empty() {
-        let nodes: Vec<&str> = created.iter().map(|r| r.node.as_str()).collect();
-        round.event(
-            EventType::Normal,
-            "Scheduled",
-            w.object(),
-            format!(
-                "generation {}: daemon instances on {}",
-                w.generation,
-                nodes.join(", ")
-            ),
-        );
-    }
+    round.schedule(
+        w,
+        &created,
+        &format!("generation {} (daemon)", w.generation),
+    );
     let eligible = kept
         .iter()
         .map(|r| r.node.as_str())

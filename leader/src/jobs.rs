@@ -300,22 +300,7 @@ fn advance_run(
         .saturating_sub(active.len() as u32);
     let run_id = run.run_id.clone();
     let (created, why) = round.place(w, want, Some(&run_id));
-    for r in &created {
-        round.plan.groups.push(vec![Round::put_instance_op(r)]);
-    }
-    if !created.is_empty() {
-        let nodes: Vec<&str> = created.iter().map(|r| r.node.as_str()).collect();
-        round.event(
-            EventType::Normal,
-            "Scheduled",
-            w.object(),
-            format!(
-                "run {run_id}: {} instance(s) on {}",
-                created.len(),
-                nodes.join(", ")
-            ),
-        );
-    }
+    round.schedule(w, &created, &format!("run {run_id}"));
     round.note_pending(memory, w, want - created.len() as u32, why.as_ref())
 }
 

@@ -105,21 +105,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     let (created, unschedulable) = round.place(w, want as u32, None);
     let missing = replicas.saturating_sub(new.len() + created.len());
     let pending = round.note_pending(memory, w, missing as u32, unschedulable.as_ref());
-    if !created.is_empty() {
-        let placements: Vec<String> = created
-            .iter()
-            .map(|r| format!("{} on {}", r.instance_id, r.node))
-            .collect();
-        round.event(
-            EventType::Normal,
-            "Scheduled",
-            w.object(),
-            format!("generation {}: {}", w.generation, placements.join(", ")),
-        );
-    }
-    for r in &created {
-        round.plan.groups.push(vec![Round::put_instance_op(r)]);
-    }
+    round.schedule(w, &created, &format!("generation {}", w.generation));
 
     // Retire old instances: unhealthy ones freely, healthy ones only above `replicas` healthy.
     let healthy_new = new.iter().filter(|r| healthy(round, r)).count();

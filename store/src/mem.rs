@@ -101,7 +101,8 @@ impl MemStore {
 
 impl State {
     /// Apply a batch of changes at one new revision and notify watchers.
-    fn commit(&mut self, changes: Vec<Change>) -> Revision {
+    /// Apply puts and deletes at one new revision (gets are answered by `txn`, not here).
+    fn commit(&mut self, changes: Vec<TxnOp>) -> Revision {
         if changes.is_empty() {
             return self.revision;
         }
@@ -109,7 +110,7 @@ impl State {
         let rev = self.revision;
         for change in changes {
             let event = match change {
-                Change::Put { key, value, lease } => {
+                TxnOp::Put { key, value, lease } => {
                     let prev = self.kv.get(&key).cloned();
                     if let Some(p) = &prev {
                         if p.lease != 0 && Some(p.lease) != lease {
@@ -136,7 +137,8 @@ impl State {
                         prev,
                     }
                 }
-                Change::Delete { key } => {
+                TxnOp::Get { .. } => continue,
+                TxnOp::Delete { key } => {
                     let Some(prev) = self.kv.remove(&key) else {
                         continue;
                     };
@@ -170,7 +172,7 @@ impl State {
             let changes = lease
                 .keys
                 .into_iter()
-                .map(|key| Change::Delete { key })
+                .map(|key| TxnOp::Delete { key })
                 .collect();
             self.commit(changes);
         }
@@ -184,23 +186,12 @@ impl State {
     }
 }
 
-enum Change {
-    Put {
-        key: String,
-        value: Vec<u8>,
-        lease: Option<LeaseId>,
-    },
-    Delete {
-        key: String,
-    },
-}
-
 #[async_trait]
 impl StateStore for MemStore {
     async fn put(&self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) -> Result<Revision> {
         let mut state = self.lock();
         state.check_lease(lease)?;
-        Ok(state.commit(vec![Change::Put {
+        Ok(state.commit(vec![TxnOp::Put {
             key: key.to_string(),
             value,
             lease,
@@ -214,7 +205,7 @@ impl StateStore for MemStore {
     async fn delete(&self, key: &str) -> Result<bool> {
         let mut state = self.lock();
         let existed = state.kv.contains_key(key);
-        state.commit(vec![Change::Delete {
+        state.commit(vec![TxnOp::Delete {
             key: key.to_string(),
         }]);
         Ok(existed)
@@ -229,7 +220,7 @@ impl StateStore for MemStore {
             .map(|(k, _)| k.clone())
             .collect();
         let n = keys.len() as u64;
-        state.commit(keys.into_iter().map(|key| Change::Delete { key }).collect());
+        state.commit(keys.into_iter().map(|key| TxnOp::Delete { key }).collect());
         Ok(n)
     }
 
@@ -313,11 +304,11 @@ impl StateStore for MemStore {
                 }),
                 TxnOp::Put { key, value, lease } => {
                     staged.insert(key.clone(), Some(value.clone()));
-                    changes.push(Change::Put { key, value, lease });
+                    changes.push(TxnOp::Put { key, value, lease });
                 }
                 TxnOp::Delete { key } => {
                     staged.insert(key.clone(), None);
-                    changes.push(Change::Delete { key });
+                    changes.push(TxnOp::Delete { key });
                 }
             }
         }
