@@ -138,6 +138,16 @@ fn run(options: Options) -> Result<u8, String> {
             if let Some((out_w, err_w)) = &child_ends {
                 let _ = nix::unistd::dup2(out_w.as_raw_fd(), 1);
                 let _ = nix::unistd::dup2(err_w.as_raw_fd(), 2);
+                // A logged workload has no stdin (the agent may even have handed us the
+                // log directory as fd 0).
+                if let Ok(null) =
+                    nix::fcntl::open("/dev/null", OFlag::O_RDONLY, nix::sys::stat::Mode::empty())
+                {
+                    if null != 0 {
+                        let _ = nix::unistd::dup2(null, 0);
+                        let _ = nix::unistd::close(null);
+                    }
+                }
             }
             let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
             let err = execvp(&program, &argv).unwrap_err();

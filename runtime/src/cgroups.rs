@@ -1,0 +1,239 @@
+//! Which cgroups this node can use, and each container's cgroup.
+//!
+//! Detection picks the best the host offers:
+//! - **v2, delegated**: the agent is unprivileged and owns its own cgroup (systemd
+//!   `Delegate=yes`). It moves itself into a leaf `agent` child, enables `memory cpu pids`
+//!   for its subtree, and gives every container `OWN/kat-<id>`.
+//! - **v2 as root**: containers go under `/kat/<id>`.
+//! - **v1 / hybrid** (this project's CI hosts): containers go under `/kat/<id>` in every
+//!   controller hierarchy. An unprivileged agent needs `/sys/fs/cgroup/<ctrl>/kat` created
+//!   and chowned to it once by root (`prepare_v1_parent`).
+//!
+//! `cgroupsPath` is always set, so libcontainer never invents a top-level cgroup.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::error::{IoContext, Result};
+use crate::types::CgroupMode;
+
+const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "cpuacct", "pids"];
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cgroups {
+    pub mode: CgroupMode,
+    /// The parent of container cgroups, as a cgroup path (`/kat`, `/user.slice/…/kat-agent`).
+    pub parent: String,
+    pub memory: bool,
+    pub cpu: bool,
+    pub pids: bool,
+    pub notes: Vec<String>,
+}
+
+fn is_unified() -> bool {
+    Path::new(CGROUP_ROOT).join("cgroup.controllers").exists()
+}
+
+/// This process's cgroup v2 path (`0::/path` in /proc/self/cgroup).
+fn own_v2_path() -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+}
+
+fn writable(path: &Path) -> bool {
+    nix::unistd::access(path, nix::unistd::AccessFlags::W_OK).is_ok()
+}
+
+impl Cgroups {
+    /// Detects the cgroup setup. `parent` overrides the default parent (`/kat`).
+    pub fn detect(parent: Option<&str>) -> Cgroups {
+        let root = nix::unistd::geteuid().is_root();
+        let parent_name = parent.unwrap_or("/kat").to_string();
+        if is_unified() {
+            if root {
+                return Self::v2(CgroupMode::V2Root, parent_name, Vec::new());
+            }
+            if let Some(own) = own_v2_path() {
+                let dir = Path::new(CGROUP_ROOT).join(own.trim_start_matches('/'));
+                if writable(&dir) && writable(&dir.join("cgroup.subtree_control")) {
+                    match delegate(&dir) {
+                        Ok(()) => return Self::v2(CgroupMode::V2Delegated, own, Vec::new()),
+                        Err(e) => {
+                            return Self::none(format!(
+                                "cgroup v2 subtree {} is writable but could not be delegated: {e}",
+                                dir.display()
+                            ))
+                        }
+                    }
+                }
+            }
+            return Self::none("cgroup v2 without a delegated subtree: run kat-agent as a systemd unit with Delegate=yes to enforce limits".into());
+        }
+        if Path::new(CGROUP_ROOT).join("memory").is_dir() {
+            let rel = parent_name.trim_start_matches('/');
+            let mut c = Cgroups {
+                mode: CgroupMode::V1,
+                parent: parent_name.clone(),
+                memory: false,
+                cpu: false,
+                pids: false,
+                notes: Vec::new(),
+            };
+            for ctrl in ["memory", "cpu", "pids"] {
+                let base = Path::new(CGROUP_ROOT).join(ctrl);
+                let ok = if root {
+                    base.is_dir()
+                } else {
+                    writable(&base.join(rel))
+                };
+                match ctrl {
+                    "memory" => c.memory = ok,
+                    "cpu" => c.cpu = ok,
+                    _ => c.pids = ok,
+                }
+                if !ok {
+                    c.notes.push(format!("cgroup v1 {ctrl}: {}/{rel} is not writable by this user; run `kat-agent setup` as root", base.display()));
+                }
+            }
+            if !(c.memory && c.cpu && c.pids) {
+                return Cgroups {
+                    mode: CgroupMode::None,
+                    ..c
+                };
+            }
+            return c;
+        }
+        Self::none("no cgroup filesystem found under /sys/fs/cgroup".into())
+    }
+
+    fn v2(mode: CgroupMode, parent: String, notes: Vec<String>) -> Cgroups {
+        let dir = Path::new(CGROUP_ROOT).join(parent.trim_start_matches('/'));
+        let enabled = fs::read_to_string(dir.join("cgroup.subtree_control"))
+            .or_else(|_| fs::read_to_string(Path::new(CGROUP_ROOT).join("cgroup.controllers")))
+            .unwrap_or_default();
+        let has =
+            |c: &str| enabled.split_whitespace().any(|x| x == c) || mode == CgroupMode::V2Root;
+        Cgroups {
+            mode,
+            memory: has("memory"),
+            cpu: has("cpu"),
+            pids: has("pids"),
+            parent,
+            notes,
+        }
+    }
+
+    fn none(note: String) -> Cgroups {
+        Cgroups {
+            mode: CgroupMode::None,
+            parent: String::new(),
+            memory: false,
+            cpu: false,
+            pids: false,
+            notes: vec![note],
+        }
+    }
+
+    /// The `cgroupsPath` of a container, or `None` where the node has no usable cgroups.
+    pub fn container_path(&self, id: &str) -> Option<String> {
+        match self.mode {
+            CgroupMode::None => None,
+            CgroupMode::V2Delegated => {
+                Some(format!("{}/kat-{id}", self.parent.trim_end_matches('/')))
+            }
+            _ => Some(format!("{}/{id}", self.parent.trim_end_matches('/'))),
+        }
+    }
+
+    fn dirs(&self, id: &str) -> Vec<PathBuf> {
+        let Some(path) = self.container_path(id) else {
+            return Vec::new();
+        };
+        let rel = path.trim_start_matches('/');
+        if self.mode == CgroupMode::V1 {
+            V1_CONTROLLERS
+                .iter()
+                .map(|c| Path::new(CGROUP_ROOT).join(c).join(rel))
+                .collect()
+        } else {
+            vec![Path::new(CGROUP_ROOT).join(rel)]
+        }
+    }
+
+    /// Whether the kernel OOM killer killed something in the container's cgroup.
+    pub fn oom_killed(&self, id: &str) -> bool {
+        for dir in self.dirs(id) {
+            for file in ["memory.events", "memory.oom_control"] {
+                if let Ok(text) = fs::read_to_string(dir.join(file)) {
+                    let kills = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("oom_kill "))
+                        .and_then(|n| n.trim().parse::<u64>().ok())
+                        .unwrap_or(0);
+                    if kills > 0 {
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Whether any of the container's cgroup directories still exists.
+    pub fn exists(&self, id: &str) -> bool {
+        self.dirs(id).iter().any(|d| d.exists())
+    }
+
+    /// Removes what is left of the container's cgroups (empty directories only).
+    pub fn remove(&self, id: &str) {
+        for dir in self.dirs(id) {
+            let _ = fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// Moves this process into `OWN/agent` and enables controllers for the subtree (the
+/// "no internal processes" rule of cgroup v2).
+fn delegate(own: &Path) -> std::io::Result<()> {
+    let leaf = own.join("agent");
+    fs::create_dir_all(&leaf)?;
+    fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())?;
+    let available = fs::read_to_string(own.join("cgroup.controllers"))?;
+    let wanted: Vec<String> = ["memory", "cpu", "pids"]
+        .iter()
+        .filter(|c| available.split_whitespace().any(|a| a == **c))
+        .map(|c| format!("+{c}"))
+        .collect();
+    if !wanted.is_empty() {
+        fs::write(own.join("cgroup.subtree_control"), wanted.join(" "))?;
+    }
+    Ok(())
+}
+
+/// Root's one-time step for an unprivileged agent on a v1/hybrid host: creates
+/// `/sys/fs/cgroup/<ctrl>/<parent>` for each controller and gives it to `uid:gid`.
+pub fn prepare_v1_parent(parent: &str, uid: u32, gid: u32) -> Result<Vec<PathBuf>> {
+    let mut made = Vec::new();
+    for ctrl in V1_CONTROLLERS {
+        let base = Path::new(CGROUP_ROOT).join(ctrl);
+        if !base.is_dir() {
+            continue;
+        }
+        let dir = base.join(parent.trim_start_matches('/'));
+        fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+        for entry in std::iter::once(dir.clone()).chain(
+            fs::read_dir(&dir)
+                .context(|| format!("reading {}", dir.display()))?
+                .flatten()
+                .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+                .map(|e| e.path()),
+        ) {
+            std::os::unix::fs::chown(&entry, Some(uid), Some(gid))
+                .context(|| format!("chown {}", entry.display()))?;
+        }
+        made.push(dir);
+    }
+    Ok(made)
+}

@@ -1,0 +1,11 @@
+//! Images: pull, import, unpack, snapshot, list, remove, prune.
+
+pub mod config;
+pub mod layer;
+pub mod layout;
+pub mod pull;
+pub mod snapshot;
+pub mod store;
+
+pub use pull::{ProgressSender, RegistryConfig};
+pub use store::{normalize_reference, ImageRecord, ImageStore};

@@ -1,0 +1,371 @@
+//! The node's image store: unpacked layers keyed by digest, image records by reference,
+//! and per-image snapshots.
+//!
+//! ```text
+//! ROOT/index.json                  image records (rewritten atomically)
+//! ROOT/layers/<hex>/               one unpacked layer, keyed by its (compressed) digest
+//! ROOT/snapshots/<config hex>/     the image's layers flattened (hard links)
+//! ROOT/tmp/                        downloads in flight
+//! ```
+//!
+//! A layer shared by several images is unpacked once. Work on one layer, one snapshot or one
+//! reference is serialised by a keyed lock, so concurrent pulls of one image do the work once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::config::{digest_hex, RunConfig};
+use super::layer::{self, make_writable_and_remove, Ownership};
+use super::snapshot;
+use crate::error::{IoContext, Result, RuntimeError};
+use crate::idmap::IdMap;
+use crate::types::ImageSummary;
+
+/// One image as the store knows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageRecord {
+    pub id: String,
+    pub references: Vec<String>,
+    pub manifest_digest: String,
+    pub layers: Vec<String>,
+    pub config: RunConfig,
+}
+
+#[derive(Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct IndexFile {
+    images: BTreeMap<String, ImageRecord>,
+    layer_sizes: BTreeMap<String, u64>,
+}
+
+/// Async locks by name, created on first use.
+#[derive(Default)]
+pub struct KeyedLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl KeyedLocks {
+    pub fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key.to_string()).or_default().clone()
+    }
+}
+
+pub struct ImageStore {
+    root: PathBuf,
+    ids: IdMap,
+    privileged: bool,
+    index: Mutex<()>,
+    pub(crate) locks: KeyedLocks,
+}
+
+/// The canonical form of a reference (`127.0.0.1:5000/kat/busybox:latest`,
+/// `docker.io/library/alpine:3`), or an error naming it.
+pub fn normalize_reference(reference: &str) -> Result<String> {
+    let parsed: oci_client::Reference =
+        reference
+            .parse()
+            .map_err(|e: oci_client::ParseError| RuntimeError::BadReference {
+                reference: reference.to_string(),
+                reason: e.to_string(),
+            })?;
+    Ok(parsed.whole())
+}
+
+impl ImageStore {
+    pub fn open(root: &Path, ids: IdMap) -> Result<ImageStore> {
+        for sub in ["layers", "snapshots", "tmp"] {
+            fs::create_dir_all(root.join(sub))
+                .context(|| format!("creating {}", root.join(sub).display()))?;
+        }
+        // Downloads and unpacks interrupted by a crash.
+        if let Ok(entries) = fs::read_dir(root.join("tmp")) {
+            for e in entries.flatten() {
+                let _ = make_writable_and_remove(&e.path());
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        for sub in ["layers", "snapshots"] {
+            if let Ok(entries) = fs::read_dir(root.join(sub)) {
+                for e in entries.flatten() {
+                    if e.file_name().to_string_lossy().contains(".partial-") {
+                        let _ = make_writable_and_remove(&e.path());
+                    }
+                }
+            }
+        }
+        Ok(ImageStore {
+            root: root.to_path_buf(),
+            privileged: nix::unistd::geteuid().is_root(),
+            ids,
+            index: Mutex::new(()),
+            locks: KeyedLocks::default(),
+        })
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    fn layer_dir(&self, digest: &str) -> Result<PathBuf> {
+        let hex = digest_hex(digest).ok_or_else(|| RuntimeError::BadLayer {
+            digest: digest.to_string(),
+            reason: "not a sha256 digest".into(),
+        })?;
+        Ok(self.root.join("layers").join(hex))
+    }
+
+    pub fn has_layer(&self, digest: &str) -> bool {
+        self.layer_dir(digest).map(|d| d.is_dir()).unwrap_or(false)
+    }
+
+    /// Unpacks a verified layer blob, once. The caller holds the layer's lock.
+    pub async fn add_layer(&self, digest: &str, blob: PathBuf) -> Result<()> {
+        let dest = self.layer_dir(digest)?;
+        if dest.is_dir() {
+            return Ok(());
+        }
+        let ids = self.ids.clone();
+        let privileged = self.privileged;
+        let digest_owned = digest.to_string();
+        let size = tokio::task::spawn_blocking(move || -> Result<u64> {
+            let file = fs::File::open(&blob).context(|| format!("opening {}", blob.display()))?;
+            let ownership = if privileged {
+                Ownership::Mapped(&ids)
+            } else {
+                Ownership::Squashed
+            };
+            layer::unpack(file, &dest, ownership, &digest_owned)
+        })
+        .await
+        .map_err(|e| RuntimeError::Container {
+            context: format!("unpacking layer {digest}"),
+            message: e.to_string(),
+        })??;
+        self.update(|index| {
+            index.layer_sizes.insert(digest.to_string(), size);
+        })?;
+        Ok(())
+    }
+
+    fn load(&self) -> Result<IndexFile> {
+        let path = self.root.join("index.json");
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Io {
+                context: format!("reading {}", path.display()),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(IndexFile::default()),
+            Err(e) => Err(e).context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    fn update<T>(&self, change: impl FnOnce(&mut IndexFile) -> T) -> Result<T> {
+        let _guard = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        let mut index = self.load()?;
+        let out = change(&mut index);
+        let path = self.root.join("index.json");
+        let tmp = self.root.join("index.json.tmp");
+        let bytes = serde_json::to_vec_pretty(&index).map_err(|e| RuntimeError::Io {
+            context: "encoding the image index".into(),
+            source: std::io::Error::other(e),
+        })?;
+        fs::write(&tmp, bytes).context(|| format!("writing {}", tmp.display()))?;
+        fs::rename(&tmp, &path).context(|| format!("writing {}", path.display()))?;
+        Ok(out)
+    }
+
+    /// Records an image whose layers are all present, under `reference`. A reference moves
+    /// from any image that had it before.
+    pub fn register(
+        &self,
+        reference: &str,
+        manifest_digest: &str,
+        config_digest: &str,
+        layers: Vec<String>,
+        config: RunConfig,
+    ) -> Result<ImageSummary> {
+        for l in &layers {
+            if !self.has_layer(l) {
+                return Err(RuntimeError::ImageNotPresent(format!(
+                    "{reference} (layer {l} missing)"
+                )));
+            }
+        }
+        let record = self.update(|index| {
+            for other in index.images.values_mut() {
+                other.references.retain(|r| r != reference);
+            }
+            let record = index
+                .images
+                .entry(config_digest.to_string())
+                .or_insert_with(|| ImageRecord {
+                    id: config_digest.to_string(),
+                    references: Vec::new(),
+                    manifest_digest: manifest_digest.to_string(),
+                    layers: layers.clone(),
+                    config: config.clone(),
+                });
+            record.references.push(reference.to_string());
+            record.references.sort();
+            record.clone()
+        })?;
+        self.summary(&record)
+    }
+
+    /// Finds an image by reference or by id (`sha256:…`).
+    pub fn resolve(&self, reference: &str) -> Result<ImageRecord> {
+        let index = self.load()?;
+        if let Some(record) = index.images.get(reference) {
+            return Ok(record.clone());
+        }
+        let wanted = normalize_reference(reference)?;
+        index
+            .images
+            .values()
+            .find(|r| r.references.contains(&wanted))
+            .cloned()
+            .ok_or(RuntimeError::ImageNotPresent(wanted))
+    }
+
+    pub fn summary(&self, record: &ImageRecord) -> Result<ImageSummary> {
+        let index = self.load()?;
+        Ok(ImageSummary {
+            id: record.id.clone(),
+            references: record.references.clone(),
+            manifest_digest: record.manifest_digest.clone(),
+            layers: record.layers.clone(),
+            size: record
+                .layers
+                .iter()
+                .map(|l| index.layer_sizes.get(l).copied().unwrap_or(0))
+                .sum(),
+        })
+    }
+
+    pub fn list(&self) -> Result<Vec<ImageSummary>> {
+        let records: Vec<ImageRecord> = self.load()?.images.into_values().collect();
+        records.iter().map(|r| self.summary(r)).collect()
+    }
+
+    /// The flattened tree of an image, built on first use.
+    pub async fn snapshot(&self, record: &ImageRecord) -> Result<PathBuf> {
+        let hex = digest_hex(&record.id)
+            .ok_or_else(|| RuntimeError::ImageNotPresent(record.id.clone()))?;
+        let dest = self.root.join("snapshots").join(hex);
+        let lock = self.locks.get(&format!("snapshot:{hex}"));
+        let _guard = lock.lock().await;
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let layers: Vec<PathBuf> = record
+            .layers
+            .iter()
+            .map(|l| self.layer_dir(l))
+            .collect::<Result<_>>()?;
+        let privileged = self.privileged;
+        let target = dest.clone();
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&Path> = layers.iter().map(|p| p.as_path()).collect();
+            snapshot::build(&refs, &target, privileged)
+        })
+        .await
+        .map_err(|e| RuntimeError::Container {
+            context: format!("building the snapshot of {}", record.id),
+            message: e.to_string(),
+        })??;
+        Ok(dest)
+    }
+
+    /// Drops `reference`; the image goes when no reference is left and no container uses
+    /// it. Returns the bytes reclaimed.
+    pub fn remove(&self, reference: &str, in_use: &[String]) -> Result<u64> {
+        let record = self.resolve(reference)?;
+        let by_id = record.id == reference;
+        let wanted = if by_id {
+            String::new()
+        } else {
+            normalize_reference(reference)?
+        };
+        let gone = self.update(|index| {
+            if let Some(r) = index.images.get_mut(&record.id) {
+                if by_id {
+                    r.references.clear();
+                } else {
+                    r.references.retain(|x| *x != wanted);
+                }
+            }
+        });
+        gone?;
+        if in_use.contains(&record.id) {
+            if by_id {
+                return Err(RuntimeError::ImageInUse {
+                    image: record.id.clone(),
+                    containers: "running containers".into(),
+                });
+            }
+            return Ok(0);
+        }
+        let index = self.load()?;
+        if index
+            .images
+            .get(&record.id)
+            .map(|r| r.references.is_empty())
+            .unwrap_or(false)
+        {
+            return self.delete_images(&[record.id]);
+        }
+        Ok(0)
+    }
+
+    /// Removes every image no container uses. Returns the bytes reclaimed.
+    pub fn prune(&self, in_use: &[String]) -> Result<u64> {
+        let unused: Vec<String> = self
+            .load()?
+            .images
+            .keys()
+            .filter(|id| !in_use.contains(id))
+            .cloned()
+            .collect();
+        self.delete_images(&unused)
+    }
+
+    fn delete_images(&self, ids: &[String]) -> Result<u64> {
+        let doomed_layers = self.update(|index| {
+            for id in ids {
+                index.images.remove(id);
+            }
+            let live: std::collections::BTreeSet<&String> = index
+                .images
+                .values()
+                .flat_map(|r| r.layers.iter())
+                .collect();
+            let doomed: Vec<(String, u64)> = index
+                .layer_sizes
+                .iter()
+                .filter(|(l, _)| !live.contains(l))
+                .map(|(l, s)| (l.clone(), *s))
+                .collect();
+            for (l, _) in &doomed {
+                index.layer_sizes.remove(l);
+            }
+            doomed
+        })?;
+        for id in ids {
+            if let Some(hex) = digest_hex(id) {
+                make_writable_and_remove(&self.root.join("snapshots").join(hex))
+                    .context(|| format!("removing the snapshot of {id}"))?;
+            }
+        }
+        let mut reclaimed = 0;
+        for (digest, size) in doomed_layers {
+            let dir = self.layer_dir(&digest)?;
+            make_writable_and_remove(&dir).context(|| format!("removing layer {digest}"))?;
+            reclaimed += size;
+        }
+        Ok(reclaimed)
+    }
+}

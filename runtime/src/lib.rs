@@ -1,0 +1,62 @@
+//! KAT's container runtime: the `ContainerRuntime` trait and its one shipped
+//! implementation, [`NativeRuntime`], on youki's `libcontainer`.
+//!
+//! - [`image`]: pull (`oci-client`), import from an OCI layout, unpack layers safely,
+//!   snapshots, list/remove/prune;
+//! - [`spec`]: the OCI spec of a KAT container;
+//! - [`cgroups`]: what the host offers and each container's cgroup;
+//! - [`logs`]: the log format kat-init writes, and streaming it;
+//! - [`exec`]: commands inside running containers, with a TTY;
+//! - [`fake`]: an in-memory runtime for controller tests.
+
+pub mod cgroups;
+pub mod error;
+pub mod exec;
+pub mod fake;
+pub mod idmap;
+pub mod image;
+pub mod logs;
+pub mod native;
+pub mod rootfs;
+pub mod spec;
+pub mod types;
+
+use std::path::Path;
+use std::time::Duration;
+
+pub use error::{Result, RuntimeError};
+pub use exec::ExecHandle;
+pub use native::{NativeConfig, NativeRuntime};
+pub use types::*;
+
+/// What the node agent needs from a container runtime (RFC 001 §6.1, in Rust).
+#[async_trait::async_trait]
+pub trait ContainerRuntime: Send + Sync {
+    /// What this node can enforce; reported in heartbeats.
+    fn capabilities(&self) -> &NodeCapabilities;
+
+    async fn pull_image(
+        &self,
+        reference: &str,
+        progress: Option<image::ProgressSender>,
+    ) -> Result<ImageSummary>;
+    /// Imports the image tagged `reference` from an OCI layout directory.
+    async fn import_image(&self, layout: &Path, reference: &str) -> Result<ImageSummary>;
+    async fn list_images(&self) -> Result<Vec<ImageSummary>>;
+    /// Removes a reference (or an image by id); returns the bytes reclaimed.
+    async fn remove_image(&self, reference: &str) -> Result<u64>;
+    /// Removes every image no container uses; returns the bytes reclaimed.
+    async fn prune_images(&self) -> Result<u64>;
+
+    async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus>;
+    async fn start(&self, id: &str) -> Result<()>;
+    /// SIGTERM, then SIGKILL to the whole container after `grace`.
+    async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus>;
+    /// Removes the container, its cgroup, rootfs and logs. `force` stops it first.
+    async fn remove(&self, id: &str, force: bool) -> Result<()>;
+    async fn status(&self, id: &str) -> Result<ContainerStatus>;
+    /// Every container on this node, found from on-disk state.
+    async fn list(&self) -> Result<Vec<ContainerStatus>>;
+    async fn logs(&self, id: &str, options: LogOptions) -> Result<logs::LogReceiver>;
+    async fn exec(&self, id: &str, options: ExecOptions) -> Result<ExecHandle>;
+}

@@ -1,0 +1,824 @@
+//! The native `ContainerRuntime`: youki's `libcontainer`, kat-init and the image store.
+//!
+//! On disk, under the runtime root:
+//!
+//! ```text
+//! images/                       the image store
+//! libcontainer/<id>/            libcontainer's state (pid, status, bundle)
+//! containers/<id>/meta.json     what KAT asked for, the image, times, warnings
+//! containers/<id>/bundle/       config.json
+//! containers/<id>/rootfs/       the overlay mount point, or the private copy
+//! containers/<id>/upper, work/  the overlay's writable layer
+//! containers/<id>/etc/          generated hosts, hostname, resolv.conf
+//! containers/<id>/logs/         stdio.log[.N] and exit.json, written by kat-init
+//! ```
+//!
+//! Nothing about a running container lives only in the agent's memory: a new agent (after a
+//! crash, an upgrade, a reboot of the agent alone) finds every container, its state and exit
+//! code from these files. The log directory is handed to kat-init as its stdin fd, so
+//! kat-init writes logs and the exit record itself and no helper process runs outside the
+//! container.
+
+use std::fs;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::{Container, ContainerStatus as LcStatus};
+use libcontainer::signal::Signal as LcSignal;
+use libcontainer::syscall::syscall::SyscallType;
+use serde::{Deserialize, Serialize};
+
+use crate::cgroups::Cgroups;
+use crate::error::{IoContext, Result, RuntimeError};
+use crate::exec::ExecHandle;
+use crate::idmap::IdMap;
+use crate::image::layer::make_writable_and_remove;
+use crate::image::{self, ImageStore, RegistryConfig};
+use crate::logs::{self, LogReceiver};
+use crate::spec::{self, Rootfs, SpecInput};
+use crate::types::*;
+use crate::ContainerRuntime;
+
+/// How to set up a `NativeRuntime`.
+#[derive(Clone, Debug)]
+pub struct NativeConfig {
+    /// Where images, container state and logs live.
+    pub root: PathBuf,
+    /// The static kat-init binary to place in every container.
+    pub init_binary: PathBuf,
+    pub registries: RegistryConfig,
+    /// Defaults to the current user's subuid/subgid range.
+    pub ids: Option<IdMap>,
+    /// Parent cgroup of containers (default `/kat`; ignored for a delegated v2 subtree).
+    pub cgroup_parent: Option<String>,
+    /// Never try overlay; always copy the image (for hosts where overlay misbehaves).
+    pub force_copy_rootfs: bool,
+}
+
+impl NativeConfig {
+    pub fn new(root: impl Into<PathBuf>, init_binary: impl Into<PathBuf>) -> NativeConfig {
+        NativeConfig {
+            root: root.into(),
+            init_binary: init_binary.into(),
+            registries: RegistryConfig::default(),
+            ids: None,
+            cgroup_parent: None,
+            force_copy_rootfs: false,
+        }
+    }
+}
+
+/// What KAT keeps about a container beside libcontainer's state.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    options: CreateOptions,
+    image_id: String,
+    created_at: SystemTime,
+    started_at: Option<SystemTime>,
+    rootfs: RootfsMode,
+    warnings: Vec<String>,
+}
+
+/// `exit.json` as kat-init (or the reaper) writes it.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ExitRecord {
+    exit_code: i32,
+    signal: Option<i32>,
+    finished_at: String,
+}
+
+pub struct NativeRuntime {
+    config: NativeConfig,
+    images: ImageStore,
+    cgroups: Cgroups,
+    ids: IdMap,
+    caps: NodeCapabilities,
+    overlay: AtomicBool,
+}
+
+fn lc_error(context: impl Into<String>, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Container {
+        context: context.into(),
+        message: e.to_string(),
+    }
+}
+
+/// Runs blocking work (libcontainer forks, file trees) off the async threads.
+async fn blocking<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| lc_error(what.to_string(), e))?
+}
+
+/// Container IDs are KAT instance IDs: DNS labels, which are also safe file names.
+fn check_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::InvalidOption {
+            field: "id".into(),
+            reason: format!(
+                "{id:?} is not a DNS label (lowercase letters, digits and '-', at most 63)"
+            ),
+        })
+    }
+}
+
+fn kernel_allows_userns_overlay() -> bool {
+    let filesystems = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !filesystems
+        .lines()
+        .any(|l| l.trim_end().ends_with("overlay"))
+    {
+        return false;
+    }
+    // Unprivileged overlay (with `userxattr`) arrived in Linux 5.11.
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (5, 11)
+}
+
+impl NativeRuntime {
+    pub fn new(config: NativeConfig) -> Result<NativeRuntime> {
+        if !config.init_binary.is_file() {
+            return Err(RuntimeError::InvalidOption {
+                field: "init_binary".into(),
+                reason: format!(
+                    "{} does not exist; build kat-init (scripts/build-init.sh) or pass its path",
+                    config.init_binary.display()
+                ),
+            });
+        }
+        for sub in ["containers", "libcontainer"] {
+            let dir = config.root.join(sub);
+            fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+        }
+        fs::set_permissions(&config.root, fs::Permissions::from_mode(0o711))
+            .context(|| format!("chmod {}", config.root.display()))?;
+        let ids = config.ids.clone().unwrap_or_else(IdMap::for_current_user);
+        let images = ImageStore::open(&config.root.join("images"), ids.clone())?;
+        let cgroups = Cgroups::detect(config.cgroup_parent.as_deref());
+        let rootless = !nix::unistd::geteuid().is_root();
+        let overlay = !config.force_copy_rootfs && kernel_allows_userns_overlay();
+        let mut notes = cgroups.notes.clone();
+        notes.push("seccomp: not enforced (this build has no libseccomp); containers rely on the user namespace, dropped capabilities and no_new_privs".into());
+        if ids.is_single() {
+            notes.push("no subuid/subgid range: only container root is mapped; files owned by other ids in images belong to root".into());
+        }
+        if rootless {
+            notes.push("image files owned by non-root ids are owned by container root (unpacked without privilege)".into());
+        }
+        let caps = NodeCapabilities {
+            rootless,
+            cgroup_mode: cgroups.mode,
+            memory_limit: cgroups.memory,
+            cpu_limit: cgroups.cpu,
+            pids_limit: cgroups.pids,
+            rootfs: if overlay {
+                RootfsMode::Overlay
+            } else {
+                RootfsMode::Copy
+            },
+            uid_map: ids.uid_triples(),
+            seccomp: false,
+            notes,
+        };
+        Ok(NativeRuntime {
+            overlay: AtomicBool::new(overlay),
+            config,
+            images,
+            cgroups,
+            ids,
+            caps,
+        })
+    }
+
+    pub fn images(&self) -> &ImageStore {
+        &self.images
+    }
+
+    fn lib_root(&self) -> PathBuf {
+        self.config.root.join("libcontainer")
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        self.config.root.join("containers").join(id)
+    }
+
+    fn read_meta(&self, id: &str) -> Result<Meta> {
+        check_id(id)?;
+        let path = self.dir(id).join("meta.json");
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(RuntimeError::ContainerNotFound(id.to_string()))
+            }
+            Err(e) => return Err(e).context(|| format!("reading {}", path.display())),
+        };
+        serde_json::from_slice(&bytes)
+            .map_err(|e| lc_error(format!("reading {}", path.display()), e))
+    }
+
+    fn write_meta(&self, id: &str, meta: &Meta) -> Result<()> {
+        let path = self.dir(id).join("meta.json");
+        let tmp = self.dir(id).join("meta.json.tmp");
+        let bytes =
+            serde_json::to_vec_pretty(meta).map_err(|e| lc_error("encoding meta.json", e))?;
+        fs::write(&tmp, bytes).context(|| format!("writing {}", tmp.display()))?;
+        fs::rename(&tmp, &path).context(|| format!("writing {}", path.display()))
+    }
+
+    fn load_container(&self, id: &str) -> Option<Container> {
+        let mut c = Container::load(self.lib_root().join(id)).ok()?;
+        let _ = c.refresh_status();
+        Some(c)
+    }
+
+    /// Checks limits against what is possible; returns warnings for what cannot be enforced.
+    fn check_limits(&self, r: &Resources) -> Result<Vec<String>> {
+        if r.memory_limit_bytes > 0 && r.memory_limit_bytes < 4 * 1024 * 1024 {
+            return Err(RuntimeError::BadLimits(format!(
+                "memory limit {} bytes is below the 4 MiB a container needs to start",
+                r.memory_limit_bytes
+            )));
+        }
+        if r.cpu_limit_millis > 0 && r.cpu_limit_millis < 10 {
+            return Err(RuntimeError::BadLimits(format!(
+                "cpu limit {}m is below the kernel's minimum of 10m (1 ms per 100 ms)",
+                r.cpu_limit_millis
+            )));
+        }
+        if r.cpu_limit_millis > 0 && r.cpu_request_millis > r.cpu_limit_millis {
+            return Err(RuntimeError::BadLimits(format!(
+                "cpu request {}m is above the cpu limit {}m",
+                r.cpu_request_millis, r.cpu_limit_millis
+            )));
+        }
+        if r.pids_limit > 0 && r.pids_limit < 2 {
+            return Err(RuntimeError::BadLimits(
+                "pids limit must be at least 2 (kat-init and the workload)".into(),
+            ));
+        }
+        let mut warnings = Vec::new();
+        let mode = format!("{:?}", self.caps.cgroup_mode);
+        if r.memory_limit_bytes > 0 && !self.caps.memory_limit {
+            warnings.push(format!(
+                "memory limit not enforced on this node (cgroups: {mode})"
+            ));
+        }
+        if (r.cpu_limit_millis > 0 || r.cpu_request_millis > 0) && !self.caps.cpu_limit {
+            warnings.push(format!(
+                "cpu limit not enforced on this node (cgroups: {mode})"
+            ));
+        }
+        if r.pids_limit > 0 && !self.caps.pids_limit {
+            warnings.push(format!(
+                "pids limit not enforced on this node (cgroups: {mode})"
+            ));
+        }
+        Ok(warnings)
+    }
+
+    fn volume_sources(&self, options: &CreateOptions) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for v in &options.volumes {
+            let bad = |reason: &str| RuntimeError::BadMount {
+                name: v.name.clone(),
+                source_path: v.source.clone(),
+                reason: reason.to_string(),
+            };
+            if !v.source.is_absolute() {
+                return Err(bad("is not an absolute path"));
+            }
+            if !v.destination.starts_with('/') || v.destination.split('/').any(|c| c == "..") {
+                return Err(bad(&format!(
+                    "has destination {:?}, which must be an absolute path without '..'",
+                    v.destination
+                )));
+            }
+            let base =
+                fs::canonicalize(&v.source).map_err(|e| bad(&format!("cannot be used: {e}")))?;
+            let source = match &v.sub_path {
+                None => base,
+                Some(sub) => {
+                    if sub.starts_with('/') || sub.split('/').any(|c| c == "..") {
+                        return Err(bad(&format!(
+                            "subPath {sub:?} must be relative and without '..'"
+                        )));
+                    }
+                    let joined = base.join(sub);
+                    if !joined.exists() {
+                        fs::create_dir_all(&joined)
+                            .map_err(|e| bad(&format!("subPath {sub:?} cannot be created: {e}")))?;
+                    }
+                    let real = fs::canonicalize(&joined)
+                        .map_err(|e| bad(&format!("subPath {sub:?}: {e}")))?;
+                    if !real.starts_with(&base) {
+                        return Err(bad(&format!(
+                            "subPath {sub:?} leaves the volume through a symlink"
+                        )));
+                    }
+                    real
+                }
+            };
+            out.push(source);
+        }
+        Ok(out)
+    }
+
+    /// Everything of `create` after the container directory exists; on error the caller
+    /// removes that directory.
+    async fn create_in(&self, options: &CreateOptions, dir: &Path) -> Result<Meta> {
+        let warnings = self.check_limits(&options.resources)?;
+        let record = self.images.resolve(&options.image)?;
+        let volume_sources = self.volume_sources(options)?;
+        let snapshot = self.images.snapshot(&record).await?;
+        let user = if options.user.is_empty() {
+            record.config.user.clone()
+        } else {
+            options.user.clone()
+        };
+        let (uid, gid) = crate::rootfs::resolve_user(&snapshot, &user)?;
+        let argv = spec::workload_argv(&record.config, &options.command, &options.args);
+        if argv.is_empty() {
+            return Err(RuntimeError::InvalidOption {
+                field: "command".into(),
+                reason: format!(
+                    "image {} has no Entrypoint or Cmd; give the workload a command",
+                    options.image
+                ),
+            });
+        }
+        let hostname = if options.hostname.is_empty() {
+            options.id.clone()
+        } else {
+            options.hostname.clone()
+        };
+        let env = spec::merged_env(&record.config, &options.env, &hostname);
+        crate::rootfs::find_executable(&snapshot, &argv[0], &env)?;
+        let cwd = if record.config.working_dir.is_empty() {
+            "/".to_string()
+        } else {
+            record.config.working_dir.clone()
+        };
+
+        let privileged = nix::unistd::geteuid().is_root();
+        let host_root = (self.ids.host_uid(0), self.ids.host_gid(0));
+        let host_user = (self.ids.host_uid(uid), self.ids.host_gid(gid));
+        let logs = dir.join("logs");
+        let etc = dir.join("etc");
+        let rootfs = dir.join("rootfs");
+        for d in [&logs, &etc, &dir.join("bundle")] {
+            fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
+        }
+        // kat-init writes here as the workload's user: owned by it, or open to it inside
+        // our private (0700) container directory when we cannot chown.
+        if privileged {
+            std::os::unix::fs::chown(&logs, Some(host_user.0), Some(host_user.1))
+                .context(|| format!("chown {}", logs.display()))?;
+            fs::set_permissions(&logs, fs::Permissions::from_mode(0o750))
+                .context(|| format!("chmod {}", logs.display()))?;
+        } else if host_user.0 != nix::unistd::geteuid().as_raw() {
+            fs::set_permissions(&logs, fs::Permissions::from_mode(0o777))
+                .context(|| format!("chmod {}", logs.display()))?;
+        }
+        fs::write(
+            etc.join("hosts"),
+            spec::hosts_file(&hostname, &options.hosts),
+        )
+        .context(|| "writing /etc/hosts".to_string())?;
+        fs::write(etc.join("hostname"), format!("{hostname}\n"))
+            .context(|| "writing /etc/hostname".to_string())?;
+        fs::write(
+            etc.join("resolv.conf"),
+            spec::resolv_conf(&options.dns_servers, &options.dns_search),
+        )
+        .context(|| "writing /etc/resolv.conf".to_string())?;
+
+        let use_overlay = self.overlay.load(Ordering::Relaxed);
+        let (upper, work) = (dir.join("upper"), dir.join("work"));
+        if use_overlay {
+            for d in [&rootfs, &upper, &work] {
+                fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
+                if privileged {
+                    std::os::unix::fs::chown(d, Some(host_root.0), Some(host_root.1))
+                        .context(|| format!("chown {}", d.display()))?;
+                }
+            }
+            fs::set_permissions(&upper, fs::Permissions::from_mode(0o755))
+                .context(|| format!("chmod {}", upper.display()))?;
+        } else {
+            let (from, to) = (snapshot.clone(), rootfs.clone());
+            blocking("copying the image", move || {
+                crate::image::snapshot::copy_tree(&from, &to, privileged)
+            })
+            .await?;
+        }
+        let cgroups_path = self.cgroups.container_path(&options.id);
+        let input = SpecInput {
+            options,
+            hostname: &hostname,
+            argv,
+            env,
+            cwd,
+            uid,
+            gid,
+            ids: &self.ids,
+            rootfs: if use_overlay {
+                Rootfs::Overlay {
+                    mountpoint: &rootfs,
+                    lower: &snapshot,
+                    upper: &upper,
+                    work: &work,
+                }
+            } else {
+                Rootfs::Copy(&rootfs)
+            },
+            init_binary: &self.config.init_binary,
+            etc_dir: &etc,
+            volume_sources,
+            cgroups_path,
+            resources: options.resources.clone(),
+            memory_limit: self.caps.memory_limit,
+            cpu_limit: self.caps.cpu_limit,
+            pids_limit: self.caps.pids_limit,
+        };
+        let config = spec::build(&input);
+        let bundle = dir.join("bundle");
+        fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&config).map_err(|e| lc_error("encoding config.json", e))?,
+        )
+        .context(|| "writing config.json".to_string())?;
+
+        let id = options.id.clone();
+        let lib_root = self.lib_root();
+        blocking("creating the container", move || {
+            let log_dir: OwnedFd = fs::File::open(&logs)
+                .context(|| format!("opening {}", logs.display()))?
+                .into();
+            let null = || -> Result<OwnedFd> {
+                Ok(fs::OpenOptions::new()
+                    .write(true)
+                    .open("/dev/null")
+                    .context(|| "opening /dev/null".to_string())?
+                    .into())
+            };
+            ContainerBuilder::new(id.clone(), SyscallType::default())
+                .with_root_path(lib_root)
+                .map_err(|e| lc_error("libcontainer root", e))?
+                .with_stdin(log_dir)
+                .with_stdout(null()?)
+                .with_stderr(null()?)
+                .validate_id()
+                .map_err(|e| lc_error(format!("container id {id}"), e))?
+                .as_init(&bundle)
+                .with_systemd(false)
+                .with_detach(true)
+                .build()
+                .map_err(|e| lc_error(format!("creating container {id}"), e))?;
+            Ok(())
+        })
+        .await?;
+
+        Ok(Meta {
+            options: options.clone(),
+            image_id: record.id,
+            created_at: SystemTime::now(),
+            started_at: None,
+            rootfs: if use_overlay {
+                RootfsMode::Overlay
+            } else {
+                RootfsMode::Copy
+            },
+            warnings,
+        })
+    }
+
+    /// Forgets a half-made container: libcontainer state, cgroups, files.
+    fn discard(&self, id: &str) {
+        if let Some(mut c) = self.load_container(id) {
+            let _ = c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true);
+            let _ = c.delete(true);
+        }
+        let _ = make_writable_and_remove(&self.lib_root().join(id));
+        let _ = make_writable_and_remove(&self.dir(id));
+        self.cgroups.remove(id);
+    }
+
+    fn status_of(&self, id: &str, meta: Meta) -> ContainerStatus {
+        let container = self.load_container(id);
+        let lc_status = container.as_ref().map(|c| c.status());
+        let pid = container.as_ref().and_then(|c| c.pid()).map(|p| p.as_raw());
+        let exit: Option<ExitRecord> = fs::read(self.dir(id).join("logs/exit.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let state = match lc_status {
+            Some(LcStatus::Created) | Some(LcStatus::Creating) => ContainerState::Created,
+            Some(LcStatus::Running) | Some(LcStatus::Paused) => ContainerState::Running,
+            Some(LcStatus::Stopped) => ContainerState::Exited,
+            None => ContainerState::Unknown,
+        };
+        let mut warnings = meta.warnings.clone();
+        let (exit_code, signal, finished_at) = match (&exit, state) {
+            (Some(e), _) => (
+                Some(e.exit_code),
+                e.signal,
+                crate::logs::parse_time(&e.finished_at),
+            ),
+            (None, ContainerState::Exited) => {
+                warnings.push("kat-init was killed before it could record the exit status".into());
+                (Some(137), Some(9), None)
+            }
+            _ => (None, None, None),
+        };
+        let oom_killed = state == ContainerState::Exited && self.cgroups.oom_killed(id);
+        ContainerStatus {
+            id: id.to_string(),
+            namespace: meta.options.namespace.clone(),
+            workload: meta.options.workload.clone(),
+            image: meta.options.image.clone(),
+            image_id: meta.image_id.clone(),
+            state,
+            pid: if state == ContainerState::Running {
+                pid
+            } else {
+                None
+            },
+            exit_code,
+            signal,
+            oom_killed,
+            created_at: Some(meta.created_at),
+            started_at: meta.started_at,
+            finished_at,
+            labels: meta.options.labels.clone(),
+            warnings,
+        }
+    }
+
+    async fn wait_until_exited(&self, id: &str, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.load_container(id).map(|c| c.status()) {
+                Some(LcStatus::Stopped) | None => return true,
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Reaps kat-init when it is our child, and records its end if kat-init could not
+/// (SIGKILL, OOM kill of PID 1).
+fn spawn_reaper(pid: i32, logs: PathBuf) {
+    std::thread::Builder::new()
+        .name(format!("reap-{pid}"))
+        .spawn(move || {
+            use nix::sys::wait::{waitpid, WaitStatus};
+            let status = waitpid(nix::unistd::Pid::from_raw(pid), None);
+            let exit = logs.join("exit.json");
+            if exit.exists() {
+                return;
+            }
+            let (code, signal) = match status {
+                Ok(WaitStatus::Exited(_, code)) => (code, None),
+                Ok(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
+                _ => return,
+            };
+            let record = ExitRecord {
+                exit_code: code,
+                signal,
+                finished_at: crate::logs::format_time(SystemTime::now()),
+            };
+            if let Ok(bytes) = serde_json::to_vec(&record) {
+                let tmp = logs.join("exit.json.reaper");
+                if fs::write(&tmp, bytes).is_ok() {
+                    let _ = fs::rename(&tmp, &exit);
+                }
+            }
+        })
+        .ok();
+}
+
+#[async_trait::async_trait]
+impl ContainerRuntime for NativeRuntime {
+    fn capabilities(&self) -> &NodeCapabilities {
+        &self.caps
+    }
+
+    async fn pull_image(
+        &self,
+        reference: &str,
+        progress: Option<image::ProgressSender>,
+    ) -> Result<ImageSummary> {
+        image::pull::pull(
+            &self.images,
+            &self.config.registries,
+            reference,
+            progress.as_ref(),
+        )
+        .await
+    }
+
+    async fn import_image(&self, layout: &Path, reference: &str) -> Result<ImageSummary> {
+        image::layout::import(&self.images, layout, reference).await
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageSummary>> {
+        self.images.list()
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<u64> {
+        let in_use = self.images_in_use().await?;
+        self.images.remove(reference, &in_use)
+    }
+
+    async fn prune_images(&self) -> Result<u64> {
+        let in_use = self.images_in_use().await?;
+        self.images.prune(&in_use)
+    }
+
+    async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {
+        check_id(&options.id)?;
+        let dir = self.dir(&options.id);
+        if dir.exists() || self.lib_root().join(&options.id).exists() {
+            return Err(RuntimeError::ContainerExists(options.id.clone()));
+        }
+        fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+            .context(|| format!("chmod {}", dir.display()))?;
+        match self.create_in(options, &dir).await {
+            Ok(meta) => {
+                if let Err(e) = self.write_meta(&options.id, &meta) {
+                    self.discard(&options.id);
+                    return Err(e);
+                }
+                Ok(self.status_of(&options.id, meta))
+            }
+            Err(e) => {
+                self.discard(&options.id);
+                Err(e)
+            }
+        }
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        let mut meta = self.read_meta(id)?;
+        let lib_root = self.lib_root();
+        let owned = id.to_string();
+        let pid = blocking("starting the container", move || {
+            let mut c = Container::load(lib_root.join(&owned))
+                .map_err(|e| lc_error(format!("loading container {owned}"), e))?;
+            c.refresh_status()
+                .map_err(|e| lc_error(format!("container {owned}"), e))?;
+            if !c.can_start() {
+                return Err(RuntimeError::WrongState {
+                    id: owned.clone(),
+                    state: format!("{:?}", c.status()).to_lowercase(),
+                    what: "and only a created container can be started".into(),
+                });
+            }
+            c.start()
+                .map_err(|e| lc_error(format!("starting container {owned}"), e))?;
+            Ok(c.pid().map(|p| p.as_raw()))
+        })
+        .await?;
+        if let Some(pid) = pid {
+            spawn_reaper(pid, self.dir(id).join("logs"));
+        }
+        meta.started_at = Some(SystemTime::now());
+        self.write_meta(id, &meta)
+    }
+
+    async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus> {
+        let meta = self.read_meta(id)?;
+        if let Some(mut c) = self.load_container(id) {
+            if matches!(
+                c.status(),
+                LcStatus::Running | LcStatus::Created | LcStatus::Paused
+            ) {
+                let _ = c.kill(LcSignal::try_from(15).expect("SIGTERM is a signal"), false);
+                if !self.wait_until_exited(id, grace).await {
+                    if let Some(mut c) = self.load_container(id) {
+                        let _ = c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true);
+                    }
+                    self.wait_until_exited(id, Duration::from_secs(10)).await;
+                }
+            }
+        }
+        Ok(self.status_of(id, meta))
+    }
+
+    async fn remove(&self, id: &str, force: bool) -> Result<()> {
+        let meta = self.read_meta(id)?;
+        let status = self.status_of(id, meta);
+        if status.state == ContainerState::Running {
+            if !force {
+                return Err(RuntimeError::WrongState {
+                    id: id.to_string(),
+                    state: "running".into(),
+                    what: "stop it first or remove with force".into(),
+                });
+            }
+            self.stop(id, Duration::ZERO).await?;
+        }
+        let lib_root = self.lib_root();
+        let owned = id.to_string();
+        blocking("removing the container", move || {
+            if let Ok(mut c) = Container::load(lib_root.join(&owned)) {
+                let _ = c.refresh_status();
+                c.delete(true)
+                    .map_err(|e| lc_error(format!("deleting container {owned}"), e))?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.discard(id);
+        Ok(())
+    }
+
+    async fn status(&self, id: &str) -> Result<ContainerStatus> {
+        let meta = self.read_meta(id)?;
+        Ok(self.status_of(id, meta))
+    }
+
+    async fn list(&self) -> Result<Vec<ContainerStatus>> {
+        let dir = self.config.root.join("containers");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).context(|| format!("reading {}", dir.display()))? {
+            let entry = entry.context(|| format!("reading {}", dir.display()))?;
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if let Ok(meta) = self.read_meta(&id) {
+                out.push(self.status_of(&id, meta));
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn logs(&self, id: &str, options: LogOptions) -> Result<LogReceiver> {
+        self.read_meta(id)?;
+        let dir = self.dir(id).join("logs");
+        let lib_dir = self.lib_root().join(id);
+        let running = move || -> bool {
+            Container::load(lib_dir.clone())
+                .map(|mut c| {
+                    let _ = c.refresh_status();
+                    !matches!(c.status(), LcStatus::Stopped)
+                })
+                .unwrap_or(false)
+        };
+        logs::stream(dir, options, running)
+    }
+
+    async fn exec(&self, id: &str, options: ExecOptions) -> Result<ExecHandle> {
+        let status = self.status(id).await?;
+        if status.state != ContainerState::Running {
+            return Err(RuntimeError::WrongState {
+                id: id.to_string(),
+                state: status.state.to_string(),
+                what: "and exec needs a running container".into(),
+            });
+        }
+        crate::exec::exec(self.lib_root(), id.to_string(), options).await
+    }
+}
+
+impl NativeRuntime {
+    async fn images_in_use(&self) -> Result<Vec<String>> {
+        Ok(self.list().await?.into_iter().map(|c| c.image_id).collect())
+    }
+
+    /// Cgroup directories of a container (for tests and diagnostics).
+    pub fn cgroup_exists(&self, id: &str) -> bool {
+        self.cgroups.exists(id)
+    }
+
+    pub fn container_dir(&self, id: &str) -> PathBuf {
+        self.dir(id)
+    }
+}

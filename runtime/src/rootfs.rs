@@ -1,0 +1,201 @@
+//! Looking things up inside an image's tree without leaving it: executables on `PATH` and
+//! users in `/etc/passwd`. Symlinks are resolved relative to the image root, as the kernel
+//! will once the container has pivoted into it.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::{Result, RuntimeError};
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Resolves `path` (absolute, inside the image) to a host path under `root`, following
+/// symlinks within the image. `None` if it does not exist.
+pub fn resolve_in_root(root: &Path, path: &str) -> Option<PathBuf> {
+    let mut pending: Vec<String> = path
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .rev()
+        .collect();
+    let mut at: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(part) = pending.pop() {
+        match part.as_str() {
+            "." => continue,
+            ".." => {
+                at.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let candidate = root.join(at.join("/")).join(&part);
+        let meta = fs::symlink_metadata(&candidate).ok()?;
+        if meta.file_type().is_symlink() {
+            hops += 1;
+            if hops > 40 {
+                return None;
+            }
+            let target = fs::read_link(&candidate).ok()?;
+            if target.is_absolute() {
+                at.clear();
+            }
+            for c in target.components().rev() {
+                if let Component::Normal(n) = c {
+                    pending.push(n.to_string_lossy().into_owned());
+                } else if c == Component::ParentDir {
+                    pending.push("..".into());
+                }
+            }
+        } else {
+            at.push(part);
+        }
+    }
+    Some(root.join(at.join("/")))
+}
+
+/// Finds the executable the container will run, as the kernel will look for it, or says
+/// clearly that the image does not have it.
+pub fn find_executable(root: &Path, program: &str, env: &[String]) -> Result<String> {
+    let is_exec = |p: &Path| {
+        fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if program.contains('/') {
+        let absolute = if program.starts_with('/') {
+            program.to_string()
+        } else {
+            format!("/{program}")
+        };
+        return match resolve_in_root(root, &absolute) {
+            Some(p) if is_exec(&p) => Ok(program.to_string()),
+            _ => Err(RuntimeError::ExecutableNotFound(program.to_string())),
+        };
+    }
+    let path = env
+        .iter()
+        .find_map(|e| e.strip_prefix("PATH="))
+        .unwrap_or(DEFAULT_PATH);
+    for dir in path.split(':').filter(|d| d.starts_with('/')) {
+        let candidate = format!("{}/{program}", dir.trim_end_matches('/'));
+        if let Some(p) = resolve_in_root(root, &candidate) {
+            if is_exec(&p) {
+                return Ok(program.to_string());
+            }
+        }
+    }
+    Err(RuntimeError::ExecutableNotFound(format!(
+        "{program} (searched PATH={path})"
+    )))
+}
+
+/// Resolves `user[:group]` (names or numbers) against the image's passwd and group files.
+pub fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
+    if spec.is_empty() {
+        return Ok((0, 0));
+    }
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let passwd = resolve_in_root(root, "/etc/passwd")
+        .and_then(|p| fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    let (uid, primary_gid) = match user.parse::<u32>() {
+        Ok(uid) => {
+            let gid = passwd.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() > 3 && f[2] == user)
+                    .then(|| f[3].parse().ok())
+                    .flatten()
+            });
+            (uid, gid.unwrap_or(0))
+        }
+        Err(_) => passwd
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.len() > 3 && f[0] == user)
+                    .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+                    .flatten()
+            })
+            .ok_or_else(|| RuntimeError::InvalidOption {
+                field: "user".into(),
+                reason: format!(
+                    "user {user:?} is not in the image's /etc/passwd; use a numeric uid"
+                ),
+            })?,
+    };
+    let gid = match group {
+        None => primary_gid,
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => {
+                let groups = resolve_in_root(root, "/etc/group")
+                    .and_then(|p| fs::read_to_string(p).ok())
+                    .unwrap_or_default();
+                groups
+                    .lines()
+                    .find_map(|l| {
+                        let f: Vec<&str> = l.split(':').collect();
+                        (f.len() > 2 && f[0] == g)
+                            .then(|| f[2].parse().ok())
+                            .flatten()
+                    })
+                    .ok_or_else(|| RuntimeError::InvalidOption {
+                        field: "user".into(),
+                        reason: format!(
+                            "group {g:?} is not in the image's /etc/group; use a numeric gid"
+                        ),
+                    })?
+            }
+        },
+    };
+    Ok((uid, gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_symlinks_inside_the_root_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("bin")).unwrap();
+        fs::write(root.join("bin/busybox"), "x").unwrap();
+        fs::set_permissions(root.join("bin/busybox"), fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink("/bin/busybox", root.join("bin/sh")).unwrap();
+        std::os::unix::fs::symlink("../../../../../etc", root.join("bin/escape")).unwrap();
+        assert_eq!(
+            resolve_in_root(root, "/bin/sh"),
+            Some(root.join("bin/busybox"))
+        );
+        // `..` past the root stays at the root, as it does after pivot_root.
+        assert_eq!(resolve_in_root(root, "/bin/escape"), None);
+        assert_eq!(find_executable(root, "sh", &[]).unwrap(), "sh");
+        assert!(
+            matches!(find_executable(root, "/app/server", &[]), Err(RuntimeError::ExecutableNotFound(p)) if p == "/app/server")
+        );
+    }
+
+    #[test]
+    fn resolves_users() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("etc")).unwrap();
+        fs::write(
+            dir.path().join("etc/passwd"),
+            "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/app:/bin/sh\n",
+        )
+        .unwrap();
+        fs::write(dir.path().join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        assert_eq!(resolve_user(dir.path(), "").unwrap(), (0, 0));
+        assert_eq!(resolve_user(dir.path(), "app").unwrap(), (1000, 1001));
+        assert_eq!(resolve_user(dir.path(), "1000").unwrap(), (1000, 1001));
+        assert_eq!(resolve_user(dir.path(), "app:staff").unwrap(), (1000, 50));
+        assert_eq!(resolve_user(dir.path(), "7:8").unwrap(), (7, 8));
+        assert!(resolve_user(dir.path(), "nobody").is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! What goes in and out of a `ContainerRuntime`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything needed to create one container (RFC 001 §6.1, trimmed to what KAT enforces).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateOptions {
+    /// KAT's instance ID: the container's ID on the node. A DNS label.
+    pub id: String,
+    pub namespace: String,
+    pub workload: String,
+    /// An image reference already in the store (pulled or imported).
+    pub image: String,
+    pub hostname: String,
+    /// Replaces the image's Entrypoint when non-empty (Docker semantics).
+    pub command: Vec<String>,
+    /// Replaces the image's Cmd when non-empty; with only `command` set, Cmd is dropped.
+    pub args: Vec<String>,
+    /// Added to, and overriding, the image's Env.
+    pub env: BTreeMap<String, String>,
+    /// `uid[:gid]` inside the container; empty means the image's User, else 0:0.
+    pub user: String,
+    pub labels: BTreeMap<String, String>,
+    pub resources: Resources,
+    pub volumes: Vec<VolumeMount>,
+    /// Extra `/etc/hosts` entries (name → IP).
+    pub hosts: BTreeMap<String, String>,
+    /// Nameservers for `/etc/resolv.conf`; empty copies none (no network yet).
+    pub dns_servers: Vec<String>,
+    pub dns_search: Vec<String>,
+    pub log: LogConfig,
+}
+
+/// Resource limits. Zero means unlimited / not set.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    pub memory_limit_bytes: u64,
+    /// CPU limit in millicores: becomes `cpu.max` (quota per 100 ms period).
+    pub cpu_limit_millis: u64,
+    /// CPU request in millicores: becomes `cpu.weight` (v2) or `cpu.shares` (v1).
+    pub cpu_request_millis: u64,
+    pub pids_limit: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeMount {
+    pub name: String,
+    /// Host path, already resolved by the agent.
+    pub source: PathBuf,
+    /// A path under `source` to mount instead of `source` itself.
+    pub sub_path: Option<String>,
+    pub destination: String,
+    pub read_only: bool,
+}
+
+/// Log rotation for one container.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LogConfig {
+    pub max_bytes: u64,
+    pub max_files: u32,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            max_bytes: 10 * 1024 * 1024,
+            max_files: 3,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+impl std::fmt::Display for ContainerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ContainerState::Created => "created",
+            ContainerState::Running => "running",
+            ContainerState::Exited => "exited",
+            ContainerState::Unknown => "unknown",
+        })
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatus {
+    pub id: String,
+    pub namespace: String,
+    pub workload: String,
+    pub image: String,
+    pub image_id: String,
+    pub state: ContainerState,
+    pub pid: Option<i32>,
+    pub exit_code: Option<i32>,
+    /// The signal that ended the workload, if one did.
+    pub signal: Option<i32>,
+    /// The kernel OOM killer ended the workload (memory limit exceeded).
+    pub oom_killed: bool,
+    pub created_at: Option<SystemTime>,
+    pub started_at: Option<SystemTime>,
+    pub finished_at: Option<SystemTime>,
+    pub labels: BTreeMap<String, String>,
+    /// Limits this node could not enforce for this container.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSummary {
+    /// The config digest (`sha256:…`).
+    pub id: String,
+    pub references: Vec<String>,
+    pub manifest_digest: String,
+    pub layers: Vec<String>,
+    /// Bytes of unpacked layers on disk.
+    pub size: u64,
+}
+
+/// Progress of a pull, for the CLI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PullProgress {
+    Resolved {
+        reference: String,
+        layers: usize,
+        total_bytes: u64,
+    },
+    LayerCached {
+        digest: String,
+    },
+    LayerBytes {
+        digest: String,
+        downloaded: u64,
+        total: u64,
+    },
+    LayerDone {
+        digest: String,
+    },
+    Done {
+        image_id: String,
+    },
+}
+
+/// Which log records to return.
+#[derive(Clone, Debug, Default)]
+pub struct LogOptions {
+    pub follow: bool,
+    pub since: Option<SystemTime>,
+    /// Only the last N records (before following).
+    pub tail: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogStream {
+    Stdout,
+    Stderr,
+}
+
+/// One record of a container's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// RFC 3339 with nanoseconds, UTC, as written by kat-init.
+    pub time: String,
+    pub stream: LogStream,
+    /// The line did not end here (split long line, or no final newline).
+    pub partial: bool,
+    pub text: String,
+}
+
+/// A command to run inside a running container.
+#[derive(Clone, Debug, Default)]
+pub struct ExecOptions {
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub tty: bool,
+    /// Initial terminal size (rows, columns) when `tty`.
+    pub size: Option<(u16, u16)>,
+}
+
+/// How this node's cgroups are set up, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CgroupMode {
+    /// A cgroup v2 subtree delegated to the (unprivileged) agent.
+    V2Delegated,
+    /// cgroup v2, agent running as root.
+    V2Root,
+    /// cgroup v1 or hybrid; as root, or with directories pre-created by `kat-agent setup`.
+    V1,
+    /// No usable cgroup: nothing can be limited.
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RootfsMode {
+    /// An overlay mount made inside the container's user namespace.
+    Overlay,
+    /// A private copy of the image per container.
+    Copy,
+}
+
+/// What this node can enforce. Reported in heartbeats; anything false is warned about.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCapabilities {
+    pub rootless: bool,
+    pub cgroup_mode: CgroupMode,
+    pub memory_limit: bool,
+    pub cpu_limit: bool,
+    pub pids_limit: bool,
+    pub rootfs: RootfsMode,
+    /// Host ids mapped into containers: `(container id, host id, count)`.
+    pub uid_map: Vec<(u32, u32, u32)>,
+    pub seccomp: bool,
+    pub notes: Vec<String>,
+}

@@ -1,0 +1,126 @@
+//! Shared setup of the runtime tests: fixtures from `scripts/test-fixtures.sh`, a fresh
+//! runtime root per test, and waiting helpers.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kat_runtime::{
+    ContainerRuntime, ContainerState, CreateOptions, LogOptions, LogRecord, NativeConfig,
+    NativeRuntime,
+};
+
+pub struct Fixtures {
+    pub init: PathBuf,
+    pub registry: String,
+    pub layout: PathBuf,
+}
+
+/// The fixtures, or a panic that says how to make them.
+pub fn fixtures() -> Fixtures {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run `source <(scripts/test-fixtures.sh)` first (scripts/test.sh does)"))
+    };
+    Fixtures {
+        init: PathBuf::from(var("KAT_INIT")),
+        registry: var("KAT_TEST_REGISTRY"),
+        layout: PathBuf::from(var("KAT_TEST_LAYOUT")),
+    }
+}
+
+pub fn image(f: &Fixtures) -> String {
+    format!("{}/kat/busybox:latest", f.registry)
+}
+
+/// A runtime in a fresh directory; the directory lives as long as the returned guard.
+pub fn runtime(f: &Fixtures) -> (NativeRuntime, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("kat-rt-")
+        .tempdir_in(test_root())
+        .expect("temp dir");
+    let mut config = NativeConfig::new(dir.path().join("root"), &f.init);
+    config.registries.insecure = vec![f.registry.clone()];
+    if nix::unistd::geteuid().is_root() {
+        // As root, map the container onto an unused range so container root is not host root.
+        config.ids = Some(kat_runtime::idmap::IdMap::range(300_000, 65_536));
+    }
+    (NativeRuntime::new(config).expect("runtime"), dir)
+}
+
+/// Where test runtimes live: a directory the unprivileged test user can use too.
+pub fn test_root() -> PathBuf {
+    let root = std::env::var("KAT_TEST_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir());
+    std::fs::create_dir_all(&root).expect("test root");
+    root
+}
+
+pub fn options(id: &str, image: &str, script: &str) -> CreateOptions {
+    CreateOptions {
+        id: id.into(),
+        namespace: "default".into(),
+        workload: "test".into(),
+        image: image.into(),
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    }
+}
+
+/// Pulls the test image into a fresh runtime.
+pub async fn ready_runtime() -> (NativeRuntime, tempfile::TempDir, Fixtures) {
+    let f = fixtures();
+    let (rt, dir) = runtime(&f);
+    rt.pull_image(&image(&f), None)
+        .await
+        .expect("pull the test image");
+    (rt, dir, f)
+}
+
+pub async fn wait_state(
+    rt: &dyn ContainerRuntime,
+    id: &str,
+    state: ContainerState,
+    timeout: Duration,
+) -> kat_runtime::ContainerStatus {
+    let start = Instant::now();
+    loop {
+        let s = rt.status(id).await.expect("status");
+        if s.state == state {
+            return s;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "{id} did not become {state} in {timeout:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn all_logs(rt: &dyn ContainerRuntime, id: &str) -> Vec<LogRecord> {
+    let mut rx = rt.logs(id, LogOptions::default()).await.expect("logs");
+    let mut out = Vec::new();
+    while let Some(r) = rx.recv().await {
+        out.push(r);
+    }
+    out
+}
+
+pub async fn texts(rt: &dyn ContainerRuntime, id: &str) -> Vec<String> {
+    all_logs(rt, id).await.into_iter().map(|r| r.text).collect()
+}
+
+/// Runs a script to completion; its exit code and output lines.
+pub async fn run(
+    rt: &dyn ContainerRuntime,
+    id: &str,
+    image: &str,
+    script: &str,
+) -> (i32, Vec<String>) {
+    rt.create(&options(id, image, script))
+        .await
+        .expect("create");
+    rt.start(id).await.expect("start");
+    let s = wait_state(rt, id, ContainerState::Exited, Duration::from_secs(20)).await;
+    (s.exit_code.expect("exit code"), texts(rt, id).await)
+}

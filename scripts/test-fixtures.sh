@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds what the runtime tests and benchmarks need, from local parts only:
+#   - kat-init as a static binary;
+#   - a busybox image (busybox-static in a FROM scratch image, built with buildah);
+#   - a loopback registry (Debian's docker-registry) on 127.0.0.1:5000 serving it as
+#     kat/busybox:latest;
+#   - the same image as an OCI layout directory.
+# Idempotent: a second run only checks. Prints the environment the tests read.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+FIX=${KAT_FIXTURES:-$ROOT/target/kat-fixtures}
+REGISTRY=127.0.0.1:5000
+mkdir -p "$FIX"
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "missing $1: run scripts/install-deps.sh" >&2; exit 1; }; }
+need buildah; need docker-registry; need curl
+
+# kat-init, static, so it runs in a FROM scratch container.
+RUSTFLAGS="-C target-feature=+crt-static" cargo build -q -p kat-init --release --target x86_64-unknown-linux-gnu
+INIT=$ROOT/target/x86_64-unknown-linux-gnu/release/kat-init
+
+# The registry, on loopback, storing under target/.
+if ! curl -fsS "http://$REGISTRY/v2/" >/dev/null 2>&1; then
+  mkdir -p "$FIX/registry"
+  cat > "$FIX/registry.yml" <<YML
+version: 0.1
+log: {level: error}
+storage:
+  filesystem: {rootdirectory: $FIX/registry}
+  delete: {enabled: true}
+http: {addr: $REGISTRY}
+YML
+  setsid docker-registry serve "$FIX/registry.yml" >"$FIX/registry.log" 2>&1 < /dev/null &
+  for _ in $(seq 50); do curl -fsS "http://$REGISTRY/v2/" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fsS "http://$REGISTRY/v2/" >/dev/null || { cat "$FIX/registry.log"; exit 1; }
+fi
+
+# The image: busybox and its applet links, nothing else; User root, Cmd sh.
+if ! curl -fsS "http://$REGISTRY/v2/kat/busybox/manifests/latest" -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' 2>/dev/null || [ ! -f "$FIX/busybox-oci/index.json" ]; then
+  export STORAGE_DRIVER=vfs
+  ctr=$(buildah from scratch)
+  mnt=$(buildah mount "$ctr")
+  mkdir -p "$mnt/bin" "$mnt/etc" "$mnt/tmp" "$mnt/root"
+  cp "$(readlink -f /bin/busybox)" "$mnt/bin/busybox"
+  for applet in $("$mnt/bin/busybox" --list); do
+    [ "$applet" = busybox ] || ln -sf busybox "$mnt/bin/$applet"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\napp:x:1000:1000:app:/tmp:/bin/sh\n' > "$mnt/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\napp:x:1000:\n' > "$mnt/etc/group"
+  chmod 1777 "$mnt/tmp"
+  buildah umount "$ctr" >/dev/null
+  buildah config --cmd /bin/sh --env PATH=/bin --workingdir / "$ctr"
+  buildah commit -q "$ctr" kat-busybox >/dev/null
+  buildah rm "$ctr" >/dev/null
+  buildah push -q --tls-verify=false kat-busybox "docker://$REGISTRY/kat/busybox:latest"
+  rm -rf "$FIX/busybox-oci"
+  buildah push -q kat-busybox "oci:$FIX/busybox-oci:latest"
+fi
+
+cat > "$FIX/env" <<ENV
+export KAT_INIT=$INIT
+export KAT_TEST_REGISTRY=$REGISTRY
+export KAT_TEST_LAYOUT=$FIX/busybox-oci
+ENV
+cat "$FIX/env"
