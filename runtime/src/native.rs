@@ -170,9 +170,11 @@ impl NativeRuntime {
                 ),
             });
         }
-        for sub in ["containers", "libcontainer"] {
+        for sub in ["containers", "libcontainer", "images"] {
             let dir = config.root.join(sub);
             fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
+                .context(|| format!("chmod {}", dir.display()))?;
         }
         fs::set_permissions(&config.root, fs::Permissions::from_mode(0o711))
             .context(|| format!("chmod {}", config.root.display()))?;
@@ -669,7 +671,9 @@ impl ContainerRuntime for NativeRuntime {
             return Err(RuntimeError::ContainerExists(options.id.clone()));
         }
         fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+        // Searchable, not listable: container root (a different host uid when the agent is
+        // root) must reach its overlay directories and bind sources through here.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
             .context(|| format!("chmod {}", dir.display()))?;
         match self.create_in(options, &dir).await {
             Ok(meta) => {

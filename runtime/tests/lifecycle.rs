@@ -1,8 +1,11 @@
-//! Containers on the real kernel: create, start, logs, exit codes, stop, remove.
+//! Containers on the real kernel: create, start, isolation, volumes, limits, stop, remove.
 
 mod support;
 
-use kat_runtime::ContainerRuntime;
+use std::path::Path;
+use std::time::Duration;
+
+use kat_runtime::{ContainerRuntime, ContainerState, Resources, RuntimeError, VolumeMount};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,6 +20,376 @@ async fn runs_a_container_and_collects_output_and_exit_code() {
     .await;
     assert_eq!(code, 3);
     assert_eq!(out, ["hello from hello", "err"]);
-    eprintln!("capabilities: {:?}", rt.capabilities());
+    let s = rt.status("hello").await.unwrap();
+    assert!(s.started_at.is_some() && s.finished_at.is_some());
+    assert!(!s.oom_killed);
     rt.remove("hello", false).await.unwrap();
+    assert!(matches!(
+        rt.status("hello").await,
+        Err(RuntimeError::ContainerNotFound(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_cmd_env_and_generated_files() {
+    let (rt, _dir, f) = ready_runtime().await;
+    // No command and no args: the image's Cmd (/bin/sh, stdin at EOF) runs and exits 0.
+    let mut o = options("plain", &image(&f), "");
+    o.command = vec![];
+    let (code, out) = {
+        rt.create(&o).await.unwrap();
+        rt.start("plain").await.unwrap();
+        let s = wait_state(
+            &rt,
+            "plain",
+            ContainerState::Exited,
+            Duration::from_secs(20),
+        )
+        .await;
+        (s.exit_code, texts(&rt, "plain").await)
+    };
+    assert_eq!((code, out.len()), (Some(0), 0));
+
+    let mut o = options("envy", &image(&f), "");
+    o.command = vec![];
+    o.args = vec!["sh".into(), "-c".into(), "echo $GREETING $PATH; cat /etc/hostname; grep -c envy-host /etc/hosts; cat /etc/resolv.conf; pwd".into()];
+    o.env.insert("GREETING".into(), "hi".into());
+    o.hostname = "envy-host".into();
+    o.dns_servers = vec!["10.0.0.53".into()];
+    rt.create(&o).await.unwrap();
+    rt.start("envy").await.unwrap();
+    let s = wait_state(&rt, "envy", ContainerState::Exited, Duration::from_secs(20)).await;
+    assert_eq!(s.exit_code, Some(0));
+    // The image's Entrypoint is empty: args replace its Cmd.
+    let out = texts(&rt, "envy").await;
+    assert_eq!(
+        out,
+        ["hi /bin", "envy-host", "1", "nameserver 10.0.0.53", "/"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolation_namespaces_capabilities_and_masked_paths() {
+    let (rt, _dir, f) = ready_runtime().await;
+    let script = "id -u; echo pid=$$; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; \
+        cat /proc/self/uid_map | wc -l; ls /dev | tr '\\n' ' '; echo; \
+        (wc -c < /proc/kcore) 2>/dev/null || echo 0; touch /sys/x 2>/dev/null && echo sys-writable || echo sys-ro; \
+        ip link 2>/dev/null | grep -c '^[0-9]' ; cat /proc/1/cmdline | tr '\\0' ' '";
+    let (code, out) = run(&rt, "iso", &image(&f), script).await;
+    assert_eq!(code, 0, "{out:?}");
+    assert_eq!(out[0], "0", "root inside");
+    assert_eq!(
+        out[1], "pid=2",
+        "own pid namespace: kat-init is 1, the workload 2"
+    );
+    // CAP_CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP NET_BIND_SERVICE
+    assert_eq!(out[2], "CapEff:\t00000000000005fb");
+    assert_eq!(out[3], "NoNewPrivs:\t1");
+    assert_eq!(out[4], "1", "one uid_map line");
+    for dev in ["null", "zero", "urandom", "pts", "shm"] {
+        assert!(
+            out[5].split(' ').any(|d| d == dev),
+            "/dev has {dev}: {}",
+            out[5]
+        );
+    }
+    assert!(
+        !out[5].contains("sda") && !out[5].contains("kmsg"),
+        "{}",
+        out[5]
+    );
+    assert_eq!(out[6], "0", "/proc/kcore is masked");
+    assert_eq!(out[7], "sys-ro");
+    assert_eq!(out[8], "1", "only loopback in the new network namespace");
+    assert!(
+        out[9].starts_with("/.kat/init --log-dir-fd 0"),
+        "{}",
+        out[9]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_bind_with_subpath_and_read_only() {
+    let (rt, dir, f) = ready_runtime().await;
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("in.txt"), "from host\n").unwrap();
+    make_world_writable(&data);
+    let mut o = options("vol", &image(&f), "cat /data/in.txt; echo written > /data/sub/out.txt; (echo x > /ro/y) 2>/dev/null || echo ro-denied");
+    o.volumes = vec![
+        VolumeMount {
+            name: "data".into(),
+            source: data.clone(),
+            sub_path: None,
+            destination: "/data".into(),
+            read_only: false,
+        },
+        VolumeMount {
+            name: "ro".into(),
+            source: data.clone(),
+            sub_path: Some("sub".into()),
+            destination: "/ro".into(),
+            read_only: true,
+        },
+    ];
+    rt.create(&o).await.unwrap();
+    make_world_writable(&data.join("sub"));
+    rt.start("vol").await.unwrap();
+    let s = wait_state(&rt, "vol", ContainerState::Exited, Duration::from_secs(20)).await;
+    assert_eq!(s.exit_code, Some(0));
+    assert_eq!(texts(&rt, "vol").await, ["from host", "ro-denied"]);
+    assert_eq!(
+        std::fs::read_to_string(data.join("sub/out.txt")).unwrap(),
+        "written\n"
+    );
+}
+
+fn make_world_writable(p: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_sends_term_then_kill_after_the_grace_period() {
+    let (rt, _dir, f) = ready_runtime().await;
+    rt.create(&options(
+        "polite",
+        &image(&f),
+        "trap 'echo bye; exit 0' TERM; echo up; while :; do sleep 0.05; done",
+    ))
+    .await
+    .unwrap();
+    rt.start("polite").await.unwrap();
+    wait_log(&rt, "polite", "up").await;
+    let s = rt.stop("polite", Duration::from_secs(10)).await.unwrap();
+    assert_eq!((s.state, s.exit_code), (ContainerState::Exited, Some(0)));
+    assert!(texts(&rt, "polite").await.contains(&"bye".to_string()));
+
+    rt.create(&options(
+        "stubborn",
+        &image(&f),
+        "trap '' TERM; echo up; while :; do sleep 0.05; done",
+    ))
+    .await
+    .unwrap();
+    rt.start("stubborn").await.unwrap();
+    wait_log(&rt, "stubborn", "up").await;
+    let t = std::time::Instant::now();
+    let s = rt
+        .stop("stubborn", Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(500));
+    assert_eq!(
+        (s.state, s.exit_code, s.signal),
+        (ContainerState::Exited, Some(137), Some(9))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_is_enforced_and_reported_as_oom_killed() {
+    let (rt, _dir, f) = ready_runtime().await;
+    if !rt.capabilities().memory_limit {
+        panic!(
+            "this host cannot enforce memory limits: {:?}",
+            rt.capabilities().notes
+        );
+    }
+    let mut o = options(
+        "hog",
+        &image(&f),
+        "echo start; exec dd if=/dev/zero of=/dev/null bs=128M count=1",
+    );
+    o.resources = Resources {
+        memory_limit_bytes: 32 * 1024 * 1024,
+        cpu_limit_millis: 500,
+        cpu_request_millis: 250,
+        pids_limit: 64,
+    };
+    rt.create(&o).await.unwrap();
+    rt.start("hog").await.unwrap();
+    let s = wait_state(&rt, "hog", ContainerState::Exited, Duration::from_secs(30)).await;
+    assert!(s.oom_killed, "{s:?}");
+    assert_eq!((s.exit_code, s.signal), (Some(137), Some(9)), "{s:?}");
+    assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_and_pids_limits_reach_the_cgroup_and_stop_a_fork_bomb() {
+    let (rt, _dir, f) = ready_runtime().await;
+    let mut o = options(
+        "limited",
+        &image(&f),
+        "echo up; while :; do sleep 10 & done",
+    );
+    o.resources = Resources {
+        memory_limit_bytes: 64 * 1024 * 1024,
+        cpu_limit_millis: 500,
+        cpu_request_millis: 250,
+        pids_limit: 10,
+    };
+    rt.create(&o).await.unwrap();
+    let caps = rt.capabilities().clone();
+    if caps.cgroup_mode == kat_runtime::CgroupMode::V1 {
+        let parent = std::env::var("KAT_TEST_CGROUP_PARENT").unwrap_or_else(|_| "kat".into());
+        let base = Path::new("/sys/fs/cgroup");
+        let read = |c: &str, f: &str| {
+            let p = base
+                .join(c)
+                .join(parent.trim_start_matches('/'))
+                .join("limited")
+                .join(f);
+            std::fs::read_to_string(&p)
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("cpu", "cpu.cfs_period_us"), "100000");
+        assert_eq!(read("cpu", "cpu.shares"), "256");
+        assert_eq!(read("pids", "pids.max"), "10");
+        assert_eq!(
+            read("memory", "memory.limit_in_bytes"),
+            (64 * 1024 * 1024).to_string()
+        );
+    }
+    rt.start("limited").await.unwrap();
+    // The fork bomb hits pids.max; ash gives up with "can't fork" instead of taking the node.
+    let s = wait_state(
+        &rt,
+        "limited",
+        ContainerState::Exited,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_ne!(s.exit_code, Some(0));
+    let out = texts(&rt, "limited").await;
+    assert!(out.iter().any(|l| l.contains("can't fork")), "{out:?}");
+    rt.remove("limited", true).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_leaves_no_cgroup_mount_directory_or_process() {
+    let (rt, _dir, f) = ready_runtime().await;
+    rt.create(&options("gone", &image(&f), "sleep 1000 & sleep 1000"))
+        .await
+        .unwrap();
+    rt.start("gone").await.unwrap();
+    let s = wait_state(
+        &rt,
+        "gone",
+        ContainerState::Running,
+        Duration::from_secs(10),
+    )
+    .await;
+    let pid = s.pid.unwrap();
+    let dir = rt.container_dir("gone");
+    assert!(rt.cgroup_exists("gone") || !rt.capabilities().memory_limit);
+    assert!(matches!(
+        rt.remove("gone", false).await,
+        Err(RuntimeError::WrongState { .. })
+    ));
+    rt.remove("gone", true).await.unwrap();
+    assert!(!dir.exists(), "container directory left behind");
+    assert!(!rt.cgroup_exists("gone"), "cgroup left behind");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(dir.to_str().unwrap()), "mount left behind");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(true),
+        "process left behind"
+    );
+    assert!(rt.list().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_explained_and_leaves_nothing() {
+    let (rt, _dir, f) = ready_runtime().await;
+    let img = image(&f);
+    let cases: Vec<(kat_runtime::CreateOptions, &str)> = vec![
+        (
+            options("a", "127.0.0.1:5000/kat/nope:latest", "true"),
+            "not in the node's image store",
+        ),
+        (
+            {
+                let mut o = options("b", &img, "");
+                o.command = vec!["/app/server".into()];
+                o
+            },
+            "executable not found in image: /app/server",
+        ),
+        (
+            {
+                let mut o = options("c", &img, "true");
+                o.volumes = vec![VolumeMount {
+                    name: "v".into(),
+                    source: "/does/not/exist".into(),
+                    sub_path: None,
+                    destination: "/v".into(),
+                    read_only: false,
+                }];
+                o
+            },
+            "volume v: mount source /does/not/exist",
+        ),
+        (
+            {
+                let mut o = options("d", &img, "true");
+                o.resources.memory_limit_bytes = 1024;
+                o
+            },
+            "impossible limits: memory limit 1024 bytes",
+        ),
+        (
+            {
+                let mut o = options("e", &img, "true");
+                o.resources.cpu_limit_millis = 100;
+                o.resources.cpu_request_millis = 200;
+                o
+            },
+            "cpu request 200m is above the cpu limit 100m",
+        ),
+        (
+            {
+                let mut o = options("f", &img, "true");
+                o.user = "ghost".into();
+                o
+            },
+            "user \"ghost\" is not in the image's /etc/passwd",
+        ),
+        (options("Bad_ID", &img, "true"), "is not a DNS label"),
+    ];
+    for (o, expected) in cases {
+        let err = rt.create(&o).await.expect_err(expected).to_string();
+        assert!(
+            err.contains(expected),
+            "{err:?} should contain {expected:?}"
+        );
+    }
+    assert!(rt.list().await.unwrap().is_empty());
+    let left: Vec<_> = std::fs::read_dir(rt.container_dir("x").parent().unwrap())
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "state left behind: {left:?}");
+
+    let err = rt
+        .pull_image(&format!("{}/kat/busybox:no-such-tag", f.registry), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::ImageNotFound { .. }), "{err}");
+    assert!(err.to_string().contains("not found in registry"), "{err}");
+}
+
+async fn wait_log(rt: &dyn ContainerRuntime, id: &str, text: &str) {
+    let start = std::time::Instant::now();
+    while !texts(rt, id).await.iter().any(|t| t == text) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{id} never logged {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

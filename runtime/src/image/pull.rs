@@ -88,11 +88,15 @@ fn client(config: &RegistryConfig) -> Client {
 fn pull_error(reference: &Reference, e: oci_client::errors::OciDistributionError) -> RuntimeError {
     let text = e.to_string();
     let lowered = text.to_ascii_lowercase();
-    if lowered.contains("manifest_unknown")
-        || lowered.contains("name_unknown")
-        || lowered.contains("not found")
-        || lowered.contains("404")
-    {
+    let unknown = [
+        "manifest_unknown",
+        "manifest unknown",
+        "name_unknown",
+        "name unknown",
+        "not found",
+        "404",
+    ];
+    if unknown.iter().any(|u| lowered.contains(u)) {
         return RuntimeError::ImageNotFound {
             reference: reference.whole(),
             registry: reference.resolve_registry().to_string(),

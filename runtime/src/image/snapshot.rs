@@ -14,8 +14,10 @@ use crate::error::{IoContext, Result};
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
 
-/// Builds `dest` (which must not exist) from `layers`, lowest first.
-pub fn build(layers: &[&Path], dest: &Path, chown: bool) -> Result<()> {
+/// Builds `dest` (which must not exist) from `layers`, lowest first. `root_owner` is the
+/// host uid/gid of container root, which owns the tree's top directory.
+pub fn build(layers: &[&Path], dest: &Path, root_owner: Option<(u32, u32)>) -> Result<()> {
+    let chown = root_owner.is_some();
     let tmp = dest.with_extension(format!("partial-{}", std::process::id()));
     let _ = make_writable_and_remove(&tmp);
     fs::create_dir_all(&tmp).context(|| format!("creating {}", tmp.display()))?;

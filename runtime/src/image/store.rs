@@ -78,8 +78,12 @@ pub fn normalize_reference(reference: &str) -> Result<String> {
 impl ImageStore {
     pub fn open(root: &Path, ids: IdMap) -> Result<ImageStore> {
         for sub in ["layers", "snapshots", "tmp"] {
-            fs::create_dir_all(root.join(sub))
-                .context(|| format!("creating {}", root.join(sub).display()))?;
+            let dir = root.join(sub);
+            fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+            // Snapshots are overlay lower directories, looked up as container root.
+            let mode = if sub == "snapshots" { 0o711 } else { 0o700 };
+            fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .context(|| format!("chmod {}", dir.display()))?;
         }
         // Downloads and unpacks interrupted by a crash.
         if let Ok(entries) = fs::read_dir(root.join("tmp")) {
@@ -266,11 +270,13 @@ impl ImageStore {
             .iter()
             .map(|l| self.layer_dir(l))
             .collect::<Result<_>>()?;
-        let privileged = self.privileged;
+        let root_owner = self
+            .privileged
+            .then(|| (self.ids.host_uid(0), self.ids.host_gid(0)));
         let target = dest.clone();
         tokio::task::spawn_blocking(move || {
             let refs: Vec<&Path> = layers.iter().map(|p| p.as_path()).collect();
-            snapshot::build(&refs, &target, privileged)
+            snapshot::build(&refs, &target, root_owner)
         })
         .await
         .map_err(|e| RuntimeError::Container {

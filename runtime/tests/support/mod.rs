@@ -18,6 +18,9 @@ pub struct Fixtures {
 
 /// The fixtures, or a panic that says how to make them.
 pub fn fixtures() -> Fixtures {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
     let var = |name: &str| {
         std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run `source <(scripts/test-fixtures.sh)` first (scripts/test.sh does)"))
     };
@@ -38,8 +41,16 @@ pub fn runtime(f: &Fixtures) -> (NativeRuntime, tempfile::TempDir) {
         .prefix("kat-rt-")
         .tempdir_in(test_root())
         .expect("temp dir");
+    // Like any agent root's parents: searchable by the container's (mapped) root.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .expect("chmod");
     let mut config = NativeConfig::new(dir.path().join("root"), &f.init);
     config.registries.insecure = vec![f.registry.clone()];
+    config.cgroup_parent = std::env::var("KAT_TEST_CGROUP_PARENT").ok();
+    config.force_copy_rootfs = std::env::var("KAT_TEST_COPY_ROOTFS").is_ok();
     if nix::unistd::geteuid().is_root() {
         // As root, map the container onto an unused range so container root is not host root.
         config.ids = Some(kat_runtime::idmap::IdMap::range(300_000, 65_536));
