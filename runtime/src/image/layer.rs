@@ -53,6 +53,12 @@ pub fn unpack(
 
 /// Removes a tree even where an image made directories read-only.
 pub fn make_writable_and_remove(path: &Path) -> std::io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(meta) if !meta.is_dir() => return fs::remove_file(path),
+        Ok(_) => {}
+    }
     if let Err(first) = fs::remove_dir_all(path) {
         if first.kind() == std::io::ErrorKind::NotFound {
             return Ok(());
