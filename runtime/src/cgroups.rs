@@ -17,7 +17,21 @@ use std::path::{Path, PathBuf};
 use crate::error::{IoContext, Result};
 use crate::types::CgroupMode;
 
-const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "cpuacct", "pids"];
+/// The v1 controllers libcontainer joins; an unprivileged agent needs a parent in each.
+const V1_CONTROLLERS: [&str; 12] = [
+    "blkio",
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "devices",
+    "freezer",
+    "hugetlb",
+    "memory",
+    "net_cls",
+    "net_prio",
+    "perf_event",
+    "pids",
+];
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,6 +195,58 @@ impl Cgroups {
         false
     }
 
+    /// Whether KAT writes the limits itself instead of libcontainer: an unprivileged agent on
+    /// cgroup v1, where libcontainer's v1 manager would also write `devices.allow`, which
+    /// needs CAP_SYS_ADMIN in the host. The container's processes are already in their
+    /// cgroups when `create` returns and the workload has not started yet.
+    pub fn kat_applies_limits(&self) -> bool {
+        self.mode == CgroupMode::V1 && !nix::unistd::geteuid().is_root()
+    }
+
+    /// Writes memory, cpu and pids limits into a container's v1 cgroups.
+    pub fn apply_v1_limits(&self, id: &str, r: &crate::types::Resources) -> Result<()> {
+        let Some(path) = self.container_path(id) else {
+            return Ok(());
+        };
+        let rel = path.trim_start_matches('/');
+        let write = |ctrl: &str, file: &str, value: String| -> Result<()> {
+            let p = Path::new(CGROUP_ROOT).join(ctrl).join(rel).join(file);
+            fs::write(&p, value).context(|| format!("writing {}", p.display()))
+        };
+        if r.memory_limit_bytes > 0 {
+            write(
+                "memory",
+                "memory.limit_in_bytes",
+                r.memory_limit_bytes.to_string(),
+            )?;
+            // Without swap accounting the file is absent; the limit above still holds.
+            let _ = write(
+                "memory",
+                "memory.memsw.limit_in_bytes",
+                r.memory_limit_bytes.to_string(),
+            );
+        }
+        if r.cpu_limit_millis > 0 {
+            write("cpu", "cpu.cfs_period_us", "100000".into())?;
+            write(
+                "cpu",
+                "cpu.cfs_quota_us",
+                (r.cpu_limit_millis * 100).to_string(),
+            )?;
+        }
+        if r.cpu_request_millis > 0 {
+            write(
+                "cpu",
+                "cpu.shares",
+                (r.cpu_request_millis * 1024 / 1000).max(2).to_string(),
+            )?;
+        }
+        if r.pids_limit > 0 {
+            write("pids", "pids.max", r.pids_limit.to_string())?;
+        }
+        Ok(())
+    }
+
     /// Whether any of the container's cgroup directories still exists.
     pub fn exists(&self, id: &str) -> bool {
         self.dirs(id).iter().any(|d| d.exists())
@@ -223,6 +289,15 @@ pub fn prepare_v1_parent(parent: &str, uid: u32, gid: u32) -> Result<Vec<PathBuf
         }
         let dir = base.join(parent.trim_start_matches('/'));
         fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+        if ctrl == "cpuset" {
+            // A cpuset child is unusable until it has cpus and mems.
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let value = fs::read_to_string(base.join(file))
+                    .context(|| format!("reading {}", base.join(file).display()))?;
+                fs::write(dir.join(file), value)
+                    .context(|| format!("writing {}", dir.join(file).display()))?;
+            }
+        }
         for entry in std::iter::once(dir.clone()).chain(
             fs::read_dir(&dir)
                 .context(|| format!("reading {}", dir.display()))?

@@ -438,6 +438,7 @@ impl NativeRuntime {
             .await?;
         }
         let cgroups_path = self.cgroups.container_path(&options.id);
+        let kat_limits = self.cgroups.kat_applies_limits();
         let input = SpecInput {
             options,
             hostname: &hostname,
@@ -462,9 +463,10 @@ impl NativeRuntime {
             volume_sources,
             cgroups_path,
             resources: options.resources.clone(),
-            memory_limit: self.caps.memory_limit,
-            cpu_limit: self.caps.cpu_limit,
-            pids_limit: self.caps.pids_limit,
+            memory_limit: self.caps.memory_limit && !kat_limits,
+            cpu_limit: self.caps.cpu_limit && !kat_limits,
+            pids_limit: self.caps.pids_limit && !kat_limits,
+            omit_resources: kat_limits,
         };
         let config = spec::build(&input);
         let bundle = dir.join("bundle");
@@ -503,6 +505,10 @@ impl NativeRuntime {
             Ok(())
         })
         .await?;
+        if kat_limits {
+            self.cgroups
+                .apply_v1_limits(&options.id, &options.resources)?;
+        }
 
         Ok(Meta {
             options: options.clone(),
@@ -806,6 +812,14 @@ impl ContainerRuntime for NativeRuntime {
                 id: id.to_string(),
                 state: status.state.to_string(),
                 what: "and exec needs a running container".into(),
+            });
+        }
+        if self.caps.rootless {
+            // libcontainer 0.7's tenant builder joins the PID namespace before the
+            // container's user namespace, which an unprivileged agent may not do (EPERM).
+            return Err(RuntimeError::Container {
+                context: format!("exec in container {id}"),
+                message: "exec is not available when kat-agent runs unprivileged yet (libcontainer joins the PID namespace before the user namespace); run the agent as root for exec".into(),
             });
         }
         crate::exec::exec(self.lib_root(), id.to_string(), options).await

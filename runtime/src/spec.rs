@@ -132,6 +132,8 @@ pub struct SpecInput<'a> {
     pub memory_limit: bool,
     pub cpu_limit: bool,
     pub pids_limit: bool,
+    /// Leave `linux.resources` out: the agent writes the limits itself (rootless on v1).
+    pub omit_resources: bool,
 }
 
 fn bind(source: &Path, destination: &str, read_only: bool) -> Value {
@@ -242,6 +244,11 @@ pub fn build(input: &SpecInput<'_>) -> Value {
         "maskedPaths": MASKED,
         "readonlyPaths": READ_ONLY,
     });
+    if input.omit_resources {
+        if let Some(l) = linux.as_object_mut() {
+            l.remove("resources");
+        }
+    }
     if let Some(path) = &input.cgroups_path {
         linux["cgroupsPath"] = json!(path);
     }
