@@ -222,6 +222,25 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
     )
     .await;
 
+    if rt.capabilities().rootless {
+        let err = rt
+            .exec(
+                "host",
+                ExecOptions {
+                    command: vec!["true".into()],
+                    ..Default::default()
+                },
+            )
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .contains("exec is not available when kat-agent runs unprivileged"),
+            "{err}"
+        );
+        return;
+    }
     let mut opts = ExecOptions {
         command: vec![
             "sh".into(),
