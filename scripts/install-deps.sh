@@ -14,6 +14,13 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# The runtime's tests: images built with buildah from busybox-static, served by a loopback
+# registry; newuidmap/newgidmap for rootless user namespaces.
+command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+command -v newuidmap >/dev/null 2>&1 || missing+=(uidmap)
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -23,6 +30,10 @@ fi
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
     echo "==> stopping the distribution's etcd service (KAT starts and supervises its own etcd)"
     need_root systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
+# Likewise its registry (with auth, on :5000): the tests start their own on loopback.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet docker-registry 2>/dev/null; then
+    need_root systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

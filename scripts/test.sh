@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, property, conformance (MemStore and a real etcd), the managed
-# etcd process, the CLI, and the hostile-input properties of the fuzz targets.
+# etcd process, the CLI, the hostile-input properties of the fuzz targets, and the container
+# runtime on the real kernel (a loopback registry, images built with buildah) — as root and
+# again as an unprivileged user with a subuid range.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
+echo "==> test fixtures: static kat-init, busybox image, loopback registry"
+source <(scripts/test-fixtures.sh)
 echo "==> cargo test --workspace"
 cargo test --workspace --all-targets --locked
+if [ "$(id -u)" = 0 ]; then
+    echo "==> runtime and kat-init suites again, rootless"
+    scripts/test-rootless.sh
+else
+    echo "==> (the suite ran unprivileged; run as root to also run it as root)"
+fi
