@@ -1,0 +1,235 @@
+//! Time from a create request to the workload's first byte of output, for KAT's runtime,
+//! `crun run` and `podman run --rm`, measured the same way in one run. Driven by
+//! `bench/runtime-start.sh`, which prepares the image, the registry and the peers.
+//!
+//! Also reports the host memory each running container costs outside the container itself:
+//! the RSS of helper processes (podman's `conmon`; KAT has none: kat-init is inside).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kat_runtime::{ContainerRuntime, CreateOptions, NativeConfig, NativeRuntime};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run bench/runtime-start.sh"))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx]
+}
+
+/// Spawns a command and returns the time until its first byte on stdout.
+fn first_byte(mut cmd: Command) -> Duration {
+    let t0 = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut byte = [0u8; 1];
+    let n = child
+        .stdout
+        .as_mut()
+        .expect("stdout")
+        .read(&mut byte)
+        .expect("read");
+    let elapsed = t0.elapsed();
+    assert_eq!(n, 1, "{cmd:?} printed nothing");
+    child.wait().expect("wait");
+    elapsed
+}
+
+fn summary(name: &str, mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    let (p50, p95) = (percentile(&v, 0.5), percentile(&v, 0.95));
+    println!(
+        "{name:>7}: p50 {p50:7.2} ms  p95 {p95:7.2} ms  ({} runs)",
+        v.len()
+    );
+    p50
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:")
+                    .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0))
+            })
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(100);
+    let image = format!("{}/kat/busybox:latest", env("KAT_TEST_REGISTRY"));
+    let work = PathBuf::from(env("BENCH_DIR"));
+    let mut config = NativeConfig::new(work.join("kat-root"), env("KAT_INIT"));
+    config.registries.insecure = vec![env("KAT_TEST_REGISTRY")];
+    let rt = NativeRuntime::new(config).expect("runtime");
+    let summary_img = rt.pull_image(&image, None).await.expect("pull");
+    let record = rt.images().resolve(&image).expect("image");
+    let snapshot = rt.images().snapshot(&record).await.expect("snapshot");
+
+    // KAT: create + start, until kat-init has written the first byte of the log.
+    let mut kat = Vec::new();
+    for i in 0..runs + 3 {
+        let id = format!("bench-{i}");
+        let options = CreateOptions {
+            id: id.clone(),
+            image: image.clone(),
+            command: vec!["/bin/echo".into(), "hi".into()],
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        rt.create(&options).await.expect("create");
+        rt.start(&id).await.expect("start");
+        let log = rt.container_dir(&id).join("logs/stdio.log");
+        while std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) == 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let elapsed = t0.elapsed();
+        if i >= 3 {
+            kat.push(elapsed.as_secs_f64() * 1000.0);
+        }
+        rt.remove(&id, true).await.expect("remove");
+    }
+
+    // crun: an OCI bundle of the same image, through the private-mount-namespace trick.
+    let bundle = work.join("crun-bundle");
+    let _ = std::fs::remove_dir_all(&bundle);
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    kat_runtime::image::snapshot::copy_tree(&snapshot, &bundle.join("rootfs"), true)
+        .expect("copy rootfs");
+    let status = Command::new("crun")
+        .arg("spec")
+        .current_dir(&bundle)
+        .status()
+        .expect("crun spec");
+    assert!(status.success());
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).expect("spec"))
+            .expect("json");
+    spec["process"]["terminal"] = false.into();
+    spec["process"]["args"] = serde_json::json!(["/bin/echo", "hi"]);
+    std::fs::write(bundle.join("config.json"), spec.to_string()).expect("write spec");
+    let mut crun = Vec::new();
+    for i in 0..runs + 3 {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+            "mount -t tmpfs x /sys/fs/cgroup/unified && exec crun run --bundle {} crun-bench-{i}",
+            bundle.display()
+        ));
+        let d = first_byte(cmd);
+        if i >= 3 {
+            crun.push(d.as_secs_f64() * 1000.0);
+        }
+    }
+
+    // podman run --rm (runc; this host needs the ulimits).
+    let podman_args = |extra: &[&str]| {
+        let mut cmd = Command::new("podman");
+        cmd.args([
+            "run",
+            "--runtime",
+            "runc",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--network",
+            "none",
+        ]);
+        cmd.args(extra);
+        cmd
+    };
+    let mut podman = Vec::new();
+    for i in 0..runs + 3 {
+        let mut cmd = podman_args(&["--rm"]);
+        cmd.args([image.as_str(), "echo", "hi"]);
+        let d = first_byte(cmd);
+        if i >= 3 {
+            podman.push(d.as_secs_f64() * 1000.0);
+        }
+    }
+
+    // Host memory outside the container, per running container.
+    let opts = CreateOptions {
+        id: "bench-mem".into(),
+        image: image.clone(),
+        command: vec!["/bin/sleep".into(), "30".into()],
+        ..Default::default()
+    };
+    rt.create(&opts).await.expect("create");
+    rt.start("bench-mem").await.expect("start");
+    let status = rt.status("bench-mem").await.expect("status");
+    let init_pid = status.pid.expect("pid");
+    let outside: Vec<u32> = helper_processes(init_pid as u32);
+    let kat_helper_kib: u64 = outside.iter().map(|p| rss_kib(*p)).sum();
+    rt.remove("bench-mem", true).await.expect("remove");
+    let out = podman_args(&["-d", "--rm"])
+        .args([image.as_str(), "sleep", "30"])
+        .output()
+        .expect("podman -d");
+    let cid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let conmon = Command::new("podman")
+        .args(["inspect", "--format", "{{.State.ConmonPid}}", &cid])
+        .output()
+        .expect("inspect");
+    let conmon_pid: u32 = String::from_utf8_lossy(&conmon.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    let podman_helper_kib = if conmon_pid > 0 {
+        rss_kib(conmon_pid)
+    } else {
+        0
+    };
+    let _ = Command::new("podman")
+        .args(["rm", "-f", "-t", "0", &cid])
+        .output();
+
+    println!("image: {} ({} bytes unpacked)", image, summary_img.size);
+    let k = summary("kat", kat);
+    let c = summary("crun", crun);
+    let p = summary("podman", podman);
+    println!(
+        "helper_rss_kib kat={kat_helper_kib} ({} helper processes outside the container) podman_conmon={podman_helper_kib}",
+        outside.len()
+    );
+    println!(
+        "start_p50_ms kat={k:.2} crun={c:.2} podman={p:.2} kat/crun={:.2} kat/podman={:.2}",
+        k / c,
+        k / p
+    );
+}
+
+/// Processes that exist for this container but live outside it: any process whose parent
+/// is the container's init's parent and that is not the init (a shim), excluding ourselves.
+fn helper_processes(init_pid: u32) -> Vec<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{init_pid}/stat")).unwrap_or_default();
+    let ppid: u32 = stat
+        .rsplit(") ")
+        .next()
+        .and_then(|r| r.split(' ').nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let me = std::process::id();
+    if ppid == me || ppid <= 1 {
+        // Our child directly (or re-parented to init): no shim between agent and container.
+        return Vec::new();
+    }
+    vec![ppid]
+        .into_iter()
+        .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+        .collect()
+}
