@@ -6,13 +6,13 @@
 //! - [`spec`]: the OCI spec of a KAT container;
 //! - [`cgroups`]: what the host offers and each container's cgroup;
 //! - [`logs`]: the log format kat-init writes, and streaming it;
-//! - [`exec`]: commands inside running containers, with a TTY;
-//! - [`fake`]: an in-memory runtime for controller tests.
+//! - [`exec`]: commands inside running containers, with a TTY.
+//!
+//! `docs/runtime.md` describes what every container gets and what is enforced.
 
 pub mod cgroups;
 pub mod error;
 pub mod exec;
-pub mod fake;
 pub mod idmap;
 pub mod image;
 pub mod logs;
