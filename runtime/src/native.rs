@@ -165,7 +165,7 @@ impl NativeRuntime {
             return Err(RuntimeError::InvalidOption {
                 field: "init_binary".into(),
                 reason: format!(
-                    "{} does not exist; build kat-init (scripts/build-init.sh) or pass its path",
+                    "{} does not exist; build the static kat-init (scripts/test-fixtures.sh does: RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build -p kat-init --release --target x86_64-unknown-linux-gnu) or pass its path",
                     config.init_binary.display()
                 ),
             });
