@@ -223,17 +223,7 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
     .await;
 
     if rt.capabilities().rootless {
-        let err = rt
-            .exec(
-                "host",
-                ExecOptions {
-                    command: vec!["true".into()],
-                    ..Default::default()
-                },
-            )
-            .await
-            .err()
-            .unwrap();
+        let err = exec_error(&rt, "true").await;
         assert!(
             err.to_string()
                 .contains("exec is not available when kat-agent runs unprivileged"),
@@ -309,21 +299,23 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
     }
     assert_eq!(h.wait().await.unwrap(), 0);
 
-    let err = rt
-        .exec(
-            "host",
-            ExecOptions {
-                command: vec!["/nope".into()],
-                ..Default::default()
-            },
-        )
-        .await
-        .err()
-        .unwrap();
+    let err = exec_error(&rt, "/nope").await;
     assert!(
         err.to_string()
             .contains("executable not found in image: /nope"),
         "{err}"
     );
     rt.remove("host", true).await.unwrap();
+}
+
+/// The error of exec'ing `program` in the "host" container.
+async fn exec_error(rt: &NativeRuntime, program: &str) -> kat_runtime::RuntimeError {
+    let options = ExecOptions {
+        command: vec![program.into()],
+        ..Default::default()
+    };
+    match rt.exec("host", options).await {
+        Ok(_) => panic!("exec of {program} should fail"),
+        Err(e) => e,
+    }
 }

@@ -115,13 +115,7 @@ pub async fn pull(
     reference: &str,
     progress: Option<&ProgressSender>,
 ) -> Result<ImageSummary> {
-    let parsed: Reference =
-        reference
-            .parse()
-            .map_err(|e: oci_client::ParseError| RuntimeError::BadReference {
-                reference: reference.to_string(),
-                reason: e.to_string(),
-            })?;
+    let parsed = super::store::parse_reference(reference)?;
     let whole = parsed.whole();
     let lock = store.locks.get(&format!("pull:{whole}"));
     let _guard = lock.lock().await;

@@ -65,14 +65,17 @@ pub struct ImageStore {
 /// The canonical form of a reference (`127.0.0.1:5000/kat/busybox:latest`,
 /// `docker.io/library/alpine:3`), or an error naming it.
 pub fn normalize_reference(reference: &str) -> Result<String> {
-    let parsed: oci_client::Reference =
-        reference
-            .parse()
-            .map_err(|e: oci_client::ParseError| RuntimeError::BadReference {
-                reference: reference.to_string(),
-                reason: e.to_string(),
-            })?;
-    Ok(parsed.whole())
+    Ok(parse_reference(reference)?.whole())
+}
+
+/// Parses an image reference, or says what is wrong with it.
+pub fn parse_reference(reference: &str) -> Result<oci_client::Reference> {
+    reference
+        .parse()
+        .map_err(|e: oci_client::ParseError| RuntimeError::BadReference {
+            reference: reference.to_string(),
+            reason: e.to_string(),
+        })
 }
 
 impl ImageStore {
