@@ -4,7 +4,6 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use nix::fcntl::{openat, renameat, OFlag};
 use nix::sys::stat::Mode;
-use nix::time::{clock_gettime, ClockId};
 
 /// Longest record text; longer lines are split into `P` records.
 const MAX_RECORD: usize = 16 * 1024;
@@ -192,26 +191,5 @@ pub fn write_exit_record(dir: BorrowedFd<'_>, code: i32, signal: Option<i32>) ->
 
 /// The wall clock as `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ`.
 pub fn now_rfc3339() -> String {
-    let now = clock_gettime(ClockId::CLOCK_REALTIME)
-        .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
-    let secs = now.tv_sec();
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        now.tv_nsec()
-    )
+    humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string()
 }

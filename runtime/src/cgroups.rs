@@ -227,19 +227,15 @@ impl Cgroups {
             );
         }
         if r.cpu_limit_millis > 0 {
-            write("cpu", "cpu.cfs_period_us", "100000".into())?;
             write(
                 "cpu",
-                "cpu.cfs_quota_us",
-                (r.cpu_limit_millis * 100).to_string(),
+                "cpu.cfs_period_us",
+                crate::types::Resources::CPU_PERIOD_US.to_string(),
             )?;
+            write("cpu", "cpu.cfs_quota_us", r.cpu_quota_us().to_string())?;
         }
         if r.cpu_request_millis > 0 {
-            write(
-                "cpu",
-                "cpu.shares",
-                (r.cpu_request_millis * 1024 / 1000).max(2).to_string(),
-            )?;
+            write("cpu", "cpu.shares", r.cpu_shares().to_string())?;
         }
         if r.pids_limit > 0 {
             write("pids", "pids.max", r.pids_limit.to_string())?;

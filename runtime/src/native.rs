@@ -462,7 +462,6 @@ impl NativeRuntime {
             etc_dir: &etc,
             volume_sources,
             cgroups_path,
-            resources: options.resources.clone(),
             memory_limit: self.caps.memory_limit && !kat_limits,
             cpu_limit: self.caps.cpu_limit && !kat_limits,
             pids_limit: self.caps.pids_limit && !kat_limits,

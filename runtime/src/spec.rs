@@ -127,8 +127,7 @@ pub struct SpecInput<'a> {
     /// Volume sources resolved (subPath applied), in `options.volumes` order.
     pub volume_sources: Vec<PathBuf>,
     pub cgroups_path: Option<String>,
-    pub resources: Resources,
-    /// Where libcontainer may write (mount) tmpfs sizes etc. — kept for clarity.
+    /// Which limits the node enforces through libcontainer.
     pub memory_limit: bool,
     pub cpu_limit: bool,
     pub pids_limit: bool,
@@ -205,7 +204,7 @@ pub fn build(input: &SpecInput<'_>) -> Value {
     };
 
     let mut resources = serde_json::Map::new();
-    let r = &input.resources;
+    let r = &input.options.resources;
     if input.memory_limit && r.memory_limit_bytes > 0 {
         // No swap beyond the limit: exceeding it means the OOM killer, as users expect.
         resources.insert(
@@ -216,16 +215,11 @@ pub fn build(input: &SpecInput<'_>) -> Value {
     if input.cpu_limit && (r.cpu_limit_millis > 0 || r.cpu_request_millis > 0) {
         let mut cpu = serde_json::Map::new();
         if r.cpu_limit_millis > 0 {
-            cpu.insert("quota".into(), json!(r.cpu_limit_millis * 100));
-            cpu.insert("period".into(), json!(100_000));
+            cpu.insert("quota".into(), json!(r.cpu_quota_us()));
+            cpu.insert("period".into(), json!(Resources::CPU_PERIOD_US));
         }
         if r.cpu_request_millis > 0 {
-            // 1 CPU = 1024 shares, as Kubernetes does; libcontainer converts shares to
-            // cpu.weight on cgroup v2.
-            cpu.insert(
-                "shares".into(),
-                json!((r.cpu_request_millis * 1024 / 1000).max(2)),
-            );
+            cpu.insert("shares".into(), json!(r.cpu_shares()));
         }
         resources.insert("cpu".into(), Value::Object(cpu));
     }

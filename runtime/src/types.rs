@@ -48,6 +48,22 @@ pub struct Resources {
     pub pids_limit: u64,
 }
 
+impl Resources {
+    /// The CFS period every KAT container uses, in microseconds.
+    pub const CPU_PERIOD_US: u64 = 100_000;
+
+    /// `limits.cpu` as a CFS quota per [`Self::CPU_PERIOD_US`] (500m → 50,000 µs).
+    pub fn cpu_quota_us(&self) -> u64 {
+        self.cpu_limit_millis * Self::CPU_PERIOD_US / 1000
+    }
+
+    /// `requests.cpu` as cgroup v1 shares, 1 CPU = 1024 as Kubernetes does (libcontainer
+    /// converts shares to `cpu.weight` on cgroup v2).
+    pub fn cpu_shares(&self) -> u64 {
+        (self.cpu_request_millis * 1024 / 1000).max(2)
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeMount {

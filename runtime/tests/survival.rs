@@ -6,9 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kat_runtime::{
-    ContainerRuntime, ContainerState, ExecOptions, LogOptions, NativeConfig, NativeRuntime,
-};
+use kat_runtime::{ContainerRuntime, ContainerState, ExecOptions, LogOptions, NativeRuntime};
 use support::*;
 
 /// Not a test on its own: the "agent" the survival test kills. It runs only when the
@@ -19,7 +17,7 @@ async fn helper_agent_process() {
         return;
     };
     let f = fixtures();
-    let rt = runtime_at(&f, &root);
+    let rt = runtime_in(&f, std::path::Path::new(&root));
     rt.pull_image(&image(&f), None).await.expect("pull");
     let tick = "i=0; while :; do echo tick-$i; i=$((i+1)); sleep 0.02; done";
     rt.create(&options("survivor", &image(&f), tick))
@@ -37,16 +35,6 @@ async fn helper_agent_process() {
     println!("ready");
     std::io::stdout().flush().ok();
     tokio::time::sleep(Duration::from_secs(600)).await;
-}
-
-fn runtime_at(f: &Fixtures, root: &str) -> NativeRuntime {
-    let mut config = NativeConfig::new(std::path::Path::new(root).join("root"), &f.init);
-    config.registries.insecure = vec![f.registry.clone()];
-    config.cgroup_parent = std::env::var("KAT_TEST_CGROUP_PARENT").ok();
-    if nix::unistd::geteuid().is_root() {
-        config.ids = Some(kat_runtime::idmap::IdMap::range(300_000, 65_536));
-    }
-    NativeRuntime::new(config).expect("runtime")
 }
 
 fn ticks(lines: &[String]) -> Vec<u32> {
@@ -96,7 +84,7 @@ async fn containers_outlive_a_killed_agent_and_are_readopted() {
     let killed_at = std::time::Instant::now();
 
     // A new agent finds both containers from disk, with the right state.
-    let rt = runtime_at(&f, dir.path().to_str().unwrap());
+    let rt = runtime_in(&f, dir.path());
     let list = rt.list().await.unwrap();
     let ids: Vec<&str> = list.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["finisher", "survivor"], "no duplicates, nothing lost");
@@ -169,41 +157,30 @@ async fn logs_follow_since_and_tail() {
         "the unterminated last line is partial"
     );
 
-    let tail: Vec<String> = {
-        let mut rx = rt
-            .logs(
-                "talker",
-                LogOptions {
-                    tail: Some(2),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        let mut v = Vec::new();
-        while let Some(r) = rx.recv().await {
-            v.push(r.text);
-        }
-        v
-    };
+    let tail = logs_with(
+        &rt,
+        "talker",
+        LogOptions {
+            tail: Some(2),
+            ..Default::default()
+        },
+    )
+    .await;
+    let tail: Vec<String> = tail.into_iter().map(|r| r.text).collect();
     assert_eq!(tail, ["late", "tail-no-newline"]);
 
     let all = all_logs(&rt, "talker").await;
     let since = kat_runtime::logs::parse_time(&all[3].time).unwrap();
-    let mut rx = rt
-        .logs(
-            "talker",
-            LogOptions {
-                since: Some(since),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let mut v = Vec::new();
-    while let Some(r) = rx.recv().await {
-        v.push(r.text);
-    }
+    let since = logs_with(
+        &rt,
+        "talker",
+        LogOptions {
+            since: Some(since),
+            ..Default::default()
+        },
+    )
+    .await;
+    let v: Vec<String> = since.into_iter().map(|r| r.text).collect();
     assert_eq!(v, ["late", "tail-no-newline"]);
 }
 

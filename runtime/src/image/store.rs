@@ -62,6 +62,21 @@ pub struct ImageStore {
     pub(crate) locks: KeyedLocks,
 }
 
+/// What the API shows of an image: its record and the bytes of its layers.
+fn summarize(record: &ImageRecord, index: &IndexFile) -> ImageSummary {
+    ImageSummary {
+        id: record.id.clone(),
+        references: record.references.clone(),
+        manifest_digest: record.manifest_digest.clone(),
+        layers: record.layers.clone(),
+        size: record
+            .layers
+            .iter()
+            .map(|l| index.layer_sizes.get(l).copied().unwrap_or(0))
+            .sum(),
+    }
+}
+
 /// The canonical form of a reference (`127.0.0.1:5000/kat/busybox:latest`,
 /// `docker.io/library/alpine:3`), or an error naming it.
 pub fn normalize_reference(reference: &str) -> Result<String> {
@@ -218,9 +233,10 @@ impl ImageStore {
                 });
             record.references.push(reference.to_string());
             record.references.sort();
-            record.clone()
+            let record = record.clone();
+            summarize(&record, index)
         })?;
-        self.summary(&record)
+        Ok(record)
     }
 
     /// Finds an image by reference or by id (`sha256:…`).
@@ -238,24 +254,13 @@ impl ImageStore {
             .ok_or(RuntimeError::ImageNotPresent(wanted))
     }
 
-    pub fn summary(&self, record: &ImageRecord) -> Result<ImageSummary> {
-        let index = self.load()?;
-        Ok(ImageSummary {
-            id: record.id.clone(),
-            references: record.references.clone(),
-            manifest_digest: record.manifest_digest.clone(),
-            layers: record.layers.clone(),
-            size: record
-                .layers
-                .iter()
-                .map(|l| index.layer_sizes.get(l).copied().unwrap_or(0))
-                .sum(),
-        })
-    }
-
     pub fn list(&self) -> Result<Vec<ImageSummary>> {
-        let records: Vec<ImageRecord> = self.load()?.images.into_values().collect();
-        records.iter().map(|r| self.summary(r)).collect()
+        let index = self.load()?;
+        Ok(index
+            .images
+            .values()
+            .map(|r| summarize(r, &index))
+            .collect())
     }
 
     /// The flattened tree of an image, built on first use.

@@ -47,7 +47,13 @@ pub fn runtime(f: &Fixtures) -> (NativeRuntime, tempfile::TempDir) {
         std::os::unix::fs::PermissionsExt::from_mode(0o711),
     )
     .expect("chmod");
-    let mut config = NativeConfig::new(dir.path().join("root"), &f.init);
+    (runtime_in(f, dir.path()), dir)
+}
+
+/// A runtime whose root is `DIR/root` (a second agent on the same directory finds the
+/// first one's containers).
+pub fn runtime_in(f: &Fixtures, dir: &std::path::Path) -> NativeRuntime {
+    let mut config = NativeConfig::new(dir.join("root"), &f.init);
     config.registries.insecure = vec![f.registry.clone()];
     config.cgroup_parent = std::env::var("KAT_TEST_CGROUP_PARENT").ok();
     config.force_copy_rootfs = std::env::var("KAT_TEST_COPY_ROOTFS").is_ok();
@@ -55,7 +61,7 @@ pub fn runtime(f: &Fixtures) -> (NativeRuntime, tempfile::TempDir) {
         // As root, map the container onto an unused range so container root is not host root.
         config.ids = Some(kat_runtime::idmap::IdMap::range(300_000, 65_536));
     }
-    (NativeRuntime::new(config).expect("runtime"), dir)
+    NativeRuntime::new(config).expect("runtime")
 }
 
 /// Where test runtimes live: a directory the unprivileged test user can use too.
@@ -109,7 +115,12 @@ pub async fn wait_state(
 }
 
 pub async fn all_logs(rt: &dyn ContainerRuntime, id: &str) -> Vec<LogRecord> {
-    let mut rx = rt.logs(id, LogOptions::default()).await.expect("logs");
+    logs_with(rt, id, LogOptions::default()).await
+}
+
+/// Every record `logs` returns for these options, until the stream ends.
+pub async fn logs_with(rt: &dyn ContainerRuntime, id: &str, options: LogOptions) -> Vec<LogRecord> {
+    let mut rx = rt.logs(id, options).await.expect("logs");
     let mut out = Vec::new();
     while let Some(r) = rx.recv().await {
         out.push(r);
