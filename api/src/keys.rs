@@ -10,6 +10,9 @@ pub const SCHEMA_VERSION_VALUE: &str = "v1.0";
 pub const CLUSTER_UID: &str = "/kat/config/cluster_uid";
 pub const CLUSTER_CONFIG: &str = "/kat/config/cluster";
 pub const LEADER_ENDPOINT: &str = "/kat/config/leader_endpoint";
+/// SHA-256 (hex) of the admin bearer token: the API checks tokens against it, and etcd never
+/// holds the token itself.
+pub const ADMIN_TOKEN_SHA256: &str = "/kat/config/admin_token_sha256";
 pub const LEADER_ELECTION: &str = "/kat/leader_election/";
 pub const OVERLAY_CIDR: &str = "/kat/network/config/overlay_cidr";
 pub const EVENTS: &str = "/kat/events/";
@@ -55,6 +58,9 @@ pub fn workload_meta(ns: &str, name: &str) -> String {
 pub fn workload_status(ns: &str, name: &str) -> String {
     format!("/kat/workloads/status/{ns}/{name}")
 }
+pub fn workload_statuses(ns: &str) -> String {
+    format!("/kat/workloads/status/{ns}/")
+}
 /// Quadlet files of an earlier generation, kept for rollback.
 pub fn workload_archive(ns: &str, name: &str, generation: u64, file: &str) -> String {
     format!("/kat/workloads/archive/{ns}/{name}/{generation:020}/{file}")
@@ -63,6 +69,9 @@ pub fn workload_archives(ns: &str, name: &str) -> String {
     format!("/kat/workloads/archive/{ns}/{name}/")
 }
 
+pub fn all_instances() -> &'static str {
+    "/kat/instances/"
+}
 /// Instances assigned to a node: the agent watches this prefix.
 pub fn node_instances(node: &str) -> String {
     format!("/kat/instances/{node}/")

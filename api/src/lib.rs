@@ -11,8 +11,10 @@
 
 pub mod build_definition;
 pub mod bundle;
+pub mod client_config;
 pub mod cluster;
 pub mod cron;
+pub mod exec_stream;
 pub mod job;
 pub mod keys;
 pub mod load_balancer;

@@ -278,6 +278,35 @@ pub struct Event {
     pub message: String,
 }
 
+/// One line of a container's output, as `GET …/instances/{id}/logs` streams it (one JSON
+/// object per line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogLine {
+    pub time: String,
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    /// True when the line was split (longer than the log's line limit) and continues.
+    #[serde(default)]
+    pub partial: bool,
+    pub text: String,
+}
+
+/// The first frame of an exec session: what to run and how.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecRequest {
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub tty: bool,
+    #[serde(default)]
+    pub stdin: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cols: Option<u16>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -349,6 +349,7 @@ pub struct Leader {
     rng: StdRng,
     watch: WatchStream,
     fence: Option<Compare>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// What one round did, for tests, metrics and benchmarks.
@@ -381,7 +382,14 @@ impl Leader {
             rng,
             watch,
             fence,
+            metrics: None,
         })
+    }
+
+    /// Record every round's duration in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn view(&self) -> &ClusterView {
@@ -521,7 +529,12 @@ impl Leader {
         min_interval: Duration,
     ) -> Result<()> {
         loop {
-            if let Err(e) = self.sync().await {
+            let started = std::time::Instant::now();
+            let result = self.sync().await;
+            if let Some(m) = &self.metrics {
+                m.observe_reconcile(started.elapsed());
+            }
+            if let Err(e) = result {
                 if !leadership.is_leader() {
                     return Ok(());
                 }

@@ -6,6 +6,7 @@
 //! - [`services`], [`daemons`], [`jobs`], [`nodes`]: the per-kind controllers;
 //! - [`workloads`], [`node_admin`]: the desired-state writes the API makes;
 //! - [`events`]: the capped event log;
+//! - [`http`]: the HTTP API (axum), with [`metrics`] and [`namespaces`];
 //! - [`sim`]: simulated nodes for deterministic tests and benchmarks.
 //!
 //! Everything here runs on any `StateStore`: tests and simulations use `MemStore` under
@@ -15,7 +16,10 @@ pub mod clock;
 pub mod controller;
 pub mod daemons;
 pub mod events;
+pub mod http;
 pub mod jobs;
+pub mod metrics;
+pub mod namespaces;
 pub mod node_admin;
 pub mod nodes;
 pub mod scheduler;

@@ -53,6 +53,11 @@ impl ExecHandle {
     }
 }
 
+/// Resizes the terminal whose master end is `pty` (a clone of [`ExecHandle::pty`]).
+pub fn resize_pty(pty: &File, rows: u16, cols: u16) -> Result<()> {
+    set_size(pty.as_raw_fd(), rows, cols)
+}
+
 nix::ioctl_write_ptr_bad!(tiocswinsz, nix::libc::TIOCSWINSZ, nix::libc::winsize);
 
 fn set_size(fd: i32, rows: u16, cols: u16) -> Result<()> {

@@ -1,0 +1,203 @@
+//! Logs and exec of this node's instances for the API ([`InstanceAccess`] on the local
+//! runtime). The instance's newest container is found by its labels.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kat_api::wire::{ExecRequest, InstanceRecord, LogLine};
+use kat_leader::http::{AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery};
+use kat_runtime::{ContainerRuntime, ExecOptions, LogOptions, LogStream};
+use tokio::sync::mpsc;
+
+use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
+
+pub struct LocalAccess {
+    pub node: String,
+    pub runtime: Arc<dyn ContainerRuntime>,
+}
+
+impl LocalAccess {
+    async fn container_of(&self, record: &InstanceRecord) -> Result<String, AccessError> {
+        if record.node != self.node {
+            return Err(AccessError::Unavailable(format!(
+                "instance {} runs on node {}; streams from other nodes are not supported yet",
+                record.instance_id, record.node
+            )));
+        }
+        let containers = self
+            .runtime
+            .list()
+            .await
+            .map_err(|e| AccessError::Unavailable(e.to_string()))?;
+        containers
+            .into_iter()
+            .filter(|c| c.labels.get(LABEL_INSTANCE) == Some(&record.instance_id))
+            .max_by_key(|c| {
+                c.labels
+                    .get(LABEL_ATTEMPT)
+                    .and_then(|a| a.parse::<u32>().ok())
+                    .unwrap_or(0)
+            })
+            .map(|c| c.id)
+            .ok_or_else(|| {
+                AccessError::NotFound(format!(
+                    "instance {} has no container yet (see `katcall describe workload {}`)",
+                    record.instance_id, record.workload
+                ))
+            })
+    }
+}
+
+#[async_trait::async_trait]
+impl InstanceAccess for LocalAccess {
+    async fn logs(
+        &self,
+        record: &InstanceRecord,
+        query: LogQuery,
+    ) -> Result<mpsc::Receiver<LogLine>, AccessError> {
+        let id = self.container_of(record).await?;
+        let mut records = self
+            .runtime
+            .logs(
+                &id,
+                LogOptions {
+                    follow: query.follow,
+                    since: query.since,
+                    tail: query.tail,
+                },
+            )
+            .await
+            .map_err(|e| AccessError::Failed(e.to_string()))?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Some(r) = records.recv().await {
+                let line = LogLine {
+                    time: r.time,
+                    stream: match r.stream {
+                        LogStream::Stdout => "stdout".into(),
+                        LogStream::Stderr => "stderr".into(),
+                    },
+                    partial: r.partial,
+                    text: r.text,
+                };
+                if tx.send(line).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn exec(
+        &self,
+        record: &InstanceRecord,
+        request: ExecRequest,
+    ) -> Result<ExecSession, AccessError> {
+        let id = self.container_of(record).await?;
+        let size = match (request.rows, request.cols) {
+            (Some(r), Some(c)) => Some((r, c)),
+            _ => None,
+        };
+        let mut handle = self
+            .runtime
+            .exec(
+                &id,
+                ExecOptions {
+                    command: request.command,
+                    tty: request.tty,
+                    size,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| AccessError::Failed(e.to_string()))?;
+        let (in_tx, mut in_rx) = mpsc::channel::<ExecInput>(64);
+        let (out_tx, out_rx) = mpsc::channel::<ExecOutput>(64);
+
+        // Output: a blocking reader per stream, ending at EOF.
+        let mut readers = Vec::new();
+        let outputs: Vec<(std::fs::File, bool)> = match handle.pty.as_ref() {
+            Some(pty) => pty
+                .try_clone()
+                .map(|f| vec![(f, false)])
+                .map_err(|e| AccessError::Failed(format!("cloning the TTY: {e}")))?,
+            None => [(handle.stdout.take(), false), (handle.stderr.take(), true)]
+                .into_iter()
+                .filter_map(|(f, err)| Some((f?, err)))
+                .collect(),
+        };
+        for (mut file, is_stderr) in outputs {
+            let tx = out_tx.clone();
+            readers.push(tokio::task::spawn_blocking(move || {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    match file.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            let chunk = buf[..n].to_vec();
+                            let msg = if is_stderr {
+                                ExecOutput::Stderr(chunk)
+                            } else {
+                                ExecOutput::Stdout(chunk)
+                            };
+                            if tx.blocking_send(msg).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        // Input: stdin bytes, close and resize.
+        let mut stdin: Option<std::fs::File> = match handle.pty.as_ref() {
+            Some(pty) => pty.try_clone().ok(),
+            None => handle.stdin.take(),
+        };
+        let tty = handle.pty.is_some();
+        let pty_for_resize = handle.pty.as_ref().and_then(|p| p.try_clone().ok());
+        tokio::spawn(async move {
+            while let Some(input) = in_rx.recv().await {
+                match input {
+                    ExecInput::Stdin(bytes) => {
+                        if let Some(f) = stdin.as_mut() {
+                            if f.write_all(&bytes).is_err() {
+                                stdin = None;
+                            }
+                        }
+                    }
+                    ExecInput::CloseStdin => {
+                        if tty {
+                            // A terminal has no end of input; send ^D instead.
+                            if let Some(f) = stdin.as_mut() {
+                                let _ = f.write_all(&[4]);
+                            }
+                        } else {
+                            stdin = None;
+                        }
+                    }
+                    ExecInput::Resize { rows, cols } => {
+                        if let Some(p) = &pty_for_resize {
+                            if let Err(e) = kat_runtime::exec::resize_pty(p, rows, cols) {
+                                tracing::debug!(error = %e, "exec resize failed");
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        // Exit: after the process ends and its output is drained.
+        tokio::spawn(async move {
+            let code = handle.wait().await.unwrap_or(-1);
+            drop(handle);
+            for r in readers {
+                let _ = tokio::time::timeout(Duration::from_secs(2), r).await;
+            }
+            let _ = out_tx.send(ExecOutput::Exit(code)).await;
+        });
+        Ok(ExecSession {
+            input: in_tx,
+            output: out_rx,
+        })
+    }
+}

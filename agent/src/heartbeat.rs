@@ -1,0 +1,83 @@
+//! Heartbeats: this node's capacity, allocatable and every instance's state, written to its
+//! status key every `agentTickSeconds` and at once (debounced) when an instance changes.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use kat_api::keys;
+use kat_api::wire::{rfc3339, InstanceStatus, NodeHeartbeat, ResourceList};
+use kat_store::StateStore;
+use tokio::sync::watch;
+
+/// What the host has: CPUs, memory and the pid limit.
+pub fn capacity() -> ResourceList {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024);
+    let pids = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(32768);
+    ResourceList {
+        cpu_millis: cpus * 1000,
+        memory_bytes: memory,
+        pids,
+    }
+}
+
+/// Capacity minus what the system and KAT itself need: 100m CPU and a tenth of memory
+/// (at most 1 GiB).
+pub fn allocatable(capacity: ResourceList) -> ResourceList {
+    ResourceList {
+        cpu_millis: capacity.cpu_millis.saturating_sub(100),
+        memory_bytes: capacity
+            .memory_bytes
+            .saturating_sub((capacity.memory_bytes / 10).min(1 << 30)),
+        pids: capacity.pids,
+    }
+}
+
+pub async fn run(
+    store: Arc<dyn StateStore>,
+    node: String,
+    tick: Duration,
+    mut statuses: watch::Receiver<Vec<InstanceStatus>>,
+) {
+    let capacity = capacity();
+    let allocatable = allocatable(capacity);
+    loop {
+        let instances = statuses.borrow_and_update().clone();
+        let hb = NodeHeartbeat {
+            node: node.clone(),
+            timestamp: rfc3339(SystemTime::now()),
+            capacity,
+            allocatable,
+            gpus: vec![],
+            instances,
+        };
+        if let Err(e) = store
+            .put(
+                &keys::node_status(&node),
+                serde_json::to_vec(&hb).unwrap_or_default(),
+                None,
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+        tokio::select! {
+            changed = statuses.changed() => {
+                if changed.is_err() { return; }
+                // Let a burst of changes settle into one heartbeat.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            _ = tokio::time::sleep(tick) => {}
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! `kat-agent`: the one binary of a KAT node.
+//!
+//! - [`node`]: `init` and `run`: etcd, PKI, the roles;
+//! - [`supervisor`]: converging this node's containers on its assignments;
+//! - [`heartbeat`]: capacity and instance states, every tick and on change;
+//! - [`access`]: logs and exec of local instances for the API;
+//! - [`server`]: the API over HTTPS;
+//! - [`pki`], [`layout`]: the node's keys and files.
+
+mod access;
+mod heartbeat;
+mod layout;
+mod node;
+mod pki;
+mod server;
+mod supervisor;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, CommandFactory, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kat-agent",
+    version,
+    about = "The KAT node agent: runs containers rootless, supervises etcd, leads when elected"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Initialize a node from cluster.kat and run it (resumes if already initialized).
+    Init {
+        /// The ClusterConfiguration file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Run an initialized node.
+    Run {
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Print a shell completion script.
+    Completion { shell: clap_complete::Shell },
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    /// Where the node keeps its state (default /var/lib/kat, or ~/.local/share/kat when not root).
+    #[arg(long, env = "KAT_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// This node's name (default: the hostname).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// The address other nodes and clients reach this node at (default 127.0.0.1).
+    #[arg(long, value_name = "IP")]
+    advertise_address: Option<IpAddr>,
+    /// The address the API listens on.
+    #[arg(long, value_name = "IP", default_value = "0.0.0.0")]
+    api_bind: IpAddr,
+    /// The static kat-init binary placed in every container.
+    #[arg(long, env = "KAT_INIT", value_name = "FILE")]
+    init_binary: Option<PathBuf>,
+    /// A registry (host:port) reached over plain HTTP; repeat for several.
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    insecure_registries: Vec<String>,
+    /// Where to write the katcall config (default ~/.config/kat/config.yaml).
+    #[arg(long, value_name = "FILE")]
+    client_config: Option<PathBuf>,
+    /// Seconds between SIGTERM and SIGKILL when an instance is stopped.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    stop_grace_seconds: u64,
+    /// The etcd binary (default: $ETCD_BIN, else etcd from PATH).
+    #[arg(long, value_name = "FILE")]
+    etcd_binary: Option<PathBuf>,
+    /// Parent cgroup of containers on v1/hybrid hosts (default /kat).
+    #[arg(long, value_name = "PATH")]
+    cgroup_parent: Option<String>,
+}
+
+impl NodeArgs {
+    fn options(self) -> node::NodeOptions {
+        node::NodeOptions {
+            data_dir: self.data_dir.unwrap_or_else(layout::Layout::default_root),
+            node_name: self.node_name,
+            advertise_address: self.advertise_address,
+            api_bind: self.api_bind,
+            init_binary: self.init_binary,
+            insecure_registries: self.insecure_registries,
+            client_config: self.client_config,
+            stop_grace: Duration::from_secs(self.stop_grace_seconds),
+            etcd_binary: self.etcd_binary,
+            cgroup_parent: self.cgroup_parent,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KAT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kat-agent: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Init { config, node } => runtime.block_on(node::init(&config, node.options())),
+        Command::Run { node } => runtime.block_on(node::run(node.options())),
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "kat-agent",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kat-agent: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! Bringing a node up: `init` (first time) and `run` (every time after).
+//!
+//! `init` validates `cluster.kat`, makes the data directory, the PKI and the admin token,
+//! and records the node's identity; if the identity is already there it resumes instead of
+//! re-initializing. `run` then starts and supervises etcd, writes the cluster's first state
+//! (only where absent), registers the node, and starts the roles: the supervisor with its
+//! assignment feed and heartbeat, the leader loop whenever this node wins the election, and
+//! the HTTPS API. Containers outlive the process: stopping the agent leaves them running and
+//! the next start adopts them.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use kat_api::client_config::ClientConfig;
+use kat_api::cluster::ClusterConfiguration;
+use kat_api::keys;
+use kat_api::wire::rfc3339;
+use kat_leader::http::{self, ApiState};
+use kat_leader::metrics::Metrics;
+use kat_leader::{namespaces, node_admin, Clock, Leader, LeaderConfig};
+use kat_runtime::image::RegistryConfig;
+use kat_runtime::{ContainerRuntime, NativeConfig, NativeRuntime};
+use kat_store::{
+    campaign, Compare, EtcdServer, EtcdServerConfig, EtcdStore, StateStore, Txn, TxnOp,
+};
+use tokio::sync::watch;
+
+use crate::access::LocalAccess;
+use crate::heartbeat;
+use crate::layout::{Layout, NodeIdentity};
+use crate::pki::Pki;
+use crate::server;
+use crate::supervisor::assignments::Feed;
+use crate::supervisor::{Supervisor, SupervisorConfig};
+
+/// Options shared by `init` and `run`.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub data_dir: PathBuf,
+    pub node_name: Option<String>,
+    pub advertise_address: Option<IpAddr>,
+    pub api_bind: IpAddr,
+    pub init_binary: Option<PathBuf>,
+    pub insecure_registries: Vec<String>,
+    pub client_config: Option<PathBuf>,
+    pub stop_grace: Duration,
+    pub etcd_binary: Option<PathBuf>,
+    pub cgroup_parent: Option<String>,
+}
+
+fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let name = path.display().to_string();
+    kat_api::parse_cluster(&name, &bytes).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// First start of a node: create its state, then run. Resumes an initialized node.
+pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
+    let layout = Layout::new(&options.data_dir);
+    if layout.identity().exists() {
+        eprintln!(
+            "kat-agent: {} is already initialized; resuming (init does not re-initialize)",
+            layout.root.display()
+        );
+        return run(options).await;
+    }
+    let cluster = read_cluster(config)?;
+    for dir in [
+        layout.root.clone(),
+        layout.pki(),
+        layout.runtime(),
+        layout.agent(),
+    ] {
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    set_mode(&layout.root, 0o711)?;
+    set_mode(&layout.pki(), 0o700)?;
+    std::fs::copy(config, layout.cluster_config())
+        .with_context(|| format!("cannot copy {} into the data directory", config.display()))?;
+    let node = node_name(&options)?;
+    let advertise = options
+        .advertise_address
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    Pki::generate(&layout.pki(), &cluster.metadata.name, &node, &[advertise])?;
+    let identity = NodeIdentity {
+        node_name: node,
+        cluster_name: cluster.metadata.name.clone(),
+        advertise_address: advertise.to_string(),
+        initialized_at: rfc3339(SystemTime::now()),
+    };
+    // Written last: its presence means the node is initialized.
+    std::fs::write(layout.identity(), serde_json::to_vec_pretty(&identity)?)
+        .with_context(|| format!("cannot write {}", layout.identity().display()))?;
+    eprintln!(
+        "kat-agent: initialized {} for cluster {}",
+        layout.root.display(),
+        cluster.metadata.name
+    );
+    run(options).await
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))
+}
+
+fn node_name(options: &NodeOptions) -> Result<String> {
+    let name = match &options.node_name {
+        Some(n) => n.clone(),
+        None => nix::unistd::gethostname()
+            .context("reading the hostname")?
+            .to_string_lossy()
+            .to_lowercase(),
+    };
+    if let Some(problem) = kat_api::names::dns_label_problem(&name) {
+        bail!("node name {name:?}: {problem} (pass --node-name)");
+    }
+    Ok(name)
+}
+
+fn init_binary(options: &NodeOptions) -> PathBuf {
+    if let Some(p) = &options.init_binary {
+        return p.clone();
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("kat-init")));
+    match beside {
+        Some(p) if p.exists() => p,
+        _ => PathBuf::from("/usr/lib/kat/kat-init"),
+    }
+}
+
+/// Run an initialized node until SIGINT or SIGTERM.
+pub async fn run(options: NodeOptions) -> Result<()> {
+    let layout = Layout::new(&options.data_dir);
+    let identity: NodeIdentity = serde_json::from_slice(
+        &std::fs::read(layout.identity()).with_context(|| {
+            format!(
+                "{} is not an initialized node (run `kat-agent init --config cluster.kat --data-dir {}` first)",
+                layout.root.display(),
+                layout.root.display()
+            )
+        })?,
+    )
+    .with_context(|| format!("{} is corrupt", layout.identity().display()))?;
+    let cluster = read_cluster(&layout.cluster_config())?;
+    let pki = Pki::load(&layout.pki())?;
+    let node = identity.node_name.clone();
+
+    let mut etcd_config =
+        EtcdServerConfig::from_cluster(&cluster.spec, &node, "127.0.0.1", &layout.root);
+    if let Some(bin) = options
+        .etcd_binary
+        .clone()
+        .or_else(|| std::env::var_os("ETCD_BIN").map(PathBuf::from))
+    {
+        etcd_config.binary = bin;
+    }
+    let etcd = EtcdServer::start(etcd_config)
+        .await
+        .context("starting etcd")?;
+    let store: Arc<dyn StateStore> = Arc::new(
+        EtcdStore::connect(&[etcd.client_url().to_string()])
+            .await
+            .context("connecting to etcd")?,
+    );
+    let clock = Clock::system();
+    first_state(&*store, &cluster, &pki.token).await?;
+    for ns in kat_api::namespace::SYSTEM_NAMESPACES {
+        namespaces::create(&*store, &clock, ns, true).await?;
+    }
+    node_admin::register(
+        &*store,
+        &node,
+        vec![identity.advertise_address.clone()],
+        BTreeMap::from([("kat.dws.rip/hostname".to_string(), node.clone())]),
+    )
+    .await?;
+
+    let mut native = NativeConfig::new(layout.runtime(), init_binary(&options));
+    native.registries = RegistryConfig {
+        insecure: options.insecure_registries.clone(),
+        auth_files: vec![],
+    };
+    native.cgroup_parent = options.cgroup_parent.clone();
+    let runtime: Arc<dyn ContainerRuntime> =
+        Arc::new(NativeRuntime::new(native).context("starting the container runtime")?);
+    let caps = runtime.capabilities();
+    tracing::info!(rootless = caps.rootless, cgroups = ?caps.cgroup_mode, rootfs = ?caps.rootfs, "container runtime ready");
+    for note in &caps.notes {
+        tracing::warn!("{note}");
+    }
+
+    // Node roles: supervisor, assignment feed, heartbeat.
+    let (status_tx, status_rx) = watch::channel(Vec::new());
+    let (feed_tx, feed_rx) = watch::channel(None);
+    let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(Feed::new(store.clone(), &node, &layout.agent()).run(feed_tx));
+    tasks.spawn(
+        Supervisor::new(
+            SupervisorConfig {
+                node: node.clone(),
+                volume_base: PathBuf::from(&cluster.spec.volume_base_path),
+                stop_grace: options.stop_grace,
+            },
+            runtime.clone(),
+            status_tx,
+        )
+        .run(feed_rx),
+    );
+    tasks.spawn(heartbeat::run(store.clone(), node.clone(), tick, status_rx));
+
+    // Leader role.
+    let metrics = Arc::new(Metrics::default());
+    let endpoint = format!(
+        "https://{}:{}",
+        identity.advertise_address, cluster.spec.api_port
+    );
+    tasks.spawn(leader_role(
+        store.clone(),
+        cluster.clone(),
+        endpoint.clone(),
+        metrics.clone(),
+    ));
+
+    // API.
+    let token_sha256 = stored_token_hash(&*store).await?;
+    let events =
+        kat_leader::events::EventLog::open(&*store, kat_leader::events::DEFAULT_CAPACITY).await?;
+    let state = Arc::new(ApiState {
+        store: store.clone(),
+        events,
+        clock,
+        cluster: cluster.clone(),
+        token_sha256,
+        access: Arc::new(LocalAccess {
+            node: node.clone(),
+            runtime: runtime.clone(),
+        }),
+        metrics,
+        limiter: http::default_rate_limiter(),
+        bundle_limits: Default::default(),
+    });
+    let bind = SocketAddr::new(options.api_bind, cluster.spec.api_port as u16);
+    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| {
+        format!("cannot listen on {bind} (apiPort in cluster.kat; is another agent running?)")
+    })?;
+    let tls = server::tls_config(&pki.server_cert_pem, &pki.server_key_pem)?;
+    tasks.spawn(server::serve(listener, tls, http::router(state)));
+
+    let client_path = options
+        .client_config
+        .clone()
+        .unwrap_or_else(ClientConfig::default_path);
+    write_client_config(
+        &client_path,
+        &ClientConfig {
+            endpoint: format!("https://127.0.0.1:{}", cluster.spec.api_port),
+            cluster_name: cluster.metadata.name.clone(),
+            ca_certificate: pki.ca_pem.clone(),
+            token: pki.token.clone(),
+        },
+    )?;
+    eprintln!("kat-agent: node {node} is up; API at {endpoint}");
+    eprintln!(
+        "kat-agent: katcall config written to {}",
+        client_path.display()
+    );
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        Some(ended) = tasks.join_next() => {
+            tracing::error!(?ended, "a node task ended unexpectedly; shutting down");
+        }
+    }
+    eprintln!("kat-agent: stopping (containers keep running and are adopted at the next start)");
+    tasks.shutdown().await;
+    etcd.stop().await;
+    Ok(())
+}
+
+/// The cluster's first keys, written only where absent (a resumed node changes nothing).
+async fn first_state(
+    store: &dyn StateStore,
+    cluster: &ClusterConfiguration,
+    token: &str,
+) -> Result<()> {
+    let hash: String = http::token_sha256(token)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let puts = [
+        (
+            keys::CLUSTER_UID,
+            format!("{:032x}", rand::random::<u128>()).into_bytes(),
+        ),
+        (
+            keys::SCHEMA_VERSION,
+            keys::SCHEMA_VERSION_VALUE.as_bytes().to_vec(),
+        ),
+        (keys::CLUSTER_CONFIG, serde_json::to_vec(cluster)?),
+        (keys::ADMIN_TOKEN_SHA256, hash.into_bytes()),
+    ];
+    for (key, value) in puts {
+        let txn = Txn::new()
+            .when([Compare::absent(key)])
+            .and_then([TxnOp::put(key, value)]);
+        store
+            .txn(txn)
+            .await
+            .with_context(|| format!("writing {key}"))?;
+    }
+    Ok(())
+}
+
+async fn stored_token_hash(store: &dyn StateStore) -> Result<[u8; 32]> {
+    let kv = store
+        .get(keys::ADMIN_TOKEN_SHA256)
+        .await?
+        .context("the cluster has no admin token hash")?;
+    let text = String::from_utf8_lossy(&kv.value);
+    let mut out = [0u8; 32];
+    if text.len() != 64 {
+        bail!("the stored admin token hash is malformed");
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[i * 2..i * 2 + 2], 16)
+            .context("the stored admin token hash is malformed")?;
+    }
+    Ok(out)
+}
+
+fn write_client_config(path: &Path, config: &ClientConfig) -> Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write the katcall config {}", path.display()))?;
+    f.write_all(serde_yaml::to_string(config)?.as_bytes())?;
+    Ok(())
+}
+
+/// Campaign for leadership; while leading, run the controllers. Forever.
+async fn leader_role(
+    store: Arc<dyn StateStore>,
+    cluster: ClusterConfiguration,
+    endpoint: String,
+    metrics: Arc<Metrics>,
+) {
+    let ttl = Duration::from_secs(10);
+    loop {
+        let leadership = match campaign(store.clone(), keys::LEADER_ELECTION, &endpoint, ttl).await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "election failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        tracing::info!("this node leads the cluster");
+        if let Err(e) = store
+            .put(
+                keys::LEADER_ENDPOINT,
+                endpoint.clone().into_bytes(),
+                Some(leadership.lease()),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "cannot record the leader endpoint");
+        }
+        let config = LeaderConfig::from_cluster(&cluster.spec);
+        match Leader::start(
+            store.clone(),
+            config,
+            Clock::system(),
+            Some(leadership.fence()),
+        )
+        .await
+        {
+            Ok(leader) => {
+                let leader = leader.with_metrics(metrics.clone());
+                if let Err(e) = leader
+                    .run(
+                        &leadership,
+                        Duration::from_secs(1),
+                        Duration::from_millis(5),
+                    )
+                    .await
+                {
+                    tracing::warn!(error = %e, "leader loop ended");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot start the leader"),
+        }
+        let _ = leadership.resign().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -1,0 +1,82 @@
+//! From an instance record and its workload's Quadlet files to the runtime's
+//! [`CreateOptions`]: command, args, env, resources, volume mounts, labels.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use kat_api::wire::InstanceRecord;
+use kat_api::WorkloadBundle;
+use kat_runtime::{CreateOptions, LogConfig, Resources, VolumeMount};
+
+/// Labels that tie a container to its instance; adoption after an agent restart reads them.
+pub const LABEL_INSTANCE: &str = "kat.instance";
+pub const LABEL_ATTEMPT: &str = "kat.attempt";
+pub const LABEL_GENERATION: &str = "kat.generation";
+
+/// Every container gets a pids limit so that a fork bomb stays inside it.
+pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
+
+/// The container id of `attempt` (0 for the first run) of an instance.
+pub fn container_id(instance_id: &str, attempt: u32) -> String {
+    format!("{instance_id}.{attempt}")
+}
+
+pub fn create_options(
+    record: &InstanceRecord,
+    bundle: &WorkloadBundle,
+    image: &str,
+    attempt: u32,
+    volume_paths: &BTreeMap<String, PathBuf>,
+) -> CreateOptions {
+    let spec = &bundle.workload.spec;
+    let c = &spec.container;
+    let mut env: BTreeMap<String, String> = BTreeMap::from([
+        ("KAT_INSTANCE_ID".to_string(), record.instance_id.clone()),
+        ("KAT_NAMESPACE".to_string(), record.namespace.clone()),
+        ("KAT_WORKLOAD".to_string(), record.workload.clone()),
+    ]);
+    for e in &c.env {
+        env.insert(e.name.clone(), e.value.clone());
+    }
+    let parsed = c.resources.as_ref().map(|r| r.parsed()).unwrap_or_default();
+    let volumes = c
+        .volume_mounts
+        .iter()
+        .filter_map(|m| {
+            Some(VolumeMount {
+                name: m.name.clone(),
+                source: volume_paths.get(&m.name)?.clone(),
+                sub_path: m.sub_path.clone(),
+                destination: m.mount_path.clone(),
+                read_only: m.read_only,
+            })
+        })
+        .collect();
+    CreateOptions {
+        id: container_id(&record.instance_id, attempt),
+        namespace: record.namespace.clone(),
+        workload: record.workload.clone(),
+        image: image.to_string(),
+        hostname: record.instance_id.clone(),
+        command: c.command.clone(),
+        args: c.args.clone(),
+        env,
+        user: String::new(),
+        labels: BTreeMap::from([
+            (LABEL_INSTANCE.to_string(), record.instance_id.clone()),
+            (LABEL_ATTEMPT.to_string(), attempt.to_string()),
+            (LABEL_GENERATION.to_string(), record.generation.to_string()),
+        ]),
+        resources: Resources {
+            memory_limit_bytes: parsed.memory_limit.map_or(0, |b| b.0),
+            cpu_limit_millis: parsed.cpu_limit.map_or(0, |m| m.0),
+            cpu_request_millis: parsed.cpu_request.map_or(0, |m| m.0),
+            pids_limit: DEFAULT_PIDS_LIMIT,
+        },
+        volumes,
+        hosts: BTreeMap::new(),
+        dns_servers: vec![],
+        dns_search: vec![],
+        log: LogConfig::default(),
+    }
+}

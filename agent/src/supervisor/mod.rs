@@ -1,0 +1,656 @@
+//! The node supervisor: converges this node's containers on its assignments.
+//!
+//! One loop owns every decision about local containers, so there is no locking between
+//! them. It wakes on a new assignment snapshot, on a health-probe result, at the next due
+//! restart or probe, and once a second to notice exits. For each assigned instance it makes
+//! the image and volumes ready, creates and starts the container, follows it, applies the
+//! restart policy and runs health probes; for each container no longer assigned it stops it
+//! with the grace period (SIGTERM, then SIGKILL) and removes it. Statuses go to the heartbeat.
+//!
+//! Containers carry their instance id and attempt number as labels. After an agent restart
+//! the supervisor waits for the first snapshot, adopts the containers of assigned instances
+//! (the newest attempt, with its restart count) and removes the rest: a restarted agent
+//! neither duplicates nor loses a running container.
+
+pub mod assignments;
+pub mod container_spec;
+pub mod health;
+pub mod restart;
+pub mod volumes;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use kat_api::wire::{rfc3339, Health, InstanceState, InstanceStatus};
+use kat_api::workload::WorkloadType;
+use kat_api::WorkloadBundle;
+use kat_runtime::{ContainerRuntime, ContainerState, ContainerStatus, ExecOptions, RuntimeError};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use assignments::{Assignment, Snapshot, Source};
+use container_spec::{container_id, create_options, LABEL_ATTEMPT, LABEL_INSTANCE};
+use health::HealthTracker;
+use restart::{Decision, Exit, RestartTracker};
+
+/// How often running containers are checked for exits.
+const POLL: Duration = Duration::from_secs(1);
+/// Wait between attempts to get an image or volume ready.
+const PREPARE_RETRY: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    pub node: String,
+    pub volume_base: PathBuf,
+    /// SIGTERM, then SIGKILL after this long, when an instance goes.
+    pub stop_grace: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Create the next attempt's container at this time.
+    Start(Instant),
+    Running,
+    Finished,
+}
+
+struct Tracked {
+    assignment: Assignment,
+    bundle: Result<Arc<WorkloadBundle>, String>,
+    attempt: u32,
+    phase: Phase,
+    restart: RestartTracker,
+    health: Option<HealthTracker>,
+    started: Option<Instant>,
+    status: InstanceStatus,
+}
+
+impl Tracked {
+    fn new(assignment: Assignment, node: &str) -> Self {
+        let bundle = WorkloadBundle::parse(
+            assignment
+                .files
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
+                .collect(),
+        )
+        .map(Arc::new)
+        .map_err(|e| e.to_string());
+        let record = &assignment.record;
+        let restart = match &bundle {
+            Ok(b) => RestartTracker::new(
+                &b.workload.spec.restart_policy,
+                record.workload_type == WorkloadType::Job,
+            ),
+            Err(_) => RestartTracker::new(
+                &kat_api::workload::RestartPolicy {
+                    condition: kat_api::workload::RestartCondition::Never,
+                    max_restarts: None,
+                    reset_seconds: None,
+                },
+                true,
+            ),
+        };
+        let status = InstanceStatus {
+            instance_id: record.instance_id.clone(),
+            namespace: record.namespace.clone(),
+            workload: record.workload.clone(),
+            node: Some(node.to_string()),
+            generation: record.generation,
+            state: InstanceState::Pending,
+            health: Health::Unknown,
+            restarts: 0,
+            exit_code: None,
+            reason: None,
+            ip: None,
+            started_at: None,
+            finished_at: None,
+            warnings: vec![],
+        };
+        Tracked {
+            assignment,
+            bundle,
+            attempt: 0,
+            phase: Phase::Start(Instant::now()),
+            restart,
+            health: None,
+            started: None,
+            status,
+        }
+    }
+
+    fn container(&self) -> String {
+        container_id(&self.assignment.record.instance_id, self.attempt)
+    }
+
+    fn health_check(&self) -> Option<&kat_api::load_balancer::HealthCheck> {
+        let b = self.bundle.as_ref().ok()?;
+        b.load_balancer.as_ref()?.spec.health_check.as_ref()
+    }
+}
+
+/// Why a container could not be made.
+enum StartError {
+    /// Try again later without counting a restart (image or volume not ready).
+    NotReady(String),
+    /// Counts as a failed run (bad spec, missing executable, impossible limits…).
+    Failed(String),
+}
+
+pub struct Supervisor {
+    config: SupervisorConfig,
+    runtime: Arc<dyn ContainerRuntime>,
+    tracked: BTreeMap<String, Tracked>,
+    /// Containers found at start-up, by instance id: (attempt, container id) newest first.
+    adoptable: Option<HashMap<String, Vec<(u32, String)>>>,
+    stopping: HashMap<String, (InstanceStatus, JoinHandle<()>)>,
+    images: HashSet<String>,
+    probes_tx: mpsc::Sender<(String, u32, bool)>,
+    probes_rx: mpsc::Receiver<(String, u32, bool)>,
+    statuses: watch::Sender<Vec<InstanceStatus>>,
+    source: Option<Source>,
+    stop_seq: u64,
+}
+
+impl Supervisor {
+    pub fn new(
+        config: SupervisorConfig,
+        runtime: Arc<dyn ContainerRuntime>,
+        statuses: watch::Sender<Vec<InstanceStatus>>,
+    ) -> Self {
+        let (probes_tx, probes_rx) = mpsc::channel(64);
+        Supervisor {
+            config,
+            runtime,
+            tracked: BTreeMap::new(),
+            adoptable: None,
+            stopping: HashMap::new(),
+            images: HashSet::new(),
+            probes_tx,
+            probes_rx,
+            statuses,
+            source: None,
+            stop_seq: 0,
+        }
+    }
+
+    /// Run until the assignment feed ends.
+    pub async fn run(mut self, mut feed: watch::Receiver<Option<(Source, Snapshot)>>) {
+        self.adoptable = Some(self.scan().await);
+        loop {
+            let update = feed.borrow_and_update().clone();
+            if let Some((source, snapshot)) = update {
+                self.assign(source, snapshot);
+            }
+            if self.source.is_some() {
+                self.converge().await;
+            }
+            self.publish();
+            let wake = self.next_wake();
+            tokio::select! {
+                changed = feed.changed() => if changed.is_err() { return },
+                Some((id, attempt, ok)) = self.probes_rx.recv() => self.on_probe(&id, attempt, ok),
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// Containers on this node by instance, newest attempt first.
+    async fn scan(&self) -> HashMap<String, Vec<(u32, String)>> {
+        let mut found: HashMap<String, Vec<(u32, String)>> = HashMap::new();
+        match self.runtime.list().await {
+            Ok(containers) => {
+                for c in containers {
+                    let Some(instance) = c.labels.get(LABEL_INSTANCE) else {
+                        continue;
+                    };
+                    let attempt = c
+                        .labels
+                        .get(LABEL_ATTEMPT)
+                        .and_then(|a| a.parse().ok())
+                        .unwrap_or(0);
+                    found
+                        .entry(instance.clone())
+                        .or_default()
+                        .push((attempt, c.id));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list existing containers"),
+        }
+        for list in found.values_mut() {
+            list.sort_by(|a, b| b.0.cmp(&a.0));
+        }
+        found
+    }
+
+    fn assign(&mut self, source: Source, snapshot: Snapshot) {
+        self.source = Some(source);
+        let gone: Vec<String> = self
+            .tracked
+            .keys()
+            .filter(|id| !snapshot.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(t) = self.tracked.remove(&id) {
+                let mut ids = vec![t.container()];
+                if t.attempt > 0 {
+                    ids.push(container_id(&id, t.attempt - 1));
+                }
+                self.stop_later(t.status, ids);
+            }
+        }
+        for (id, assignment) in snapshot {
+            if let Some(t) = self.tracked.get_mut(&id) {
+                // Records are immutable per instance; only a re-created one would differ.
+                if t.assignment.record == assignment.record {
+                    continue;
+                }
+            }
+            let mut t = Tracked::new(assignment, &self.config.node);
+            if let Some(found) = self.adoptable.as_mut().and_then(|a| a.remove(&id)) {
+                if let Some((attempt, _)) = found.first() {
+                    t.attempt = *attempt;
+                    t.restart = t.restart.resume(*attempt);
+                    t.status.restarts = *attempt;
+                    t.phase = Phase::Running;
+                    t.started = Some(Instant::now());
+                    if let Some(check) = t.health_check() {
+                        t.health = Some(HealthTracker::new(check, Instant::now()));
+                    }
+                    tracing::info!(instance = %id, attempt, "adopted a running container");
+                }
+                let stale: Vec<String> = found.iter().skip(2).map(|(_, c)| c.clone()).collect();
+                if !stale.is_empty() {
+                    self.stop_later(t.status.clone(), stale);
+                }
+            }
+            self.tracked.insert(id, t);
+        }
+        // Containers of instances no longer assigned to this node go.
+        if source == Source::Store {
+            if let Some(adoptable) = self.adoptable.take() {
+                for (id, found) in adoptable {
+                    tracing::info!(instance = %id, "removing a container whose instance is no longer assigned here");
+                    let status = InstanceStatus {
+                        instance_id: id.clone(),
+                        namespace: String::new(),
+                        workload: String::new(),
+                        node: Some(self.config.node.clone()),
+                        generation: 0,
+                        state: InstanceState::Stopping,
+                        health: Health::Unknown,
+                        restarts: 0,
+                        exit_code: None,
+                        reason: Some("no longer assigned to this node".into()),
+                        ip: None,
+                        started_at: None,
+                        finished_at: None,
+                        warnings: vec![],
+                    };
+                    self.stop_later(status, found.into_iter().map(|(_, c)| c).collect());
+                }
+            }
+        }
+    }
+
+    /// Stop (with the grace period) and remove `containers` in the background.
+    fn stop_later(&mut self, mut status: InstanceStatus, containers: Vec<String>) {
+        let runtime = self.runtime.clone();
+        let grace = self.config.stop_grace;
+        let id = status.instance_id.clone();
+        status.state = InstanceState::Stopping;
+        let task = tokio::spawn(async move {
+            for c in containers {
+                match runtime.stop(&c, grace).await {
+                    Ok(_) | Err(RuntimeError::ContainerNotFound(_)) => {}
+                    Err(e) => tracing::warn!(container = %c, error = %e, "stop failed"),
+                }
+                match runtime.remove(&c, true).await {
+                    Ok(()) | Err(RuntimeError::ContainerNotFound(_)) => {}
+                    Err(e) => tracing::warn!(container = %c, error = %e, "remove failed"),
+                }
+            }
+        });
+        self.stop_seq += 1;
+        self.stopping
+            .insert(format!("{id}#{}", self.stop_seq), (status, task));
+    }
+
+    async fn converge(&mut self) {
+        self.stopping.retain(|_, (_, task)| !task.is_finished());
+        let ids: Vec<String> = self.tracked.keys().cloned().collect();
+        for id in ids {
+            let now = Instant::now();
+            let Some(phase) = self.tracked.get(&id).map(|t| t.phase) else {
+                continue;
+            };
+            match phase {
+                Phase::Start(at) if now >= at => self.start(&id).await,
+                Phase::Running => self.follow(&id).await,
+                _ => {}
+            }
+            self.maybe_probe(&id);
+        }
+    }
+
+    async fn start(&mut self, id: &str) {
+        let Some(t) = self.tracked.get(id) else {
+            return;
+        };
+        let result = self.create_container(t).await;
+        let now = Instant::now();
+        let Some(t) = self.tracked.get_mut(id) else {
+            return;
+        };
+        match result {
+            Ok(status) => {
+                t.phase = Phase::Running;
+                t.started = Some(now);
+                t.status.state = InstanceState::Running;
+                t.status.reason = None;
+                t.status.exit_code = None;
+                t.status.finished_at = None;
+                t.status.started_at = Some(rfc3339(SystemTime::now()));
+                t.status.warnings = status.warnings;
+                t.status.health = Health::Unknown;
+                t.health = t.health_check().map(|c| HealthTracker::new(c, now));
+                tracing::info!(instance = %id, attempt = t.attempt, "container started");
+            }
+            Err(StartError::NotReady(reason)) => {
+                t.status.state = InstanceState::Pending;
+                t.status.reason = Some(reason);
+                t.phase = Phase::Start(now + PREPARE_RETRY);
+            }
+            Err(StartError::Failed(reason)) => {
+                tracing::warn!(instance = %id, %reason, "container could not start");
+                let exit = Exit {
+                    code: None,
+                    oom_killed: false,
+                    ran_for: Duration::ZERO,
+                };
+                let decision = t.restart.on_exit(now, exit);
+                Self::apply(t, decision, now, reason);
+            }
+        }
+    }
+
+    async fn create_container(&self, t: &Tracked) -> Result<ContainerStatus, StartError> {
+        let bundle = t.bundle.as_ref().map_err(|e| {
+            StartError::Failed(format!("the workload's Quadlet files do not parse: {e}"))
+        })?;
+        let spec = &bundle.workload.spec;
+        let image = spec.source.image.as_deref().ok_or_else(|| {
+            StartError::Failed(
+                "source.git builds are not supported by this agent yet; set source.image".into(),
+            )
+        })?;
+        self.ensure_image(image).await?;
+        let record = &t.assignment.record;
+        let owner = self.container_root_owner();
+        let mut paths = BTreeMap::new();
+        for v in &spec.volumes {
+            let path = volumes::prepare(
+                &self.config.volume_base,
+                &record.namespace,
+                &record.workload,
+                v,
+                owner,
+            )
+            .map_err(|e| StartError::NotReady(e.to_string()))?;
+            paths.insert(v.name.clone(), path);
+        }
+        let options = create_options(record, bundle, image, t.attempt, &paths);
+        // A leftover container of this attempt (e.g. created just before an agent crash).
+        if self.runtime.status(&options.id).await.is_ok() {
+            let _ = self.runtime.remove(&options.id, true).await;
+        }
+        // Keep the previous attempt (its logs say why it ended); older ones go.
+        if t.attempt >= 2 {
+            let _ = self
+                .runtime
+                .remove(&container_id(&record.instance_id, t.attempt - 2), true)
+                .await;
+        }
+        let status = self
+            .runtime
+            .create(&options)
+            .await
+            .map_err(|e| StartError::Failed(e.to_string()))?;
+        if let Err(e) = self.runtime.start(&options.id).await {
+            let _ = self.runtime.remove(&options.id, true).await;
+            return Err(StartError::Failed(e.to_string()));
+        }
+        Ok(status)
+    }
+
+    async fn ensure_image(&self, image: &str) -> Result<(), StartError> {
+        let normalized = kat_runtime::image::normalize_reference(image)
+            .map_err(|e| StartError::Failed(format!("source.image: {e}")))?;
+        if self.images.contains(&normalized) {
+            return Ok(());
+        }
+        if let Ok(list) = self.runtime.list_images().await {
+            if list.iter().any(|i| i.references.contains(&normalized)) {
+                return Ok(());
+            }
+        }
+        tracing::info!(%image, "pulling image");
+        self.runtime
+            .pull_image(image, None)
+            .await
+            .map(|_| ())
+            .map_err(|e| StartError::NotReady(format!("pulling {image}: {e}")))
+    }
+
+    /// The host (uid, gid) of the container's root.
+    fn container_root_owner(&self) -> (u32, u32) {
+        let caps = self.runtime.capabilities();
+        let uid = caps
+            .uid_map
+            .iter()
+            .find(|(inside, _, _)| *inside == 0)
+            .map_or(nix::unistd::geteuid().as_raw(), |(_, host, _)| *host);
+        let gid_offset = uid.wrapping_sub(nix::unistd::geteuid().as_raw());
+        (
+            uid,
+            nix::unistd::getegid().as_raw().wrapping_add(gid_offset),
+        )
+    }
+
+    async fn follow(&mut self, id: &str) {
+        let Some(t) = self.tracked.get(id) else {
+            return;
+        };
+        let container = t.container();
+        let observed = self.runtime.status(&container).await;
+        let now = Instant::now();
+        let Some(t) = self.tracked.get_mut(id) else {
+            return;
+        };
+        let exit = match observed {
+            Ok(s) if matches!(s.state, ContainerState::Running | ContainerState::Created) => {
+                t.status.state = InstanceState::Running;
+                t.status.warnings = s.warnings;
+                if let Some(h) = &t.health {
+                    t.status.health = h.health;
+                }
+                return;
+            }
+            Ok(s) => {
+                t.status.exit_code = s.exit_code;
+                let reason = match (s.oom_killed, s.exit_code, s.signal) {
+                    (true, _, _) => "OOM-killed: the container exceeded limits.memory".to_string(),
+                    (_, _, Some(sig)) => format!("killed by signal {sig}"),
+                    (_, Some(code), _) => format!("exited with code {code}"),
+                    _ => "exited".to_string(),
+                };
+                (
+                    Exit {
+                        code: s.exit_code,
+                        oom_killed: s.oom_killed,
+                        ran_for: t.started.map_or(Duration::ZERO, |s| now.duration_since(s)),
+                    },
+                    reason,
+                )
+            }
+            Err(RuntimeError::ContainerNotFound(_)) => (
+                Exit {
+                    code: None,
+                    oom_killed: false,
+                    ran_for: Duration::ZERO,
+                },
+                "the container disappeared".to_string(),
+            ),
+            Err(e) => {
+                tracing::warn!(instance = %id, error = %e, "cannot read container status");
+                return;
+            }
+        };
+        let (exit, reason) = exit;
+        tracing::info!(instance = %id, %reason, "container ended");
+        t.status.finished_at = Some(rfc3339(SystemTime::now()));
+        t.health = None;
+        let decision = t.restart.on_exit(now, exit);
+        Self::apply(t, decision, now, reason);
+    }
+
+    fn apply(t: &mut Tracked, decision: Decision, now: Instant, why: String) {
+        match decision {
+            Decision::Restart { after } => {
+                t.attempt += 1;
+                t.status.restarts = t.restart.restarts;
+                t.status.state = InstanceState::Pending;
+                t.status.health = Health::Unknown;
+                t.status.reason = Some(format!(
+                    "{why}; restarting in {} ms (restart {})",
+                    after.as_millis(),
+                    t.restart.restarts
+                ));
+                t.phase = Phase::Start(now + after);
+            }
+            Decision::Finish { state, reason } => {
+                t.status.state = state;
+                t.status.health = Health::Unknown;
+                t.status.reason = Some(reason);
+                t.phase = Phase::Finished;
+            }
+        }
+    }
+
+    fn maybe_probe(&mut self, id: &str) {
+        let Some(t) = self.tracked.get_mut(id) else {
+            return;
+        };
+        if t.phase != Phase::Running {
+            return;
+        }
+        let container = t.container();
+        let Some(h) = t.health.as_mut() else {
+            return;
+        };
+        if !h.start_probe(Instant::now()) {
+            return;
+        }
+        let runtime = self.runtime.clone();
+        let command = h.command.clone();
+        let timeout = h.timeout;
+        let tx = self.probes_tx.clone();
+        let attempt = t.attempt;
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let ok = probe(runtime, &container, command, timeout).await;
+            let _ = tx.send((id, attempt, ok)).await;
+        });
+    }
+
+    fn on_probe(&mut self, id: &str, attempt: u32, ok: bool) {
+        let Some(t) = self.tracked.get_mut(id) else {
+            return;
+        };
+        if t.attempt != attempt {
+            return;
+        }
+        if let Some(h) = t.health.as_mut() {
+            if let Some(new) = h.record(Instant::now(), ok) {
+                tracing::info!(instance = %id, health = ?new, "health changed");
+                t.status.health = new;
+            }
+        }
+    }
+
+    fn next_wake(&self) -> Instant {
+        let mut wake = Instant::now() + POLL;
+        for t in self.tracked.values() {
+            if let Phase::Start(at) = t.phase {
+                wake = wake.min(at);
+            }
+            if let Some(h) = &t.health {
+                wake = wake.min(h.next_probe());
+            }
+        }
+        wake.max(Instant::now() + Duration::from_millis(10))
+    }
+
+    fn publish(&self) {
+        let mut statuses: Vec<InstanceStatus> =
+            self.tracked.values().map(|t| t.status.clone()).collect();
+        statuses.extend(
+            self.stopping
+                .values()
+                .filter(|(s, _)| !s.workload.is_empty())
+                .map(|(s, _)| s.clone()),
+        );
+        self.statuses.send_if_modified(|current| {
+            if *current == statuses {
+                false
+            } else {
+                *current = statuses;
+                true
+            }
+        });
+    }
+}
+
+/// Run a health probe: exit 0 within the timeout is a success.
+async fn probe(
+    runtime: Arc<dyn ContainerRuntime>,
+    container: &str,
+    command: Vec<String>,
+    timeout: Duration,
+) -> bool {
+    let options = ExecOptions {
+        command,
+        ..Default::default()
+    };
+    let mut handle = match runtime.exec(container, options).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::debug!(%container, error = %e, "health probe could not run");
+            return false;
+        }
+    };
+    drop(handle.stdin.take());
+    for out in [handle.stdout.take(), handle.stderr.take()]
+        .into_iter()
+        .flatten()
+    {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut &out, &mut std::io::sink());
+        });
+    }
+    match tokio::time::timeout(timeout, handle.wait()).await {
+        Ok(Ok(code)) => code == 0,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(handle.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            false
+        }
+    }
+}

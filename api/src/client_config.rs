@@ -1,0 +1,52 @@
+//! The file `katcall` reads to reach a cluster, as `kat-agent init` writes it.
+//!
+//! YAML with the API endpoint, the cluster CA certificate (PEM, inline so the file is
+//! self-contained) and the admin bearer token. It holds a secret: written with mode 0600.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientConfig {
+    /// e.g. `https://127.0.0.1:9115`
+    pub endpoint: String,
+    pub cluster_name: String,
+    pub ca_certificate: String,
+    pub token: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientConfigError {
+    #[error("cannot read the client config {path}: {source} (create one with `kat-agent init`, or pass --config / set KAT_CONFIG)")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("client config {path} is not valid: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl ClientConfig {
+    pub fn load(path: &Path) -> Result<Self, ClientConfigError> {
+        let bytes = std::fs::read(path).map_err(|source| ClientConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_yaml::from_slice(&bytes).map_err(|e| ClientConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Where `katcall` looks by default: `$XDG_CONFIG_HOME/kat/config.yaml`, else
+    /// `~/.config/kat/config.yaml`.
+    pub fn default_path() -> PathBuf {
+        let base = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        base.join("kat").join("config.yaml")
+    }
+}

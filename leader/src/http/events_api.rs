@@ -1,0 +1,100 @@
+//! `/v1alpha1/events`, `/v1alpha1/config/cluster` and `/metrics`.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kat_api::keys;
+use kat_api::wire::{Event, NodeHeartbeat};
+use serde::Deserialize;
+
+use super::{ApiError, ApiState};
+use crate::events::{self, EventFilter};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventsQuery {
+    resource_type: Option<String>,
+    resource_name: Option<String>,
+    namespace: Option<String>,
+    /// Newest events to return (default 100).
+    limit: Option<usize>,
+    /// Keep the response open and stream new events as JSON lines.
+    #[serde(default)]
+    watch: bool,
+}
+
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{e} (expected resourceType, resourceName, namespace, limit, watch)"
+        ))
+    })?;
+    let filter = EventFilter {
+        resource_type: q.resource_type,
+        name: q.resource_name,
+        namespace: q.namespace,
+    };
+    let listing = state.store.list(keys::EVENTS).await?;
+    let mut matching: Vec<Event> = listing
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<Event>(&kv.value).ok())
+        .filter(|e| filter.matches(e))
+        .collect();
+    let limit = q.limit.unwrap_or(100);
+    if matching.len() > limit {
+        matching.drain(..matching.len() - limit);
+    }
+    if !q.watch {
+        return Ok(Json(matching).into_response());
+    }
+    let rx = events::watch(&*state.store, filter, listing.revision + 1).await?;
+    let backlog = matching;
+    let stream = futures_util::stream::unfold(
+        (backlog.into_iter(), rx),
+        |(mut backlog, mut rx)| async move {
+            let event = match backlog.next() {
+                Some(e) => e,
+                None => rx.recv().await?,
+            };
+            let mut line = serde_json::to_vec(&event).unwrap_or_default();
+            line.push(b'\n');
+            Some((Ok::<_, Infallible>(Bytes::from(line)), (backlog, rx)))
+        },
+    );
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+pub async fn cluster_config(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
+    // cluster.kat holds no secrets; the token and keys live elsewhere.
+    Json(state.cluster.clone())
+}
+
+pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for kv in state.store.list(keys::node_statuses()).await?.kvs {
+        if let Ok(hb) = serde_json::from_slice::<NodeHeartbeat>(&kv.value) {
+            for i in hb.instances {
+                *counts.entry(format!("{:?}", i.state)).or_default() += 1;
+            }
+        }
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(&counts),
+    ))
+}

@@ -1,0 +1,242 @@
+//! The leader's HTTP API (RFC 001 §8), as an axum [`Router`].
+//!
+//! Every route but `/healthz` needs the admin bearer token; the token is checked against its
+//! SHA-256 in the store, in constant time. Each request passes one middleware that applies
+//! the per-client rate limit, checks the token, times the request for `/metrics` and writes
+//! an audit line for every mutating request. Errors are always `{"error","message"}`.
+//!
+//! The router is transport-free: `kat-agent` serves it over rustls. Logs and exec need the
+//! node that runs an instance; they go through [`InstanceAccess`], which the agent implements.
+
+mod error;
+mod events_api;
+mod namespaces_api;
+mod nodes_api;
+mod rate_limit;
+mod streams;
+mod workloads_api;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use kat_api::bundle::BundleLimits;
+use kat_api::cluster::ClusterConfiguration;
+use kat_api::wire::ErrorCode;
+use kat_store::StateStore;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+pub use error::ApiError;
+pub use rate_limit::RateLimiter;
+pub use streams::{
+    AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
+};
+
+use crate::clock::Clock;
+use crate::events::EventLog;
+use crate::metrics::Metrics;
+
+/// The address a connection came from, set by the server on every request.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub IpAddr);
+
+/// Everything the handlers share.
+pub struct ApiState {
+    pub store: Arc<dyn StateStore>,
+    pub events: EventLog,
+    pub clock: Clock,
+    pub cluster: ClusterConfiguration,
+    /// SHA-256 of the admin token.
+    pub token_sha256: [u8; 32],
+    pub access: Arc<dyn InstanceAccess>,
+    pub metrics: Arc<Metrics>,
+    pub limiter: RateLimiter,
+    pub bundle_limits: BundleLimits,
+}
+
+pub fn token_sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+pub fn router(state: Arc<ApiState>) -> Router {
+    let v1 = Router::new()
+        .route(
+            "/namespaces",
+            get(namespaces_api::list).post(namespaces_api::create),
+        )
+        .route(
+            "/namespaces/:ns",
+            get(namespaces_api::get).delete(namespaces_api::delete),
+        )
+        .route(
+            "/n/:ns/workloads",
+            get(workloads_api::list).post(workloads_api::create),
+        )
+        .route(
+            "/n/:ns/workloads/:name",
+            get(workloads_api::get)
+                .put(workloads_api::update)
+                .delete(workloads_api::delete),
+        )
+        .route(
+            "/n/:ns/workloads/:name/files/:file",
+            get(workloads_api::file),
+        )
+        .route(
+            "/n/:ns/workloads/:name/rollback",
+            post(workloads_api::rollback),
+        )
+        .route(
+            "/n/:ns/workloads/:name/instances/:id/logs",
+            get(streams::logs),
+        )
+        .route(
+            "/n/:ns/workloads/:name/instances/:id/exec",
+            get(streams::exec).post(streams::exec),
+        )
+        .route("/nodes", get(nodes_api::list))
+        .route("/nodes/:name", get(nodes_api::get))
+        .route("/nodes/:name/status", post(nodes_api::heartbeat))
+        .route("/nodes/:name/taints", put(nodes_api::set_taints))
+        .route("/nodes/:name/labels", put(nodes_api::set_labels))
+        .route("/nodes/:name/drain", post(nodes_api::drain))
+        .route("/nodes/:name/uncordon", post(nodes_api::uncordon))
+        .route("/events", get(events_api::list))
+        .route("/config/cluster", get(events_api::cluster_config));
+    Router::new()
+        .nest("/v1alpha1", v1)
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(events_api::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!(
+            "no route {} {} (see docs/api.md)",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        ErrorCode::BadRequest,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+/// Rate limit, authentication, metrics and audit for every request.
+async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let client = req
+        .extensions()
+        .get::<ClientAddr>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
+    let response = if path == "/healthz" {
+        next.run(req).await
+    } else if let Err(retry_after) = state.limiter.check(client) {
+        let mut r = ApiError::new(
+            ErrorCode::RateLimited,
+            format!(
+                "too many requests from {client}; retry in {} ms",
+                retry_after.as_millis()
+            ),
+        )
+        .into_response();
+        let secs = retry_after.as_secs().max(1).to_string();
+        if let Ok(v) = HeaderValue::from_str(&secs) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        r
+    } else if !authorized(&state, &req) {
+        ApiError::new(
+            ErrorCode::Unauthorized,
+            "missing or wrong bearer token: pass `Authorization: Bearer TOKEN` (katcall reads it from its config file)",
+        )
+        .into_response()
+    } else {
+        next.run(req).await
+    };
+    let status = response.status();
+    let took = started.elapsed();
+    state
+        .metrics
+        .observe_request(method.as_str(), &route, status.as_u16(), took);
+    if is_mutating(&method) || status == StatusCode::UNAUTHORIZED {
+        tracing::info!(
+            target: "kat::audit",
+            client = %client,
+            method = %method,
+            path = %path,
+            status = status.as_u16(),
+            millis = took.as_millis() as u64,
+            "api request"
+        );
+    }
+    response
+}
+
+fn is_mutating(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+fn authorized(state: &ApiState, req: &Request) -> bool {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return false;
+    };
+    let Some(token) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
+        return false;
+    };
+    token_sha256(token.trim()).ct_eq(&state.token_sha256).into()
+}
+
+/// Read a request body of at most `limit` bytes.
+pub(crate) async fn read_body(req: Request, limit: u64) -> Result<axum::body::Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    };
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit {
+            return Err(too_large());
+        }
+    }
+    axum::body::to_bytes(req.into_body(), limit as usize)
+        .await
+        .map_err(|_| too_large())
+}
+
+/// A default for the rate limit: generous for people and scripts, a brake for runaway loops.
+pub fn default_rate_limiter() -> RateLimiter {
+    RateLimiter::new(200, 100.0, Duration::from_secs(300))
+}

@@ -1,0 +1,57 @@
+//! `/v1alpha1/namespaces`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Deserialize;
+
+use super::{read_body, ApiError, ApiState};
+use crate::namespaces;
+
+pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(namespaces::list(&*state.store).await?))
+}
+
+pub async fn get(
+    State(state): State<Arc<ApiState>>,
+    Path(ns): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(namespaces::get(&*state.store, &ns).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    metadata: CreateMeta,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateMeta {
+    name: String,
+}
+
+pub async fn create(
+    State(state): State<Arc<ApiState>>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = read_body(req, 64 * 1024).await?;
+    let parsed: CreateBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "namespace body: {e} (expected {{\"metadata\": {{\"name\": \"NAME\"}}}})"
+        ))
+    })?;
+    let ns = namespaces::create(&*state.store, &state.clock, &parsed.metadata.name, false).await?;
+    Ok((StatusCode::CREATED, Json(ns)))
+}
+
+pub async fn delete(
+    State(state): State<Arc<ApiState>>,
+    Path(ns): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    namespaces::delete(&*state.store, &ns).await?;
+    Ok(Json(serde_json::json!({"deleted": ns})))
+}

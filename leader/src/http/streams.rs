@@ -1,0 +1,335 @@
+//! Logs and exec: streams from the node that runs an instance.
+//!
+//! The leader finds the instance's record and hands the stream to [`InstanceAccess`]. On a
+//! one-node cluster the agent implements it with its own runtime; with more nodes it will
+//! proxy to the owning agent. Logs are JSON lines ([`LogLine`]); exec runs over an HTTP
+//! upgrade with the framing of [`kat_api::exec_stream`].
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+use kat_api::exec_stream::{Decoder, Frame};
+use kat_api::keys;
+use kat_api::wire::{ErrorCode, ExecRequest, InstanceRecord, LogLine};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::{ApiError, ApiState};
+
+/// The protocol name in the `Upgrade` header of an exec request.
+pub const EXEC_PROTOCOL: &str = "kat-exec.v1";
+
+#[derive(Debug, Clone, Default)]
+pub struct LogQuery {
+    pub follow: bool,
+    pub since: Option<SystemTime>,
+    pub tail: Option<usize>,
+}
+
+#[derive(Debug)]
+pub enum ExecInput {
+    Stdin(Vec<u8>),
+    CloseStdin,
+    Resize { rows: u16, cols: u16 },
+}
+
+#[derive(Debug)]
+pub enum ExecOutput {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(i32),
+}
+
+pub struct ExecSession {
+    pub input: mpsc::Sender<ExecInput>,
+    pub output: mpsc::Receiver<ExecOutput>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<AccessError> for ApiError {
+    fn from(e: AccessError) -> Self {
+        let code = match e {
+            AccessError::NotFound(_) => ErrorCode::NotFound,
+            AccessError::Unavailable(_) => ErrorCode::Unavailable,
+            AccessError::Failed(_) => ErrorCode::BadRequest,
+        };
+        ApiError::new(code, e.to_string())
+    }
+}
+
+/// Streams from the node that runs an instance.
+#[async_trait::async_trait]
+pub trait InstanceAccess: Send + Sync {
+    async fn logs(
+        &self,
+        record: &InstanceRecord,
+        query: LogQuery,
+    ) -> Result<mpsc::Receiver<LogLine>, AccessError>;
+
+    async fn exec(
+        &self,
+        record: &InstanceRecord,
+        request: ExecRequest,
+    ) -> Result<ExecSession, AccessError>;
+}
+
+/// For a leader without a local agent: every stream is unavailable.
+pub struct NoInstanceAccess;
+
+#[async_trait::async_trait]
+impl InstanceAccess for NoInstanceAccess {
+    async fn logs(
+        &self,
+        record: &InstanceRecord,
+        _: LogQuery,
+    ) -> Result<mpsc::Receiver<LogLine>, AccessError> {
+        Err(AccessError::Unavailable(format!(
+            "no route to node {} for logs",
+            record.node
+        )))
+    }
+
+    async fn exec(
+        &self,
+        record: &InstanceRecord,
+        _: ExecRequest,
+    ) -> Result<ExecSession, AccessError> {
+        Err(AccessError::Unavailable(format!(
+            "no route to node {} for exec",
+            record.node
+        )))
+    }
+}
+
+/// The record of instance `id` of `ns/name`.
+async fn find_record(
+    state: &ApiState,
+    ns: &str,
+    name: &str,
+    id: &str,
+) -> Result<InstanceRecord, ApiError> {
+    let listing = state.store.list(keys::all_instances()).await?;
+    listing
+        .kvs
+        .iter()
+        .filter(|kv| kv.key.ends_with(&format!("/{id}")))
+        .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(&kv.value).ok())
+        .find(|r| r.namespace == ns && r.workload == name && r.instance_id == id)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "instance {id} of workload {ns}/{name} not found (see `katcall get instances -n {ns}`)"
+            ))
+        })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsParams {
+    #[serde(default)]
+    follow: bool,
+    /// RFC 3339 time or a duration back from now (`10m`, `1h30m`).
+    since: Option<String>,
+    tail: Option<usize>,
+}
+
+fn parse_since(text: &str, now: SystemTime) -> Result<SystemTime, ApiError> {
+    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+        return Ok(t);
+    }
+    humantime::parse_duration(text)
+        .map(|d| now.checked_sub(d).unwrap_or(SystemTime::UNIX_EPOCH))
+        .map_err(|_| {
+            ApiError::bad_request(format!(
+                "since: {text:?} is neither an RFC 3339 time nor a duration like 10m"
+            ))
+        })
+}
+
+pub async fn logs(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name, id)): Path<(String, String, String)>,
+    params: Result<Query<LogsParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(p) =
+        params.map_err(|e| ApiError::bad_request(format!("{e} (expected follow, since, tail)")))?;
+    let since = p
+        .since
+        .as_deref()
+        .map(|s| parse_since(s, state.clock.wall()))
+        .transpose()?;
+    let record = find_record(&state, &ns, &name, &id).await?;
+    let rx = state
+        .access
+        .logs(
+            &record,
+            LogQuery {
+                follow: p.follow,
+                since,
+                tail: p.tail,
+            },
+        )
+        .await?;
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let line = rx.recv().await?;
+        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        bytes.push(b'\n');
+        Some((Ok::<_, Infallible>(Bytes::from(bytes)), rx))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+pub async fn exec(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name, id)): Path<(String, String, String)>,
+    mut req: Request,
+) -> Result<Response, ApiError> {
+    let wants_upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case(EXEC_PROTOCOL));
+    if !wants_upgrade {
+        return Err(ApiError::bad_request(format!(
+            "exec needs `Connection: upgrade` and `Upgrade: {EXEC_PROTOCOL}` (use `katcall exec`)"
+        )));
+    }
+    let record = find_record(&state, &ns, &name, &id).await?;
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let access = state.access.clone();
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                if let Err(e) = bridge(TokioIo::new(upgraded), access, record).await {
+                    tracing::debug!(error = %e, "exec session ended with an error");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "exec upgrade failed"),
+        }
+    });
+    let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static(EXEC_PROTOCOL));
+    Ok(response)
+}
+
+/// Carry frames between the client's connection and the exec session.
+async fn bridge<S>(
+    stream: S,
+    access: Arc<dyn super::InstanceAccess>,
+    record: InstanceRecord,
+) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let mut decoder = Decoder::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    // The first frame says what to run.
+    let request: ExecRequest = loop {
+        match decoder.next_frame() {
+            Ok(Some(Frame::Start(json))) => match serde_json::from_slice(&json) {
+                Ok(r) => break r,
+                Err(e) => {
+                    let msg = format!("exec request: {e}");
+                    return writer.write_all(&Frame::Error(msg).encode()).await;
+                }
+            },
+            Ok(Some(_)) => {
+                let msg = "exec: the first frame must be Start".to_string();
+                return writer.write_all(&Frame::Error(msg).encode()).await;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return writer
+                    .write_all(&Frame::Error(e.to_string()).encode())
+                    .await
+            }
+        }
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        decoder.push(&buf[..n]);
+    };
+    if request.command.is_empty() {
+        let msg = "exec request: command: is empty (expected the program and its arguments)";
+        return writer
+            .write_all(&Frame::Error(msg.to_string()).encode())
+            .await;
+    }
+    let session = match access.exec(&record, request).await {
+        Ok(s) => s,
+        Err(e) => {
+            return writer
+                .write_all(&Frame::Error(e.to_string()).encode())
+                .await
+        }
+    };
+    let ExecSession { input, mut output } = session;
+    // Client → session.
+    let pump_in = tokio::spawn(async move {
+        loop {
+            loop {
+                let frame = match decoder.next_frame() {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(_) => return,
+                };
+                let msg = match frame {
+                    Frame::Stdin(bytes) => ExecInput::Stdin(bytes),
+                    Frame::CloseStdin => ExecInput::CloseStdin,
+                    Frame::Resize { rows, cols } => ExecInput::Resize { rows, cols },
+                    _ => continue,
+                };
+                if input.send(msg).await.is_err() {
+                    return;
+                }
+            }
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = input.send(ExecInput::CloseStdin).await;
+                    return;
+                }
+                Ok(n) => decoder.push(&buf[..n]),
+            }
+        }
+    });
+    // Session → client.
+    while let Some(out) = output.recv().await {
+        let (frame, last) = match out {
+            ExecOutput::Stdout(b) => (Frame::Stdout(b), false),
+            ExecOutput::Stderr(b) => (Frame::Stderr(b), false),
+            ExecOutput::Exit(code) => (Frame::Exit(code), true),
+        };
+        writer.write_all(&frame.encode()).await?;
+        if last {
+            break;
+        }
+    }
+    writer.flush().await?;
+    let _ = writer.shutdown().await;
+    pump_in.abort();
+    Ok(())
+}
