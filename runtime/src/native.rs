@@ -170,6 +170,15 @@ impl NativeRuntime {
                 ),
             });
         }
+        if is_dynamic_elf(&config.init_binary) {
+            return Err(RuntimeError::InvalidOption {
+                field: "init_binary".into(),
+                reason: format!(
+                    "{} is dynamically linked and cannot run inside images without a libc; build the static kat-init (RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build -p kat-init --release --target x86_64-unknown-linux-gnu) and pass its path",
+                    config.init_binary.display()
+                ),
+            });
+        }
         for sub in ["containers", "libcontainer", "images"] {
             let dir = config.root.join(sub);
             fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
@@ -837,5 +846,43 @@ impl NativeRuntime {
 
     pub fn container_dir(&self, id: &str) -> PathBuf {
         self.dir(id)
+    }
+}
+
+/// Whether `path` is an ELF executable that needs a program interpreter (a dynamic loader).
+fn is_dynamic_elf(path: &Path) -> bool {
+    let Ok(bytes) = fs::read(path) else {
+        return false;
+    };
+    // 64-bit little-endian ELF only; anything else is left to fail at exec with its own error.
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+        return false;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
+    let u64_at = |o: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[o..o + 8]);
+        u64::from_le_bytes(b) as usize
+    };
+    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+    (0..phnum).any(|i| {
+        let at = phoff + i * phentsize;
+        // PT_INTERP = 3
+        at + 4 <= bytes.len() && u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) == 3
+    })
+}
+
+#[cfg(test)]
+mod elf_tests {
+    #[test]
+    fn tells_dynamic_from_static_executables() {
+        // The test binary itself is dynamically linked; /bin/busybox from busybox-static is not.
+        let me = std::env::current_exe().unwrap();
+        assert!(super::is_dynamic_elf(&me));
+        let busybox = std::path::Path::new("/bin/busybox");
+        if busybox.exists() {
+            assert!(!super::is_dynamic_elf(busybox));
+        }
+        assert!(!super::is_dynamic_elf(std::path::Path::new("/etc/hostname")));
     }
 }

@@ -16,9 +16,42 @@ pub const LABEL_GENERATION: &str = "kat.generation";
 /// Every container gets a pids limit so that a fork bomb stays inside it.
 pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
 
-/// The container id of `attempt` (0 for the first run) of an instance.
+/// The container id of `attempt` (0 for the first run) of an instance: `{instance}-{attempt}`,
+/// shortened with a hash when that would not be a DNS label (at most 63 characters). The
+/// labels keep the full instance id.
 pub fn container_id(instance_id: &str, attempt: u32) -> String {
-    format!("{instance_id}.{attempt}")
+    let id = format!("{instance_id}-{attempt}");
+    if id.len() <= 63 {
+        return id;
+    }
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(instance_id.as_bytes());
+    let suffix = format!("-{:02x}{:02x}{:02x}{:02x}-{attempt}", hash[0], hash[1], hash[2], hash[3]);
+    let keep = 63 - suffix.len();
+    format!("{}{suffix}", instance_id[..keep].trim_end_matches('-'))
+}
+
+/// The container's hostname: the instance id, cut to a DNS label.
+fn hostname(instance_id: &str) -> String {
+    instance_id[..instance_id.len().min(63)]
+        .trim_end_matches('-')
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_are_dns_labels_and_distinct() {
+        assert_eq!(container_id("web-0badcafe", 3), "web-0badcafe-3");
+        let long = format!("{}-0badcafe", "a".repeat(63));
+        let other = format!("{}-0badcafd", "a".repeat(63));
+        let id = container_id(&long, 12);
+        assert!(id.len() <= 63 && id.ends_with("-12"), "{id}");
+        assert_ne!(id, container_id(&other, 12));
+        assert_eq!(hostname(&long).len(), 63);
+    }
 }
 
 pub fn create_options(
@@ -57,7 +90,7 @@ pub fn create_options(
         namespace: record.namespace.clone(),
         workload: record.workload.clone(),
         image: image.to_string(),
-        hostname: record.instance_id.clone(),
+        hostname: hostname(&record.instance_id),
         command: c.command.clone(),
         args: c.args.clone(),
         env,
