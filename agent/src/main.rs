@@ -107,8 +107,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KAT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libcgroups=off,libcontainer=off")),
+            tracing_subscriber::EnvFilter::try_from_env("KAT_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,libcgroups=off,libcontainer=off")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -1,28 +1,153 @@
 //! `katcall`: the KAT command-line client.
 //!
-//! This first cut works offline: `validate` checks a Quadlet directory or a `cluster.kat`
-//! exactly as the leader will, so mistakes surface before anything is applied.
+//! - [`client`]: HTTPS to the cluster with the config `kat-agent init` wrote;
+//! - [`workloads`]: apply, get, describe, delete, rollback;
+//! - [`streams`]: logs and exec;
+//! - [`events`], [`nodes`]: the event log; drain, taints, labels;
+//! - [`validate`]: offline checks of Quadlet files, exactly as the leader makes them.
 
+mod client;
+mod events;
+mod nodes;
+mod output;
+mod streams;
+mod terminal;
 mod validate;
+mod workloads;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use kat_api::client_config::ClientConfig;
+use output::Format;
 
 #[derive(Parser)]
 #[command(
     name = "katcall",
     version,
-    about = "Drive a KAT cluster: apply Quadlet directories, inspect workloads, validate files"
+    about = "Drive a KAT cluster: apply Quadlet directories, inspect workloads, logs, exec, events"
 )]
 struct Cli {
+    /// The client config written by `kat-agent init` (default ~/.config/kat/config.yaml).
+    #[arg(long, global = true, env = "KAT_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create or update the workload in a Quadlet directory.
+    Apply {
+        #[arg(short = 'f', long = "filename", value_name = "DIR")]
+        dir: PathBuf,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// List workloads, instances, nodes or namespaces.
+    Get {
+        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns"])]
+        what: String,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Show a workload: spec summary, status, instances and recent events.
+    Describe {
+        #[arg(value_parser = ["workload"])]
+        kind: String,
+        name: String,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Delete a workload; its containers stop with their grace period.
+    Delete {
+        #[arg(value_parser = ["workload"])]
+        kind: String,
+        name: String,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Re-apply a workload's previous generation through its update strategy.
+    Rollback {
+        #[arg(value_parser = ["workload"])]
+        kind: String,
+        /// NAME or NAMESPACE/NAME.
+        name: String,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Create a namespace.
+    Create {
+        #[arg(value_parser = ["namespace"])]
+        kind: String,
+        name: String,
+    },
+    /// Print an instance's output.
+    Logs {
+        /// WORKLOAD or WORKLOAD/INSTANCE.
+        target: String,
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only lines newer than this: a duration (10m, 1h) or an RFC 3339 time.
+        #[arg(long, value_name = "DURATION")]
+        since: Option<String>,
+        /// Only the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
+    /// Run a command in an instance.
+    Exec {
+        /// WORKLOAD or WORKLOAD/INSTANCE.
+        target: String,
+        /// Pass stdin to the command.
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// Allocate a terminal.
+        #[arg(short = 't', long)]
+        tty: bool,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
+    /// Show cluster events, or follow them with --watch.
+    Events {
+        #[arg(short = 'w', long)]
+        watch: bool,
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Only events about this kind (Workload, Node).
+        #[arg(long = "for-kind", value_name = "KIND")]
+        kind: Option<String>,
+        /// Only events about objects with this name.
+        #[arg(long = "for-name", value_name = "NAME")]
+        name: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Stop scheduling onto a node and move its Service instances away.
+    Drain { node: String },
+    /// Allow scheduling onto a drained node again.
+    Uncordon { node: String },
+    /// Add (key[=value]:Effect) or remove (key-) node taints.
+    Taint {
+        node: String,
+        #[arg(required = true)]
+        taints: Vec<String>,
+    },
+    /// Set (key=value) or remove (key-) node labels.
+    Label {
+        node: String,
+        #[arg(required = true)]
+        labels: Vec<String>,
+    },
     /// Check Quadlet files offline, with every error by file and field.
     #[command(group = clap::ArgGroup::new("target").required(true))]
     Validate {
@@ -49,14 +174,26 @@ pub enum Output {
     Json,
 }
 
+/// `NS/NAME` overrides `-n`.
+fn split_name(name: &str, ns: &str) -> (String, String) {
+    match name.split_once('/') {
+        Some((ns, name)) => (name.to_string(), ns.to_string()),
+        None => (name.to_string(), ns.to_string()),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let config = cli
+        .config
+        .clone()
+        .unwrap_or_else(ClientConfig::default_path);
     match cli.command {
         Command::Validate {
             dir,
             cluster,
             output,
-        } => validate::run(dir.as_deref(), cluster.as_deref(), output),
+        } => return validate::run(dir.as_deref(), cluster.as_deref(), output),
         Command::Completion { shell } => {
             clap_complete::generate(
                 shell,
@@ -64,7 +201,96 @@ fn main() -> ExitCode {
                 "katcall",
                 &mut std::io::stdout(),
             );
-            ExitCode::SUCCESS
+            return ExitCode::SUCCESS;
+        }
+        _ => {}
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(remote(cli.command, &config)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
+}
+
+async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let client = client::Client::from_config(config)?;
+    match command {
+        Command::Apply { dir, output } => workloads::apply(&client, &dir, output).await?,
+        Command::Get {
+            what,
+            namespace,
+            output,
+        } => workloads::get(&client, &what, &namespace, output).await?,
+        Command::Describe {
+            name,
+            namespace,
+            output,
+            ..
+        } => {
+            let (name, ns) = split_name(&name, &namespace);
+            workloads::describe(&client, &name, &ns, output).await?
+        }
+        Command::Delete {
+            name, namespace, ..
+        } => {
+            let (name, ns) = split_name(&name, &namespace);
+            workloads::delete(&client, &name, &ns).await?
+        }
+        Command::Rollback {
+            name, namespace, ..
+        } => {
+            let (name, ns) = split_name(&name, &namespace);
+            workloads::rollback(&client, &name, &ns).await?
+        }
+        Command::Create { name, .. } => workloads::create_namespace(&client, &name).await?,
+        Command::Logs {
+            target,
+            follow,
+            since,
+            tail,
+            namespace,
+        } => streams::logs(&client, &target, &namespace, follow, since.as_deref(), tail).await?,
+        Command::Exec {
+            target,
+            stdin,
+            tty,
+            namespace,
+            command,
+        } => {
+            let code = streams::exec(&client, &target, &namespace, command, stdin, tty).await?;
+            return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+        }
+        Command::Events {
+            watch,
+            namespace,
+            kind,
+            name,
+            output,
+        } => {
+            let filter = events::Filter {
+                namespace,
+                kind,
+                name,
+            };
+            events::run(&client, filter, watch, output).await?
+        }
+        Command::Drain { node } => nodes::drain(&client, &node, false).await?,
+        Command::Uncordon { node } => nodes::drain(&client, &node, true).await?,
+        Command::Taint { node, taints } => nodes::taint(&client, &node, &taints).await?,
+        Command::Label { node, labels } => nodes::label(&client, &node, &labels).await?,
+        Command::Validate { .. } | Command::Completion { .. } => unreachable!("handled offline"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -868,7 +868,8 @@ fn is_dynamic_elf(path: &Path) -> bool {
     (0..phnum).any(|i| {
         let at = phoff + i * phentsize;
         // PT_INTERP = 3
-        at + 4 <= bytes.len() && u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) == 3
+        at + 4 <= bytes.len()
+            && u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) == 3
     })
 }
 
@@ -883,6 +884,8 @@ mod elf_tests {
         if busybox.exists() {
             assert!(!super::is_dynamic_elf(busybox));
         }
-        assert!(!super::is_dynamic_elf(std::path::Path::new("/etc/hostname")));
+        assert!(!super::is_dynamic_elf(std::path::Path::new(
+            "/etc/hostname"
+        )));
     }
 }

@@ -26,7 +26,10 @@ pub fn container_id(instance_id: &str, attempt: u32) -> String {
     }
     use sha2::Digest;
     let hash = sha2::Sha256::digest(instance_id.as_bytes());
-    let suffix = format!("-{:02x}{:02x}{:02x}{:02x}-{attempt}", hash[0], hash[1], hash[2], hash[3]);
+    let suffix = format!(
+        "-{:02x}{:02x}{:02x}{:02x}-{attempt}",
+        hash[0], hash[1], hash[2], hash[3]
+    );
     let keep = 63 - suffix.len();
     format!("{}{suffix}", instance_id[..keep].trim_end_matches('-'))
 }

@@ -1,0 +1,99 @@
+//! The API client: HTTPS to the endpoint of the config file, trusting only the cluster CA,
+//! with the bearer token on every request. API errors become messages that say what to do.
+
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use kat_api::client_config::ClientConfig;
+use kat_api::wire::ErrorBody;
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    pub fn from_config(path: &Path) -> Result<Client> {
+        let config = ClientConfig::load(path)?;
+        let ca = reqwest::Certificate::from_pem(config.ca_certificate.as_bytes()).with_context(
+            || format!("{}: caCertificate is not a PEM certificate", path.display()),
+        )?;
+        let http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .build()
+            .context("building the HTTPS client")?;
+        Ok(Client {
+            http,
+            base: config.endpoint.trim_end_matches('/').to_string(),
+            token: config.token,
+        })
+    }
+
+    pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}/v1alpha1{path}", self.base))
+            .bearer_auth(&self.token)
+    }
+
+    /// Send and turn a non-success status into the API's message.
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let resp = req.send().await.map_err(|e| {
+            anyhow!(
+                "cannot reach the KAT API at {}: {e} (is kat-agent running? check the endpoint in your katcall config)",
+                self.base
+            )
+        })?;
+        if resp.status().is_success() || resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = resp.bytes().await.unwrap_or_default();
+        match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(e) => bail!("{} ({status})", e.message),
+            Err(_) => bail!(
+                "the API answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ),
+        }
+    }
+
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let resp = self.send(self.request(Method::GET, path)).await?;
+        let bytes = resp.bytes().await.context("reading the API's answer")?;
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("the API's answer to GET {path} is not what katcall expects"))
+    }
+
+    /// `GET path`, or `None` on 404.
+    pub async fn get_optional<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>> {
+        let resp = self
+            .request(Method::GET, path)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the KAT API at {}: {e}", self.base))?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let resp = self.send_checked(resp).await?;
+        let bytes = resp.bytes().await?;
+        Ok(Some(serde_json::from_slice(&bytes)?))
+    }
+
+    async fn send_checked(&self, resp: reqwest::Response) -> Result<reqwest::Response> {
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = resp.bytes().await.unwrap_or_default();
+        match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(e) => bail!("{} ({status})", e.message),
+            Err(_) => bail!("the API answered {status}"),
+        }
+    }
+}

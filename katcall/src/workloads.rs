@@ -1,0 +1,370 @@
+//! `apply`, `get`, `describe`, `delete`, `rollback`, `create namespace`.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use kat_api::wire::{Event, InstanceStatus, NamespaceObject, Node, WorkloadObject};
+use kat_api::{bundle, WorkloadBundle};
+use reqwest::Method;
+
+use crate::client::Client;
+use crate::output::{self, age, structured, table, Format};
+
+pub async fn apply(client: &Client, dir: &Path, format: Format) -> Result<()> {
+    let files = bundle::read_dir(dir)?;
+    // Validate here first: the same checks as the leader, with every finding at once.
+    let parsed = WorkloadBundle::parse(files.clone()).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\n{}: invalid; fix the errors above and apply again",
+            dir.display()
+        )
+    })?;
+    let ns = &parsed.workload.metadata.namespace;
+    let name = &parsed.workload.metadata.name;
+    let archive = bundle::pack(&files);
+    let path = format!("/n/{ns}/workloads/{name}");
+    let before: Option<WorkloadObject> = client.get_optional(&path).await?;
+    let req = match &before {
+        Some(_) => client.request(Method::PUT, &path),
+        None => client.request(Method::POST, &format!("/n/{ns}/workloads")),
+    }
+    .header("content-type", "application/gzip")
+    .body(archive);
+    let after: WorkloadObject = json(client.send(req).await?).await?;
+    if structured(format, &after)? {
+        return Ok(());
+    }
+    let verb = match &before {
+        None => "created",
+        Some(b) if b.metadata.generation == after.metadata.generation => "unchanged",
+        Some(_) => "configured",
+    };
+    println!(
+        "workload {ns}/{name} {verb} (generation {})",
+        after.metadata.generation
+    );
+    Ok(())
+}
+
+/// The JSON body of a response.
+pub async fn json<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T> {
+    let bytes = resp.bytes().await.context("reading the API's answer")?;
+    serde_json::from_slice(&bytes).context("the API's answer is not what katcall expects")
+}
+
+pub async fn workloads(client: &Client, ns: &str) -> Result<Vec<WorkloadObject>> {
+    client.get_json(&format!("/n/{ns}/workloads")).await
+}
+
+pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Result<()> {
+    let wide = format == Format::Wide;
+    match what {
+        "workloads" | "workload" | "wl" => {
+            let list = workloads(client, ns).await?;
+            if structured(format, &list)? {
+                return Ok(());
+            }
+            let mut header = vec!["NAME", "TYPE", "READY", "GENERATION", "AGE"];
+            if wide {
+                header.extend(["SPEC", "MESSAGE"]);
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|w| {
+                    let mut row = vec![
+                        w.metadata.name.clone(),
+                        format!("{:?}", w.workload_type),
+                        format!("{}/{}", w.status.replicas_ready, w.status.replicas_desired),
+                        w.metadata.generation.to_string(),
+                        age(Some(&w.metadata.creation_timestamp)),
+                    ];
+                    if wide {
+                        row.push(w.spec_hash.chars().take(12).collect());
+                        row.push(w.status.message.clone().unwrap_or_default());
+                    }
+                    row
+                })
+                .collect();
+            print_or_empty(&header, &rows, &format!("no workloads in namespace {ns}"));
+        }
+        "instances" | "instance" | "inst" => {
+            let list: Vec<InstanceStatus> = workloads(client, ns)
+                .await?
+                .into_iter()
+                .flat_map(|w| w.status.instances)
+                .collect();
+            if structured(format, &list)? {
+                return Ok(());
+            }
+            print_or_empty(
+                &instance_header(wide),
+                &instance_rows(&list, wide),
+                &format!("no instances in namespace {ns}"),
+            );
+        }
+        "nodes" | "node" => {
+            let list: Vec<Node> = client.get_json("/nodes").await?;
+            if structured(format, &list)? {
+                return Ok(());
+            }
+            let mut header = vec!["NAME", "STATE", "CPU", "MEMORY", "HEARTBEAT"];
+            if wide {
+                header.extend(["ADDRESSES", "TAINTS", "LABELS"]);
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|n| {
+                    let mut row = vec![
+                        n.metadata.name.clone(),
+                        format!("{:?}", n.state),
+                        format!("{}m", n.allocatable.cpu_millis),
+                        output::bytes(n.allocatable.memory_bytes),
+                        format!("{} ago", age(n.last_heartbeat.as_deref())),
+                    ];
+                    if wide {
+                        row.push(n.addresses.join(","));
+                        row.push(
+                            n.taints
+                                .iter()
+                                .map(|t| {
+                                    format!(
+                                        "{}{}:{:?}",
+                                        t.key,
+                                        t.value
+                                            .as_ref()
+                                            .map(|v| format!("={v}"))
+                                            .unwrap_or_default(),
+                                        t.effect
+                                    )
+                                })
+                                .collect::<Vec<_>>()
+                                .join(","),
+                        );
+                        row.push(
+                            n.metadata
+                                .labels
+                                .iter()
+                                .map(|(k, v)| format!("{k}={v}"))
+                                .collect::<Vec<_>>()
+                                .join(","),
+                        );
+                    }
+                    row
+                })
+                .collect();
+            print_or_empty(&header, &rows, "no nodes registered");
+        }
+        "namespaces" | "namespace" | "ns" => {
+            let list: Vec<NamespaceObject> = client.get_json("/namespaces").await?;
+            if structured(format, &list)? {
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|n| {
+                    vec![
+                        n.metadata.name.clone(),
+                        age(Some(&n.metadata.creation_timestamp)),
+                    ]
+                })
+                .collect();
+            print_or_empty(&["NAME", "AGE"], &rows, "no namespaces");
+        }
+        other => anyhow::bail!(
+            "cannot get {other:?}: expected workloads, instances, nodes or namespaces"
+        ),
+    }
+    Ok(())
+}
+
+fn print_or_empty(header: &[&str], rows: &[Vec<String>], empty: &str) {
+    if rows.is_empty() {
+        eprintln!("{empty}");
+    } else {
+        print!("{}", table(header, rows));
+    }
+}
+
+fn instance_header(wide: bool) -> Vec<&'static str> {
+    let mut h = vec![
+        "INSTANCE", "WORKLOAD", "NODE", "STATE", "HEALTH", "RESTARTS", "AGE",
+    ];
+    if wide {
+        h.extend(["GENERATION", "EXIT", "REASON"]);
+    }
+    h
+}
+
+fn instance_rows(list: &[InstanceStatus], wide: bool) -> Vec<Vec<String>> {
+    list.iter()
+        .map(|i| {
+            let mut row = vec![
+                i.instance_id.clone(),
+                i.workload.clone(),
+                i.node.clone().unwrap_or_else(|| "-".into()),
+                format!("{:?}", i.state),
+                format!("{:?}", i.health),
+                i.restarts.to_string(),
+                age(i.started_at.as_deref()),
+            ];
+            if wide {
+                row.push(i.generation.to_string());
+                row.push(i.exit_code.map_or("-".into(), |c| c.to_string()));
+                row.push(i.reason.clone().unwrap_or_default());
+            }
+            row
+        })
+        .collect()
+}
+
+pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> Result<()> {
+    let w: WorkloadObject = client
+        .get_json(&format!("/n/{ns}/workloads/{name}"))
+        .await?;
+    let events: Vec<Event> = client
+        .get_json(&format!(
+            "/events?resourceType=Workload&resourceName={name}&namespace={ns}&limit=15"
+        ))
+        .await?;
+    if structured(
+        format,
+        &serde_json::json!({"workload": w, "events": events}),
+    )? {
+        return Ok(());
+    }
+    let file = client
+        .send(client.request(
+            Method::GET,
+            &format!("/n/{ns}/workloads/{name}/files/workload.kat"),
+        ))
+        .await?
+        .bytes()
+        .await?;
+    let spec = kat_api::parse_file("workload.kat", &file, &mut kat_api::Report::new());
+    println!("Name:        {ns}/{name}");
+    println!("Type:        {:?}", w.workload_type);
+    println!(
+        "Generation:  {} (observed {})",
+        w.metadata.generation, w.status.observed_generation
+    );
+    println!("Created:     {}", w.metadata.creation_timestamp);
+    if let Some(kat_api::Quadlet::Workload(wl)) = spec {
+        let s = &wl.spec;
+        println!(
+            "Image:       {}",
+            s.source.image.as_deref().unwrap_or("(built from git)")
+        );
+        if !s.container.command.is_empty() || !s.container.args.is_empty() {
+            println!(
+                "Command:     {:?} {:?}",
+                s.container.command, s.container.args
+            );
+        }
+        println!("Restart:     {:?}", s.restart_policy.condition);
+        if let Some(r) = &s.container.resources {
+            let p = r.parsed();
+            println!(
+                "Resources:   requests cpu={}m memory={}  limits cpu={} memory={}",
+                p.cpu_request.map_or(0, |c| c.0),
+                output::bytes(p.memory_request.map_or(0, |m| m.0)),
+                p.cpu_limit.map_or("-".into(), |c| format!("{}m", c.0)),
+                p.memory_limit.map_or("-".into(), |m| output::bytes(m.0)),
+            );
+        }
+        for v in &s.volumes {
+            let kind = if v.simple_cluster_storage.is_some() {
+                "simpleClusterStorage".to_string()
+            } else {
+                v.host_mount
+                    .as_ref()
+                    .map_or("?".into(), |h| format!("hostMount {}", h.host_path))
+            };
+            println!("Volume:      {} ({kind})", v.name);
+        }
+    }
+    println!(
+        "Replicas:    {} ready / {} desired",
+        w.status.replicas_ready, w.status.replicas_desired
+    );
+    if let Some(r) = &w.status.rollout {
+        println!(
+            "Rollout:     generation {} -> {}: {}/{} updated{}",
+            r.from_generation,
+            r.to_generation,
+            r.updated,
+            r.total,
+            if r.stalled { " (STALLED)" } else { "" }
+        );
+    }
+    if let Some(m) = &w.status.message {
+        println!("Message:     {m}");
+    }
+    println!("\nInstances:");
+    if w.status.instances.is_empty() {
+        println!("  (none)");
+    } else {
+        for line in table(
+            &instance_header(true),
+            &instance_rows(&w.status.instances, true),
+        )
+        .lines()
+        {
+            println!("  {line}");
+        }
+    }
+    println!("\nEvents:");
+    if events.is_empty() {
+        println!("  (none)");
+    } else {
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| {
+                vec![
+                    format!("{} ago", age(Some(&e.timestamp))),
+                    format!("{:?}", e.event_type),
+                    e.reason.clone(),
+                    e.message.clone(),
+                ]
+            })
+            .collect();
+        for line in table(&["AGE", "TYPE", "REASON", "MESSAGE"], &rows).lines() {
+            println!("  {line}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn delete(client: &Client, name: &str, ns: &str) -> Result<()> {
+    client
+        .send(client.request(Method::DELETE, &format!("/n/{ns}/workloads/{name}")))
+        .await?;
+    println!("workload {ns}/{name} deleted");
+    Ok(())
+}
+
+pub async fn rollback(client: &Client, name: &str, ns: &str) -> Result<()> {
+    let w: WorkloadObject = json(
+        client
+            .send(client.request(Method::POST, &format!("/n/{ns}/workloads/{name}/rollback")))
+            .await?,
+    )
+    .await?;
+    println!(
+        "workload {ns}/{name} rolled back (now generation {})",
+        w.metadata.generation
+    );
+    Ok(())
+}
+
+pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    client
+        .send(
+            client
+                .request(Method::POST, "/namespaces")
+                .header("content-type", "application/json")
+                .body(serde_json::json!({"metadata": {"name": name}}).to_string()),
+        )
+        .await?;
+    println!("namespace {name} created");
+    Ok(())
+}
