@@ -4,7 +4,9 @@
 //! Each round classifies the workload's instance records:
 //! - on a NotReady node: lost, deleted here and replaced elsewhere (the node stops it by
 //!   instance id if it comes back);
-//! - reported `Failed`/`OOMKilled`: deleted and replaced;
+//! - reported `Failed`/`OOMKilled` under `restartPolicy: Always`: deleted and replaced; under
+//!   `Never` or `MaxCount` the node already applied the policy and gave up, so the record
+//!   stays and the instance is shown `Failed` until the next apply replaces it;
 //! - on a draining node, or with an old template hash: *old*, to be replaced;
 //! - otherwise: *new*.
 //!
@@ -21,7 +23,7 @@
 //! timeout), then creates the new ones: downtime by design.
 
 use kat_api::wire::{EventType, InstanceRecord, InstanceState, RolloutStatus, WorkloadStatus};
-use kat_api::workload::UpdateStrategyType;
+use kat_api::workload::{RestartCondition, UpdateStrategyType};
 use tokio::time::Instant;
 
 use crate::controller::{Memory, Round, WorkloadCtx};
@@ -155,6 +157,8 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
 
 /// Delete records on NotReady nodes and records of failed instances; return the rest.
 pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&'a InstanceRecord> {
+    let replaces_ended =
+        w.bundle.workload.spec.restart_policy.condition == RestartCondition::Always;
     let mut kept = Vec::new();
     for r in round.instances_of(&w.key) {
         if !round.node_ready(&r.node) {
@@ -171,10 +175,12 @@ pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&
             continue;
         }
         if let Some(s) = round.status_of(&r.instance_id) {
-            if matches!(
-                s.state,
-                InstanceState::Failed | InstanceState::OOMKilled | InstanceState::Succeeded
-            ) {
+            if replaces_ended
+                && matches!(
+                    s.state,
+                    InstanceState::Failed | InstanceState::OOMKilled | InstanceState::Succeeded
+                )
+            {
                 let why = s.reason.clone().unwrap_or_else(|| format!("{:?}", s.state));
                 round.event(
                     EventType::Warning,

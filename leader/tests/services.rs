@@ -458,3 +458,33 @@ async fn failed_instances_are_replaced() {
             >= 2
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn instances_that_gave_up_under_max_count_stay_failed() {
+    let mut c = cluster(1).await;
+    c.behaviour = Arc::new(|_| Behaviour {
+        healthy: true,
+        exit: Some((std::time::Duration::from_secs(2), 1)),
+    });
+    let spec = service("web", 1, "web:1", "").replace(
+        "condition: Always",
+        "condition: MaxCount\n    maxRestarts: 2",
+    );
+    c.apply(&[("workload.kat", &spec)]).await;
+    c.run_until(20, |_| false).await.unwrap();
+    // The node reported Failed (its restart policy gave up); the leader keeps the record
+    // instead of making a new instance, so MaxCount means what it says.
+    assert!(
+        events(&c)
+            .await
+            .iter()
+            .all(|e| e.reason != "InstanceFailed"),
+        "a MaxCount instance must not be replaced"
+    );
+    let status = status(&c, "web").await;
+    assert_eq!(status.instances.len(), 1);
+    assert_eq!(
+        status.instances[0].state,
+        kat_api::wire::InstanceState::Failed
+    );
+}

@@ -1,0 +1,639 @@
+//! A one-node KAT cluster end to end, on real parts: `kat-agent init` with its own etcd, a
+//! loopback registry serving the busybox image `scripts/test-fixtures.sh` built, real
+//! containers, and `katcall` as a user runs it.
+//!
+//! One cluster walks through every scenario in order (a cluster takes seconds to start and
+//! the scenarios build on each other): two healthy replicas with a volume and their logs;
+//! exec; a killed process restarted per policy; MaxCount exhausted to Failed; an updated
+//! spec replacing the instances; a bad bundle refused with nothing changed; 401 without the
+//! token; `kill -9` of the agent with no duplicate containers and no lost log lines; delete
+//! leaving no container, cgroup or mount behind.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    api_port: u16,
+    agent: Option<Child>,
+    registry: String,
+    init: PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn bin(name: &str) -> PathBuf {
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_kat-agent"));
+    let path = agent.with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (cargo test --workspace builds it)",
+        path.display()
+    );
+    path
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| {
+                panic!("{name} is not set: run `source <(scripts/test-fixtures.sh)` first (scripts/test.sh does)")
+            })
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("kat-e2e-")
+            .tempdir()
+            .expect("temp dir");
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .expect("chmod");
+        let api_port = free_port();
+        let cluster = format!(
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: ClusterConfiguration
+metadata:
+  name: e2e
+spec:
+  clusterCIDR: 10.100.0.0/16
+  serviceCIDR: 10.200.0.0/16
+  apiPort: {api_port}
+  etcdClientPort: {}
+  etcdPeerPort: {}
+  agentTickSeconds: 2
+  nodeLossTimeoutSeconds: 30
+  volumeBasePath: {}
+",
+            free_port(),
+            free_port(),
+            dir.path().join("volumes").display()
+        );
+        std::fs::write(dir.path().join("cluster.kat"), cluster).expect("write cluster.kat");
+        let mut c = Cluster {
+            dir,
+            api_port,
+            agent: None,
+            registry: var("KAT_TEST_REGISTRY"),
+            init: PathBuf::from(var("KAT_INIT")),
+        };
+        c.spawn_agent(&["init", "--config", &c.path("cluster.kat")]);
+        c.wait("the node to be Ready", Duration::from_secs(30), |c| {
+            c.katcall_ok(&["get", "nodes"]).contains("Ready")
+        });
+        c
+    }
+
+    fn path(&self, p: &str) -> String {
+        self.dir.path().join(p).display().to_string()
+    }
+
+    fn spawn_agent(&mut self, args: &[&str]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("agent.log"))
+            .expect("agent log");
+        let mut cmd = Command::new(bin("kat-agent"));
+        cmd.args(args)
+            .args(["--data-dir", &self.path("data")])
+            .args(["--node-name", "e2e-node"])
+            .args(["--client-config", &self.path("katcall.yaml")])
+            .args(["--insecure-registry", &self.registry])
+            .args(["--stop-grace-seconds", "2"])
+            .args(["--api-bind", "127.0.0.1"])
+            .env("KAT_INIT", &self.init)
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log));
+        if let Ok(parent) = std::env::var("KAT_TEST_CGROUP_PARENT") {
+            cmd.args(["--cgroup-parent", &parent]);
+        }
+        self.agent = Some(cmd.spawn().expect("start kat-agent"));
+    }
+
+    fn katcall(&self, args: &[&str]) -> Output {
+        Command::new(bin("katcall"))
+            .args(args)
+            .env("KAT_CONFIG", self.path("katcall.yaml"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("run katcall")
+    }
+
+    fn katcall_ok(&self, args: &[&str]) -> String {
+        let out = self.katcall(args);
+        if !out.status.success() {
+            return String::new();
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn must(&self, args: &[&str]) -> String {
+        let out = self.katcall(args);
+        assert!(
+            out.status.success(),
+            "katcall {args:?} failed: {}{}\nagent log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.agent_log_tail()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn agent_log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn wait(&self, what: &str, timeout: Duration, mut ok: impl FnMut(&Cluster) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if ok(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!(
+            "timed out waiting for {what}\nagent log:\n{}",
+            self.agent_log_tail()
+        );
+    }
+
+    fn workload(&self, name: &str) -> Option<Value> {
+        let out = self.katcall(&["get", "workloads", "-o", "json"]);
+        let list: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        list.into_iter().find(|w| w["metadata"]["name"] == name)
+    }
+
+    fn instances(&self, name: &str) -> Vec<Value> {
+        self.workload(name)
+            .and_then(|w| w["status"]["instances"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Write a workload directory and apply it.
+    fn apply(&self, dir: &str, files: &[(&str, String)]) -> String {
+        let path = self.dir.path().join(dir);
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("workload dir");
+        for (name, text) in files {
+            std::fs::write(path.join(name), text).expect("write quadlet");
+        }
+        self.must(&["apply", "-f", &path.display().to_string()])
+    }
+
+    fn curl(&self, args: &[&str]) -> (u16, String) {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "-",
+                "-w",
+                "\n%{http_code}",
+                "--cacert",
+                &self.path("data/pki/ca.crt"),
+            ])
+            .args(args)
+            .output()
+            .expect("run curl (apt install curl)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.api_port)
+    }
+
+    fn token(&self) -> String {
+        std::fs::read_to_string(self.path("data/pki/admin.token")).expect("token")
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(a.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = a.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for w in ["web", "crasher", "ticker"] {
+            let _ = self.katcall(&["delete", "workload", w]);
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        if let Some(a) = &self.agent {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(a.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.wait();
+        }
+        // Whatever is left (a failed test) goes with its processes.
+        for pid in workload_pids(None) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Host pids of workload processes (their environment names the instance), for one
+/// instance or all that belong to this test's cluster.
+fn workload_pids(instance: Option<&str>) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+        let is_ours = vars.iter().any(|v| *v == b"KAT_E2E=1");
+        let matches = match instance {
+            Some(id) => vars
+                .iter()
+                .any(|v| *v == format!("KAT_INSTANCE_ID={id}").as_bytes()),
+            None => true,
+        };
+        if is_ours && matches {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn web(image: &str, greeting: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "workload.kat",
+            format!(
+                "apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: web
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: {image}
+  replicas: 2
+  updateStrategy:
+    type: Rolling
+    rolling:
+      maxSurge: 1
+  restartPolicy:
+    condition: Always
+  container:
+    command: [\"/bin/sh\", \"-c\"]
+    args: [\"echo $GREETING from $HOSTNAME; mkdir -p /data/www; echo hi > /data/www/index.html; exec httpd -f -p 8080 -h /data/www\"]
+    env:
+      - name: GREETING
+        value: {greeting}
+      - name: KAT_E2E
+        value: \"1\"
+    volumeMounts:
+      - name: data
+        mountPath: /data
+    resources:
+      limits:
+        cpu: 200m
+        memory: 64Mi
+  volumes:
+    - name: data
+      simpleClusterStorage: {{}}
+"
+            ),
+        ),
+        (
+            "VirtualLoadBalancer.kat",
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: VirtualLoadBalancer
+spec:
+  ports:
+    - name: http
+      containerPort: 8080
+  healthCheck:
+    exec:
+      command: [\"/bin/sh\", \"-c\", \"test -f /data/www/index.html\"]
+    initialDelaySeconds: 0
+    periodSeconds: 1
+"
+            .to_string(),
+        ),
+    ]
+}
+
+fn simple(name: &str, image: &str, policy: &str, script: &str) -> Vec<(&'static str, String)> {
+    vec![(
+        "workload.kat",
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: {image}
+  replicas: 1
+  restartPolicy:
+{policy}
+  container:
+    command: [\"/bin/sh\", \"-c\", {script:?}]
+    env:
+      - name: KAT_E2E
+        value: \"1\"
+"
+        ),
+    )]
+}
+
+fn ids(instances: &[Value]) -> BTreeSet<String> {
+    instances
+        .iter()
+        .filter_map(|i| i["instanceID"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn all_running_healthy(instances: &[Value], n: usize, generation: u64) -> bool {
+    instances.len() == n
+        && instances.iter().all(|i| {
+            i["state"] == "Running" && i["health"] == "Healthy" && i["generation"] == generation
+        })
+}
+
+#[test]
+fn one_node_cluster_end_to_end() {
+    let mut c = Cluster::start();
+    let image = format!("{}/kat/busybox:latest", c.registry);
+
+    // A Service with 2 replicas, a health check and a volume: running, healthy, logged.
+    let out = c.apply("web", &web(&image, "hello"));
+    assert!(
+        out.contains("workload default/web created (generation 1)"),
+        "{out}"
+    );
+    c.wait("2 healthy replicas", Duration::from_secs(60), |c| {
+        all_running_healthy(&c.instances("web"), 2, 1)
+    });
+    let table = c.must(&["get", "workloads"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("web") && l.contains("2/2")),
+        "{table}"
+    );
+    let first = ids(&c.instances("web"));
+    for id in &first {
+        let logs = c.must(&["logs", &format!("web/{id}")]);
+        assert_eq!(logs.trim(), format!("hello from {id}"));
+    }
+    assert!(Path::new(&c.path("volumes/default/web/data/www/index.html")).is_file());
+
+    // exec, with the exit code passed through.
+    let id = first.iter().next().cloned().expect("an instance");
+    let out = c.katcall(&[
+        "exec",
+        &format!("web/{id}"),
+        "--",
+        "sh",
+        "-c",
+        "cat /data/www/index.html; echo $KAT_INSTANCE_ID; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi\n{id}\n"));
+
+    // Killing the workload process restarts it (Always).
+    let pids = workload_pids(Some(&id));
+    assert!(!pids.is_empty(), "no process for {id}");
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    c.wait(
+        "the killed instance to restart",
+        Duration::from_secs(30),
+        |c| {
+            c.instances("web").iter().any(|i| {
+                i["instanceID"] == id.as_str() && i["restarts"] == 1 && i["state"] == "Running"
+            })
+        },
+    );
+
+    // MaxCount: restarted maxRestarts times within resetSeconds, then Failed.
+    c.apply(
+        "crasher",
+        &simple(
+            "crasher",
+            &image,
+            "    condition: MaxCount\n    maxRestarts: 2\n    resetSeconds: 60",
+            "echo boom; exit 3",
+        ),
+    );
+    c.wait("crasher to fail", Duration::from_secs(30), |c| {
+        c.instances("crasher")
+            .iter()
+            .any(|i| i["state"] == "Failed")
+    });
+    let crashed = &c.instances("crasher")[0];
+    assert_eq!(crashed["restarts"], 2, "{crashed}");
+    assert_eq!(crashed["exitCode"], 3, "{crashed}");
+    assert!(
+        crashed["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("maxRestarts"),
+        "{crashed}"
+    );
+    c.must(&["delete", "workload", "crasher"]);
+
+    // An updated spec replaces the instances.
+    let out = c.apply("web", &web(&image, "bonjour"));
+    assert!(out.contains("configured (generation 2)"), "{out}");
+    c.wait(
+        "2 healthy replicas of generation 2",
+        Duration::from_secs(90),
+        |c| all_running_healthy(&c.instances("web"), 2, 2),
+    );
+    let second = ids(&c.instances("web"));
+    assert!(second.is_disjoint(&first), "{first:?} {second:?}");
+    for id in &second {
+        assert_eq!(
+            c.must(&["logs", &format!("web/{id}")]).trim(),
+            format!("bonjour from {id}")
+        );
+    }
+    c.wait(
+        "the old instances' processes to stop",
+        Duration::from_secs(20),
+        |_| first.iter().all(|id| workload_pids(Some(id)).is_empty()),
+    );
+
+    // A bad bundle gets 400 naming the file and field; nothing changes.
+    let token = c.token();
+    let bad = c.dir.path().join("bad");
+    std::fs::create_dir_all(&bad).expect("dir");
+    let broken = web(&image, "x")[0].1.replace("replicas: 2", "replicas: -1");
+    std::fs::write(bad.join("workload.kat"), broken).expect("write");
+    let tgz = c.path("bad.tgz");
+    assert!(Command::new("tar")
+        .args(["czf", &tgz, "-C", &bad.display().to_string(), "."])
+        .status()
+        .expect("tar")
+        .success());
+    let (code, body) = c.curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        "--data-binary",
+        &format!("@{tgz}"),
+        &c.url("/v1alpha1/n/default/workloads/web"),
+    ]);
+    assert_eq!(code, 400, "{body}");
+    let err: Value = serde_json::from_str(&body).expect("JSON error body");
+    assert_eq!(err["error"], "invalid_quadlet");
+    let message = err["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("workload.kat") && message.contains("spec.replicas"),
+        "{message}"
+    );
+    let w = c.workload("web").expect("web");
+    assert_eq!(w["metadata"]["generation"], 2);
+    assert_eq!(ids(&c.instances("web")), second);
+
+    // Without the token, or with a wrong one: 401, with the error body.
+    let (code, body) = c.curl(&[&c.url("/v1alpha1/n/default/workloads")]);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("\"error\":\"unauthorized\""), "{body}");
+    let (code, _) = c.curl(&[
+        "-H",
+        "Authorization: Bearer nope",
+        &c.url("/v1alpha1/nodes"),
+    ]);
+    assert_eq!(code, 401);
+    let (code, _) = c.curl(&[&c.url("/healthz")]);
+    assert_eq!(code, 200);
+    let (code, metrics) = c.curl(&[
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        &c.url("/metrics"),
+    ]);
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("kat_api_request_duration_seconds_bucket")
+            && metrics.contains("kat_instances{state=\"Running\"}"),
+        "{metrics}"
+    );
+
+    // kill -9 of the agent, then a restart: no duplicate containers, no lost log lines.
+    c.apply(
+        "ticker",
+        &simple(
+            "ticker",
+            &image,
+            "    condition: Always",
+            "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.1; done",
+        ),
+    );
+    c.wait("ticker to run", Duration::from_secs(30), |c| {
+        c.instances("ticker")
+            .iter()
+            .any(|i| i["state"] == "Running")
+    });
+    let ticker = ids(&c.instances("ticker"))
+        .into_iter()
+        .next()
+        .expect("ticker instance");
+    let before: BTreeSet<String> = ids(&c.instances("web"));
+    c.kill_agent();
+    std::thread::sleep(Duration::from_secs(2));
+    c.spawn_agent(&["run"]);
+    c.wait("the agent to come back", Duration::from_secs(30), |c| {
+        c.katcall_ok(&["get", "nodes"]).contains("Ready")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        ids(&c.instances("web")),
+        before,
+        "instances changed across an agent restart"
+    );
+    for id in before.iter().chain([&ticker]) {
+        let inits = workload_pids(Some(id))
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"/.kat/init"))
+            })
+            .count();
+        assert_eq!(inits, 1, "instance {id} must run exactly one container");
+    }
+    let logs = c.must(&["logs", &format!("ticker/{ticker}")]);
+    let ticks: Vec<u64> = logs
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect();
+    assert!(ticks.len() > 40, "{} ticks", ticks.len());
+    assert!(
+        ticks.windows(2).all(|w| w[1] == w[0] + 1),
+        "a gap in the ticks: {ticks:?}"
+    );
+
+    // delete leaves no containers, cgroups or mounts.
+    let runtime_root = c.path("data/runtime/containers");
+    for w in ["web", "ticker"] {
+        c.must(&["delete", "workload", w]);
+    }
+    c.wait(
+        "every container to be removed",
+        Duration::from_secs(30),
+        |c| {
+            std::fs::read_dir(&runtime_root).map_or(0, |d| d.count()) == 0
+                && c.instances("web").is_empty()
+                && workload_pids(None).is_empty()
+        },
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(c.dir.path().to_str().expect("utf-8")),
+        "mounts left:\n{mounts}"
+    );
+    for id in before.iter().chain([&ticker]) {
+        for controller in ["memory", "pids", "cpu"] {
+            let root = Path::new("/sys/fs/cgroup").join(controller);
+            if let Ok(found) = Command::new("find")
+                .arg(&root)
+                .args(["-maxdepth", "3", "-name", &format!("{id}*")])
+                .output()
+            {
+                assert!(
+                    found.stdout.is_empty(),
+                    "cgroup left: {}",
+                    String::from_utf8_lossy(&found.stdout)
+                );
+            }
+        }
+    }
+}
