@@ -1,28 +1,77 @@
 #!/usr/bin/env bash
-# The newcomer's command: install what is needed, build KAT, check the example workloads and
-# run KAT's state store against a real etcd that KAT starts and supervises itself.
+# The newcomer's command: install what is needed, build KAT, and bring up a one-node cluster
+# on this machine running the example Service in examples/hello (two replicas of a busybox
+# web greeter, served from a registry on loopback), then show `katcall get workloads`.
+#
+# Run it again at any time: the node resumes (kat-agent init does not re-initialize).
+# Stop the node with: kill $(cat "$KAT_DATA_DIR/agent.pid")   (containers keep running and
+# are adopted at the next start; `katcall delete workload hello` removes them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
 
-echo "==> building (release)"
-cargo build --release -q -p katcall -p kat-store --example store_bench
+if [ "$(id -u)" = 0 ]; then
+    : "${KAT_DATA_DIR:=/var/lib/kat}"
+else
+    : "${KAT_DATA_DIR:=$HOME/.local/share/kat}"
+fi
+export KAT_DATA_DIR
+export KAT_CONFIG="${KAT_CONFIG:-$HOME/.config/kat/config.yaml}"
+mkdir -p "$KAT_DATA_DIR"
+
+echo "==> building kat-agent and katcall (release), a static kat-init, the example image"
+# test-fixtures.sh builds the static kat-init and the busybox image, and serves the image at
+# 127.0.0.1:5000/kat/busybox:latest, the image examples/hello uses.
+source <(scripts/test-fixtures.sh)
+cargo build --release -q -p kat-agent -p katcall
+BIN=$PWD/target/release
+install -m 0755 "$KAT_INIT" "$BIN/kat-init"
 
 echo "==> validating the example Quadlets"
-for dir in examples/*/; do
-    ./target/release/katcall validate -f "$dir"
+for dir in examples/*/; do "$BIN/katcall" validate -f "$dir"; done
+"$BIN/katcall" validate --cluster examples/cluster.kat
+
+cluster=examples/cluster.kat
+if [ "$(id -u)" != 0 ]; then
+    # Not root: keep volumes under the data directory.
+    cluster="$KAT_DATA_DIR/quickstart-cluster.kat"
+    sed "/^  agentTickSeconds/i\\  volumeBasePath: $KAT_DATA_DIR/volumes" examples/cluster.kat > "$cluster"
+fi
+
+if "$BIN/katcall" get nodes >/dev/null 2>&1; then
+    echo "==> a node is already running"
+else
+    echo "==> starting the node: kat-agent init --config $cluster (log: $KAT_DATA_DIR/agent.log)"
+    setsid "$BIN/kat-agent" init --config "$cluster" --data-dir "$KAT_DATA_DIR" \
+        --client-config "$KAT_CONFIG" --insecure-registry 127.0.0.1:5000 \
+        >>"$KAT_DATA_DIR/agent.log" 2>&1 < /dev/null &
+    echo $! > "$KAT_DATA_DIR/agent.pid"
+    for _ in $(seq 1 150); do
+        "$BIN/katcall" get nodes 2>/dev/null | grep -q Ready && break
+        sleep 0.2
+    done
+    "$BIN/katcall" get nodes || { tail -20 "$KAT_DATA_DIR/agent.log"; exit 1; }
+fi
+
+echo "==> katcall apply -f examples/hello"
+"$BIN/katcall" apply -f examples/hello
+for _ in $(seq 1 150); do
+    "$BIN/katcall" get workloads 2>/dev/null | grep -Eq '^hello +Service +2/2' && break
+    sleep 0.2
 done
-./target/release/katcall validate --cluster examples/cluster.kat
-
-echo "==> a deliberately broken workload, to show what errors look like"
-broken=$(mktemp -d)
-trap 'rm -rf "$broken"' EXIT
-sed -e 's/memory: 64Mi/memory: 64MB/' -e 's/name: hello/name: Hello/' examples/hello/workload.kat > "$broken/workload.kat"
-./target/release/katcall validate -f "$broken" || true
-
-echo "==> starting a supervised etcd and measuring the state store on it"
-./target/release/examples/store_bench
-
+echo "==> katcall get workloads"
+"$BIN/katcall" get workloads
 echo
-echo "Done. Try: ./target/release/katcall validate -f examples/hello"
-echo "Shell completions: ./target/release/katcall completion bash > ~/.local/share/bash-completion/completions/katcall"
+"$BIN/katcall" get instances
+cat <<EOT
+
+KAT is running one node with the example Service. Try:
+  export PATH=$BIN:\$PATH KAT_CONFIG=$KAT_CONFIG
+  katcall describe workload hello
+  katcall logs hello
+  katcall exec -it hello -- sh
+  katcall events
+  katcall delete workload hello
+Shell completions: katcall completion bash > ~/.local/share/bash-completion/completions/katcall
+Stop the node:     kill \$(cat $KAT_DATA_DIR/agent.pid)
+EOT
