@@ -115,6 +115,8 @@ fn main() -> ExitCode {
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(32)
+        .thread_keep_alive(Duration::from_secs(2))
         .enable_all()
         .build()
     {
@@ -137,6 +139,8 @@ fn main() -> ExitCode {
             Ok(())
         }
     };
+    // Blocking readers (log follow, exec) may never end on their own; do not wait for them.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

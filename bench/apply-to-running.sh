@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Apply to running: start a one-node cluster (release build, own etcd, loopback registry),
+# then 20 times `katcall apply` a 3-replica Service and poll the API until all 3 instances
+# are Running; then run 10 containers and measure kat-agent's idle memory and CPU (leader
+# and agent roles in one process; etcd reported separately). Last line:
+#   apply_to_running_p50_ms=X agent_idle_rss_mib=Y agent_idle_cpu_pct=Z
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/install-deps.sh
+source <(scripts/test-fixtures.sh)
+cargo build -q --release --locked -p kat-agent -p katcall
+RUNS=${RUNS:-20} exec python3 bench/apply_to_running.py

@@ -1,0 +1,162 @@
+"""The measuring half of bench/apply-to-running.sh (see there)."""
+import http.client, json, os, shutil, signal, socket, ssl, statistics, subprocess, sys, tempfile, time
+
+BIN = os.path.abspath("target/release")
+REGISTRY = os.environ["KAT_TEST_REGISTRY"]
+RUNS = int(os.environ.get("RUNS", "20"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+work = tempfile.mkdtemp(prefix="kat-bench-apply-")
+os.chmod(work, 0o711)
+api_port = free_port()
+with open(f"{work}/cluster.kat", "w") as f:
+    f.write(f"""apiVersion: kat.dws.rip/v1alpha1
+kind: ClusterConfiguration
+metadata:
+  name: bench
+spec:
+  clusterCIDR: 10.100.0.0/16
+  serviceCIDR: 10.200.0.0/16
+  apiPort: {api_port}
+  etcdClientPort: {free_port()}
+  etcdPeerPort: {free_port()}
+  agentTickSeconds: 5
+  volumeBasePath: {work}/volumes
+""")
+env = dict(os.environ, KAT_CONFIG=f"{work}/katcall.yaml", KAT_INIT=os.environ["KAT_INIT"])
+agent = subprocess.Popen(
+    [f"{BIN}/kat-agent", "init", "--config", f"{work}/cluster.kat", "--data-dir", f"{work}/data",
+     "--node-name", "bench", "--client-config", f"{work}/katcall.yaml", "--api-bind", "127.0.0.1",
+     "--insecure-registry", REGISTRY, "--stop-grace-seconds", "1"],
+    stdout=open(f"{work}/agent.log", "w"), stderr=subprocess.STDOUT, env=env)
+
+
+def katcall(*args):
+    return subprocess.run([f"{BIN}/katcall", *args], env=env, capture_output=True, text=True)
+
+
+def cleanup():
+    for name in names:
+        katcall("delete", "workload", name)
+    time.sleep(3)
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(timeout=30)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+names = []
+try:
+    deadline = time.time() + 60
+    while "Ready" not in katcall("get", "nodes").stdout:
+        if time.time() > deadline or agent.poll() is not None:
+            sys.exit("the node did not come up; see " + f"{work}/agent.log")
+        time.sleep(0.2)
+    token = open(f"{work}/data/pki/admin.token").read().strip()
+    ctx = ssl.create_default_context(cafile=f"{work}/data/pki/ca.crt")
+    conn = http.client.HTTPSConnection("127.0.0.1", api_port, context=ctx)
+
+    def instances(name):
+        conn.request("GET", f"/v1alpha1/n/default/workloads/{name}", headers={"Authorization": f"Bearer {token}"})
+        r = conn.getresponse()
+        body = r.read()
+        if r.status != 200:
+            return []
+        return json.loads(body)["status"].get("instances", [])
+
+    def workload(name, replicas, script):
+        d = f"{work}/{name}"
+        os.makedirs(d, exist_ok=True)
+        with open(f"{d}/workload.kat", "w") as f:
+            f.write(f"""apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: {REGISTRY}/kat/busybox:latest
+  replicas: {replicas}
+  restartPolicy:
+    condition: Always
+  container:
+    command: ["/bin/sh", "-c", "{script}"]
+    resources:
+      limits:
+        cpu: 100m
+        memory: 32Mi
+""")
+        return d
+
+    # Pull the image once, outside the measurement.
+    warm = workload("warm", 1, "sleep 3600")
+    names.append("warm")
+    katcall("apply", "-f", warm)
+    while not any(i["state"] == "Running" for i in instances("warm")):
+        time.sleep(0.05)
+    katcall("delete", "workload", "warm")
+    names.remove("warm")
+
+    samples = []
+    for run in range(RUNS):
+        name = f"app{run}"
+        d = workload(name, 3, "sleep 3600")
+        names.append(name)
+        start = time.perf_counter()
+        out = katcall("apply", "-f", d)
+        if out.returncode != 0:
+            sys.exit(out.stderr)
+        while True:
+            inst = instances(name)
+            if len(inst) == 3 and all(i["state"] == "Running" for i in inst):
+                break
+            if time.perf_counter() - start > 30:
+                sys.exit(f"{name} did not reach 3 running instances: {inst}")
+            time.sleep(0.005)
+        samples.append((time.perf_counter() - start) * 1000)
+        katcall("delete", "workload", name)
+        names.remove(name)
+    time.sleep(3)
+
+    # Idle with 10 running containers.
+    d = workload("idle", 10, "sleep 3600")
+    names.append("idle")
+    katcall("apply", "-f", d)
+    while sum(i["state"] == "Running" for i in instances("idle")) < 10:
+        time.sleep(0.1)
+    conn.close()
+    time.sleep(10)
+
+    def proc_cpu(pid):
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(pid):
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+
+    etcd_pid = int(subprocess.run(["pgrep", "-P", str(agent.pid), "etcd"], capture_output=True, text=True).stdout.split()[0])
+    window = 30
+    c0, e0, t0 = proc_cpu(agent.pid), proc_cpu(etcd_pid), time.time()
+    time.sleep(window)
+    c1, e1, t1 = proc_cpu(agent.pid), proc_cpu(etcd_pid), time.time()
+    cpu_pct = (c1 - c0) / (t1 - t0) * 100
+    etcd_pct = (e1 - e0) / (t1 - t0) * 100
+    rss = rss_mib(agent.pid)
+    samples.sort()
+    p50 = statistics.median(samples)
+    p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]
+    print(f"apply -> 3 running, {RUNS} runs: p50 {p50:.0f} ms, p95 {p95:.0f} ms, min {samples[0]:.0f} ms, max {samples[-1]:.0f} ms")
+    print(f"idle with 10 containers over {window}s: kat-agent RSS {rss:.1f} MiB, CPU {cpu_pct:.2f}% of a core; "
+          f"etcd (separate) RSS {rss_mib(etcd_pid):.1f} MiB, CPU {etcd_pct:.2f}%")
+    print("for comparison, k3s documents 275 MB for an agent")
+    print(f"apply_to_running_p50_ms={p50:.0f} agent_idle_rss_mib={rss:.1f} agent_idle_cpu_pct={cpu_pct:.2f}")
+finally:
+    cleanup()
