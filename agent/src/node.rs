@@ -35,7 +35,7 @@ use crate::heartbeat;
 use crate::layout::{Layout, NodeIdentity};
 use crate::pki::Pki;
 use crate::server;
-use crate::supervisor::assignments::Feed;
+use crate::supervisor::assignments::{self, Feed, Source};
 use crate::supervisor::{Supervisor, SupervisorConfig};
 
 /// Options shared by `init` and `run`.
@@ -155,36 +155,6 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let pki = Pki::load(&layout.pki())?;
     let node = identity.node_name.clone();
 
-    let mut etcd_config =
-        EtcdServerConfig::from_cluster(&cluster.spec, &node, "127.0.0.1", &layout.root);
-    if let Some(bin) = options
-        .etcd_binary
-        .clone()
-        .or_else(|| std::env::var_os("ETCD_BIN").map(PathBuf::from))
-    {
-        etcd_config.binary = bin;
-    }
-    let etcd = EtcdServer::start(etcd_config)
-        .await
-        .context("starting etcd")?;
-    let store: Arc<dyn StateStore> = Arc::new(
-        EtcdStore::connect(&[etcd.client_url().to_string()])
-            .await
-            .context("connecting to etcd")?,
-    );
-    let clock = Clock::system();
-    first_state(&*store, &cluster, &pki.token).await?;
-    for ns in kat_api::namespace::SYSTEM_NAMESPACES {
-        namespaces::create(&*store, &clock, ns, true).await?;
-    }
-    node_admin::register(
-        &*store,
-        &node,
-        vec![identity.advertise_address.clone()],
-        BTreeMap::from([("kat.dws.rip/hostname".to_string(), node.clone())]),
-    )
-    .await?;
-
     let mut native = NativeConfig::new(layout.runtime(), init_binary(&options));
     native.registries = RegistryConfig {
         insecure: options.insecure_registries.clone(),
@@ -204,7 +174,6 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let (feed_tx, feed_rx) = watch::channel(None);
     let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(Feed::new(store.clone(), &node, &layout.agent()).run(feed_tx));
     tasks.spawn(
         Supervisor::new(
             SupervisorConfig {
@@ -217,6 +186,52 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         )
         .run(feed_rx),
     );
+    // A rebooted node brings its workloads back from the local copy while etcd starts.
+    let local_copy = assignments::load_copy(&layout.agent());
+    let has_copy = local_copy.is_some();
+    if let Some(copy) = local_copy {
+        let _ = feed_tx.send(Some((Source::LocalCopy, copy)));
+    }
+
+    let mut etcd_config =
+        EtcdServerConfig::from_cluster(&cluster.spec, &node, "127.0.0.1", &layout.root);
+    if let Some(bin) = options
+        .etcd_binary
+        .clone()
+        .or_else(|| std::env::var_os("ETCD_BIN").map(PathBuf::from))
+    {
+        etcd_config.binary = bin;
+    }
+    let etcd = loop {
+        match EtcdServer::start(etcd_config.clone()).await {
+            Ok(etcd) => break etcd,
+            // Without workloads to keep, fail at once and say why.
+            Err(e) if !has_copy => return Err(anyhow::Error::new(e).context("starting etcd")),
+            Err(e) => {
+                tracing::error!(error = %e, "etcd does not start; workloads run from the local copy meanwhile; retrying in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    };
+    let store: Arc<dyn StateStore> = Arc::new(
+        EtcdStore::connect(&[etcd.client_url().to_string()])
+            .await
+            .context("connecting to etcd")?,
+    );
+    let clock = Clock::system();
+    first_state(&*store, &cluster, &pki.token).await?;
+    for ns in kat_api::namespace::SYSTEM_NAMESPACES {
+        namespaces::create(&*store, &clock, ns, true).await?;
+    }
+    node_admin::register(
+        &*store,
+        &node,
+        vec![identity.advertise_address.clone()],
+        BTreeMap::from([("kat.dws.rip/hostname".to_string(), node.clone())]),
+    )
+    .await?;
+
+    tasks.spawn(Feed::new(store.clone(), &node, &layout.agent()).run(feed_tx));
     tasks.spawn(heartbeat::run(store.clone(), node.clone(), tick, status_rx));
 
     // Leader role.

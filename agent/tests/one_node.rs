@@ -601,6 +601,64 @@ fn one_node_cluster_end_to_end() {
         "a gap in the ticks: {ticks:?}"
     );
 
+    // A reboot while etcd cannot start: the agent brings the workloads back from its local
+    // copy of assignments; once etcd is back they converge without duplicates.
+    c.kill_agent();
+    let pids = workload_pids(None);
+    assert!(!pids.is_empty());
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    c.wait(
+        "every container process to be gone",
+        Duration::from_secs(10),
+        |_| workload_pids(None).is_empty(),
+    );
+    c.spawn_agent(&["run", "--etcd-binary", "/bin/false"]);
+    c.wait(
+        "the workloads to come back from the local copy",
+        Duration::from_secs(30),
+        |_| {
+            before
+                .iter()
+                .chain([&ticker])
+                .all(|id| !workload_pids(Some(id)).is_empty())
+        },
+    );
+    c.kill_agent();
+    c.spawn_agent(&["run"]);
+    c.wait(
+        "the agent to come back with etcd",
+        Duration::from_secs(30),
+        |c| c.katcall_ok(&["get", "nodes"]).contains("Ready"),
+    );
+    c.wait(
+        "2 healthy replicas after the reboot",
+        Duration::from_secs(30),
+        |c| all_running_healthy(&c.instances("web"), 2, 2),
+    );
+    assert_eq!(
+        ids(&c.instances("web")),
+        before,
+        "the same instances came back"
+    );
+    for id in before.iter().chain([&ticker]) {
+        let inits = workload_pids(Some(id))
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"/.kat/init"))
+            })
+            .count();
+        assert_eq!(
+            inits, 1,
+            "instance {id} must run exactly one container after the reboot"
+        );
+    }
+
     // delete leaves no containers, cgroups or mounts.
     let runtime_root = c.path("data/runtime/containers");
     for w in ["web", "ticker"] {

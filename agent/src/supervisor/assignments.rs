@@ -219,13 +219,22 @@ impl Feed {
     }
 
     fn load_copy(&self) -> Option<Snapshot> {
-        let bytes = std::fs::read(&self.copy_path).ok()?;
-        match serde_json::from_slice(&bytes) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!(error = %e, path = %self.copy_path.display(), "the local copy of assignments is unreadable; ignoring it");
-                None
-            }
+        read_copy(&self.copy_path)
+    }
+}
+
+/// The local copy of assignments kept in `state_dir`, if there is a readable one.
+pub fn load_copy(state_dir: &Path) -> Option<Snapshot> {
+    read_copy(&state_dir.join("assignments.json"))
+}
+
+fn read_copy(path: &Path) -> Option<Snapshot> {
+    let bytes = std::fs::read(path).ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "the local copy of assignments is unreadable; ignoring it");
+            None
         }
     }
 }
