@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -33,7 +32,7 @@ use tokio::sync::watch;
 use crate::access::LocalAccess;
 use crate::heartbeat;
 use crate::layout::{Layout, NodeIdentity};
-use crate::pki::Pki;
+use crate::pki::{self, Pki};
 use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
 use crate::supervisor::{Supervisor, SupervisorConfig};
@@ -357,19 +356,10 @@ async fn stored_token_hash(store: &dyn StateStore) -> Result<[u8; 32]> {
 }
 
 fn write_client_config(path: &Path, config: &ClientConfig) -> Result<()> {
-    use std::io::Write;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot write the katcall config {}", path.display()))?;
-    f.write_all(serde_yaml::to_string(config)?.as_bytes())?;
-    Ok(())
+    pki::write_secret(path, &serde_yaml::to_string(config)?)
 }
 
 /// Campaign for leadership; while leading, run the controllers. Forever.

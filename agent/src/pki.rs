@@ -22,7 +22,8 @@ pub struct Pki {
     pub token: String,
 }
 
-fn write_secret(path: &Path, contents: &str) -> Result<()> {
+/// Write `contents` to `path`, readable by its owner only (mode 0600).
+pub fn write_secret(path: &Path, contents: &str) -> Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -281,6 +281,17 @@ fn workload_pids(instance: Option<&str>) -> Vec<i32> {
     pids
 }
 
+/// How many containers run for an instance: its kat-init processes.
+fn containers_of(instance: &str) -> usize {
+    workload_pids(Some(instance))
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"/.kat/init"))
+        })
+        .count()
+}
+
 fn web(image: &str, greeting: &str) -> Vec<(&'static str, String)> {
     vec![
         (
@@ -581,13 +592,7 @@ fn one_node_cluster_end_to_end() {
         "instances changed across an agent restart"
     );
     for id in before.iter().chain([&ticker]) {
-        let inits = workload_pids(Some(id))
-            .into_iter()
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.starts_with(b"/.kat/init"))
-            })
-            .count();
+        let inits = containers_of(id);
         assert_eq!(inits, 1, "instance {id} must run exactly one container");
     }
     let logs = c.must(&["logs", &format!("ticker/{ticker}")]);
@@ -646,13 +651,7 @@ fn one_node_cluster_end_to_end() {
         "the same instances came back"
     );
     for id in before.iter().chain([&ticker]) {
-        let inits = workload_pids(Some(id))
-            .into_iter()
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.starts_with(b"/.kat/init"))
-            })
-            .count();
+        let inits = containers_of(id);
         assert_eq!(
             inits, 1,
             "instance {id} must run exactly one container after the reboot"
