@@ -4,10 +4,12 @@
 //! - [`supervisor`]: converging this node's containers on its assignments;
 //! - [`heartbeat`]: capacity and instance states, every tick and on change;
 //! - [`access`]: logs and exec of local instances for the API;
+//! - [`clone_watchdog`]: kills libcontainer clone children deadlocked on inherited locks;
 //! - [`server`]: the API over HTTPS;
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
+mod clone_watchdog;
 mod heartbeat;
 mod layout;
 mod node;

@@ -173,6 +173,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let (feed_tx, feed_rx) = watch::channel(None);
     let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(crate::clone_watchdog::run());
     tasks.spawn(
         Supervisor::new(
             SupervisorConfig {
@@ -369,7 +370,8 @@ async fn leader_role(
     endpoint: String,
     metrics: Arc<Metrics>,
 ) {
-    let ttl = Duration::from_secs(10);
+    // Short: a killed leader (kill -9, a crash) is replaced within seconds.
+    let ttl = Duration::from_secs(3);
     loop {
         let leadership = match campaign(store.clone(), keys::LEADER_ELECTION, &endpoint, ttl).await
         {
