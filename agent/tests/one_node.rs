@@ -658,6 +658,63 @@ fn one_node_cluster_end_to_end() {
         );
     }
 
+    // Node administration and rollback through katcall, seen in events.
+    let mut watch = Command::new(bin("katcall"))
+        .args(["events", "--watch", "-o", "json"])
+        .env("KAT_CONFIG", c.path("katcall.yaml"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("katcall events --watch");
+    c.must(&["label", "e2e-node", "tier=web"]);
+    c.must(&["taint", "e2e-node", "dedicated=ops:PreferNoSchedule"]);
+    let wide = c.must(&["get", "nodes", "-o", "wide"]);
+    assert!(
+        wide.contains("tier=web") && wide.contains("dedicated=ops:PreferNoSchedule"),
+        "{wide}"
+    );
+    c.must(&["taint", "e2e-node", "dedicated-"]);
+    c.must(&["drain", "e2e-node"]);
+    c.wait("the node to show Draining", Duration::from_secs(10), |c| {
+        c.katcall_ok(&["get", "nodes"]).contains("Draining")
+    });
+    c.must(&["uncordon", "e2e-node"]);
+    c.wait("the node to be Ready again", Duration::from_secs(10), |c| {
+        c.katcall_ok(&["get", "nodes"]).contains("Ready")
+    });
+    let out = c.must(&["rollback", "workload", "web"]);
+    assert!(out.contains("now generation 3"), "{out}");
+    c.wait(
+        "the rolled-back spec to run healthy",
+        Duration::from_secs(60),
+        |c| all_running_healthy(&c.instances("web"), 2, 3),
+    );
+    for id in ids(&c.instances("web")) {
+        assert_eq!(
+            c.must(&["logs", &format!("web/{id}")]).trim(),
+            format!("hello from {id}")
+        );
+    }
+    let describe = c.must(&["describe", "workload", "web"]);
+    assert!(
+        describe.contains("WorkloadRolledBack") && describe.contains("2 ready / 2 desired"),
+        "{describe}"
+    );
+    let _ = watch.kill();
+    let streamed = String::from_utf8_lossy(&watch.wait_with_output().expect("watch output").stdout)
+        .into_owned();
+    for reason in [
+        "NodeLabeled",
+        "NodeTainted",
+        "NodeDraining",
+        "NodeUncordoned",
+        "WorkloadRolledBack",
+    ] {
+        assert!(
+            streamed.contains(reason),
+            "{reason} missing from `katcall events --watch`:\n{streamed}"
+        );
+    }
+
     // delete leaves no containers, cgroups or mounts.
     let runtime_root = c.path("data/runtime/containers");
     for w in ["web", "ticker"] {

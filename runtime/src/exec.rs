@@ -185,6 +185,9 @@ pub async fn exec(
 
     let tty = options.tty;
     let result = tokio::task::spawn_blocking(move || -> Result<ExecHandle> {
+        let _cwd = crate::LIBCONTAINER_CWD
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let mut builder = ContainerBuilder::new(id.clone(), SyscallType::default())
             .with_root_path(lib_root)
             .map_err(|e| RuntimeError::Container {

@@ -25,6 +25,15 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use error::{Result, RuntimeError};
+
+/// Held around every libcontainer call that builds or starts a container or an exec.
+///
+/// libcontainer changes the *process-wide* working directory for a moment (to bind its notify
+/// and console sockets by short names) and restores what it read before. Two such calls at
+/// once on different threads can leave the process inside a container directory that is
+/// later deleted, after which every create fails with "failed to get cwd" (seen in the
+/// one-node end-to-end test while a rolling update ran health probes).
+pub(crate) static LIBCONTAINER_CWD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub use exec::ExecHandle;
 pub use native::{NativeConfig, NativeRuntime};
 pub use types::*;

@@ -497,6 +497,9 @@ impl NativeRuntime {
                     .context(|| "opening /dev/null".to_string())?
                     .into())
             };
+            let _cwd = crate::LIBCONTAINER_CWD
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             ContainerBuilder::new(id.clone(), SyscallType::default())
                 .with_root_path(lib_root)
                 .map_err(|e| lc_error("libcontainer root", e))?
@@ -720,6 +723,9 @@ impl ContainerRuntime for NativeRuntime {
                     what: "and only a created container can be started".into(),
                 });
             }
+            let _cwd = crate::LIBCONTAINER_CWD
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             c.start()
                 .map_err(|e| lc_error(format!("starting container {owned}"), e))?;
             Ok(c.pid().map(|p| p.as_raw()))
