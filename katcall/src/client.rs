@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
+use futures_util::StreamExt;
 use kat_api::client_config::ClientConfig;
 use kat_api::wire::ErrorBody;
 use reqwest::{Method, StatusCode};
@@ -49,18 +50,7 @@ impl Client {
                 self.base
             )
         })?;
-        if resp.status().is_success() || resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            return Ok(resp);
-        }
-        let status = resp.status();
-        let body = resp.bytes().await.unwrap_or_default();
-        match serde_json::from_slice::<ErrorBody>(&body) {
-            Ok(e) => bail!("{} ({status})", e.message),
-            Err(_) => bail!(
-                "the API answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ),
-        }
+        self.check(resp).await
     }
 
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -80,20 +70,43 @@ impl Client {
         if resp.status() == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        let resp = self.send_checked(resp).await?;
+        let resp = self.check(resp).await?;
         let bytes = resp.bytes().await?;
         Ok(Some(serde_json::from_slice(&bytes)?))
     }
 
-    async fn send_checked(&self, resp: reqwest::Response) -> Result<reqwest::Response> {
-        if resp.status().is_success() {
+    /// The response if it succeeded (or switched protocols), else the API's message.
+    async fn check(&self, resp: reqwest::Response) -> Result<reqwest::Response> {
+        let status = resp.status();
+        if status.is_success() || status == StatusCode::SWITCHING_PROTOCOLS {
             return Ok(resp);
         }
-        let status = resp.status();
         let body = resp.bytes().await.unwrap_or_default();
         match serde_json::from_slice::<ErrorBody>(&body) {
             Ok(e) => bail!("{} ({status})", e.message),
-            Err(_) => bail!("the API answered {status}"),
+            Err(_) => bail!(
+                "the API answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ),
         }
+    }
+
+    /// Call `each` with every JSON line of a streamed response, as it arrives.
+    pub async fn json_lines<T: DeserializeOwned>(
+        resp: reqwest::Response,
+        mut each: impl FnMut(T) -> Result<()>,
+    ) -> Result<()> {
+        let mut stream = resp.bytes_stream();
+        let mut pending: Vec<u8> = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            pending.extend_from_slice(&chunk.context("the stream from the API broke")?);
+            while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=pos).collect();
+                if let Ok(item) = serde_json::from_slice::<T>(&line) {
+                    each(item)?;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -1,7 +1,6 @@
 //! `events [--watch]`.
 
-use anyhow::{Context, Result};
-use futures_util::StreamExt;
+use anyhow::Result;
 use kat_api::wire::Event;
 use reqwest::Method;
 
@@ -59,24 +58,16 @@ pub async fn run(client: &Client, filter: Filter, watch: bool, format: Format) -
     let resp = client
         .send(client.request(Method::GET, "/events").query(&query))
         .await?;
-    let mut stream = resp.bytes_stream();
-    let mut pending = Vec::new();
     if matches!(format, Format::Table | Format::Wide) {
         println!("{}", HEADER.join("  "));
     }
-    while let Some(chunk) = stream.next().await {
-        pending.extend_from_slice(&chunk.context("the event stream broke")?);
-        while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=pos).collect();
-            let Ok(e) = serde_json::from_slice::<Event>(&line) else {
-                continue;
-            };
-            match format {
-                Format::Json => println!("{}", serde_json::to_string(&e)?),
-                Format::Yaml => print!("---\n{}", serde_yaml::to_string(&e)?),
-                _ => println!("{}", row(&e).join("  ")),
-            }
+    Client::json_lines(resp, |e: Event| {
+        match format {
+            Format::Json => println!("{}", serde_json::to_string(&e)?),
+            Format::Yaml => print!("---\n{}", serde_yaml::to_string(&e)?),
+            _ => println!("{}", row(&e).join("  ")),
         }
-    }
-    Ok(())
+        Ok(())
+    })
+    .await
 }

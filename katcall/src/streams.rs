@@ -3,7 +3,6 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use futures_util::StreamExt;
 use kat_api::exec_stream::{Decoder, Frame};
 use kat_api::wire::{ExecRequest, LogLine, WorkloadObject};
 use reqwest::Method;
@@ -77,25 +76,17 @@ pub async fn logs(
                 .query(&query),
         )
         .await?;
-    let mut stream = resp.bytes_stream();
-    let mut pending: Vec<u8> = Vec::new();
     let stdout = std::io::stdout();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.context("the log stream broke")?;
-        pending.extend_from_slice(&chunk);
-        while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=pos).collect();
-            if let Ok(l) = serde_json::from_slice::<LogLine>(&line) {
-                let mut out = stdout.lock();
-                let _ = out.write_all(l.text.as_bytes());
-                if !l.partial {
-                    let _ = out.write_all(b"\n");
-                }
-                let _ = out.flush();
-            }
+    Client::json_lines(resp, |l: LogLine| {
+        let mut out = stdout.lock();
+        out.write_all(l.text.as_bytes())?;
+        if !l.partial {
+            out.write_all(b"\n")?;
         }
-    }
-    Ok(())
+        out.flush()?;
+        Ok(())
+    })
+    .await
 }
 
 /// Run a command in an instance; returns its exit code.

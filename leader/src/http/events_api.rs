@@ -1,10 +1,8 @@
 //! `/v1alpha1/events`, `/v1alpha1/config/cluster` and `/metrics`.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::header;
@@ -58,25 +56,22 @@ pub async fn list(
     if !q.watch {
         return Ok(Json(matching).into_response());
     }
-    let rx = events::watch(&*state.store, filter, listing.revision + 1).await?;
-    let backlog = matching;
-    let stream = futures_util::stream::unfold(
-        (backlog.into_iter(), rx),
-        |(mut backlog, mut rx)| async move {
-            let event = match backlog.next() {
-                Some(e) => e,
-                None => rx.recv().await?,
-            };
-            let mut line = serde_json::to_vec(&event).unwrap_or_default();
-            line.push(b'\n');
-            Some((Ok::<_, Infallible>(Bytes::from(line)), (backlog, rx)))
-        },
-    );
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    // The backlog first, then what is written from now on, through one channel.
+    let mut live = events::watch(&*state.store, filter, listing.revision + 1).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(async move {
+        for event in matching {
+            if tx.send(event).await.is_err() {
+                return;
+            }
+        }
+        while let Some(event) = live.recv().await {
+            if tx.send(event).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(super::ndjson_body(rx))
 }
 
 pub async fn cluster_config(State(state): State<Arc<ApiState>>) -> impl IntoResponse {

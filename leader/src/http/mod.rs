@@ -236,6 +236,26 @@ pub(crate) async fn read_body(req: Request, limit: u64) -> Result<axum::body::By
         .map_err(|_| too_large())
 }
 
+/// A streamed response of JSON lines, one per item `rx` yields, ending when it closes.
+pub(crate) fn ndjson_body<T: serde::Serialize + Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        let mut line = serde_json::to_vec(&item).unwrap_or_default();
+        line.push(b'\n');
+        Some((
+            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(line)),
+            rx,
+        ))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
+}
+
 /// A default for the rate limit: generous for people and scripts, a brake for runaway loops.
 pub fn default_rate_limiter() -> RateLimiter {
     RateLimiter::new(200, 100.0, Duration::from_secs(300))

@@ -5,11 +5,9 @@
 //! proxy to the owning agent. Logs are JSON lines ([`LogLine`]); exec runs over an HTTP
 //! upgrade with the framing of [`kat_api::exec_stream`].
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -186,17 +184,7 @@ pub async fn logs(
             },
         )
         .await?;
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let line = rx.recv().await?;
-        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-        bytes.push(b'\n');
-        Some((Ok::<_, Infallible>(Bytes::from(bytes)), rx))
-    });
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(stream),
-    )
-        .into_response())
+    Ok(super::ndjson_body(rx))
 }
 
 pub async fn exec(
