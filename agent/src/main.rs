@@ -4,12 +4,10 @@
 //! - [`supervisor`]: converging this node's containers on its assignments;
 //! - [`heartbeat`]: capacity and instance states, every tick and on change;
 //! - [`access`]: logs and exec of local instances for the API;
-//! - [`clone_watchdog`]: kills libcontainer clone children deadlocked on inherited locks;
 //! - [`server`]: the API over HTTPS;
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
-mod clone_watchdog;
 mod heartbeat;
 mod layout;
 mod node;
@@ -106,6 +104,10 @@ impl NodeArgs {
 }
 
 fn main() -> ExitCode {
+    // Container creation re-executes this binary as a single-threaded helper.
+    if let Some(code) = kat_runtime::create_helper::run_if_requested() {
+        return code;
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

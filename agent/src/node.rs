@@ -173,7 +173,6 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let (feed_tx, feed_rx) = watch::channel(None);
     let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(crate::clone_watchdog::run());
     tasks.spawn(
         Supervisor::new(
             SupervisorConfig {

@@ -176,6 +176,16 @@ impl Cgroups {
         }
     }
 
+    /// The `cgroup.procs` files of the container's cgroups that exist: a process joins the
+    /// container's cgroups by writing `0` to each.
+    pub fn procs_files(&self, id: &str) -> Vec<PathBuf> {
+        self.dirs(id)
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .filter(|p| p.exists())
+            .collect()
+    }
+
     /// Whether the kernel OOM killer killed something in the container's cgroup.
     pub fn oom_killed(&self, id: &str) -> bool {
         for dir in self.dirs(id) {

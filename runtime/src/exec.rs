@@ -1,23 +1,40 @@
 //! Running a command inside a running container: its namespaces, its cgroup, its user and
 //! capabilities, with pipes or a pseudo-terminal.
 //!
-//! The process is built from the container's own `config.json` (user, env, capabilities)
-//! plus the request, and started by libcontainer's tenant builder. With a TTY, libcontainer
-//! hands the terminal's master end back over a console socket (SCM_RIGHTS); resizing is a
-//! `TIOCSWINSZ` on that fd.
+//! KAT joins the container itself, the way `nsenter` does, rather than through libcontainer's
+//! tenant builder (which joins the PID namespace before the user namespace, so an
+//! unprivileged agent gets EPERM). The agent forks; the child, before it executes anything:
+//!
+//! 1. moves itself into the container's cgroups (writes `0` to each `cgroup.procs`);
+//! 2. joins the container's user namespace first, which gives it every capability there,
+//!    then the cgroup, ipc, uts, network, PID and mount namespaces;
+//! 3. takes the container's root directory (`/proc/PID/root`) as its root, and its working
+//!    directory;
+//! 4. becomes the container's user (groups, gid, uid) with the container's capability sets
+//!    (read from its PID 1), and sets `no_new_privs`;
+//! 5. with a TTY, opens the terminal in the container's own `/dev/pts` (so `tty` works there),
+//!    sends its master end to the agent over a socket, and makes it its controlling terminal;
+//! 6. executes the container's own `/.kat/init` with the command: joining a PID namespace
+//!    only applies to children, so kat-init starts the command as its child inside the
+//!    namespace, forwards signals to it, and exits with its code (128+signal when killed).
+//!
+//! The child runs only async-signal-safe system calls between fork and exec: everything it
+//! needs (namespace fds, paths, ids) is prepared before the fork. It reports the step it is
+//! on over a pipe, so a failure says which step failed.
 
+use std::ffi::CString;
 use std::fs::File;
-use std::io::IoSliceMut;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
-use libcontainer::container::builder::ContainerBuilder;
-use libcontainer::syscall::syscall::SyscallType;
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-use serde_json::json;
+use nix::libc;
 
 use crate::error::{IoContext, Result, RuntimeError};
+use crate::spec::INIT_PATH;
 
 /// A running exec'd process.
 pub struct ExecHandle {
@@ -75,51 +92,373 @@ fn set_size(fd: i32, rows: u16, cols: u16) -> Result<()> {
     Ok(())
 }
 
-fn pipe() -> Result<(OwnedFd, OwnedFd)> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
-        context: "creating a pipe".into(),
-        source: e.into(),
-    })
+/// What the forked child does, in order; it writes each step's index to a pipe before the
+/// step, so a failure names the step.
+const STEPS: [&str; 10] = [
+    "joining the container's cgroups",
+    "joining the container's user namespace",
+    "joining the container's other namespaces",
+    "entering the container's root directory",
+    "changing to the working directory",
+    "dropping capabilities from the bounding set",
+    "becoming the container's user",
+    "setting the container's capabilities",
+    "setting no_new_privs",
+    "attaching the terminal",
+];
+
+/// Capability sets as in `/proc/PID/status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CapSets {
+    pub inheritable: u64,
+    pub permitted: u64,
+    pub effective: u64,
+    pub bounding: u64,
+    pub ambient: u64,
 }
 
-/// Receives the terminal master fd libcontainer sends over the console socket.
-fn receive_pty(listener: &UnixListener) -> Result<OwnedFd> {
-    let (stream, _) = listener
-        .accept()
-        .context(|| "waiting for the exec's terminal".to_string())?;
-    let mut buf = [0u8; 4096];
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+impl CapSets {
+    /// Reads the `Cap*` lines of a `/proc/PID/status`.
+    pub(crate) fn parse(status: &str) -> Option<CapSets> {
+        let field = |name: &str| -> Option<u64> {
+            let line = status.lines().find_map(|l| l.strip_prefix(name))?;
+            u64::from_str_radix(line.trim_start_matches(':').trim(), 16).ok()
+        };
+        Some(CapSets {
+            inheritable: field("CapInh")?,
+            permitted: field("CapPrm")?,
+            effective: field("CapEff")?,
+            bounding: field("CapBnd")?,
+            ambient: field("CapAmb").unwrap_or(0),
+        })
+    }
+}
+
+/// Everything the forked child needs, prepared before the fork.
+struct Entry {
+    cgroup_procs: Vec<File>,
+    user_ns: Option<File>,
+    namespaces: Vec<(File, libc::c_int)>,
+    root: File,
+    cwd: CString,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: Vec<libc::gid_t>,
+    caps: CapSets,
+    last_cap: u32,
+    tty: Option<Terminal>,
+    steps: OwnedFd,
+}
+
+/// A terminal the child opens inside the container (its `/dev/pts`, so that `tty` and
+/// `ttyname` work there) and whose master end it sends back over `socket`.
+struct Terminal {
+    socket: UnixStream,
+    size: libc::winsize,
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+fn check(ret: libc::c_long) -> std::io::Result<()> {
+    if ret < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl Entry {
+    fn step(&self, index: u8) {
+        // SAFETY: write(2) of one byte from a live buffer to an fd we own.
+        unsafe { libc::write(self.steps.as_raw_fd(), [index].as_ptr().cast(), 1) };
+    }
+
+    /// Runs in the forked child: async-signal-safe system calls only, no allocation.
+    fn enter(&self) -> std::io::Result<()> {
+        // SAFETY (whole function): plain system calls on fds and buffers owned by `self`,
+        // which outlives the calls.
+        unsafe {
+            self.step(0);
+            for procs in &self.cgroup_procs {
+                check(libc::write(procs.as_raw_fd(), b"0".as_ptr().cast(), 1) as libc::c_long)?;
+            }
+            self.step(1);
+            if let Some(user) = &self.user_ns {
+                check(libc::setns(user.as_raw_fd(), libc::CLONE_NEWUSER).into())?;
+            }
+            self.step(2);
+            for (ns, kind) in &self.namespaces {
+                check(libc::setns(ns.as_raw_fd(), *kind).into())?;
+            }
+            self.step(3);
+            check(libc::fchdir(self.root.as_raw_fd()).into())?;
+            check(libc::chroot(c".".as_ptr()).into())?;
+            self.step(4);
+            check(libc::chdir(self.cwd.as_ptr()).into())?;
+            self.step(5);
+            for cap in 0..=self.last_cap.min(63) {
+                if self.caps.bounding & (1 << cap) == 0
+                    && libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong) == 1
+                {
+                    check(libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong).into())?;
+                }
+            }
+            self.step(6);
+            // A user namespace mapped without newgidmap denies setgroups; with no
+            // supplementary groups to set there is nothing lost.
+            let set = libc::setgroups(self.groups.len(), self.groups.as_ptr());
+            if set < 0 && !self.groups.is_empty() {
+                return Err(std::io::Error::last_os_error());
+            }
+            check(libc::prctl(libc::PR_SET_KEEPCAPS, 1 as libc::c_ulong).into())?;
+            check(libc::setresgid(self.gid, self.gid, self.gid).into())?;
+            check(libc::setresuid(self.uid, self.uid, self.uid).into())?;
+            self.step(7);
+            let header = CapHeader {
+                version: CAP_VERSION_3,
+                pid: 0,
+            };
+            let c = self.caps;
+            let data = [
+                CapData {
+                    effective: c.effective as u32,
+                    permitted: c.permitted as u32,
+                    inheritable: c.inheritable as u32,
+                },
+                CapData {
+                    effective: (c.effective >> 32) as u32,
+                    permitted: (c.permitted >> 32) as u32,
+                    inheritable: (c.inheritable >> 32) as u32,
+                },
+            ];
+            check(libc::syscall(
+                libc::SYS_capset,
+                &header as *const CapHeader,
+                data.as_ptr(),
+            ))?;
+            for cap in 0..=self.last_cap.min(63) {
+                if c.ambient & (1 << cap) != 0 {
+                    check(
+                        libc::prctl(
+                            libc::PR_CAP_AMBIENT,
+                            libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                            cap as libc::c_ulong,
+                            0 as libc::c_ulong,
+                            0 as libc::c_ulong,
+                        )
+                        .into(),
+                    )?;
+                }
+            }
+            self.step(8);
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0).into())?;
+            if let Some(terminal) = &self.tty {
+                self.step(9);
+                terminal.attach()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Terminal {
+    /// In the forked child, inside the container: opens a terminal, sends its master end
+    /// to the agent, and makes the other end this process's controlling terminal and stdio.
+    fn attach(&self) -> std::io::Result<()> {
+        // SAFETY: system calls on fds we open here or own, with stack buffers that outlive
+        // them; CMSG_* are computed for a buffer of the right size and alignment.
+        unsafe {
+            let master = libc::open(
+                c"/dev/ptmx".as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            );
+            check(master.into())?;
+            let unlock: libc::c_int = 0;
+            check(libc::ioctl(master, libc::TIOCSPTLCK, &unlock).into())?;
+            check(libc::ioctl(master, libc::TIOCSWINSZ, &self.size).into())?;
+            let slave = libc::ioctl(master, libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY);
+            check(slave.into())?;
+
+            let mut byte = [0u8; 1];
+            let mut iov = libc::iovec {
+                iov_base: byte.as_mut_ptr().cast(),
+                iov_len: 1,
+            };
+            let mut space = [0u64; 4];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = space.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), master);
+            check(libc::sendmsg(self.socket.as_raw_fd(), &msg, 0) as libc::c_long)?;
+            libc::close(master);
+
+            check(libc::setsid().into())?;
+            for fd in 0..3 {
+                check(libc::dup2(slave, fd).into())?;
+            }
+            if slave > 2 {
+                libc::close(slave);
+            }
+            check(libc::ioctl(0, libc::TIOCSCTTY, 0).into())?;
+        }
+        Ok(())
+    }
+}
+
+/// Receives the terminal master end the child sent.
+fn receive_master(socket: &UnixStream) -> Result<File> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut buf = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let io = |e: nix::Error| RuntimeError::Io {
+        context: "receiving the exec's terminal".into(),
+        source: e.into(),
+    };
     let msg = recvmsg::<()>(
-        stream.as_raw_fd(),
+        socket.as_raw_fd(),
         &mut iov,
         Some(&mut space),
-        MsgFlags::empty(),
+        MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .map_err(|e| RuntimeError::Io {
-        context: "receiving the exec's terminal".into(),
-        source: e.into(),
-    })?;
-    for cmsg in msg.cmsgs().map_err(|e| RuntimeError::Io {
-        context: "receiving the exec's terminal".into(),
-        source: e.into(),
-    })? {
+    .map_err(io)?;
+    for cmsg in msg.cmsgs().map_err(io)? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {
             if let Some(fd) = fds.first() {
                 // SAFETY: the kernel just installed this fd in our table for us.
-                return Ok(unsafe { OwnedFd::from_raw_fd(*fd) });
+                return Ok(File::from(unsafe { OwnedFd::from_raw_fd(*fd) }));
             }
         }
     }
     Err(RuntimeError::Container {
         context: "exec with a TTY".into(),
-        message: "libcontainer sent no terminal".into(),
+        message: "the exec process sent no terminal".into(),
     })
 }
 
+fn container_error(id: &str, message: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Container {
+        context: format!("exec in container {id}"),
+        message: message.to_string(),
+    }
+}
+
+fn open_ns(pid: i64, name: &str) -> Result<File> {
+    let path = format!("/proc/{pid}/ns/{name}");
+    File::open(&path).context(|| format!("opening {path}"))
+}
+
+fn same_file(a: &File, b: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Opens what the child needs to enter the container whose PID 1 is `pid`.
+fn prepare(
+    id: &str,
+    pid: i64,
+    process: &serde_json::Value,
+    cgroup_procs: &[PathBuf],
+    cwd: &str,
+    tty: Option<Terminal>,
+    steps: OwnedFd,
+) -> Result<Entry> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .context(|| format!("reading the status of {id}'s PID 1"))?;
+    let caps = CapSets::parse(&status)
+        .ok_or_else(|| container_error(id, "its PID 1 shows no capability sets"))?;
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    let mut procs = Vec::new();
+    for path in cgroup_procs {
+        procs.push(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .context(|| format!("opening {}", path.display()))?,
+        );
+    }
+    let own_user =
+        File::open("/proc/self/ns/user").context(|| "opening our user namespace".to_string())?;
+    let user = open_ns(pid, "user")?;
+    let user_ns = (!same_file(&own_user, &user)).then_some(user);
+    let mut namespaces = Vec::new();
+    for (name, kind) in [
+        ("cgroup", libc::CLONE_NEWCGROUP),
+        ("ipc", libc::CLONE_NEWIPC),
+        ("uts", libc::CLONE_NEWUTS),
+        ("net", libc::CLONE_NEWNET),
+        ("pid", libc::CLONE_NEWPID),
+        ("mnt", libc::CLONE_NEWNS),
+    ] {
+        namespaces.push((open_ns(pid, name)?, kind));
+    }
+    let root_path = format!("/proc/{pid}/root");
+    let root = File::open(&root_path).context(|| format!("opening {root_path}"))?;
+    let user_field = &process["user"];
+    let id_of = |v: &serde_json::Value| v.as_u64().unwrap_or(0) as u32;
+    Ok(Entry {
+        cgroup_procs: procs,
+        user_ns,
+        namespaces,
+        root,
+        cwd: CString::new(cwd).map_err(|_| RuntimeError::InvalidOption {
+            field: "cwd".into(),
+            reason: "contains a NUL byte".into(),
+        })?,
+        uid: id_of(&user_field["uid"]),
+        gid: id_of(&user_field["gid"]),
+        groups: user_field["additionalGids"]
+            .as_array()
+            .map(|a| a.iter().map(id_of).collect())
+            .unwrap_or_default(),
+        caps,
+        last_cap,
+        tty,
+        steps,
+    })
+}
+
+fn read_json(path: &Path, what: &str) -> Result<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(path).context(|| format!("reading {what}"))?).map_err(
+        |e| RuntimeError::Container {
+            context: what.to_string(),
+            message: e.to_string(),
+        },
+    )
+}
+
+/// Runs `options.command` in the running container `id`. `cgroup_procs` are the
+/// `cgroup.procs` files of its cgroups.
 pub async fn exec(
     lib_root: PathBuf,
     id: String,
+    cgroup_procs: Vec<PathBuf>,
     options: crate::types::ExecOptions,
 ) -> Result<ExecHandle> {
     if options.command.is_empty() {
@@ -128,25 +467,16 @@ pub async fn exec(
             reason: "exec needs a command".into(),
         });
     }
-    let container_dir = lib_root.join(&id);
-    let state: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(container_dir.join("state.json"))
-            .context(|| format!("reading the state of {id}"))?,
-    )
-    .map_err(|e| RuntimeError::Container {
-        context: format!("state of {id}"),
-        message: e.to_string(),
-    })?;
+    let state = read_json(
+        &lib_root.join(&id).join("state.json"),
+        &format!("the state of {id}"),
+    )?;
     let bundle = PathBuf::from(state["bundle"].as_str().unwrap_or_default());
-    let init_pid = state["pid"].as_i64().unwrap_or(0);
-    let config: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(bundle.join("config.json"))
-            .context(|| format!("reading the spec of {id}"))?,
-    )
-    .map_err(|e| RuntimeError::Container {
-        context: format!("spec of {id}"),
-        message: e.to_string(),
-    })?;
+    let pid = state["pid"]
+        .as_i64()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| container_error(&id, "the container has no PID 1"))?;
+    let config = read_json(&bundle.join("config.json"), &format!("the spec of {id}"))?;
     let process = &config["process"];
     let mut env: Vec<String> = process["env"]
         .as_array()
@@ -161,92 +491,103 @@ pub async fn exec(
         env.push(format!("{k}={v}"));
     }
     // The container's root as its processes see it, for a clear "not found".
-    let root = PathBuf::from(format!("/proc/{init_pid}/root"));
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
     crate::rootfs::find_executable(&root, &options.command[0], &env)?;
+    let cwd = options
+        .cwd
+        .clone()
+        .unwrap_or_else(|| process["cwd"].as_str().unwrap_or("/").to_string());
 
-    let (rows, cols) = options.size.unwrap_or((24, 80));
-    let exec_dir = tempdir_in(&container_dir)?;
-    let process_json = json!({
-        "terminal": options.tty,
-        "consoleSize": {"height": rows, "width": cols},
-        "user": process["user"],
-        "args": options.command,
-        "env": env,
-        "cwd": options.cwd.clone().unwrap_or_else(|| process["cwd"].as_str().unwrap_or("/").to_string()),
-        "capabilities": process["capabilities"],
-        "noNewPrivileges": true,
-    });
-    let process_path = exec_dir.join("process.json");
-    std::fs::write(
-        &process_path,
-        serde_json::to_vec(&process_json).unwrap_or_default(),
-    )
-    .context(|| format!("writing {}", process_path.display()))?;
+    let (steps_r, steps_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
+            context: "creating a pipe".into(),
+            source: e.into(),
+        })?;
+    let (terminal, master_socket) = if options.tty {
+        let (rows, cols) = options.size.unwrap_or((24, 80));
+        let (ours, theirs) =
+            UnixStream::pair().context(|| "creating the terminal socket".to_string())?;
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        (
+            Some(Terminal {
+                socket: theirs,
+                size,
+            }),
+            Some(ours),
+        )
+    } else {
+        (None, None)
+    };
+    let entry = prepare(&id, pid, process, &cgroup_procs, &cwd, terminal, steps_w)?;
 
-    let tty = options.tty;
-    let result = tokio::task::spawn_blocking(move || -> Result<ExecHandle> {
-        let _cwd = crate::LIBCONTAINER_CWD
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let mut builder = ContainerBuilder::new(id.clone(), SyscallType::default())
-            .with_root_path(lib_root)
-            .map_err(|e| RuntimeError::Container {
-                context: "libcontainer root".into(),
-                message: e.to_string(),
-            })?;
+    let mut command = Command::new(INIT_PATH);
+    command.arg("--").args(&options.command).env_clear();
+    for pair in &env {
+        if let Some((k, v)) = pair.split_once('=') {
+            command.env(k, v);
+        }
+    }
+    let stdio = |piped: bool| if piped { Stdio::piped() } else { Stdio::null() };
+    command
+        .stdin(stdio(!options.tty))
+        .stdout(stdio(!options.tty))
+        .stderr(stdio(!options.tty));
+    // SAFETY: `enter` makes only async-signal-safe system calls and does not allocate.
+    unsafe { command.pre_exec(move || entry.enter()) };
+
+    tokio::task::spawn_blocking(move || {
+        let spawned = command.spawn();
+        // The command (and the child's copy of the step pipe) is gone once spawn returns.
+        drop(command);
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let mut steps = Vec::new();
+                let _ = File::from(steps_r).read_to_end(&mut steps);
+                let step = steps
+                    .last()
+                    .and_then(|i| STEPS.get(*i as usize))
+                    .copied()
+                    .unwrap_or("starting /.kat/init in the container");
+                return Err(container_error(&id, format!("{step}: {e}")));
+            }
+        };
+        let pty = match &master_socket {
+            Some(socket) => match receive_master(socket) {
+                Ok(master) => Some(master),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         let mut handle = ExecHandle {
-            pid: 0,
-            stdin: None,
-            stdout: None,
-            stderr: None,
-            pty: None,
+            pid: child.id() as i32,
+            stdin: child.stdin.take().map(|s| File::from(OwnedFd::from(s))),
+            stdout: child.stdout.take().map(|s| File::from(OwnedFd::from(s))),
+            stderr: child.stderr.take().map(|s| File::from(OwnedFd::from(s))),
+            pty,
             exit: tokio::sync::oneshot::channel().1,
         };
-        let listener;
-        if tty {
-            let socket = exec_dir.join("console.sock");
-            listener = Some(
-                UnixListener::bind(&socket).context(|| format!("binding {}", socket.display()))?,
-            );
-            builder = builder.with_console_socket(Some(&socket));
-        } else {
-            listener = None;
-            let (in_r, in_w) = pipe()?;
-            let (out_r, out_w) = pipe()?;
-            let (err_r, err_w) = pipe()?;
-            builder = builder
-                .with_stdin(in_r)
-                .with_stdout(out_w)
-                .with_stderr(err_w);
-            handle.stdin = Some(File::from(in_w));
-            handle.stdout = Some(File::from(out_r));
-            handle.stderr = Some(File::from(err_r));
-        }
-        let pid = builder
-            .as_tenant()
-            .with_process(Some(&process_path))
-            .with_detach(tty)
-            .build()
-            .map_err(|e| RuntimeError::Container {
-                context: format!("exec in container {id}"),
-                message: e.to_string(),
-            })?;
-        if let Some(listener) = &listener {
-            let master = receive_pty(listener)?;
-            set_size(master.as_raw_fd(), rows, cols)?;
-            handle.pty = Some(File::from(master));
-        }
-        handle.pid = pid.as_raw();
         let (tx, rx) = tokio::sync::oneshot::channel();
         handle.exit = rx;
         std::thread::Builder::new()
-            .name(format!("exec-{}", pid.as_raw()))
+            .name(format!("exec-{}", handle.pid))
             .spawn(move || {
-                use nix::sys::wait::{waitpid, WaitStatus};
-                let code = match waitpid(pid, None) {
-                    Ok(WaitStatus::Exited(_, code)) => code,
-                    Ok(WaitStatus::Signaled(_, sig, _)) => 128 + sig as i32,
-                    _ => 255,
+                use std::os::unix::process::ExitStatusExt;
+                let code = match child.wait() {
+                    Ok(status) => status
+                        .code()
+                        .or_else(|| status.signal().map(|s| 128 + s))
+                        .unwrap_or(255),
+                    Err(_) => 255,
                 };
                 let _ = tx.send(code);
             })
@@ -254,21 +595,21 @@ pub async fn exec(
         Ok(handle)
     })
     .await
-    .map_err(|e| RuntimeError::Container {
-        context: "exec".into(),
-        message: e.to_string(),
-    })?;
-    result
+    .map_err(|e| container_error("?", e))?
 }
 
-fn tempdir_in(dir: &Path) -> Result<PathBuf> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let path = dir.join(format!(
-        "exec-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&path).context(|| format!("creating {}", path.display()))?;
-    Ok(path)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_capability_sets_from_proc_status() {
+        let status = "Name:\tkat-init\nCapInh:\t0000000000000000\nCapPrm:\t00000000a80425fb\n\
+                      CapEff:\t00000000a80425fb\nCapBnd:\t00000000a80425fb\nCapAmb:\t0000000000000000\n";
+        let caps = CapSets::parse(status).unwrap();
+        assert_eq!(caps.bounding, 0xa80425fb);
+        assert_eq!(caps.effective, 0xa80425fb);
+        assert_eq!(caps.inheritable, 0);
+        assert!(CapSets::parse("Name:\tx\n").is_none());
+    }
 }

@@ -6,11 +6,13 @@
 //! - [`spec`]: the OCI spec of a KAT container;
 //! - [`cgroups`]: what the host offers and each container's cgroup;
 //! - [`logs`]: the log format kat-init writes, and streaming it;
-//! - [`exec`]: commands inside running containers, with a TTY.
+//! - [`exec`]: commands inside running containers, with a TTY;
+//! - [`create_helper`]: libcontainer's create in a single-threaded process of its own.
 //!
 //! `docs/runtime.md` describes what every container gets and what is enforced.
 
 pub mod cgroups;
+pub mod create_helper;
 pub mod error;
 pub mod exec;
 pub mod idmap;
@@ -26,13 +28,14 @@ use std::time::Duration;
 
 pub use error::{Result, RuntimeError};
 
-/// Held around every libcontainer call that builds or starts a container or an exec.
+/// Held around libcontainer's `start`.
 ///
-/// libcontainer changes the *process-wide* working directory for a moment (to bind its notify
-/// and console sockets by short names) and restores what it read before. Two such calls at
-/// once on different threads can leave the process inside a container directory that is
-/// later deleted, after which every create fails with "failed to get cwd" (seen in the
-/// one-node end-to-end test while a rolling update ran health probes).
+/// libcontainer changes the *process-wide* working directory for a moment (to reach its
+/// notify socket by a short name) and restores what it read before. Two such calls at once
+/// on different threads can leave the process inside a container directory that is later
+/// deleted, after which every create fails with "failed to get cwd" (seen in the one-node
+/// end-to-end test while a rolling update ran health probes). Create runs in a helper
+/// process and exec does not use libcontainer, so `start` is the one call left in-process.
 pub(crate) static LIBCONTAINER_CWD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub use exec::ExecHandle;
 pub use native::{NativeConfig, NativeRuntime};

@@ -20,16 +20,13 @@
 //! container.
 
 use std::fs;
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::{Container, ContainerStatus as LcStatus};
 use libcontainer::signal::Signal as LcSignal;
-use libcontainer::syscall::syscall::SyscallType;
 use serde::{Deserialize, Serialize};
 
 use crate::cgroups::Cgroups;
@@ -57,6 +54,10 @@ pub struct NativeConfig {
     pub cgroup_parent: Option<String>,
     /// Never try overlay; always copy the image (for hosts where overlay misbehaves).
     pub force_copy_rootfs: bool,
+    /// The program that runs libcontainer's create in a process of its own
+    /// ([`crate::create_helper`]). Default: this very binary (`/proc/self/exe`), which must
+    /// then call [`crate::create_helper::run_if_requested`] first in `main`.
+    pub create_helper: PathBuf,
 }
 
 impl NativeConfig {
@@ -68,6 +69,7 @@ impl NativeConfig {
             ids: None,
             cgroup_parent: None,
             force_copy_rootfs: false,
+            create_helper: PathBuf::from("/proc/self/exe"),
         }
     }
 }
@@ -187,6 +189,7 @@ impl NativeRuntime {
         }
         fs::set_permissions(&config.root, fs::Permissions::from_mode(0o711))
             .context(|| format!("chmod {}", config.root.display()))?;
+        crate::create_helper::become_subreaper()?;
         let ids = config.ids.clone().unwrap_or_else(IdMap::for_current_user);
         let images = ImageStore::open(&config.root.join("images"), ids.clone())?;
         let cgroups = Cgroups::detect(config.cgroup_parent.as_deref());
@@ -484,38 +487,22 @@ impl NativeRuntime {
         )
         .context(|| "writing config.json".to_string())?;
 
-        let id = options.id.clone();
-        let lib_root = self.lib_root();
-        blocking("creating the container", move || {
-            let log_dir: OwnedFd = fs::File::open(&logs)
-                .context(|| format!("opening {}", logs.display()))?
-                .into();
-            let null = || -> Result<OwnedFd> {
-                Ok(fs::OpenOptions::new()
-                    .write(true)
-                    .open("/dev/null")
-                    .context(|| "opening /dev/null".to_string())?
-                    .into())
-            };
-            let _cwd = crate::LIBCONTAINER_CWD
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            ContainerBuilder::new(id.clone(), SyscallType::default())
-                .with_root_path(lib_root)
-                .map_err(|e| lc_error("libcontainer root", e))?
-                .with_stdin(log_dir)
-                .with_stdout(null()?)
-                .with_stderr(null()?)
-                .validate_id()
-                .map_err(|e| lc_error(format!("container id {id}"), e))?
-                .as_init(&bundle)
-                .with_systemd(false)
-                .with_detach(true)
-                .build()
-                .map_err(|e| lc_error(format!("creating container {id}"), e))?;
-            Ok(())
-        })
+        let request = crate::create_helper::Request {
+            id: options.id.clone(),
+            lib_root: self.lib_root(),
+            bundle,
+            log_dir: logs.clone(),
+        };
+        crate::create_helper::create(
+            &self.config.create_helper,
+            &request,
+            &dir.join("create.err"),
+        )
         .await?;
+        // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
+        if let Some(pid) = self.load_container(&options.id).and_then(|c| c.pid()) {
+            spawn_reaper(pid.as_raw(), logs);
+        }
         if kat_limits {
             self.cgroups
                 .apply_v1_limits(&options.id, &options.resources)?;
@@ -711,7 +698,7 @@ impl ContainerRuntime for NativeRuntime {
         let mut meta = self.read_meta(id)?;
         let lib_root = self.lib_root();
         let owned = id.to_string();
-        let pid = blocking("starting the container", move || {
+        blocking("starting the container", move || {
             let mut c = Container::load(lib_root.join(&owned))
                 .map_err(|e| lc_error(format!("loading container {owned}"), e))?;
             c.refresh_status()
@@ -728,12 +715,9 @@ impl ContainerRuntime for NativeRuntime {
                 .unwrap_or_else(|p| p.into_inner());
             c.start()
                 .map_err(|e| lc_error(format!("starting container {owned}"), e))?;
-            Ok(c.pid().map(|p| p.as_raw()))
+            Ok(())
         })
         .await?;
-        if let Some(pid) = pid {
-            spawn_reaper(pid, self.dir(id).join("logs"));
-        }
         meta.started_at = Some(SystemTime::now());
         self.write_meta(id, &meta)
     }
@@ -828,15 +812,13 @@ impl ContainerRuntime for NativeRuntime {
                 what: "and exec needs a running container".into(),
             });
         }
-        if self.caps.rootless {
-            // libcontainer 0.7's tenant builder joins the PID namespace before the
-            // container's user namespace, which an unprivileged agent may not do (EPERM).
-            return Err(RuntimeError::Container {
-                context: format!("exec in container {id}"),
-                message: "exec is not available when kat-agent runs unprivileged yet (libcontainer joins the PID namespace before the user namespace); run the agent as root for exec".into(),
-            });
-        }
-        crate::exec::exec(self.lib_root(), id.to_string(), options).await
+        crate::exec::exec(
+            self.lib_root(),
+            id.to_string(),
+            self.cgroups.procs_files(id),
+            options,
+        )
+        .await
     }
 }
 

@@ -30,6 +30,61 @@ async fn runs_a_container_and_collects_output_and_exit_code() {
     ));
 }
 
+/// libcontainer's create runs in a helper process; kat-init ends up our child (we are a
+/// subreaper) so a SIGKILL of it is still recorded precisely; a missing helper is explained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_runs_in_a_helper_and_kat_init_is_reaped_by_us() {
+    let (rt, dir, f) = ready_runtime().await;
+    rt.create(&options("reaped", &image(&f), "sleep 30"))
+        .await
+        .unwrap();
+    rt.start("reaped").await.unwrap();
+    let pid = wait_state(
+        &rt,
+        "reaped",
+        ContainerState::Running,
+        Duration::from_secs(10),
+    )
+    .await
+    .pid
+    .unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let ppid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .map(|v| v.trim().to_string());
+    assert_eq!(ppid, Some(std::process::id().to_string()), "{status}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    let s = wait_state(
+        &rt,
+        "reaped",
+        ContainerState::Exited,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!((s.exit_code, s.signal), (Some(137), Some(9)));
+    assert!(
+        s.warnings.is_empty(),
+        "the reaper recorded the end: {:?}",
+        s.warnings
+    );
+    rt.remove("reaped", true).await.unwrap();
+
+    let mut config = config_in(&f, dir.path());
+    config.create_helper = "/nonexistent/kat-helper".into();
+    let broken = kat_runtime::NativeRuntime::new(config).unwrap();
+    let err = broken
+        .create(&options("nohelper", &image(&f), "true"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("running the create helper /nonexistent/kat-helper"),
+        "{err}"
+    );
+    assert!(!broken.container_dir("nohelper").exists());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_cmd_env_and_generated_files() {
     let (rt, _dir, f) = ready_runtime().await;

@@ -199,21 +199,18 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
     )
     .await;
 
-    if rt.capabilities().rootless {
-        let err = exec_error(&rt, "true").await;
-        assert!(
-            err.to_string()
-                .contains("exec is not available when kat-agent runs unprivileged"),
-            "{err}"
-        );
-        return;
-    }
     let mut opts = ExecOptions {
         command: vec![
             "sh".into(),
             "-c".into(),
-            "read x; echo got-$x-$FOO; echo oops >&2; cat /proc/1/cmdline | tr '\\0' ' '; exit 5"
-                .into(),
+            concat!(
+                "read x; echo got-$x-$FOO; echo oops >&2; cat /proc/1/cmdline | tr '\\0' ' '; echo;",
+                "[ \"$(cat /proc/self/cgroup)\" = \"$(cat /proc/1/cgroup)\" ] && echo same-cgroup;",
+                "[ \"$(grep CapBnd /proc/self/status)\" = \"$(grep CapBnd /proc/1/status)\" ] && echo same-caps;",
+                "grep -q '^NoNewPrivs:.*1' /proc/self/status && echo no-new-privs;",
+                "hostname; id -u; exit 5"
+            )
+            .into(),
         ],
         ..Default::default()
     };
@@ -240,6 +237,11 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
         "exec sees the container's PID 1: {stdout}"
     );
     assert_eq!(stderr, "oops\n");
+    assert_eq!(
+        &lines[2..],
+        ["same-cgroup", "same-caps", "no-new-privs", "host", "0"],
+        "exec joins the container's cgroups, capabilities, hostname and user: {stdout}"
+    );
 
     // A TTY: the process sees a terminal of the requested size, and resizes reach it.
     let mut h = rt

@@ -53,15 +53,21 @@ pub fn runtime(f: &Fixtures) -> (NativeRuntime, tempfile::TempDir) {
 /// A runtime whose root is `DIR/root` (a second agent on the same directory finds the
 /// first one's containers).
 pub fn runtime_in(f: &Fixtures, dir: &std::path::Path) -> NativeRuntime {
+    NativeRuntime::new(config_in(f, dir)).expect("runtime")
+}
+
+/// The test configuration of a runtime whose root is `DIR/root`.
+pub fn config_in(f: &Fixtures, dir: &std::path::Path) -> NativeConfig {
     let mut config = NativeConfig::new(dir.join("root"), &f.init);
     config.registries.insecure = vec![f.registry.clone()];
     config.cgroup_parent = std::env::var("KAT_TEST_CGROUP_PARENT").ok();
+    config.create_helper = env!("CARGO_BIN_EXE_kat-runtime-helper").into();
     config.force_copy_rootfs = std::env::var("KAT_TEST_COPY_ROOTFS").is_ok();
     if nix::unistd::geteuid().is_root() {
         // As root, map the container onto an unused range so container root is not host root.
         config.ids = Some(kat_runtime::idmap::IdMap::range(300_000, 65_536));
     }
-    NativeRuntime::new(config).expect("runtime")
+    config
 }
 
 /// Where test runtimes live: a directory the unprivileged test user can use too.

@@ -1,0 +1,151 @@
+//! libcontainer's `create`, run in a fresh single-threaded process.
+//!
+//! libcontainer makes a container by `clone`-ing the calling process (an intermediate
+//! process, then the container's init). Cloning a multi-threaded process (the agent runs
+//! tokio) copies every lock another thread held at that instant — malloc's arena locks,
+//! std's thread-info lock — into a child with only one thread, which then deadlocks at its
+//! first allocation. glibc's `fork` resets its own locks; a raw `clone` does not.
+//!
+//! So the runtime never lets libcontainer clone the agent. Each create spawns a helper
+//! (`PROGRAM __kat-create-container REQUEST`) with `fork`+`exec`: a new, single-threaded
+//! image of the agent's binary that builds the container and exits. The container's init
+//! (kat-init) is then reparented to the agent, which is a child subreaper
+//! ([`become_subreaper`]) and waits for it as before. The helper's own cost is an `exec` of
+//! the binary: a few milliseconds per create.
+//!
+//! A binary that embeds [`crate::NativeRuntime`] calls [`run_if_requested`] first thing in
+//! `main`. Test binaries, whose `main` is the test harness, use the small
+//! `kat-runtime-helper` binary of this crate instead.
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::syscall::syscall::SyscallType;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{IoContext, Result, RuntimeError};
+
+/// The first argument that makes a program the create helper.
+pub const HELPER_ARG: &str = "__kat-create-container";
+
+/// What the helper is asked to create.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Request {
+    pub id: String,
+    /// libcontainer's state root.
+    pub lib_root: PathBuf,
+    /// The bundle with `config.json`.
+    pub bundle: PathBuf,
+    /// Handed to kat-init as its stdin: the directory it writes logs into.
+    pub log_dir: PathBuf,
+}
+
+/// When this process was started as the create helper, runs it and returns its exit code.
+/// Call it before starting any thread.
+pub fn run_if_requested() -> Option<ExitCode> {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(HELPER_ARG)) {
+        return None;
+    }
+    Some(helper_main(args.next()))
+}
+
+fn helper_main(request: Option<OsString>) -> ExitCode {
+    let request: Request = match request
+        .and_then(|r| r.into_string().ok())
+        .map(|r| serde_json::from_str(&r))
+    {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
+            eprintln!("{HELPER_ARG}: bad request: {e}");
+            return ExitCode::from(2);
+        }
+        None => {
+            eprintln!("usage: PROGRAM {HELPER_ARG} REQUEST_JSON");
+            return ExitCode::from(2);
+        }
+    };
+    match build(&request) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The helper's work: libcontainer's create, detached. Runs single-threaded.
+fn build(r: &Request) -> std::result::Result<(), String> {
+    let log_dir: OwnedFd = fs::File::open(&r.log_dir)
+        .map_err(|e| format!("opening {}: {e}", r.log_dir.display()))?
+        .into();
+    let null = || -> std::result::Result<OwnedFd, String> {
+        Ok(fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| format!("opening /dev/null: {e}"))?
+            .into())
+    };
+    ContainerBuilder::new(r.id.clone(), SyscallType::default())
+        .with_root_path(&r.lib_root)
+        .map_err(|e| format!("libcontainer root {}: {e}", r.lib_root.display()))?
+        .with_stdin(log_dir)
+        .with_stdout(null()?)
+        .with_stderr(null()?)
+        .validate_id()
+        .map_err(|e| format!("container id {}: {e}", r.id))?
+        .as_init(&r.bundle)
+        .with_systemd(false)
+        .with_detach(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Makes this process the reaper of orphaned descendants: a container's init, orphaned when
+/// its helper exits, becomes our child, so we can wait for it and record how it ended.
+pub(crate) fn become_subreaper() -> Result<()> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(|e| RuntimeError::Io {
+        context: "becoming a child subreaper".into(),
+        source: e.into(),
+    })
+}
+
+/// Runs the helper `program` for `request`; its error output (kept in `err_file`, not a
+/// pipe the container could inherit) becomes the error.
+pub(crate) async fn create(program: &Path, request: &Request, err_file: &Path) -> Result<()> {
+    let json = serde_json::to_string(request).map_err(|e| RuntimeError::Container {
+        context: format!("creating container {}", request.id),
+        message: e.to_string(),
+    })?;
+    let err = fs::File::create(err_file).context(|| format!("creating {}", err_file.display()))?;
+    let status = tokio::process::Command::new(program)
+        .arg(HELPER_ARG)
+        .arg(json)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .status()
+        .await
+        .context(|| format!("running the create helper {}", program.display()))?;
+    let output = fs::read_to_string(err_file).unwrap_or_default();
+    let _ = fs::remove_file(err_file);
+    if status.success() {
+        return Ok(());
+    }
+    Err(RuntimeError::Container {
+        context: format!("creating container {}", request.id),
+        message: match output.trim() {
+            "" => format!(
+                "the create helper {} ended with {status}",
+                program.display()
+            ),
+            text => text.to_string(),
+        },
+    })
+}
