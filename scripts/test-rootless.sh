@@ -52,4 +52,14 @@ for bin in "${bins[@]}"; do
     KAT_TEST_TMP="$TMP" KAT_TEST_CGROUP_PARENT="$CGROUP_PARENT" CARGO_MANIFEST_DIR="$ROOT/runtime" \
     "$bin" --test-threads 2) || status=1
 done
+
+# The one-node end-to-end test again, with the agent as a user `kat-agent setup` prepared.
+AGENT_USER=kat-e2e
+SETUP=(--user "$AGENT_USER" --prefix /tmp/kat-e2e-setup/prefix --config-dir /tmp/kat-e2e-setup/etc
+       --state-dir /tmp/kat-e2e-setup/home --cgroup-parent /kat-e2e --init-binary "$KAT_INIT")
+echo "== rootless: one-node end to end, kat-agent as $AGENT_USER (prepared by kat-agent setup)"
+target/debug/kat-agent setup "${SETUP[@]}" >/dev/null
+KAT_TEST_AGENT_USER=$AGENT_USER KAT_TEST_CGROUP_PARENT=/kat-e2e \
+  cargo test -q -p kat-agent --locked --test one_node || status=1
+target/debug/kat-agent setup --uninstall "${SETUP[@]}" >/dev/null || status=1
 exit $status

@@ -5,6 +5,8 @@
 //! - [`heartbeat`]: capacity and instance states, every tick and on change;
 //! - [`access`]: logs and exec of local instances for the API;
 //! - [`server`]: the API over HTTPS;
+//! - [`sd_notify`]: readiness and watchdog for systemd;
+//! - [`setup`]: root's one-time host preparation, and its undoing;
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
@@ -12,7 +14,9 @@ mod heartbeat;
 mod layout;
 mod node;
 mod pki;
+mod sd_notify;
 mod server;
+mod setup;
 mod supervisor;
 
 use std::net::IpAddr;
@@ -48,6 +52,9 @@ enum Command {
         #[command(flatten)]
         node: NodeArgs,
     },
+    /// Prepare this host for a rootless agent (run once as root): a `kat` user with subuids,
+    /// directories, delegation, linger and a systemd user service; checks the host first.
+    Setup(setup::SetupArgs),
     /// Print a shell completion script.
     Completion { shell: clap_complete::Shell },
 }
@@ -84,6 +91,17 @@ struct NodeArgs {
     /// Parent cgroup of containers on v1/hybrid hosts (default /kat).
     #[arg(long, value_name = "PATH")]
     cgroup_parent: Option<String>,
+    /// Who makes container cgroups: systemd (transient scopes in kat.slice, over D-Bus) or
+    /// the cgroup filesystem directly; auto picks systemd where it runs.
+    #[arg(long, value_enum, default_value = "auto")]
+    cgroup_manager: CgroupManagerArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CgroupManagerArg {
+    Auto,
+    Systemd,
+    Cgroupfs,
 }
 
 impl NodeArgs {
@@ -99,6 +117,11 @@ impl NodeArgs {
             stop_grace: Duration::from_secs(self.stop_grace_seconds),
             etcd_binary: self.etcd_binary,
             cgroup_parent: self.cgroup_parent,
+            cgroup_manager: match self.cgroup_manager {
+                CgroupManagerArg::Auto => kat_runtime::CgroupManager::Auto,
+                CgroupManagerArg::Systemd => kat_runtime::CgroupManager::Systemd,
+                CgroupManagerArg::Cgroupfs => kat_runtime::CgroupManager::Cgroupfs,
+            },
         }
     }
 }
@@ -133,6 +156,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Init { config, node } => runtime.block_on(node::init(&config, node.options())),
         Command::Run { node } => runtime.block_on(node::run(node.options())),
+        Command::Setup(args) => setup::run(args),
         Command::Completion { shell } => {
             clap_complete::generate(
                 shell,

@@ -50,6 +50,7 @@ pub struct NodeOptions {
     pub stop_grace: Duration,
     pub etcd_binary: Option<PathBuf>,
     pub cgroup_parent: Option<String>,
+    pub cgroup_manager: kat_runtime::CgroupManager,
 }
 
 fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
@@ -160,6 +161,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         auth_files: vec![],
     };
     native.cgroup_parent = options.cgroup_parent.clone();
+    native.cgroup_manager = options.cgroup_manager;
     let runtime: Arc<dyn ContainerRuntime> =
         Arc::new(NativeRuntime::new(native).context("starting the container runtime")?);
     let caps = runtime.capabilities();
@@ -285,6 +287,10 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         },
     )?;
     eprintln!("kat-agent: node {node} is up; API at {endpoint}");
+    crate::sd_notify::notify(&format!(
+        "READY=1\nSTATUS=node {node} is up; API at {endpoint}"
+    ));
+    tasks.spawn(crate::sd_notify::watchdog());
     eprintln!(
         "kat-agent: katcall config written to {}",
         client_path.display()
@@ -299,6 +305,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         }
     }
     eprintln!("kat-agent: stopping (containers keep running and are adopted at the next start)");
+    crate::sd_notify::notify("STOPPING=1");
     tasks.shutdown().await;
     etcd.stop().await;
     Ok(())

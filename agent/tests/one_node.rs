@@ -8,6 +8,9 @@
 //! spec replacing the instances; a bad bundle refused with nothing changed; 401 without the
 //! token; `kill -9` of the agent with no duplicate containers and no lost log lines; delete
 //! leaving no container, cgroup or mount behind.
+//!
+//! With `KAT_TEST_AGENT_USER=NAME` the agent runs as that unprivileged user, prepared by
+//! `kat-agent setup --user NAME` (scripts/test-rootless.sh does this), as in production.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -22,6 +25,13 @@ struct Cluster {
     agent: Option<Child>,
     registry: String,
     init: PathBuf,
+}
+
+/// The unprivileged user the agent runs as, if any.
+fn agent_user() -> Option<String> {
+    std::env::var("KAT_TEST_AGENT_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
 }
 
 fn free_port() -> u16 {
@@ -58,6 +68,13 @@ impl Cluster {
             std::os::unix::fs::PermissionsExt::from_mode(0o711),
         )
         .expect("chmod");
+        if let Some(user) = agent_user() {
+            let status = Command::new("chown")
+                .args([&format!("{user}:"), &dir.path().display().to_string()])
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown of the test directory to {user}");
+        }
         let api_port = free_port();
         let cluster = format!(
             "apiVersion: kat.dws.rip/v1alpha1
@@ -103,7 +120,18 @@ spec:
             .append(true)
             .open(self.dir.path().join("agent.log"))
             .expect("agent log");
-        let mut cmd = Command::new(bin("kat-agent"));
+        let mut cmd = match agent_user() {
+            Some(user) => {
+                // setpriv executes the agent in place (runuser would fork and stand
+                // between us and the agent we kill -9).
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid", &user, "--regid", &user, "--init-groups", "--"])
+                    .arg(bin("kat-agent"))
+                    .env("HOME", self.dir.path());
+                c
+            }
+            None => Command::new(bin("kat-agent")),
+        };
         cmd.args(args)
             .args(["--data-dir", &self.path("data")])
             .args(["--node-name", "e2e-node"])

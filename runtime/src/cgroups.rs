@@ -1,6 +1,11 @@
 //! Which cgroups this node can use, and each container's cgroup.
 //!
 //! Detection picks the best the host offers:
+//! - **systemd** (cgroup v2 with systemd running and its bus reachable): every container is
+//!   a transient scope `kat-<id>.scope` in `kat.slice`, made by libcontainer's systemd
+//!   manager over D-Bus with `MemoryMax`, `CPUQuota` and `TasksMax`; for an unprivileged
+//!   agent in its user's own systemd instance. Scopes do not belong to the agent's unit, so
+//!   restarting or upgrading the agent leaves them running.
 //! - **v2, delegated**: the agent is unprivileged and owns its own cgroup (systemd
 //!   `Delegate=yes`). It moves itself into a leaf `agent` child, enables `memory cpu pids`
 //!   for its subtree, and gives every container `OWN/kat-<id>`.
@@ -15,7 +20,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result};
-use crate::types::CgroupMode;
+use crate::types::{CgroupManager, CgroupMode};
 
 /// The v1 controllers libcontainer joins; an unprivileged agent needs a parent in each.
 const V1_CONTROLLERS: [&str; 12] = [
@@ -33,6 +38,8 @@ const V1_CONTROLLERS: [&str; 12] = [
     "pids",
 ];
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// The slice of container scopes under systemd.
+pub const SYSTEMD_SLICE: &str = "kat.slice";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cgroups {
@@ -62,9 +69,18 @@ fn writable(path: &Path) -> bool {
 
 impl Cgroups {
     /// Detects the cgroup setup. `parent` overrides the default parent (`/kat`).
-    pub fn detect(parent: Option<&str>) -> Cgroups {
+    pub fn detect(parent: Option<&str>, manager: CgroupManager) -> Cgroups {
         let root = nix::unistd::geteuid().is_root();
         let parent_name = parent.unwrap_or("/kat").to_string();
+        if manager != CgroupManager::Cgroupfs {
+            match systemd_base(root) {
+                Ok(base) => return Self::v2(CgroupMode::Systemd, base, Vec::new()),
+                Err(why) if manager == CgroupManager::Systemd => {
+                    return Self::none(format!("--cgroup-manager systemd: {why}"))
+                }
+                Err(_) => {}
+            }
+        }
         if is_unified() {
             if root {
                 return Self::v2(CgroupMode::V2Root, parent_name, Vec::new());
@@ -122,13 +138,23 @@ impl Cgroups {
         Self::none("no cgroup filesystem found under /sys/fs/cgroup".into())
     }
 
-    fn v2(mode: CgroupMode, parent: String, notes: Vec<String>) -> Cgroups {
+    fn v2(mode: CgroupMode, parent: String, mut notes: Vec<String>) -> Cgroups {
         let dir = Path::new(CGROUP_ROOT).join(parent.trim_start_matches('/'));
+        if mode == CgroupMode::Systemd {
+            notes.push(format!("containers run as systemd scopes in {SYSTEMD_SLICE} (cgroup {parent}/{SYSTEMD_SLICE})"));
+        }
         let enabled = fs::read_to_string(dir.join("cgroup.subtree_control"))
             .or_else(|_| fs::read_to_string(Path::new(CGROUP_ROOT).join("cgroup.controllers")))
             .unwrap_or_default();
+        // systemd enables a delegated controller in a slice on demand: what matters is
+        // what the manager's own cgroup was given.
+        let available = if mode == CgroupMode::Systemd {
+            fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default()
+        } else {
+            enabled
+        };
         let has =
-            |c: &str| enabled.split_whitespace().any(|x| x == c) || mode == CgroupMode::V2Root;
+            |c: &str| available.split_whitespace().any(|x| x == c) || mode == CgroupMode::V2Root;
         Cgroups {
             mode,
             memory: has("memory"),
@@ -154,6 +180,8 @@ impl Cgroups {
     pub fn container_path(&self, id: &str) -> Option<String> {
         match self.mode {
             CgroupMode::None => None,
+            // libcontainer's systemd manager: `slice:prefix:name` → kat.slice/kat-<id>.scope.
+            CgroupMode::Systemd => Some(format!("{SYSTEMD_SLICE}:kat:{id}")),
             CgroupMode::V2Delegated => {
                 Some(format!("{}/kat-{id}", self.parent.trim_end_matches('/')))
             }
@@ -165,6 +193,13 @@ impl Cgroups {
         let Some(path) = self.container_path(id) else {
             return Vec::new();
         };
+        if self.mode == CgroupMode::Systemd {
+            let scope = format!(
+                "{}/{SYSTEMD_SLICE}/kat-{id}.scope",
+                self.parent.trim_matches('/')
+            );
+            return vec![Path::new(CGROUP_ROOT).join(scope.trim_start_matches('/'))];
+        }
         let rel = path.trim_start_matches('/');
         if self.mode == CgroupMode::V1 {
             V1_CONTROLLERS
@@ -266,6 +301,57 @@ impl Cgroups {
     }
 }
 
+/// Where this process's systemd instance keeps its units, when systemd can make container
+/// scopes: `` (the root cgroup) for root's system instance, `/user.slice/…/user@UID.service`
+/// for an unprivileged agent's user instance.
+fn systemd_base(root: bool) -> std::result::Result<String, String> {
+    if !is_unified() {
+        return Err("systemd scopes need cgroup v2 (this host has v1 or hybrid cgroups)".into());
+    }
+    if !Path::new("/run/systemd/system").is_dir() {
+        return Err("systemd is not running on this host".into());
+    }
+    if root {
+        let bus = std::env::var("DBUS_SYSTEM_BUS_ADDRESS")
+            .ok()
+            .and_then(|a| a.strip_prefix("unix:path=").map(str::to_string))
+            .unwrap_or_else(|| "/run/dbus/system_bus_socket".into());
+        if !Path::new(&bus).exists() {
+            return Err(format!("the system bus {bus} does not exist"));
+        }
+        return Ok(String::new());
+    }
+    let bus = match std::env::var("DBUS_SESSION_BUS_ADDRESS") {
+        Ok(address) => address
+            .strip_prefix("unix:path=")
+            .map(str::to_string)
+            .unwrap_or(address),
+        Err(_) => match std::env::var("XDG_RUNTIME_DIR") {
+            Ok(dir) => format!("{dir}/bus"),
+            Err(_) => {
+                return Err("neither DBUS_SESSION_BUS_ADDRESS nor XDG_RUNTIME_DIR is set: run kat-agent as a systemd user service (kat-agent setup installs one)".into())
+            }
+        },
+    };
+    if !Path::new(&bus).exists() {
+        return Err(format!(
+            "the user's bus {bus} does not exist (is the user lingering, with dbus-user-session installed?)"
+        ));
+    }
+    let own = own_v2_path().ok_or("this process has no cgroup v2 path")?;
+    let mut base = String::new();
+    for part in own.split('/').filter(|p| !p.is_empty()) {
+        base.push('/');
+        base.push_str(part);
+        if part.starts_with("user@") && part.ends_with(".service") {
+            return Ok(base);
+        }
+    }
+    Err(format!(
+        "kat-agent runs in {own}, outside a user's systemd instance (user@UID.service): run it as a systemd user service"
+    ))
+}
+
 /// Moves this process into `OWN/agent` and enables controllers for the subtree (the
 /// "no internal processes" rule of cgroup v2).
 fn delegate(own: &Path) -> std::io::Result<()> {
@@ -284,16 +370,26 @@ fn delegate(own: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `/sys/fs/cgroup/<ctrl>/<parent>` for every v1 controller this host mounts.
+pub fn v1_parent_dirs(parent: &str) -> Vec<PathBuf> {
+    V1_CONTROLLERS
+        .iter()
+        .map(|c| Path::new(CGROUP_ROOT).join(c))
+        .filter(|base| base.is_dir())
+        .map(|base| base.join(parent.trim_start_matches('/')))
+        .collect()
+}
+
 /// Root's one-time step for an unprivileged agent on a v1/hybrid host: creates
 /// `/sys/fs/cgroup/<ctrl>/<parent>` for each controller and gives it to `uid:gid`.
 pub fn prepare_v1_parent(parent: &str, uid: u32, gid: u32) -> Result<Vec<PathBuf>> {
     let mut made = Vec::new();
-    for ctrl in V1_CONTROLLERS {
-        let base = Path::new(CGROUP_ROOT).join(ctrl);
-        if !base.is_dir() {
-            continue;
-        }
-        let dir = base.join(parent.trim_start_matches('/'));
+    for dir in v1_parent_dirs(parent) {
+        let base = dir.parent().unwrap_or(Path::new(CGROUP_ROOT)).to_path_buf();
+        let ctrl = base
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
         if ctrl == "cpuset" {
             // A cpuset child is unusable until it has cpus and mems.

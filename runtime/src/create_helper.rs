@@ -43,6 +43,8 @@ pub(crate) struct Request {
     pub bundle: PathBuf,
     /// Handed to kat-init as its stdin: the directory it writes logs into.
     pub log_dir: PathBuf,
+    /// Cgroups through systemd (a transient scope) rather than the cgroup filesystem.
+    pub systemd: bool,
 }
 
 /// When this process was started as the create helper, runs it and returns its exit code.
@@ -100,7 +102,7 @@ fn build(r: &Request) -> std::result::Result<(), String> {
         .validate_id()
         .map_err(|e| format!("container id {}: {e}", r.id))?
         .as_init(&r.bundle)
-        .with_systemd(false)
+        .with_systemd(r.systemd)
         .with_detach(true)
         .build()
         .map_err(|e| e.to_string())?;

@@ -50,8 +50,11 @@ pub struct NativeConfig {
     pub registries: RegistryConfig,
     /// Defaults to the current user's subuid/subgid range.
     pub ids: Option<IdMap>,
-    /// Parent cgroup of containers (default `/kat`; ignored for a delegated v2 subtree).
+    /// Parent cgroup of containers (default `/kat`; ignored for a delegated v2 subtree and
+    /// under systemd, where containers go in `kat.slice`).
     pub cgroup_parent: Option<String>,
+    /// systemd scopes or the cgroup filesystem (default: detected).
+    pub cgroup_manager: CgroupManager,
     /// Never try overlay; always copy the image (for hosts where overlay misbehaves).
     pub force_copy_rootfs: bool,
     /// The program that runs libcontainer's create in a process of its own
@@ -68,6 +71,7 @@ impl NativeConfig {
             registries: RegistryConfig::default(),
             ids: None,
             cgroup_parent: None,
+            cgroup_manager: CgroupManager::Auto,
             force_copy_rootfs: false,
             create_helper: PathBuf::from("/proc/self/exe"),
         }
@@ -192,7 +196,7 @@ impl NativeRuntime {
         crate::create_helper::become_subreaper()?;
         let ids = config.ids.clone().unwrap_or_else(IdMap::for_current_user);
         let images = ImageStore::open(&config.root.join("images"), ids.clone())?;
-        let cgroups = Cgroups::detect(config.cgroup_parent.as_deref());
+        let cgroups = Cgroups::detect(config.cgroup_parent.as_deref(), config.cgroup_manager);
         let rootless = !nix::unistd::geteuid().is_root();
         let overlay = !config.force_copy_rootfs && kernel_allows_userns_overlay();
         let mut notes = cgroups.notes.clone();
@@ -492,6 +496,7 @@ impl NativeRuntime {
             lib_root: self.lib_root(),
             bundle,
             log_dir: logs.clone(),
+            systemd: self.cgroups.mode == CgroupMode::Systemd,
         };
         crate::create_helper::create(
             &self.config.create_helper,

@@ -210,10 +210,25 @@ pub struct ExecOptions {
     pub size: Option<(u16, u16)>,
 }
 
+/// Who manages container cgroups: `Auto` picks systemd where it runs and its bus is
+/// reachable, else the cgroup filesystem.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CgroupManager {
+    #[default]
+    Auto,
+    Systemd,
+    Cgroupfs,
+}
+
 /// How this node's cgroups are set up, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum CgroupMode {
+    /// cgroup v2 through systemd: every container is a transient scope in `kat.slice` of
+    /// the agent's systemd instance (the user's own for an unprivileged agent), so
+    /// `systemctl --user status` shows it and systemd accounts and reaps it.
+    Systemd,
     /// A cgroup v2 subtree delegated to the (unprivileged) agent.
     V2Delegated,
     /// cgroup v2, agent running as root.
