@@ -95,6 +95,9 @@ struct NodeArgs {
     /// the cgroup filesystem directly; auto picks systemd where it runs.
     #[arg(long, value_enum, default_value = "auto")]
     cgroup_manager: CgroupManagerArg,
+    /// Most processes in one container (pids.max); a fork bomb stops there.
+    #[arg(long, value_name = "N", default_value_t = supervisor::container_spec::DEFAULT_PIDS_LIMIT)]
+    container_pids_limit: u64,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -117,6 +120,7 @@ impl NodeArgs {
             stop_grace: Duration::from_secs(self.stop_grace_seconds),
             etcd_binary: self.etcd_binary,
             cgroup_parent: self.cgroup_parent,
+            pids_limit: self.container_pids_limit,
             cgroup_manager: match self.cgroup_manager {
                 CgroupManagerArg::Auto => kat_runtime::CgroupManager::Auto,
                 CgroupManagerArg::Systemd => kat_runtime::CgroupManager::Systemd,

@@ -51,6 +51,7 @@ pub struct NodeOptions {
     pub etcd_binary: Option<PathBuf>,
     pub cgroup_parent: Option<String>,
     pub cgroup_manager: kat_runtime::CgroupManager,
+    pub pids_limit: u64,
 }
 
 fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
@@ -181,6 +182,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
                 node: node.clone(),
                 volume_base: PathBuf::from(&cluster.spec.volume_base_path),
                 stop_grace: options.stop_grace,
+                pids_limit: options.pids_limit,
             },
             runtime.clone(),
             status_tx,

@@ -173,8 +173,13 @@ fn unit_text(p: &Paths, extra: &[String]) -> String {
     )
 }
 
-/// Builds the plan for this host.
-fn plan(a: &SetupArgs, p: &Paths, report: &host_check::HostReport) -> Result<Vec<Step>> {
+/// Builds the plan for this host; what keeps it from running goes in `problems`.
+fn plan(
+    a: &SetupArgs,
+    p: &Paths,
+    report: &host_check::HostReport,
+    problems: &mut Vec<String>,
+) -> Result<Vec<Step>> {
     let mut plan = vec![
         Step::User {
             name: p.user.clone(),
@@ -204,24 +209,24 @@ fn plan(a: &SetupArgs, p: &Paths, report: &host_check::HostReport) -> Result<Vec
         from: me,
         to: p.agent.clone(),
     });
-    let init = a
-        .init_binary
-        .clone()
-        .or_else(|| beside_me("kat-init"))
-        .context("no kat-init beside kat-agent; pass --init-binary FILE (the static kat-init)")?;
-    plan.push(Step::Install {
-        from: init,
-        to: p.init.clone(),
-    });
-    let etcd = a
-        .etcd_binary
-        .clone()
-        .or_else(|| which("etcd"))
-        .context("no etcd in PATH; install etcd-server or pass --etcd-binary FILE")?;
-    plan.push(Step::Install {
-        from: etcd,
-        to: p.etcd.clone(),
-    });
+    match a.init_binary.clone().or_else(|| beside_me("kat-init")) {
+        Some(init) => plan.push(Step::Install {
+            from: init,
+            to: p.init.clone(),
+        }),
+        None => problems.push(
+            "no kat-init beside kat-agent: pass --init-binary FILE (the static kat-init)".into(),
+        ),
+    }
+    match a.etcd_binary.clone().or_else(|| which("etcd")) {
+        Some(etcd) => plan.push(Step::Install {
+            from: etcd,
+            to: p.etcd.clone(),
+        }),
+        None => problems.push(
+            "no etcd in PATH: install etcd-server (Fedora: etcd) or pass --etcd-binary FILE".into(),
+        ),
+    }
     if let Some(katcall) = beside_me("katcall") {
         plan.push(Step::Install {
             from: katcall,
@@ -293,7 +298,11 @@ pub fn run(a: SetupArgs) -> Result<()> {
     }
     let report = host_check::check(uid, true);
     print!("{}", report.render());
-    let plan = plan(&a, &p, &report)?;
+    let mut problems = Vec::new();
+    let plan = plan(&a, &p, &report, &mut problems)?;
+    if !problems.is_empty() && !a.dry_run {
+        bail!("cannot set up this host:\n  {}", problems.join("\n  "));
+    }
     println!(
         "\n{} (user {}):",
         if a.dry_run { "Plan" } else { "Setup" },
@@ -314,6 +323,9 @@ pub fn run(a: SetupArgs) -> Result<()> {
         );
     }
     if a.dry_run {
+        for problem in &problems {
+            println!("  ! {problem}");
+        }
         println!("\n(dry run: nothing changed)");
         return Ok(());
     }

@@ -47,6 +47,8 @@ pub struct SupervisorConfig {
     pub volume_base: PathBuf,
     /// SIGTERM, then SIGKILL after this long, when an instance goes.
     pub stop_grace: Duration,
+    /// Most processes one container may have (`pids.max`): a fork bomb stops there.
+    pub pids_limit: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -403,7 +405,8 @@ impl Supervisor {
             .map_err(|e| StartError::NotReady(e.to_string()))?;
             paths.insert(v.name.clone(), path);
         }
-        let options = create_options(record, bundle, image, t.attempt, &paths);
+        let mut options = create_options(record, bundle, image, t.attempt, &paths);
+        options.resources.pids_limit = self.config.pids_limit;
         // A leftover container of this attempt (e.g. created just before an agent crash).
         if self.runtime.status(&options.id).await.is_ok() {
             let _ = self.runtime.remove(&options.id, true).await;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The VM test stage: KAT on a real systemd host with pure cgroup v2, as an unprivileged user.
+#
+# Builds release binaries here, boots the Debian guest of ../shared/vm (systemd PID 1, cgroup
+# v2, a lingering sudo user `tester`; the image is built once, ~3 min, and cached in
+# /var/tmp/vm-guest), copies in the binaries, etcd, a registry and the test image, and runs
+# tests/vm/scenarios.sh there as `tester`:
+#   setup, cluster-up, limits (memory OOMKilled, cpu.max and throttling, pids.max vs a fork
+#   bomb), agent-restart (containers survive, re-adopted), reboot (workloads back, logs
+#   intact), uninstall (nothing left).
+# Prints one PASS/FAIL line per scenario; exits non-zero if any failed.
+# Env: KAT_VM_KEEP=1 leaves the VM running afterwards; VM_* as in ../shared/vm/run-in-vm.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+VM=${KAT_VM_DIR:-$ROOT/../shared/vm}
+[ -x "$VM/run-in-vm.sh" ] || { echo "tests/vm/run.sh: $VM/run-in-vm.sh not found (set KAT_VM_DIR)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "tests/vm/run.sh must run as root (it builds and boots the VM image)" >&2; exit 1; }
+
+echo "==> fixtures: static kat-init, busybox image, loopback registry"
+source <(scripts/test-fixtures.sh)
+echo "==> release build"
+cargo build --release --locked -q -p kat-agent -p katcall
+
+STAGE=$(mktemp -d /tmp/kat-vm-stage.XXXXXX)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/kat-vm/bin" "$STAGE/kat-vm/registry"
+cp target/release/kat-agent target/release/katcall "$KAT_INIT" "$(command -v etcd)" \
+   "$(command -v docker-registry)" "$STAGE/kat-vm/bin/"
+cp -a target/kat-fixtures/registry/. "$STAGE/kat-vm/registry/"
+cp tests/vm/scenarios.sh "$STAGE/kat-vm/"
+
+echo "==> booting the VM and running the scenarios (software emulation: minutes)"
+t0=$SECONDS
+set +e
+"$VM/run-in-vm.sh" -c "$STAGE/kat-vm" -- bash scenarios.sh
+rc=$?
+set -e
+[ "${KAT_VM_KEEP:-0}" = 1 ] || "$VM/run-in-vm.sh" --stop
+echo "==> VM stage: $((SECONDS - t0)) s, exit $rc"
+exit $rc

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Runs inside the test VM as `tester` (sudo allowed), from the directory tests/vm/run.sh
+# copied in (bin/, registry/). One PASS/FAIL line per scenario; exit 1 if any failed.
+set -uo pipefail
+HERE=$PWD
+BIN=$HERE/bin
+STATE=/var/lib/kat
+results=()
+failed=0
+
+log() { echo "   $*"; }
+result() {
+  if [ "$2" = 0 ]; then results+=("PASS $1"); echo "PASS $1"; else results+=("FAIL $1"); echo "FAIL $1"; failed=1; fi
+}
+scenario() { local name=$1; shift; echo "== $name"; "$@"; result "$name" $?; }
+# Polls COMMAND until it succeeds, for up to $1 seconds.
+until_ok() { local t=$1; shift; local end=$((SECONDS + t)); until "$@" >/dev/null 2>&1; do
+  [ $SECONDS -lt $end ] || return 1; sleep 2; done; }
+
+K() { sudo katcall --config "$STATE/katcall.yaml" "$@"; }
+ku() { sudo systemctl --user -M kat@ "$@"; }
+kuid() { id -u kat; }
+slice() { echo "/sys/fs/cgroup/user.slice/user-$(kuid).slice/user@$(kuid).service/kat.slice"; }
+instance_of() {  # first instance id of a workload
+  K get instances -o json | python3 -c '
+import json,sys
+w=sys.argv[1]
+for i in json.load(sys.stdin):
+    if i.get("workload")==w: print(i["instanceID"]); break' "$1"
+}
+state_of() {
+  K get instances -o json | python3 -c '
+import json,sys
+for i in json.load(sys.stdin):
+    if i.get("instanceID")==sys.argv[1]: print(i.get("state",""))' "$1"
+}
+scope_of() { ls -d "$(slice)"/kat-"$1"-*.scope 2>/dev/null | sort | tail -1; }
+running() { [ "$(state_of "$1")" = Running ]; }
+
+workload() {  # NAME SCRIPT [MEMORY] [CPU] [RESTART]
+  local dir=$HERE/w/$1
+  mkdir -p "$dir"
+  cat > "$dir/workload.kat" <<EOW
+apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: $1
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: 127.0.0.1:5000/kat/busybox:latest
+  replicas: 1
+  restartPolicy:
+    condition: ${5:-Always}
+  container:
+    command: ["/bin/sh", "-c", '$2']
+    resources:
+      limits:
+        memory: ${3:-64Mi}
+        cpu: ${4:-500m}
+EOW
+  K apply -f "$dir"
+}
+
+echo "== registry on 127.0.0.1:5000 (in the guest)"
+cat > registry.yml <<EOR
+version: 0.1
+log: {level: error}
+storage: {filesystem: {rootdirectory: $HERE/registry}}
+http: {addr: 127.0.0.1:5000}
+EOR
+setsid "$BIN/docker-registry" serve registry.yml > registry.log 2>&1 < /dev/null &
+until_ok 30 curl -sf http://127.0.0.1:5000/v2/ || { echo "registry did not start"; cat registry.log; exit 1; }
+
+s_setup() {
+  sudo "$BIN/kat-agent" setup --dry-run > plan.txt || return 1
+  grep -q "Host check" plan.txt && grep -q "delegation" plan.txt || { cat plan.txt; return 1; }
+  id kat >/dev/null 2>&1 && { log "dry run created the user"; return 1; }
+  sudo "$BIN/kat-agent" setup --init-binary "$BIN/kat-init" --etcd-binary "$BIN/etcd" \
+    --agent-arg=--insecure-registry --agent-arg=127.0.0.1:5000 \
+    --agent-arg=--container-pids-limit --agent-arg=64 || return 1
+  ku is-active kat-agent
+}
+
+s_cluster_up() {
+  until_ok 180 bash -c "sudo katcall --config $STATE/katcall.yaml get nodes | grep -q Ready" || return 1
+  K get nodes
+  # The agent is a user service of kat, readiness from sd_notify, in the user's manager.
+  ku show kat-agent -p Type -p ActiveState -p ControlGroup | tee /dev/stderr | grep -q "ActiveState=active" || return 1
+  sudo journalctl --user -M kat@ -u kat-agent --no-pager 2>/dev/null | tail -3 || true
+  workload ticker 'i=0; while :; do echo tick-$i; i=$((i+1)); sleep 1; done' || return 1
+  TICKER=$(instance_of ticker)
+  until_ok 120 running "$TICKER" || { K get instances; return 1; }
+  # The container is a scope of kat's systemd, in kat.slice.
+  ku list-units --type=scope --no-pager | grep "kat-$TICKER" || return 1
+  sudo systemd-cgls --no-pager "$(slice | sed 's|/sys/fs/cgroup||')" | head -8
+}
+
+s_limits() {
+  local ok=0
+  workload spinner 'while :; do :; done' 64Mi 500m || return 1
+  workload hog 'echo allocating; head -c 200m /dev/zero | tail; echo survived' 32Mi 500m Never || return 1
+  workload bomb 'i=0; while [ $i -lt 200 ]; do sleep 600 & i=$((i+1)); done; echo spawned; wait' 64Mi 500m || return 1
+  local spin hog bomb
+  spin=$(instance_of spinner); hog=$(instance_of hog); bomb=$(instance_of bomb)
+  until_ok 120 running "$spin" || { K get instances; return 1; }
+  local scope; scope=$(scope_of "$spin")
+  log "spinner scope: $scope"
+  local cpumax; cpumax=$(sudo cat "$scope/cpu.max")
+  log "cpu.max = $cpumax"
+  [ "$cpumax" = "50000 100000" ] || ok=1
+  sleep 5
+  local throttled; throttled=$(sudo awk '/^nr_throttled/ {print $2}' "$scope/cpu.stat")
+  log "cpu.stat nr_throttled = $throttled"
+  [ "${throttled:-0}" -gt 0 ] || ok=1
+  log "memory.max = $(sudo cat "$scope/memory.max")"
+  [ "$(sudo cat "$scope/memory.max")" = 67108864 ] || ok=1
+  oom() { [ "$(state_of "$hog")" = OOMKilled ]; }
+  until_ok 180 oom || { log "hog is not OOMKilled:"; K get instances; ok=1; }
+  log "hog: $(state_of "$hog")"
+  until_ok 180 bash -c "sudo test -n \"\$(ls -d $(slice)/kat-$bomb-*.scope 2>/dev/null)\"" || { ok=1; }
+  local bscope; bscope=$(scope_of "$bomb")
+  until_ok 120 bash -c "sudo grep -q 'max [1-9]' $bscope/pids.events" || { log "no fork refused"; ok=1; }
+  log "pids.max = $(sudo cat "$bscope/pids.max"), pids.current = $(sudo cat "$bscope/pids.current"), $(sudo cat "$bscope/pids.events")"
+  [ "$(sudo cat "$bscope/pids.max")" = 64 ] || ok=1
+  K delete workload bomb >/dev/null
+  K delete workload hog >/dev/null
+  return $ok
+}
+
+s_agent_restart() {
+  local spin scope before after
+  spin=$(instance_of spinner); scope=$(scope_of "$spin")
+  before=$(sudo cat "$scope/cgroup.procs" | sort | tr '\n' ' ')
+  local scopes_before; scopes_before=$(ls -d "$(slice)"/kat-*.scope | wc -l)
+  local agent_before; agent_before=$(ku show kat-agent -p MainPID --value)
+  ku restart kat-agent || return 1
+  local agent_after; agent_after=$(ku show kat-agent -p MainPID --value)
+  log "agent pid $agent_before -> $agent_after"
+  [ "$agent_before" != "$agent_after" ] || return 1
+  until_ok 120 bash -c "sudo katcall --config $STATE/katcall.yaml get nodes | grep -q Ready" || return 1
+  after=$(sudo cat "$scope/cgroup.procs" | sort | tr '\n' ' ')
+  log "spinner processes before: $before after: $after"
+  [ -n "$before" ] && [ "$before" = "$after" ] || return 1
+  sleep 6   # a few supervisor passes: nothing may be recreated
+  local scopes_after; scopes_after=$(ls -d "$(slice)"/kat-*.scope | wc -l)
+  log "container scopes: $scopes_before -> $scopes_after"
+  [ "$scopes_before" = "$scopes_after" ] && running "$spin"
+}
+
+s_reboot() {
+  local ticker logfile lines_before
+  ticker=$(instance_of ticker)
+  lines_before=$(K logs "ticker/$ticker" | grep -c tick-)
+  log "ticker lines before: $lines_before"
+  # Everything of kat's stops, as at shutdown; the unit comes back with the user manager.
+  sudo systemctl stop "user@$(kuid).service" || return 1
+  [ -z "$(ls -d "$(slice)"/kat-*.scope 2>/dev/null)" ] || { log "scopes left after stop"; return 1; }
+  sudo systemctl start "user@$(kuid).service" || return 1
+  until_ok 240 bash -c "sudo katcall --config $STATE/katcall.yaml get nodes | grep -q Ready" || return 1
+  until_ok 180 running "$ticker" || { K get instances; return 1; }
+  until_ok 60 running "$(instance_of spinner)" || return 1
+  sleep 3
+  # The attempt before the reboot keeps its log on disk; the new one goes on.
+  local old; old=$(sudo sh -c "cat $STATE/node/runtime/containers/$ticker-*/logs/stdio.log" | grep -c tick-)
+  local now; now=$(K logs "ticker/$ticker" | grep -c tick-)
+  log "ticker lines on disk across attempts: $old, in the current attempt: $now"
+  [ "$old" -ge "$lines_before" ] && [ "$now" -gt 0 ]
+}
+
+s_uninstall() {
+  sudo "$BIN/kat-agent" setup --uninstall || return 1
+  local left=0
+  id kat >/dev/null 2>&1 && { log "user kat still exists"; left=1; }
+  [ -e "$STATE" ] && { log "$STATE still exists"; left=1; }
+  ls /usr/local/bin/kat-agent /usr/local/lib/kat /etc/kat /etc/systemd/system/user@.service.d/kat-delegate.conf 2>/dev/null && left=1
+  grep -q '^kat:' /etc/subuid /etc/subgid && { log "subids left"; left=1; }
+  pgrep -f kat-agent && { log "processes left"; left=1; }
+  ls -d /sys/fs/cgroup/user.slice/user-*.slice/user@*.service/kat.slice 2>/dev/null && left=1
+  return $left
+}
+
+scenario setup s_setup
+if [ "${results[-1]}" = "PASS setup" ]; then
+  scenario cluster-up s_cluster_up
+  scenario limits s_limits
+  scenario agent-restart s_agent_restart
+  scenario reboot s_reboot
+  scenario uninstall s_uninstall
+fi
+echo
+echo "== VM scenarios"
+printf '%s\n' "${results[@]}"
+exit $failed
