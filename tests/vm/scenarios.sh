@@ -146,7 +146,10 @@ s_agent_restart() {
   sleep 6   # a few supervisor passes: nothing may be recreated
   local scopes_after; scopes_after=$(ls -d "$(slice)"/kat-*.scope | wc -l)
   log "container scopes: $scopes_before -> $scopes_after"
-  [ "$scopes_before" = "$scopes_after" ] && running "$spin"
+  if [ "$scopes_before" = "$scopes_after" ] && running "$spin"; then return 0; fi
+  ls "$(slice)"; K get instances
+  sudo journalctl --user -M kat@ -u kat-agent --no-pager 2>/dev/null | grep -v " INFO " | tail -25
+  return 1
 }
 
 s_reboot() {
