@@ -18,7 +18,12 @@ pub struct LocalAccess {
 }
 
 impl LocalAccess {
-    async fn container_of(&self, record: &InstanceRecord) -> Result<String, AccessError> {
+    /// The instance's newest container, or with `previous` the one before it.
+    async fn container_of(
+        &self,
+        record: &InstanceRecord,
+        previous: bool,
+    ) -> Result<String, AccessError> {
         if record.node != self.node {
             return Err(AccessError::Unavailable(format!(
                 "instance {} runs on node {}; streams from other nodes are not supported yet",
@@ -30,22 +35,33 @@ impl LocalAccess {
             .list()
             .await
             .map_err(|e| AccessError::Unavailable(e.to_string()))?;
-        containers
+        let mut attempts: Vec<(u32, String)> = containers
             .into_iter()
             .filter(|c| c.labels.get(LABEL_INSTANCE) == Some(&record.instance_id))
-            .max_by_key(|c| {
-                c.labels
+            .map(|c| {
+                let attempt = c
+                    .labels
                     .get(LABEL_ATTEMPT)
                     .and_then(|a| a.parse::<u32>().ok())
-                    .unwrap_or(0)
+                    .unwrap_or(0);
+                (attempt, c.id)
             })
-            .map(|c| c.id)
-            .ok_or_else(|| {
-                AccessError::NotFound(format!(
+            .collect();
+        attempts.sort_by(|a, b| b.0.cmp(&a.0));
+        let wanted = attempts.into_iter().nth(usize::from(previous));
+        wanted.map(|(_, id)| id).ok_or_else(|| {
+            AccessError::NotFound(if previous {
+                format!(
+                    "instance {} has not been restarted on this node: there is no previous container (drop --previous)",
+                    record.instance_id
+                )
+            } else {
+                format!(
                     "instance {} has no container yet (see `katcall describe workload {}`)",
                     record.instance_id, record.workload
-                ))
+                )
             })
+        })
     }
 }
 
@@ -56,7 +72,7 @@ impl InstanceAccess for LocalAccess {
         record: &InstanceRecord,
         query: LogQuery,
     ) -> Result<mpsc::Receiver<LogLine>, AccessError> {
-        let id = self.container_of(record).await?;
+        let id = self.container_of(record, query.previous).await?;
         let mut records = self
             .runtime
             .logs(
@@ -94,7 +110,7 @@ impl InstanceAccess for LocalAccess {
         record: &InstanceRecord,
         request: ExecRequest,
     ) -> Result<ExecSession, AccessError> {
-        let id = self.container_of(record).await?;
+        let id = self.container_of(record, false).await?;
         let size = match (request.rows, request.cols) {
             (Some(r), Some(c)) => Some((r, c)),
             _ => None,

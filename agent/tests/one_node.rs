@@ -463,6 +463,11 @@ fn one_node_cluster_end_to_end() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi\n{id}\n"));
 
     // Killing the workload process restarts it (Always).
+    let other = first
+        .iter()
+        .find(|i| **i != id)
+        .cloned()
+        .expect("a second instance");
     let pids = workload_pids(Some(&id));
     assert!(!pids.is_empty(), "no process for {id}");
     for pid in pids {
@@ -488,7 +493,7 @@ fn one_node_cluster_end_to_end() {
             "crasher",
             &image,
             "    condition: MaxCount\n    maxRestarts: 2\n    resetSeconds: 60",
-            "echo boom; exit 3",
+            "echo boom $(cat /proc/sys/kernel/random/uuid); exit 3",
         ),
     );
     c.wait("crasher to fail", Duration::from_secs(30), |c| {
@@ -505,6 +510,22 @@ fn one_node_cluster_end_to_end() {
             .unwrap_or("")
             .contains("maxRestarts"),
         "{crashed}"
+    );
+    // `logs --previous` shows the run before the last one: its own line, not the current.
+    let crasher = format!("crasher/{}", crashed["instanceID"].as_str().unwrap_or(""));
+    let last = c.must(&["logs", &crasher]);
+    let previous = c.must(&["logs", "--previous", &crasher]);
+    assert!(
+        last.starts_with("boom ") && previous.starts_with("boom "),
+        "{last} / {previous}"
+    );
+    assert_ne!(last, previous);
+    let out = c.katcall(&["logs", "--previous", &format!("web/{other}")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no previous container"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     c.must(&["delete", "workload", "crasher"]);
 

@@ -161,12 +161,17 @@ fn write_all(fd: i32, mut bytes: &[u8]) -> bool {
 }
 
 /// Writes `exit.json` atomically: to a temporary name, then renamed into place.
-pub fn write_exit_record(dir: BorrowedFd<'_>, code: i32, signal: Option<i32>) -> nix::Result<()> {
+pub fn write_exit_record(
+    dir: BorrowedFd<'_>,
+    code: i32,
+    signal: Option<i32>,
+    oom_killed: bool,
+) -> nix::Result<()> {
     let signal = signal
         .map(|s| s.to_string())
         .unwrap_or_else(|| "null".into());
     let body = format!(
-        "{{\"exitCode\":{code},\"signal\":{signal},\"finishedAt\":\"{}\"}}\n",
+        "{{\"exitCode\":{code},\"signal\":{signal},\"finishedAt\":\"{}\",\"oomKilled\":{oom_killed}}}\n",
         now_rfc3339()
     );
     let fd = openat(

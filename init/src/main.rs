@@ -11,8 +11,8 @@
 //!   workload is executed so the workload never sees it), rotated by size. No process outside
 //!   the container sits in the log path, so no line is lost and the workload never blocks
 //!   while the agent is away;
-//! - when the workload ends it writes `exit.json` (exit code, signal, finish time) to the same
-//!   directory, atomically, and exits with the workload's code (128+signal when killed).
+//! - when the workload ends it writes `exit.json` (exit code, signal, finish time, and whether
+//!   the container's cgroup counted an OOM kill) to the same directory, atomically, and exits with the workload's code (128+signal when killed).
 //!
 //! The log format is one record per line, as in the CRI log format:
 //!
@@ -26,6 +26,7 @@
 //! and the text continues in the next record of the same stream.
 
 mod logfile;
+mod oom;
 mod options;
 
 use std::ffi::CString;
@@ -225,7 +226,10 @@ fn run(options: Options) -> Result<u8, String> {
         _ => (255, None),
     };
     if let Some(dir) = &log_dir {
-        if let Err(e) = logfile::write_exit_record(dir.as_fd(), code, signal) {
+        // Only a failed workload can have been OOM-killed (a shell may survive the kill of a
+        // child and still exit 0).
+        let oom_killed = code != 0 && oom::oom_killed();
+        if let Err(e) = logfile::write_exit_record(dir.as_fd(), code, signal, oom_killed) {
             eprintln!("kat-init: cannot write exit.json: {e}");
         }
     }

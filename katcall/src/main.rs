@@ -99,6 +99,9 @@ enum Command {
         /// Only the last N lines.
         #[arg(long, value_name = "N")]
         tail: Option<usize>,
+        /// The output of the instance's previous container (the run before its last restart).
+        #[arg(short = 'p', long)]
+        previous: bool,
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
@@ -260,8 +263,17 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             follow,
             since,
             tail,
+            previous,
             namespace,
-        } => streams::logs(&client, &target, &namespace, follow, since.as_deref(), tail).await?,
+        } => {
+            let filter = streams::LogFilter {
+                follow,
+                since,
+                tail,
+                previous,
+            };
+            streams::logs(&client, &target, &namespace, &filter).await?
+        }
         Command::Exec {
             target,
             stdin,

@@ -44,17 +44,21 @@ async fn resolve(client: &Client, target: &str, ns: &str) -> Result<(String, Str
     Ok((workload, first.instance_id.clone()))
 }
 
-pub async fn logs(
-    client: &Client,
-    target: &str,
-    ns: &str,
-    follow: bool,
-    since: Option<&str>,
-    tail: Option<usize>,
-) -> Result<()> {
+/// Which lines `katcall logs` asks for.
+pub struct LogFilter {
+    pub follow: bool,
+    pub since: Option<String>,
+    pub tail: Option<usize>,
+    pub previous: bool,
+}
+
+pub async fn logs(client: &Client, target: &str, ns: &str, filter: &LogFilter) -> Result<()> {
     let (workload, instance) = resolve(client, target, ns).await?;
-    let mut query = vec![("follow", follow.to_string())];
-    if let Some(s) = since {
+    let mut query = vec![("follow", filter.follow.to_string())];
+    if filter.previous {
+        query.push(("previous", "true".to_string()));
+    }
+    if let Some(s) = &filter.since {
         humantime::parse_duration(s)
             .map(|_| ())
             .or_else(|_| humantime::parse_rfc3339_weak(s).map(|_| ()))
@@ -63,7 +67,7 @@ pub async fn logs(
             })?;
         query.push(("since", s.to_string()));
     }
-    if let Some(t) = tail {
+    if let Some(t) = filter.tail {
         query.push(("tail", t.to_string()));
     }
     let resp = client

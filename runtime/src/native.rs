@@ -97,6 +97,9 @@ struct ExitRecord {
     exit_code: i32,
     signal: Option<i32>,
     finished_at: String,
+    /// kat-init saw an OOM kill in the container's cgroup (`memory.events`) before it exited.
+    #[serde(default)]
+    oom_killed: bool,
 }
 
 pub struct NativeRuntime {
@@ -482,6 +485,10 @@ impl NativeRuntime {
             cpu_limit: self.caps.cpu_limit && !kat_limits,
             pids_limit: self.caps.pids_limit && !kat_limits,
             omit_resources: kat_limits,
+            cgroup_mount: matches!(
+                self.cgroups.mode,
+                CgroupMode::Systemd | CgroupMode::V2Delegated | CgroupMode::V2Root
+            ),
         };
         let config = spec::build(&input);
         let bundle = dir.join("bundle");
@@ -506,7 +513,8 @@ impl NativeRuntime {
         .await?;
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
         if let Some(pid) = self.load_container(&options.id).and_then(|c| c.pid()) {
-            spawn_reaper(pid.as_raw(), logs);
+            let (cgroups, id) = (self.cgroups.clone(), options.id.clone());
+            spawn_reaper(pid.as_raw(), logs, move || cgroups.oom_killed(&id));
         }
         if kat_limits {
             self.cgroups
@@ -564,7 +572,11 @@ impl NativeRuntime {
             }
             _ => (None, None, None),
         };
-        let oom_killed = state == ContainerState::Exited && self.cgroups.oom_killed(id);
+        // An OOM kill counts when the workload failed: kat-init read the counter before the
+        // cgroup could go away (systemd removes an empty scope), or the cgroup still has it.
+        let oom_killed = state == ContainerState::Exited
+            && exit_code != Some(0)
+            && (exit.as_ref().is_some_and(|e| e.oom_killed) || self.cgroups.oom_killed(id));
         ContainerStatus {
             id: id.to_string(),
             namespace: meta.options.namespace.clone(),
@@ -605,7 +617,8 @@ impl NativeRuntime {
 
 /// Reaps kat-init when it is our child, and records its end if kat-init could not
 /// (SIGKILL, OOM kill of PID 1).
-fn spawn_reaper(pid: i32, logs: PathBuf) {
+/// `oom_killed` is asked at once, while the cgroup most likely still exists.
+fn spawn_reaper(pid: i32, logs: PathBuf, oom_killed: impl FnOnce() -> bool + Send + 'static) {
     std::thread::Builder::new()
         .name(format!("reap-{pid}"))
         .spawn(move || {
@@ -624,6 +637,7 @@ fn spawn_reaper(pid: i32, logs: PathBuf) {
                 exit_code: code,
                 signal,
                 finished_at: crate::logs::format_time(SystemTime::now()),
+                oom_killed: oom_killed(),
             };
             if let Ok(bytes) = serde_json::to_vec(&record) {
                 let tmp = logs.join("exit.json.reaper");

@@ -7,7 +7,8 @@
 //! - user, pid, mount, ipc, uts, cgroup and (empty, for now) network namespaces;
 //! - the node's id mapping; `noNewPrivileges`; a minimal capability set;
 //! - `proc`, a tmpfs `/dev` with the default devices, `/dev/pts`, `/dev/shm`, read-only
-//!   `sys`, and runc's masked and read-only paths;
+//!   `sys` (with the container's own cgroup v2 read-only at `/sys/fs/cgroup` on v2 hosts),
+//!   and runc's masked and read-only paths;
 //! - generated `/etc/hosts`, `/etc/hostname` and `/etc/resolv.conf`;
 //! - volumes as bind mounts (`subPath`, `readOnly`);
 //! - the rootfs as an overlay made inside the user namespace, or a private copy;
@@ -133,6 +134,10 @@ pub struct SpecInput<'a> {
     pub pids_limit: bool,
     /// Leave `linux.resources` out: the agent writes the limits itself (rootless on v1).
     pub omit_resources: bool,
+    /// Mount the container's own cgroup (v2, through the cgroup namespace) read-only at
+    /// `/sys/fs/cgroup`, so kat-init can read `memory.events` before it exits: under systemd
+    /// the scope and its counters are gone as soon as the last process leaves.
+    pub cgroup_mount: bool,
 }
 
 fn bind(source: &Path, destination: &str, read_only: bool) -> Value {
@@ -192,6 +197,9 @@ pub fn build(input: &SpecInput<'_>) -> Value {
         bind(&input.etc_dir.join("hostname"), "/etc/hostname", false),
         bind(&input.etc_dir.join("resolv.conf"), "/etc/resolv.conf", false),
     ]);
+    if input.cgroup_mount {
+        mounts.push(json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}));
+    }
     for (volume, source) in o.volumes.iter().zip(&input.volume_sources) {
         mounts.push(bind(source, &volume.destination, volume.read_only));
     }

@@ -99,10 +99,15 @@ s_cluster_up() {
 
 s_limits() {
   local ok=0
+  # The guest has 2 cpus (1900m allocatable) and limits count as requests: ticker and
+  # spinner take 1000m, so hog and bomb get 200m each to fit.
   workload spinner 'while :; do :; done' 64Mi 500m || return 1
-  workload hog 'echo allocating; head -c 200m /dev/zero | tail; echo survived' 32Mi 500m Never || return 1
-  workload bomb 'i=0; while [ $i -lt 200 ]; do sleep 600 & i=$((i+1)); done; echo spawned; wait' 64Mi 500m || return 1
+  # tail holds 200 MiB (no newline); the OOM killer picks it and the workload fails with it.
+  workload hog 'echo allocating; head -c 200m /dev/zero | tail' 32Mi 200m Never || return 1
+  workload bomb 'i=0; while [ $i -lt 200 ]; do sleep 600 & i=$((i+1)); done; echo spawned; wait' 64Mi 200m || return 1
   local spin hog bomb
+  until_ok 60 bash -c "sudo katcall --config $STATE/katcall.yaml get instances | grep -q '^bomb-'" ||
+    { log "bomb has no instance"; K describe workload bomb; return 1; }
   spin=$(instance_of spinner); hog=$(instance_of hog); bomb=$(instance_of bomb)
   until_ok 120 running "$spin" || { K get instances; return 1; }
   local scope; scope=$(scope_of "$spin")
@@ -116,9 +121,16 @@ s_limits() {
   [ "${throttled:-0}" -gt 0 ] || ok=1
   log "memory.max = $(sudo cat "$scope/memory.max")"
   [ "$(sudo cat "$scope/memory.max")" = 67108864 ] || ok=1
+  # The container sees its own cgroup, read-only, at /sys/fs/cgroup (kat-init reads
+  # memory.events there before it exits).
+  local inside; inside=$(K exec "spinner/$spin" -- cat /sys/fs/cgroup/memory.max)
+  log "memory.max inside the container = $inside"
+  [ "$inside" = 67108864 ] || ok=1
+  K exec "spinner/$spin" -- sh -c 'echo 1 > /sys/fs/cgroup/memory.max' 2>/dev/null && { log "cgroup writable inside"; ok=1; }
   oom() { [ "$(state_of "$hog")" = OOMKilled ]; }
   until_ok 180 oom || { log "hog is not OOMKilled:"; K get instances; ok=1; }
   log "hog: $(state_of "$hog")"
+  sudo sh -c "cat $STATE/node/runtime/containers/$hog-*/logs/exit.json"
   until_ok 180 bash -c "sudo test -n \"\$(ls -d $(slice)/kat-$bomb-*.scope 2>/dev/null)\"" || { ok=1; }
   local bscope; bscope=$(scope_of "$bomb")
   until_ok 120 bash -c "sudo grep -q 'max [1-9]' $bscope/pids.events" || { log "no fork refused"; ok=1; }
@@ -133,6 +145,7 @@ s_agent_restart() {
   local spin scope before after
   spin=$(instance_of spinner); scope=$(scope_of "$spin")
   before=$(sudo cat "$scope/cgroup.procs" | sort | tr '\n' ' ')
+  ls -d "$(slice)"/kat-*.scope
   local scopes_before; scopes_before=$(ls -d "$(slice)"/kat-*.scope | wc -l)
   local agent_before; agent_before=$(ku show kat-agent -p MainPID --value)
   ku restart kat-agent || return 1
@@ -165,10 +178,10 @@ s_reboot() {
   until_ok 180 running "$ticker" || { K get instances; return 1; }
   until_ok 60 running "$(instance_of spinner)" || return 1
   sleep 3
-  # The attempt before the reboot keeps its log on disk; the new one goes on.
-  local old; old=$(sudo sh -c "cat $STATE/node/runtime/containers/$ticker-*/logs/stdio.log" | grep -c tick-)
+  # The attempt before the reboot keeps its log (`logs --previous`); the new one goes on.
+  local old; old=$(K logs --previous "ticker/$ticker" | grep -c tick-)
   local now; now=$(K logs "ticker/$ticker" | grep -c tick-)
-  log "ticker lines on disk across attempts: $old, in the current attempt: $now"
+  log "ticker lines before the reboot (logs --previous): $old, since: $now"
   [ "$old" -ge "$lines_before" ] && [ "$now" -gt 0 ]
 }
 

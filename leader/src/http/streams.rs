@@ -30,6 +30,8 @@ pub struct LogQuery {
     pub follow: bool,
     pub since: Option<SystemTime>,
     pub tail: Option<usize>,
+    /// The instance's previous container: the run before its last restart.
+    pub previous: bool,
 }
 
 #[derive(Debug)]
@@ -145,6 +147,8 @@ pub struct LogsParams {
     /// RFC 3339 time or a duration back from now (`10m`, `1h30m`).
     since: Option<String>,
     tail: Option<usize>,
+    #[serde(default)]
+    previous: bool,
 }
 
 fn parse_since(text: &str, now: SystemTime) -> Result<SystemTime, ApiError> {
@@ -165,8 +169,9 @@ pub async fn logs(
     Path((ns, name, id)): Path<(String, String, String)>,
     params: Result<Query<LogsParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(p) =
-        params.map_err(|e| ApiError::bad_request(format!("{e} (expected follow, since, tail)")))?;
+    let Query(p) = params.map_err(|e| {
+        ApiError::bad_request(format!("{e} (expected follow, since, tail, previous)"))
+    })?;
     let since = p
         .since
         .as_deref()
@@ -181,6 +186,7 @@ pub async fn logs(
                 follow: p.follow,
                 since,
                 tail: p.tail,
+                previous: p.previous,
             },
         )
         .await?;
