@@ -2,7 +2,8 @@
 # The whole test suite: unit, property, conformance (MemStore and a real etcd), the managed
 # etcd process, the CLI, the hostile-input properties of the fuzz targets, and the container
 # runtime on the real kernel (a loopback registry, images built with buildah) — as root and
-# again as an unprivileged user with a subuid range.
+# again as an unprivileged user with a subuid range — and, where ../shared/vm is beside the
+# checkout, the systemd VM stage (tests/vm/run.sh; KAT_SKIP_VM=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
@@ -18,4 +19,13 @@ if [ "$(id -u)" = 0 ]; then
     scripts/test-rootless.sh
 else
     echo "==> (the suite ran unprivileged; run as root to also run it as root)"
+fi
+VM_DIR=${KAT_VM_DIR:-../shared/vm}
+if [ "${KAT_SKIP_VM:-0}" = 1 ]; then
+    echo "==> VM stage skipped (KAT_SKIP_VM=1)"
+elif [ "$(id -u)" != 0 ] || [ ! -x "$VM_DIR/run-in-vm.sh" ]; then
+    echo "==> VM stage skipped: it needs root and $VM_DIR/run-in-vm.sh (see tests/vm/run.sh)"
+else
+    echo "==> VM stage: systemd + cgroup v2 guest, kat-agent as a user service"
+    KAT_VM_DIR=$VM_DIR tests/vm/run.sh
 fi

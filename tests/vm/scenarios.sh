@@ -104,7 +104,9 @@ s_limits() {
   workload spinner 'while :; do :; done' 64Mi 500m || return 1
   # tail holds 200 MiB (no newline); the OOM killer picks it and the workload fails with it.
   workload hog 'echo allocating; head -c 200m /dev/zero | tail' 32Mi 200m Never || return 1
-  workload bomb 'i=0; while [ $i -lt 200 ]; do sleep 600 & i=$((i+1)); done; echo spawned; wait' 64Mi 200m || return 1
+  # The bomb runs in a subshell: sh gives up at the first refused fork, and the outer shell
+  # (one task freed) stays, so the scope and its pids.events outlive the bomb.
+  workload bomb '(i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; echo all 200 spawned); echo bomb ended with $?; sleep 3600' 64Mi 200m || return 1
   local spin hog bomb
   until_ok 60 bash -c "sudo katcall --config $STATE/katcall.yaml get instances | grep -q '^bomb-'" ||
     { log "bomb has no instance"; K describe workload bomb; return 1; }
@@ -134,6 +136,8 @@ s_limits() {
   until_ok 180 bash -c "sudo test -n \"\$(ls -d $(slice)/kat-$bomb-*.scope 2>/dev/null)\"" || { ok=1; }
   local bscope; bscope=$(scope_of "$bomb")
   until_ok 120 bash -c "sudo grep -q 'max [1-9]' $bscope/pids.events" || { log "no fork refused"; ok=1; }
+  K logs "bomb/$bomb" | sed 's/^/   bomb: /'
+  K logs "bomb/$bomb" | grep -q "all 200 spawned" && { log "the bomb was not stopped"; ok=1; }
   log "pids.max = $(sudo cat "$bscope/pids.max"), pids.current = $(sudo cat "$bscope/pids.current"), $(sudo cat "$bscope/pids.events")"
   [ "$(sudo cat "$bscope/pids.max")" = 64 ] || ok=1
   K delete workload bomb >/dev/null
