@@ -47,7 +47,7 @@ impl LocalAccess {
                 (attempt, c.id)
             })
             .collect();
-        attempts.sort_by(|a, b| b.0.cmp(&a.0));
+        attempts.sort_by_key(|a| std::cmp::Reverse(a.0));
         let wanted = attempts.into_iter().nth(usize::from(previous));
         wanted.map(|(_, id)| id).ok_or_else(|| {
             AccessError::NotFound(if previous {

@@ -6,12 +6,14 @@
 //! - [`access`]: logs and exec of local instances for the API;
 //! - [`server`]: the API over HTTPS;
 //! - [`sd_notify`]: readiness and watchdog for systemd;
+//! - [`malloc`]: fewer malloc arenas, free pages trimmed when idle;
 //! - [`setup`]: root's one-time host preparation, and its undoing;
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
 mod heartbeat;
 mod layout;
+mod malloc;
 mod node;
 mod pki;
 mod sd_notify;
@@ -135,6 +137,7 @@ fn main() -> ExitCode {
     if let Some(code) = kat_runtime::create_helper::run_if_requested() {
         return code;
     }
+    malloc::limit_arenas();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -293,6 +293,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         "READY=1\nSTATUS=node {node} is up; API at {endpoint}"
     ));
     tasks.spawn(crate::sd_notify::watchdog());
+    tasks.spawn(crate::malloc::trim_periodically());
     eprintln!(
         "kat-agent: katcall config written to {}",
         client_path.display()

@@ -223,7 +223,7 @@ impl Supervisor {
             Err(e) => tracing::warn!(error = %e, "cannot list existing containers"),
         }
         for list in found.values_mut() {
-            list.sort_by(|a, b| b.0.cmp(&a.0));
+            list.sort_by_key(|a| std::cmp::Reverse(a.0));
         }
         found
     }
