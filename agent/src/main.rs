@@ -100,6 +100,16 @@ struct NodeArgs {
     /// Most processes in one container (pids.max); a fork bomb stops there.
     #[arg(long, value_name = "N", default_value_t = supervisor::container_spec::DEFAULT_PIDS_LIMIT)]
     container_pids_limit: u64,
+    /// KAT's default seccomp filter in every container (new namespaces, mounts, modules,
+    /// kexec, bpf, keyrings… refused), or none.
+    #[arg(long, value_enum, default_value = "default")]
+    seccomp: SeccompArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SeccompArg {
+    Default,
+    Unconfined,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -123,6 +133,7 @@ impl NodeArgs {
             etcd_binary: self.etcd_binary,
             cgroup_parent: self.cgroup_parent,
             pids_limit: self.container_pids_limit,
+            seccomp: self.seccomp == SeccompArg::Default,
             cgroup_manager: match self.cgroup_manager {
                 CgroupManagerArg::Auto => kat_runtime::CgroupManager::Auto,
                 CgroupManagerArg::Systemd => kat_runtime::CgroupManager::Systemd,

@@ -52,6 +52,7 @@ pub struct NodeOptions {
     pub cgroup_parent: Option<String>,
     pub cgroup_manager: kat_runtime::CgroupManager,
     pub pids_limit: u64,
+    pub seccomp: bool,
 }
 
 fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
@@ -163,6 +164,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     };
     native.cgroup_parent = options.cgroup_parent.clone();
     native.cgroup_manager = options.cgroup_manager;
+    native.seccomp = options.seccomp;
     let runtime: Arc<dyn ContainerRuntime> =
         Arc::new(NativeRuntime::new(native).context("starting the container runtime")?);
     let caps = runtime.capabilities();

@@ -6,6 +6,8 @@
 //!
 //! - it starts the workload and forwards every catchable signal to it;
 //! - it reaps every zombie in the container's PID namespace;
+//! - with `--seccomp default` it installs KAT's seccomp filter in itself first, so the
+//!   workload inherits it (see [`seccomp`]);
 //! - with `--log-dir-fd N` it owns the workload's stdout and stderr, writing them to
 //!   `stdio.log` in that directory (an fd the agent opened on the host, closed before the
 //!   workload is executed so the workload never sees it), rotated by size. No process outside
@@ -28,6 +30,7 @@
 mod logfile;
 mod oom;
 mod options;
+mod seccomp;
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -50,7 +53,7 @@ fn main() -> ExitCode {
         Ok(options) => options,
         Err(message) => {
             eprintln!("kat-init: {message}");
-            eprintln!("usage: kat-init [--log-dir-fd N] [--log-max-bytes N] [--log-max-files N] -- COMMAND [ARG...]");
+            eprintln!("usage: kat-init [--log-dir-fd N] [--log-max-bytes N] [--log-max-files N] [--seccomp default|unconfined] -- COMMAND [ARG...]");
             return ExitCode::from(2);
         }
     };
@@ -131,6 +134,11 @@ fn run(options: Options) -> Result<u8, String> {
         .map(|a| CString::new(a.as_bytes()))
         .collect::<Result<_, _>>()
         .map_err(|_| "an argument contains a NUL byte".to_string())?;
+
+    // Filter ourselves, so the workload inherits it and cannot get round it through us.
+    if options.seccomp {
+        seccomp::install()?;
+    }
 
     // SAFETY: we are single-threaded; the child only calls async-signal-safe functions
     // (dup2, sigprocmask, execvp, write, _exit) before exec.

@@ -12,6 +12,8 @@ pub struct Options {
     pub log_max_bytes: u64,
     /// Keep this many log files in all (`stdio.log` and `stdio.log.1` …).
     pub log_max_files: u32,
+    /// Install KAT's default seccomp filter (`--seccomp default`) or none (`unconfined`).
+    pub seccomp: bool,
     /// The workload's argv.
     pub command: Vec<String>,
 }
@@ -22,6 +24,7 @@ impl Options {
             log_dir_fd: None,
             log_max_bytes: 10 * 1024 * 1024,
             log_max_files: 3,
+            seccomp: false,
             command: Vec::new(),
         };
         let mut i = 0;
@@ -44,6 +47,17 @@ impl Options {
                 "--log-max-bytes" => options.log_max_bytes = number("a byte count")?.max(4096),
                 "--log-max-files" => {
                     options.log_max_files = number("a file count")?.clamp(1, 100) as u32
+                }
+                "--seccomp" => {
+                    options.seccomp = match value.as_str() {
+                        "default" => true,
+                        "unconfined" => false,
+                        other => {
+                            return Err(format!(
+                                "--seccomp: expected default or unconfined, got {other:?}"
+                            ))
+                        }
+                    }
                 }
                 other => return Err(format!("unknown option {other:?}")),
             }
@@ -88,5 +102,8 @@ mod tests {
         assert!(Options::parse(&args(&["--log-dir-fd"])).is_err());
         assert!(Options::parse(&args(&["--log-dir-fd", "x", "--", "a"])).is_err());
         assert!(Options::parse(&args(&["--bogus", "1", "--", "a"])).is_err());
+        assert!(Options::parse(&args(&["--seccomp", "strict", "--", "a"])).is_err());
+        let o = Options::parse(&args(&["--seccomp", "default", "--", "a"])).unwrap();
+        assert!(o.seccomp);
     }
 }

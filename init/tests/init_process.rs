@@ -86,6 +86,35 @@ fn exit_code_is_the_workloads() {
     assert_eq!((exit.code, exit.signal), (42, None));
 }
 
+/// The filter is on in kat-init and the workload: a new user namespace (the usual first
+/// step out of a container) and a mount are refused, ordinary work goes on.
+#[test]
+fn seccomp_default_filters_the_workload() {
+    let script = "grep '^Seccomp:' /proc/self/status; \
+        unshare --user true 2>/dev/null; echo unshare=$?; \
+        grep -c . /proc/self/status >/dev/null; echo work=$?";
+    let out = Command::new(INIT)
+        .args(["--seccomp", "default", "--", "/bin/sh", "-c", script])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("Seccomp:\t2"), "{text}");
+    assert!(!text.contains("unshare=0"), "{text}");
+    assert!(text.contains("work=0"), "{text}");
+    // Without the flag nothing is filtered (kat-init outside a container, as here).
+    let out = Command::new(INIT)
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "unshare --user true; echo unshare=$?",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unshare=0"));
+}
+
 #[test]
 fn missing_executable_exits_127_and_says_why() {
     let dir = tempfile::tempdir().unwrap();

@@ -478,6 +478,11 @@ pub async fn exec(
         .ok_or_else(|| container_error(&id, "the container has no PID 1"))?;
     let config = read_json(&bundle.join("config.json"), &format!("the spec of {id}"))?;
     let process = &config["process"];
+    // The same seccomp filter as PID 1: kat-init installs it when the spec asked it to.
+    let seccomp = process["args"].as_array().is_some_and(|args| {
+        args.windows(2)
+            .any(|w| w[0] == "--seccomp" && w[1] == "default")
+    });
     let mut env: Vec<String> = process["env"]
         .as_array()
         .map(|a| {
@@ -526,6 +531,9 @@ pub async fn exec(
     let entry = prepare(&id, pid, process, &cgroup_procs, &cwd, terminal, steps_w)?;
 
     let mut command = Command::new(INIT_PATH);
+    if seccomp {
+        command.args(["--seccomp", "default"]);
+    }
     command.arg("--").args(&options.command).env_clear();
     for pair in &env {
         if let Some((k, v)) = pair.split_once('=') {

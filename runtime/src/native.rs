@@ -57,6 +57,8 @@ pub struct NativeConfig {
     pub cgroup_manager: CgroupManager,
     /// Never try overlay; always copy the image (for hosts where overlay misbehaves).
     pub force_copy_rootfs: bool,
+    /// kat-init installs KAT's default seccomp filter in every container (default on).
+    pub seccomp: bool,
     /// The program that runs libcontainer's create in a process of its own
     /// ([`crate::create_helper`]). Default: this very binary (`/proc/self/exe`), which must
     /// then call [`crate::create_helper::run_if_requested`] first in `main`.
@@ -73,6 +75,7 @@ impl NativeConfig {
             cgroup_parent: None,
             cgroup_manager: CgroupManager::Auto,
             force_copy_rootfs: false,
+            seccomp: true,
             create_helper: PathBuf::from("/proc/self/exe"),
         }
     }
@@ -203,7 +206,9 @@ impl NativeRuntime {
         let rootless = !nix::unistd::geteuid().is_root();
         let overlay = !config.force_copy_rootfs && kernel_allows_userns_overlay();
         let mut notes = cgroups.notes.clone();
-        notes.push("seccomp: not enforced (this build has no libseccomp); containers rely on the user namespace, dropped capabilities and no_new_privs".into());
+        if !config.seccomp {
+            notes.push("seccomp: off (--seccomp unconfined); containers rely on the user namespace, dropped capabilities and no_new_privs".into());
+        }
         if ids.is_single() {
             notes.push("no subuid/subgid range: only container root is mapped; files owned by other ids in images belong to root".into());
         }
@@ -222,7 +227,7 @@ impl NativeRuntime {
                 RootfsMode::Copy
             },
             uid_map: ids.uid_triples(),
-            seccomp: false,
+            seccomp: config.seccomp,
             notes,
         };
         Ok(NativeRuntime {
@@ -485,6 +490,7 @@ impl NativeRuntime {
             cpu_limit: self.caps.cpu_limit && !kat_limits,
             pids_limit: self.caps.pids_limit && !kat_limits,
             omit_resources: kat_limits,
+            seccomp: self.config.seccomp,
             cgroup_mount: matches!(
                 self.cgroups.mode,
                 CgroupMode::Systemd | CgroupMode::V2Delegated | CgroupMode::V2Root

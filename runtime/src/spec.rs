@@ -5,7 +5,8 @@
 //!   after `--` (the image's Entrypoint and Cmd merged with the workload's command and
 //!   args, Docker semantics);
 //! - user, pid, mount, ipc, uts, cgroup and (empty, for now) network namespaces;
-//! - the node's id mapping; `noNewPrivileges`; a minimal capability set;
+//! - the node's id mapping; `noNewPrivileges`; a minimal capability set; KAT's seccomp
+//!   filter, which kat-init installs in itself (`--seccomp default`, see `init/`);
 //! - `proc`, a tmpfs `/dev` with the default devices, `/dev/pts`, `/dev/shm`, read-only
 //!   `sys` (with the container's own cgroup v2 read-only at `/sys/fs/cgroup` on v2 hosts),
 //!   and runc's masked and read-only paths;
@@ -134,6 +135,8 @@ pub struct SpecInput<'a> {
     pub pids_limit: bool,
     /// Leave `linux.resources` out: the agent writes the limits itself (rootless on v1).
     pub omit_resources: bool,
+    /// kat-init installs KAT's default seccomp filter (`--seccomp default`).
+    pub seccomp: bool,
     /// Mount the container's own cgroup (v2, through the cgroup namespace) read-only at
     /// `/sys/fs/cgroup`, so kat-init can read `memory.events` before it exits: under systemd
     /// the scope and its counters are gone as soon as the last process leaves.
@@ -159,6 +162,13 @@ pub fn build(input: &SpecInput<'_>) -> Value {
         o.log.max_bytes.to_string(),
         "--log-max-files".into(),
         o.log.max_files.to_string(),
+        "--seccomp".into(),
+        if input.seccomp {
+            "default"
+        } else {
+            "unconfined"
+        }
+        .into(),
         "--".into(),
     ];
     init_args.extend(input.argv.iter().cloned());

@@ -129,7 +129,9 @@ async fn isolation_namespaces_capabilities_and_masked_paths() {
     let script = "id -u; echo pid=$$; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; \
         cat /proc/self/uid_map | wc -l; ls /dev | tr '\\n' ' '; echo; \
         (wc -c < /proc/kcore) 2>/dev/null || echo 0; touch /sys/x 2>/dev/null && echo sys-writable || echo sys-ro; \
-        ip link 2>/dev/null | grep -c '^[0-9]' ; cat /proc/1/cmdline | tr '\\0' ' '";
+        ip link 2>/dev/null | grep -c '^[0-9]' ; cat /proc/1/cmdline | tr '\\0' ' '; echo; \
+        grep '^Seccomp:' /proc/self/status; grep '^Seccomp:' /proc/1/status; \
+        unshare -U true 2>/dev/null && echo userns-allowed || echo userns-refused";
     let (code, out) = run(&rt, "iso", &image(&f), script).await;
     assert_eq!(code, 0, "{out:?}");
     assert_eq!(out[0], "0", "root inside");
@@ -162,6 +164,11 @@ async fn isolation_namespaces_capabilities_and_masked_paths() {
         "{}",
         out[9]
     );
+    // KAT's seccomp filter, in the workload and in kat-init; no nested user namespace.
+    assert!(rt.capabilities().seccomp);
+    assert_eq!(out[10], "Seccomp:\t2");
+    assert_eq!(out[11], "Seccomp:\t2");
+    assert_eq!(out[12], "userns-refused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

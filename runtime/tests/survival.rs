@@ -208,6 +208,7 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
                 "[ \"$(cat /proc/self/cgroup)\" = \"$(cat /proc/1/cgroup)\" ] && echo same-cgroup;",
                 "[ \"$(grep CapBnd /proc/self/status)\" = \"$(grep CapBnd /proc/1/status)\" ] && echo same-caps;",
                 "grep -q '^NoNewPrivs:.*1' /proc/self/status && echo no-new-privs;",
+                "grep -q '^Seccomp:.*2' /proc/self/status && echo seccomp-filtered;",
                 "hostname; id -u; exit 5"
             )
             .into(),
@@ -239,8 +240,15 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
     assert_eq!(stderr, "oops\n");
     assert_eq!(
         &lines[2..],
-        ["same-cgroup", "same-caps", "no-new-privs", "host", "0"],
-        "exec joins the container's cgroups, capabilities, hostname and user: {stdout}"
+        [
+            "same-cgroup",
+            "same-caps",
+            "no-new-privs",
+            "seccomp-filtered",
+            "host",
+            "0"
+        ],
+        "exec joins the container's cgroups, capabilities, seccomp filter, hostname and user: {stdout}"
     );
 
     // A TTY: the process sees a terminal of the requested size, and resizes reach it.

@@ -184,8 +184,9 @@ impl HostReport {
             "user namespace (rootless)",
             "no_new_privs",
             "reduced capabilities",
+            "seccomp (KAT's default filter)",
         ];
-        let mut not = vec!["seccomp (this build has no libseccomp)"];
+        let mut not = vec![];
         if limits {
             enforced.push("memory, cpu and pids limits");
         } else {
@@ -195,6 +196,9 @@ impl HostReport {
             enforced.push("containers as systemd scopes in kat.slice");
         }
         let _ = writeln!(out, "Enforced: {}", enforced.join(", "));
+        if not.is_empty() {
+            not.push("nothing");
+        }
         let _ = writeln!(out, "Not enforced: {}", not.join(", "));
         out
     }
@@ -224,6 +228,7 @@ mod tests {
         ] {
             assert!(text.contains(name), "{text}");
         }
-        assert!(text.contains("Enforced:") && text.contains("Not enforced: seccomp"));
+        assert!(text.contains("Enforced:") && text.contains("seccomp (KAT's default filter)"));
+        assert!(text.contains("Not enforced: "));
     }
 }
