@@ -19,6 +19,8 @@ command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v buildah >/dev/null 2>&1 || missing+=(buildah)
 command -v newuidmap >/dev/null 2>&1 || missing+=(uidmap)
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+# htpasswd (bcrypt) for the registry that tests basic auth.
+command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if [ ${#missing[@]} -gt 0 ]; then

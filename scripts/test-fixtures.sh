@@ -4,7 +4,9 @@
 #   - a busybox image (busybox-static in a FROM scratch image, built with buildah);
 #   - a loopback registry (Debian's docker-registry) on 127.0.0.1:5000 serving it as
 #     kat/busybox:latest;
-#   - the same image as an OCI layout directory.
+#   - the same image as an OCI layout directory;
+#   - a second registry on 127.0.0.1:5001 that wants basic auth (htpasswd, test-only
+#     credentials) and serves the same image.
 # Idempotent: a second run only checks. Prints the environment the tests read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,10 @@ REGISTRY=127.0.0.1:5000
 mkdir -p "$FIX"
 
 need() { command -v "$1" >/dev/null 2>&1 || { echo "missing $1: run scripts/install-deps.sh" >&2; exit 1; }; }
-need buildah; need docker-registry; need curl
+need buildah; need docker-registry; need curl; need htpasswd
+AUTH_REGISTRY=127.0.0.1:5001
+AUTH_CREDS=kat-test:kat-test-secret
+export STORAGE_DRIVER=vfs
 
 # kat-init, static, so it runs in a FROM scratch container.
 RUSTFLAGS="-C target-feature=+crt-static" cargo build -q -p kat-init --release --target x86_64-unknown-linux-gnu
@@ -38,7 +43,6 @@ fi
 
 # The image: busybox and its applet links, nothing else; User root, Cmd sh.
 if ! curl -fsS "http://$REGISTRY/v2/kat/busybox/manifests/latest" -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' 2>/dev/null || [ ! -f "$FIX/busybox-oci/index.json" ]; then
-  export STORAGE_DRIVER=vfs
   ctr=$(buildah from scratch)
   mnt=$(buildah mount "$ctr")
   mkdir -p "$mnt/bin" "$mnt/etc" "$mnt/tmp" "$mnt/root"
@@ -58,9 +62,36 @@ if ! curl -fsS "http://$REGISTRY/v2/kat/busybox/manifests/latest" -o /dev/null -
   buildah push -q kat-busybox "oci:$FIX/busybox-oci:latest"
 fi
 
+# The same image behind basic auth.
+if [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$AUTH_REGISTRY/v2/")" != 401 ]; then
+  mkdir -p "$FIX/registry-auth"
+  htpasswd -Bbn "${AUTH_CREDS%%:*}" "${AUTH_CREDS#*:}" > "$FIX/htpasswd"
+  cat > "$FIX/registry-auth.yml" <<YML
+version: 0.1
+log: {level: error}
+storage:
+  filesystem: {rootdirectory: $FIX/registry-auth}
+auth:
+  htpasswd: {realm: kat-test, path: $FIX/htpasswd}
+http: {addr: $AUTH_REGISTRY}
+YML
+  setsid docker-registry serve "$FIX/registry-auth.yml" >"$FIX/registry-auth.log" 2>&1 < /dev/null &
+  for _ in $(seq 50); do [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$AUTH_REGISTRY/v2/")" = 401 ] && break; sleep 0.1; done
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$AUTH_REGISTRY/v2/")" = 401 ] || { cat "$FIX/registry-auth.log"; exit 1; }
+fi
+if ! curl -fsS -u "$AUTH_CREDS" "http://$AUTH_REGISTRY/v2/kat/busybox/manifests/latest" -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' 2>/dev/null; then
+  buildah inspect kat-busybox >/dev/null 2>&1 || {
+    buildah pull -q --tls-verify=false "docker://$REGISTRY/kat/busybox:latest" >/dev/null
+    buildah tag "$REGISTRY/kat/busybox:latest" kat-busybox
+  }
+  buildah push -q --tls-verify=false --creds "$AUTH_CREDS" kat-busybox "docker://$AUTH_REGISTRY/kat/busybox:latest"
+fi
+
 cat > "$FIX/env" <<ENV
 export KAT_INIT=$INIT
 export KAT_TEST_REGISTRY=$REGISTRY
 export KAT_TEST_LAYOUT=$FIX/busybox-oci
+export KAT_TEST_AUTH_REGISTRY=$AUTH_REGISTRY
+export KAT_TEST_AUTH_CREDS=$AUTH_CREDS
 ENV
 cat "$FIX/env"

@@ -51,6 +51,49 @@ async fn concurrent_pulls_of_one_image_download_once() {
     assert_eq!(rt.list_images().await.unwrap().len(), 1);
 }
 
+/// A registry behind basic auth (htpasswd): refused without credentials and with wrong
+/// ones, each with what to do next; pulled with the credentials from an auth file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_from_the_auth_file() {
+    use base64::Engine;
+    let f = fixtures();
+    let dir = tempfile::tempdir().unwrap();
+    let auth_file = dir.path().join("auth.json");
+    let write_auth = |creds: &str| {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(creds);
+        let doc = serde_json::json!({"auths": {f.auth_registry.clone(): {"auth": encoded}}});
+        std::fs::write(&auth_file, doc.to_string()).unwrap();
+    };
+    let runtime_with_auth = || {
+        let mut config = config_in(&f, dir.path());
+        config.registries.insecure.push(f.auth_registry.clone());
+        config.registries.auth_files = vec![auth_file.clone()];
+        kat_runtime::NativeRuntime::new(config).unwrap()
+    };
+    let img = format!("{}/kat/busybox:latest", f.auth_registry);
+
+    // No auth file at all.
+    let rt = runtime_with_auth();
+    let e = rt.pull_image(&img, None).await.unwrap_err().to_string();
+    assert!(
+        e.contains("refused access") && e.contains("no credentials"),
+        "{e}"
+    );
+    assert!(rt.list_images().await.unwrap().is_empty());
+
+    write_auth("kat-test:wrong-password");
+    let e = rt.pull_image(&img, None).await.unwrap_err().to_string();
+    assert!(
+        e.contains("refused access") && e.contains("were refused"),
+        "{e}"
+    );
+
+    write_auth(&f.auth_creds);
+    let summary = rt.pull_image(&img, None).await.unwrap();
+    assert!(summary.id.starts_with("sha256:"), "{summary:?}");
+    assert_eq!(rt.list_images().await.unwrap().len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn import_from_oci_layout_runs_and_prune_reclaims() {
     let f = fixtures();

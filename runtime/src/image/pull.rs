@@ -85,9 +85,35 @@ fn client(config: &RegistryConfig) -> Client {
     })
 }
 
-fn pull_error(reference: &Reference, e: oci_client::errors::OciDistributionError) -> RuntimeError {
+fn pull_error(
+    reference: &Reference,
+    auth: &RegistryAuth,
+    e: oci_client::errors::OciDistributionError,
+) -> RuntimeError {
     let text = e.to_string();
     let lowered = text.to_ascii_lowercase();
+    let refused = [
+        "unauthorized",
+        "not authorized",
+        "401",
+        "authentication required",
+        "denied",
+    ];
+    if refused.iter().any(|r| lowered.contains(r)) {
+        let registry = reference.resolve_registry();
+        let what_next = match auth {
+            RegistryAuth::Anonymous => format!(
+                "no credentials for {registry} were found: log in with `podman login {registry}` or add them to $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json or ~/.docker/config.json of the agent's user"
+            ),
+            _ => format!(
+                "the credentials for {registry} in the agent's auth file were refused: check the user name and password"
+            ),
+        };
+        return RuntimeError::Pull {
+            reference: reference.whole(),
+            message: format!("the registry refused access ({what_next}): {text}"),
+        };
+    }
     let unknown = [
         "manifest_unknown",
         "manifest unknown",
@@ -125,7 +151,7 @@ pub async fn pull(
     let (manifest, manifest_digest, config_text) = client
         .pull_manifest_and_config(&parsed, &auth)
         .await
-        .map_err(|e| pull_error(&parsed, e))?;
+        .map_err(|e| pull_error(&parsed, &auth, e))?;
     let config_digest = manifest.config.digest.clone();
     let actual = sha256_digest(config_text.as_bytes());
     if actual != config_digest {
@@ -166,7 +192,7 @@ pub async fn pull(
         let blob = store
             .tmp_dir()
             .join(format!("blob-{}", digest.replace(':', "-")));
-        let result = download(&client, &parsed, layer, &blob, progress).await;
+        let result = download(&client, &parsed, &auth, layer, &blob, progress).await;
         let result = match result {
             Ok(()) => store.add_layer(&digest, blob.clone()).await,
             Err(e) => Err(e),
@@ -194,6 +220,7 @@ pub async fn pull(
 async fn download(
     client: &Client,
     reference: &Reference,
+    auth: &RegistryAuth,
     layer: &oci_client::manifest::OciDescriptor,
     dest: &Path,
     progress: Option<&ProgressSender>,
@@ -201,7 +228,7 @@ async fn download(
     let mut stream = client
         .pull_blob_stream(reference, layer)
         .await
-        .map_err(|e| pull_error(reference, e))?;
+        .map_err(|e| pull_error(reference, auth, e))?;
     let mut file = tokio::fs::File::create(dest)
         .await
         .context(|| format!("creating {}", dest.display()))?;

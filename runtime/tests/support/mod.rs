@@ -14,6 +14,9 @@ pub struct Fixtures {
     pub init: PathBuf,
     pub registry: String,
     pub layout: PathBuf,
+    /// A registry that wants basic auth, serving the same image, and its `user:password`.
+    pub auth_registry: String,
+    pub auth_creds: String,
 }
 
 /// The fixtures, or a panic that says how to make them.
@@ -28,6 +31,8 @@ pub fn fixtures() -> Fixtures {
         init: PathBuf::from(var("KAT_INIT")),
         registry: var("KAT_TEST_REGISTRY"),
         layout: PathBuf::from(var("KAT_TEST_LAYOUT")),
+        auth_registry: var("KAT_TEST_AUTH_REGISTRY"),
+        auth_creds: var("KAT_TEST_AUTH_CREDS"),
     }
 }
 
