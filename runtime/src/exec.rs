@@ -548,6 +548,7 @@ pub async fn exec(
     // SAFETY: `enter` makes only async-signal-safe system calls and does not allocate.
     unsafe { command.pre_exec(move || entry.enter()) };
 
+    let waited_id = id.clone();
     tokio::task::spawn_blocking(move || {
         let spawned = command.spawn();
         // The command (and the child's copy of the step pipe) is gone once spawn returns.
@@ -603,7 +604,7 @@ pub async fn exec(
         Ok(handle)
     })
     .await
-    .map_err(|e| container_error("?", e))?
+    .map_err(|e| container_error(&waited_id, e))?
 }
 
 #[cfg(test)]

@@ -386,11 +386,8 @@ impl Step {
                 }
                 Ok(any)
             }
-            Step::Run { argv, .. } => {
-                let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-                run(&argv)?;
-                Ok(true)
-            }
+            // A command step (daemon-reload) is its own undo: it re-reads what changed.
+            Step::Run { .. } => self.apply(),
             Step::Linger { user } => {
                 let Some((uid, _)) = user_ids(user) else {
                     return Ok(false);
