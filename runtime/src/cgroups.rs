@@ -189,7 +189,7 @@ impl Cgroups {
         }
     }
 
-    fn dirs(&self, id: &str) -> Vec<PathBuf> {
+    pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
         let Some(path) = self.container_path(id) else {
             return Vec::new();
         };

@@ -19,10 +19,12 @@
 //! kat-init writes logs and the exit record itself and no helper process runs outside the
 //! container.
 
+use std::collections::HashSet;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use libcontainer::container::{Container, ContainerStatus as LcStatus};
@@ -112,6 +114,9 @@ pub struct NativeRuntime {
     ids: IdMap,
     caps: NodeCapabilities,
     overlay: AtomicBool,
+    /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if
+    /// kat-init could not, a moment after the process is gone.
+    reaping: Arc<Mutex<HashSet<String>>>,
 }
 
 fn lc_error(context: impl Into<String>, e: impl std::fmt::Display) -> RuntimeError {
@@ -232,6 +237,7 @@ impl NativeRuntime {
         };
         Ok(NativeRuntime {
             overlay: AtomicBool::new(overlay),
+            reaping: Arc::default(),
             config,
             images,
             cgroups,
@@ -520,7 +526,21 @@ impl NativeRuntime {
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
         if let Some(pid) = self.load_container(&options.id).and_then(|c| c.pid()) {
             let (cgroups, id) = (self.cgroups.clone(), options.id.clone());
-            spawn_reaper(pid.as_raw(), logs, move || cgroups.oom_killed(&id));
+            let reaping = self.reaping.clone();
+            if let Ok(mut set) = reaping.lock() {
+                set.insert(options.id.clone());
+            }
+            let done_id = options.id.clone();
+            spawn_reaper(
+                pid.as_raw(),
+                logs,
+                move || cgroups.oom_killed(&id),
+                move || {
+                    if let Ok(mut set) = reaping.lock() {
+                        set.remove(&done_id);
+                    }
+                },
+            );
         }
         if kat_limits {
             self.cgroups
@@ -552,13 +572,28 @@ impl NativeRuntime {
         self.cgroups.remove(id);
     }
 
+    fn is_reaping(&self, id: &str) -> bool {
+        self.reaping.lock().map(|s| s.contains(id)).unwrap_or(false)
+    }
+
     fn status_of(&self, id: &str, meta: Meta) -> ContainerStatus {
         let container = self.load_container(id);
         let lc_status = container.as_ref().map(|c| c.status());
         let pid = container.as_ref().and_then(|c| c.pid()).map(|p| p.as_raw());
-        let exit: Option<ExitRecord> = fs::read(self.dir(id).join("logs/exit.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        let read_exit = || -> Option<ExitRecord> {
+            fs::read(self.dir(id).join("logs/exit.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+        };
+        let mut exit = read_exit();
+        if exit.is_none() && lc_status == Some(LcStatus::Stopped) {
+            // kat-init died without a record; if our reaper has it, its record is a moment away.
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while self.is_reaping(id) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            exit = read_exit();
+        }
         let state = match lc_status {
             Some(LcStatus::Created) | Some(LcStatus::Creating) => ContainerState::Created,
             Some(LcStatus::Running) | Some(LcStatus::Paused) => ContainerState::Running,
@@ -621,38 +656,67 @@ impl NativeRuntime {
     }
 }
 
+/// Sends `signal` to the container's PID 1 (kat-init forwards it to the workload), through
+/// libcontainer or, where that fails, directly.
+fn signal_init(c: &mut Container, signal: i32) {
+    let Ok(lc_signal) = LcSignal::try_from(signal) else {
+        return;
+    };
+    if c.kill(lc_signal, false).is_err() {
+        if let (Some(pid), Ok(sig)) = (c.pid(), nix::sys::signal::Signal::try_from(signal)) {
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
+    }
+}
+
 /// Reaps kat-init when it is our child, and records its end if kat-init could not
 /// (SIGKILL, OOM kill of PID 1).
-/// `oom_killed` is asked at once, while the cgroup most likely still exists.
-fn spawn_reaper(pid: i32, logs: PathBuf, oom_killed: impl FnOnce() -> bool + Send + 'static) {
-    std::thread::Builder::new()
+/// `oom_killed` is asked at once, while the cgroup most likely still exists; `done` runs
+/// when the record is written, or when there is none to write.
+fn spawn_reaper(
+    pid: i32,
+    logs: PathBuf,
+    oom_killed: impl FnOnce() -> bool + Send + 'static,
+    done: impl FnOnce() + Send + 'static,
+) {
+    let spawned = std::thread::Builder::new()
         .name(format!("reap-{pid}"))
         .spawn(move || {
-            use nix::sys::wait::{waitpid, WaitStatus};
-            let status = waitpid(nix::unistd::Pid::from_raw(pid), None);
-            let exit = logs.join("exit.json");
-            if exit.exists() {
-                return;
-            }
-            let (code, signal) = match status {
-                Ok(WaitStatus::Exited(_, code)) => (code, None),
-                Ok(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
-                _ => return,
-            };
-            let record = ExitRecord {
-                exit_code: code,
-                signal,
-                finished_at: crate::logs::format_time(SystemTime::now()),
-                oom_killed: oom_killed(),
-            };
-            if let Ok(bytes) = serde_json::to_vec(&record) {
-                let tmp = logs.join("exit.json.reaper");
-                if fs::write(&tmp, bytes).is_ok() {
-                    let _ = fs::rename(&tmp, &exit);
-                }
-            }
-        })
-        .ok();
+            record_end(pid, &logs, oom_killed);
+            done();
+        });
+    if spawned.is_err() {
+        tracing::warn!(
+            pid,
+            "cannot start a reaper thread; exit codes of a killed kat-init will be approximate"
+        );
+    }
+}
+
+fn record_end(pid: i32, logs: &Path, oom_killed: impl FnOnce() -> bool) {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    let status = waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let exit = logs.join("exit.json");
+    if exit.exists() {
+        return;
+    }
+    let (code, signal) = match status {
+        Ok(WaitStatus::Exited(_, code)) => (code, None),
+        Ok(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
+        _ => return,
+    };
+    let record = ExitRecord {
+        exit_code: code,
+        signal,
+        finished_at: crate::logs::format_time(SystemTime::now()),
+        oom_killed: oom_killed(),
+    };
+    if let Ok(bytes) = serde_json::to_vec(&record) {
+        let tmp = logs.join("exit.json.reaper");
+        if fs::write(&tmp, bytes).is_ok() {
+            let _ = fs::rename(&tmp, &exit);
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -754,10 +818,17 @@ impl ContainerRuntime for NativeRuntime {
                 c.status(),
                 LcStatus::Running | LcStatus::Created | LcStatus::Paused
             ) {
-                let _ = c.kill(LcSignal::try_from(15).expect("SIGTERM is a signal"), false);
+                signal_init(&mut c, 15);
                 if !self.wait_until_exited(id, grace).await {
                     if let Some(mut c) = self.load_container(id) {
-                        let _ = c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true);
+                        // Every process of the container; without a cgroup to walk (no
+                        // usable cgroups on this node), PID 1, which takes its PID
+                        // namespace with it.
+                        if c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true)
+                            .is_err()
+                        {
+                            signal_init(&mut c, 9);
+                        }
                     }
                     self.wait_until_exited(id, Duration::from_secs(10)).await;
                 }
@@ -784,8 +855,16 @@ impl ContainerRuntime for NativeRuntime {
         blocking("removing the container", move || {
             if let Ok(mut c) = Container::load(lib_root.join(&owned)) {
                 let _ = c.refresh_status();
-                c.delete(true)
-                    .map_err(|e| lc_error(format!("deleting container {owned}"), e))?;
+                if let Err(e) = c.delete(true) {
+                    // With no process left, what libcontainer could not clean up (a cgroup
+                    // it never had, on a node without usable cgroups) goes with the state
+                    // directory below.
+                    let _ = c.refresh_status();
+                    if c.status() != LcStatus::Stopped {
+                        return Err(lc_error(format!("deleting container {owned}"), e));
+                    }
+                    tracing::warn!(container = %owned, error = %e, "libcontainer could not delete a stopped container; removing its state");
+                }
             }
             Ok(())
         })
@@ -855,6 +934,12 @@ impl NativeRuntime {
     /// Cgroup directories of a container (for tests and diagnostics).
     pub fn cgroup_exists(&self, id: &str) -> bool {
         self.cgroups.exists(id)
+    }
+
+    /// The container's cgroup directories: one on cgroup v2, one per controller on v1 (for
+    /// tests and diagnostics).
+    pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
+        self.cgroups.dirs(id)
     }
 
     pub fn container_dir(&self, id: &str) -> PathBuf {

@@ -315,6 +315,21 @@ async fn cpu_and_pids_limits_reach_the_cgroup_and_stop_a_fork_bomb() {
             read("memory", "memory.limit_in_bytes"),
             (64 * 1024 * 1024).to_string()
         );
+    } else if caps.cpu_limit {
+        // cgroup v2: delegated, as root, or a systemd scope (run in the VM stage).
+        let dir = rt.cgroup_dirs("limited").remove(0);
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .unwrap_or_else(|e| panic!("{}/{f}: {e}", dir.display()))
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("cpu.max"), "50000 100000");
+        assert_eq!(read("pids.max"), "10");
+        assert_eq!(read("memory.max"), (64 * 1024 * 1024).to_string());
+        // A 250m request weighs less than the default 100 of an unlimited neighbour.
+        let weight: u64 = read("cpu.weight").parse().unwrap();
+        assert!(weight > 0 && weight < 100, "cpu.weight {weight}");
     }
     rt.start("limited").await.unwrap();
     // The fork bomb hits pids.max; ash gives up with "can't fork" instead of taking the node.

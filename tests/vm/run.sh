@@ -5,7 +5,8 @@
 # v2, a lingering sudo user `tester`; the image is built once, ~3 min, and cached in
 # /var/tmp/vm-guest), copies in the binaries, etcd, a registry and the test image, and runs
 # tests/vm/scenarios.sh there as `tester`:
-#   setup, cluster-up, limits (memory OOMKilled, cpu.max and throttling, pids.max vs a fork
+#   runtime-v2 (the runtime's lifecycle suite, unprivileged, on delegated cgroup v2 and as
+#   systemd scopes), setup, cluster-up, limits (memory OOMKilled, cpu.max and throttling, pids.max vs a fork
 #   bomb), agent-restart (containers survive, re-adopted), reboot (workloads back, logs
 #   intact), uninstall (nothing left).
 # Prints one PASS/FAIL line per scenario; exits non-zero if any failed.
@@ -21,10 +22,20 @@ echo "==> fixtures: static kat-init, busybox image, loopback registry"
 source <(scripts/test-fixtures.sh)
 echo "==> release build"
 cargo build --release --locked -q -p kat-agent -p katcall
+echo "==> the runtime's lifecycle tests, to run on cgroup v2 in the guest"
+LIFECYCLE=$(cargo test -q -p kat-runtime --test lifecycle --no-run --locked --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])')
+[ -x "$LIFECYCLE" ] || { echo "tests/vm/run.sh: the lifecycle test binary was not built" >&2; exit 1; }
 
 STAGE=$(mktemp -d /tmp/kat-vm-stage.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE/kat-vm/bin" "$STAGE/kat-vm/registry"
+mkdir -p "$STAGE/kat-vm/bin" "$STAGE/kat-vm/registry" "$STAGE/kat-vm/tests"
+cp "$LIFECYCLE" "$STAGE/kat-vm/tests/lifecycle"
+cp target/debug/kat-runtime-helper "$STAGE/kat-vm/tests/"
 cp target/release/kat-agent target/release/katcall "$KAT_INIT" "$(command -v etcd)" \
    "$(command -v docker-registry)" "$STAGE/kat-vm/bin/"
 cp -a target/kat-fixtures/registry/. "$STAGE/kat-vm/registry/"

@@ -73,6 +73,27 @@ EOR
 setsid "$BIN/docker-registry" serve registry.yml > registry.log 2>&1 < /dev/null &
 until_ok 30 curl -sf http://127.0.0.1:5000/v2/ || { echo "registry did not start"; cat registry.log; exit 1; }
 
+# The runtime's lifecycle suite (create, limits, OOM, fork bomb, stop, remove leaving no
+# cgroup...) as tester, twice: with the cgroup filesystem in a Delegate=yes scope of
+# tester's systemd (the delegated v2 subtree), and as transient systemd scopes.
+s_runtime_v2() {
+  local t=$HERE/tests ok=0
+  local env=(KAT_INIT="$BIN/kat-init" KAT_TEST_REGISTRY=127.0.0.1:5000 KAT_TEST_LAYOUT=/nonexistent
+             KAT_TEST_AUTH_REGISTRY=127.0.0.1:5001 KAT_TEST_AUTH_CREDS=unused:unused
+             KAT_TEST_CREATE_HELPER="$t/kat-runtime-helper")
+  log "cgroup v2, delegated subtree (cgroupfs in a Delegate=yes scope)"
+  systemd-run --user --scope -p Delegate=yes --quiet -- \
+    env "${env[@]}" KAT_TEST_CGROUP_MANAGER=cgroupfs "$t/lifecycle" --test-threads 1 > rt-delegated.log 2>&1 \
+    || { grep -v "^\s*[0-9]*:\|at /" rt-delegated.log | tail -40; ok=1; }
+  grep -E "^test |test result" rt-delegated.log | sed 's/^/   /'
+  log "systemd scopes (the suite as a user service, like kat-agent)"
+  systemd-run --user --wait --pipe --quiet --collect -- \
+    env "${env[@]}" KAT_TEST_CGROUP_MANAGER=systemd "$t/lifecycle" --test-threads 1 > rt-systemd.log 2>&1 \
+    || { grep -v "^\s*[0-9]*:\|at /" rt-systemd.log | tail -40; ok=1; }
+  grep -E "^test |test result" rt-systemd.log | sed 's/^/   /'
+  return $ok
+}
+
 s_setup() {
   sudo "$BIN/kat-agent" setup --dry-run > plan.txt || return 1
   grep -q "Host check" plan.txt && grep -q "delegation" plan.txt || { cat plan.txt; return 1; }
@@ -201,6 +222,7 @@ s_uninstall() {
   return $left
 }
 
+scenario runtime-v2 s_runtime_v2
 scenario setup s_setup
 if [ "${results[-1]}" = "PASS setup" ]; then
   scenario cluster-up s_cluster_up

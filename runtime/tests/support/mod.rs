@@ -66,7 +66,15 @@ pub fn config_in(f: &Fixtures, dir: &std::path::Path) -> NativeConfig {
     let mut config = NativeConfig::new(dir.join("root"), &f.init);
     config.registries.insecure = vec![f.registry.clone()];
     config.cgroup_parent = std::env::var("KAT_TEST_CGROUP_PARENT").ok();
-    config.create_helper = env!("CARGO_BIN_EXE_kat-runtime-helper").into();
+    // The VM stage copies the test binaries elsewhere and says where the helper went.
+    config.create_helper = std::env::var("KAT_TEST_CREATE_HELPER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_kat-runtime-helper").into())
+        .into();
+    config.cgroup_manager = match std::env::var("KAT_TEST_CGROUP_MANAGER").as_deref() {
+        Ok("systemd") => kat_runtime::CgroupManager::Systemd,
+        Ok("cgroupfs") => kat_runtime::CgroupManager::Cgroupfs,
+        _ => kat_runtime::CgroupManager::Auto,
+    };
     config.force_copy_rootfs = std::env::var("KAT_TEST_COPY_ROOTFS").is_ok();
     if nix::unistd::geteuid().is_root() {
         // As root, map the container onto an unused range so container root is not host root.
