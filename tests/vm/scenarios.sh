@@ -91,6 +91,8 @@ s_runtime_v2() {
     env "${env[@]}" KAT_TEST_CGROUP_MANAGER=systemd "$t/lifecycle" --test-threads 1 > rt-systemd.log 2>&1 \
     || { grep -v "^\s*[0-9]*:\|at /" rt-systemd.log | tail -40; ok=1; }
   grep -E "^test |test result" rt-systemd.log | sed 's/^/   /'
+  # The tests remove their scopes; the empty kat.slice of tester goes too.
+  systemctl --user stop kat.slice 2>/dev/null || true
   return $ok
 }
 
