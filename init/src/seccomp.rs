@@ -245,58 +245,36 @@ mod tests {
             p.len() < 4096,
             "BPF programs are limited to 4096 instructions"
         );
-        let eperm = errno(libc::EPERM);
-        let nr = |n: libc::c_long| n as u32;
-        assert_eq!(
-            run(&p, nr(libc::SYS_read), AUDIT_ARCH, 0),
-            SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            run(&p, nr(libc::SYS_write), AUDIT_ARCH, 0),
-            SECCOMP_RET_ALLOW
-        );
-        for denied in DENIED.iter().chain(DENIED_ARCH) {
+        let (allow, eperm) = (SECCOMP_RET_ALLOW, errno(libc::EPERM));
+        let sigchld = libc::SIGCHLD as u64;
+        let threads = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u64;
+        // (syscall, first argument, verdict)
+        let mut cases = vec![
+            (libc::SYS_read, 0, allow),
+            (libc::SYS_write, 0, allow),
+            (libc::SYS_clone3, 0, errno(libc::ENOSYS)),
+            // fork-like clone and threads are fine; new namespaces are not.
+            (libc::SYS_clone, sigchld, allow),
+            (libc::SYS_clone, threads, allow),
+            (libc::SYS_personality, 0xffff_ffff, allow),
+            (libc::SYS_personality, 0x8, allow),
+            // ADDR_NO_RANDOMIZE
+            (libc::SYS_personality, 0x0040000, eperm),
+        ];
+        for ns in [libc::CLONE_NEWUSER, libc::CLONE_NEWPID, libc::CLONE_NEWNS] {
+            cases.push((libc::SYS_clone, ns as u64 | sigchld, eperm));
+        }
+        cases.extend(DENIED.iter().chain(DENIED_ARCH).map(|nr| (*nr, 0, eperm)));
+        for (nr, arg0, verdict) in cases {
             assert_eq!(
-                run(&p, nr(*denied), AUDIT_ARCH, 0),
-                eperm,
-                "syscall {denied}"
+                run(&p, nr as u32, AUDIT_ARCH, arg0),
+                verdict,
+                "syscall {nr}, arg0 {arg0:#x}"
             );
         }
-        assert_eq!(
-            run(&p, nr(libc::SYS_clone3), AUDIT_ARCH, 0),
-            errno(libc::ENOSYS)
-        );
-        // fork-like clone is fine; a new user or pid namespace is not.
-        let sigchld = libc::SIGCHLD as u64;
-        assert_eq!(
-            run(&p, nr(libc::SYS_clone), AUDIT_ARCH, sigchld),
-            SECCOMP_RET_ALLOW
-        );
-        let threads = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u64;
-        assert_eq!(
-            run(&p, nr(libc::SYS_clone), AUDIT_ARCH, threads),
-            SECCOMP_RET_ALLOW
-        );
-        for ns in [libc::CLONE_NEWUSER, libc::CLONE_NEWPID, libc::CLONE_NEWNS] {
-            let flags = ns as u64 | sigchld;
-            assert_eq!(run(&p, nr(libc::SYS_clone), AUDIT_ARCH, flags), eperm);
-        }
-        assert_eq!(
-            run(&p, nr(libc::SYS_personality), AUDIT_ARCH, 0xffff_ffff),
-            SECCOMP_RET_ALLOW
-        );
-        assert_eq!(
-            run(&p, nr(libc::SYS_personality), AUDIT_ARCH, 0x8),
-            SECCOMP_RET_ALLOW
-        );
-        // ADDR_NO_RANDOMIZE
-        assert_eq!(
-            run(&p, nr(libc::SYS_personality), AUDIT_ARCH, 0x0040000),
-            eperm
-        );
         // Another ABI is killed outright.
         assert_eq!(
-            run(&p, nr(libc::SYS_read), 0x4000_0003, 0),
+            run(&p, libc::SYS_read as u32, 0x4000_0003, 0),
             SECCOMP_RET_KILL_PROCESS
         );
         #[cfg(target_arch = "x86_64")]
