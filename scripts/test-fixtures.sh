@@ -41,8 +41,26 @@ YML
   curl -fsS "http://$REGISTRY/v2/" >/dev/null || { cat "$FIX/registry.log"; exit 1; }
 fi
 
+# The image's config digest in the registry and in the layout: they differ when the registry
+# on :5000 belongs to another checkout (then both are made again, the same).
+registry_config() {
+  curl -fsS -H 'Accept: application/vnd.oci.image.manifest.v1+json' \
+    "http://$REGISTRY/v2/kat/busybox/manifests/latest" 2>/dev/null \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["config"]["digest"])' 2>/dev/null
+}
+layout_config() {
+  python3 - "$FIX/busybox-oci" 2>/dev/null <<'PY'
+import json, os, sys
+d = sys.argv[1]
+manifest = json.load(open(os.path.join(d, "index.json")))["manifests"][0]["digest"]
+blob = os.path.join(d, "blobs", *manifest.split(":"))
+print(json.load(open(blob))["config"]["digest"])
+PY
+}
+
 # The image: busybox and its applet links, nothing else; User root, Cmd sh.
-if ! curl -fsS "http://$REGISTRY/v2/kat/busybox/manifests/latest" -o /dev/null -H 'Accept: application/vnd.oci.image.manifest.v1+json' 2>/dev/null || [ ! -f "$FIX/busybox-oci/index.json" ]; then
+have=$(registry_config || true)
+if [ -z "$have" ] || [ "$have" != "$(layout_config || true)" ]; then
   ctr=$(buildah from scratch)
   mnt=$(buildah mount "$ctr")
   mkdir -p "$mnt/bin" "$mnt/etc" "$mnt/tmp" "$mnt/root"
