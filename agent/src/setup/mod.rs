@@ -209,23 +209,27 @@ fn plan(
         from: me,
         to: p.agent.clone(),
     });
-    match a.init_binary.clone().or_else(|| beside_me("kat-init")) {
-        Some(init) => plan.push(Step::Install {
-            from: init,
-            to: p.init.clone(),
-        }),
-        None => problems.push(
-            "no kat-init beside kat-agent: pass --init-binary FILE (the static kat-init)".into(),
+    // Binaries setup cannot do without: found, or named as a problem with its remedy.
+    let required = [
+        (
+            a.init_binary.clone().or_else(|| beside_me("kat-init")),
+            &p.init,
+            "no kat-init beside kat-agent: pass --init-binary FILE (the static kat-init)",
         ),
-    }
-    match a.etcd_binary.clone().or_else(|| which("etcd")) {
-        Some(etcd) => plan.push(Step::Install {
-            from: etcd,
-            to: p.etcd.clone(),
-        }),
-        None => problems.push(
-            "no etcd in PATH: install etcd-server (Fedora: etcd) or pass --etcd-binary FILE".into(),
+        (
+            a.etcd_binary.clone().or_else(|| which("etcd")),
+            &p.etcd,
+            "no etcd in PATH: install etcd-server (Fedora: etcd) or pass --etcd-binary FILE",
         ),
+    ];
+    for (found, to, missing) in required {
+        match found {
+            Some(from) => plan.push(Step::Install {
+                from,
+                to: to.clone(),
+            }),
+            None => problems.push(missing.into()),
+        }
     }
     if let Some(katcall) = beside_me("katcall") {
         plan.push(Step::Install {
