@@ -8,11 +8,17 @@
 //! - it reaps every zombie in the container's PID namespace;
 //! - with `--seccomp default` it installs KAT's seccomp filter in itself first, so the
 //!   workload inherits it (see [`seccomp`]);
-//! - with `--log-dir-fd N` it owns the workload's stdout and stderr, writing them to
-//!   `stdio.log` in that directory (an fd the agent opened on the host, closed before the
-//!   workload is executed so the workload never sees it), rotated by size. No process outside
-//!   the container sits in the log path, so no line is lost and the workload never blocks
-//!   while the agent is away;
+//! - with `--log-dir PATH` it owns the workload's stdout and stderr, writing them to
+//!   `stdio.log` in that directory, rotated by size. The path is inside the container: the
+//!   agent bind-mounts the container's log directory at `/.kat/log`, so the directory fd
+//!   kat-init holds leads nowhere outside the container's root (`..` from a bind mount's
+//!   root climbs to its mount point, inside the container). No process outside the container
+//!   sits in the log path, so no line is lost and the workload never blocks while the agent
+//!   is away;
+//! - it makes itself non-dumpable before anything else and replaces the stdio the host gave
+//!   it with the container's `/dev/null`: a workload (which holds no `CAP_SYS_PTRACE`) can
+//!   neither open `/proc/1/fd`, `/proc/1/cwd`, `/proc/1/root`, `/proc/1/map_files` nor
+//!   `/proc/1/exe`, nor ptrace kat-init (the runc CVE-2019-5736 / CVE-2024-21626 classes);
 //! - when the workload ends it writes `exit.json` (exit code, signal, finish time, and whether
 //!   the container's cgroup counted an OOM kill) to the same directory, atomically, and exits with the workload's code (128+signal when killed).
 //!
@@ -53,7 +59,7 @@ fn main() -> ExitCode {
         Ok(options) => options,
         Err(message) => {
             eprintln!("kat-init: {message}");
-            eprintln!("usage: kat-init [--log-dir-fd N] [--log-max-bytes N] [--log-max-files N] [--seccomp default|unconfined] -- COMMAND [ARG...]");
+            eprintln!("usage: kat-init [--log-dir PATH] [--log-max-bytes N] [--log-max-files N] [--seccomp default|unconfined] -- COMMAND [ARG...]");
             return ExitCode::from(2);
         }
     };
@@ -73,6 +79,10 @@ struct Pipes {
 }
 
 fn run(options: Options) -> Result<u8, String> {
+    // First of all: no process in the container may read our memory, fds or exe through
+    // /proc or ptrace. Reset by execve, so the workload itself stays dumpable.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("cannot become non-dumpable: {e}"))?;
+    replace_host_stdio(options.log_dir.is_some());
     // Block every signal we handle and read them from a signalfd: blocked signals count as
     // handled for a PID namespace's init, so the agent's SIGTERM reaches us.
     let mut handled = SigSet::all();
@@ -87,15 +97,10 @@ fn run(options: Options) -> Result<u8, String> {
     let signals = SignalFd::with_flags(&handled, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| format!("cannot create a signalfd: {e}"))?;
 
-    let log_dir = options.log_dir_fd.map(|fd| {
-        // SAFETY: the agent passes this fd to us for exactly this purpose; nothing else owns it.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let _ = nix::fcntl::fcntl(
-            owned.as_raw_fd(),
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        );
-        owned
-    });
+    let log_dir = match &options.log_dir {
+        Some(path) => Some(open_log_dir(path)?),
+        None => None,
+    };
     let mut log = match &log_dir {
         Some(dir) => Some(
             LogFile::open(dir.as_fd(), options.log_max_bytes, options.log_max_files)
@@ -147,16 +152,6 @@ fn run(options: Options) -> Result<u8, String> {
             if let Some((out_w, err_w)) = &child_ends {
                 let _ = nix::unistd::dup2(out_w.as_raw_fd(), 1);
                 let _ = nix::unistd::dup2(err_w.as_raw_fd(), 2);
-                // A logged workload has no stdin (the agent may even have handed us the
-                // log directory as fd 0).
-                if let Ok(null) =
-                    nix::fcntl::open("/dev/null", OFlag::O_RDONLY, nix::sys::stat::Mode::empty())
-                {
-                    if null != 0 {
-                        let _ = nix::unistd::dup2(null, 0);
-                        let _ = nix::unistd::close(null);
-                    }
-                }
             }
             let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
             let err = execvp(&program, &argv).unwrap_err();
@@ -242,6 +237,38 @@ fn run(options: Options) -> Result<u8, String> {
         }
     }
     Ok(code.clamp(0, 255) as u8)
+}
+
+/// Opens the log directory inside the container, refusing a symlink in its place.
+fn open_log_dir(path: &std::path::Path) -> Result<OwnedFd, String> {
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open the log directory {}: {e}", path.display()))?;
+    // SAFETY: open just returned this fd and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The runtime starts us with stdio opened on the host (`/dev/null` there): put the
+/// container's own `/dev/null` in their place so no fd of ours names a host file. With a log
+/// directory, stdout and stderr go nowhere anyway (the workload's go to pipes); without one
+/// they are the caller's (tests, `exec`), and stay.
+fn replace_host_stdio(logged: bool) {
+    let Ok(null) = nix::fcntl::open("/dev/null", OFlag::O_RDWR, nix::sys::stat::Mode::empty())
+    else {
+        return;
+    };
+    let targets: &[RawFd] = if logged { &[0, 1, 2] } else { &[] };
+    for &fd in targets {
+        if null != fd {
+            let _ = nix::unistd::dup2(null, fd);
+        }
+    }
+    if null > 2 {
+        let _ = nix::unistd::close(null);
+    }
 }
 
 /// Reaps every exited process; remembers the workload's status.

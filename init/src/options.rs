@@ -1,13 +1,14 @@
 //! Command-line options of kat-init. Hand-parsed: the binary stays small and static.
 
-use std::os::fd::RawFd;
+use std::path::PathBuf;
 
 /// What the agent asked for.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Options {
-    /// An open directory fd for `stdio.log` and `exit.json`; without it the workload
-    /// inherits kat-init's own stdout and stderr.
-    pub log_dir_fd: Option<RawFd>,
+    /// The directory for `stdio.log` and `exit.json`, a path inside the container (the agent
+    /// bind-mounts the container's log directory there); without it the workload inherits
+    /// kat-init's own stdout and stderr.
+    pub log_dir: Option<PathBuf>,
     /// Rotate `stdio.log` when it would grow past this many bytes.
     pub log_max_bytes: u64,
     /// Keep this many log files in all (`stdio.log` and `stdio.log.1` …).
@@ -21,7 +22,7 @@ pub struct Options {
 impl Options {
     pub fn parse(args: &[String]) -> Result<Options, String> {
         let mut options = Options {
-            log_dir_fd: None,
+            log_dir: None,
             log_max_bytes: 10 * 1024 * 1024,
             log_max_files: 3,
             seccomp: false,
@@ -43,7 +44,14 @@ impl Options {
                     .map_err(|_| format!("{flag}: expected {what}, got {value:?}"))
             };
             match flag {
-                "--log-dir-fd" => options.log_dir_fd = Some(number("a file descriptor")? as RawFd),
+                "--log-dir" if value.starts_with('/') => {
+                    options.log_dir = Some(PathBuf::from(value))
+                }
+                "--log-dir" => {
+                    return Err(format!(
+                        "--log-dir: expected an absolute path, got {value:?}"
+                    ))
+                }
                 "--log-max-bytes" => options.log_max_bytes = number("a byte count")?.max(4096),
                 "--log-max-files" => {
                     options.log_max_files = number("a file count")?.clamp(1, 100) as u32
@@ -81,8 +89,8 @@ mod tests {
     #[test]
     fn parses_flags_and_command() {
         let o = Options::parse(&args(&[
-            "--log-dir-fd",
-            "3",
+            "--log-dir",
+            "/.kat/log",
             "--log-max-files",
             "5",
             "--",
@@ -91,7 +99,7 @@ mod tests {
             "echo",
         ]))
         .unwrap();
-        assert_eq!(o.log_dir_fd, Some(3));
+        assert_eq!(o.log_dir, Some(PathBuf::from("/.kat/log")));
         assert_eq!(o.log_max_files, 5);
         assert_eq!(o.command, args(&["sh", "-c", "echo"]));
     }
@@ -99,8 +107,8 @@ mod tests {
     #[test]
     fn rejects_bad_input() {
         assert!(Options::parse(&args(&["--",])).is_err());
-        assert!(Options::parse(&args(&["--log-dir-fd"])).is_err());
-        assert!(Options::parse(&args(&["--log-dir-fd", "x", "--", "a"])).is_err());
+        assert!(Options::parse(&args(&["--log-dir"])).is_err());
+        assert!(Options::parse(&args(&["--log-dir", "relative", "--", "a"])).is_err());
         assert!(Options::parse(&args(&["--bogus", "1", "--", "a"])).is_err());
         assert!(Options::parse(&args(&["--seccomp", "strict", "--", "a"])).is_err());
         let o = Options::parse(&args(&["--seccomp", "default", "--", "a"])).unwrap();

@@ -8,7 +8,9 @@
 //!
 //! - syscalls that reach the host kernel's global state or widen the attack surface
 //!   (modules, kexec, keyrings, bpf, perf, mounts, namespaces, clocks, swap, reboot,
-//!   io_uring, userfaultfd, handle-based opens, …) fail with `EPERM`;
+//!   io_uring, userfaultfd, handle-based opens, another process's fds or memory through
+//!   `pidfd_getfd`, `process_vm_readv`/`writev`, `process_madvise` and `kcmp`, …) fail with
+//!   `EPERM`;
 //! - `clone` with any namespace flag fails with `EPERM`, and `clone3` with `ENOSYS` (its
 //!   flags are out of a filter's reach; libc falls back to `clone`);
 //! - `personality` is allowed only for the values Docker allows;
@@ -78,7 +80,9 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_open_by_handle_at,
     libc::SYS_open_tree,
     libc::SYS_perf_event_open,
+    libc::SYS_pidfd_getfd,
     libc::SYS_pivot_root,
+    libc::SYS_process_madvise,
     libc::SYS_process_vm_readv,
     libc::SYS_process_vm_writev,
     libc::SYS_quotactl,

@@ -2,39 +2,21 @@
 //! exit record.
 
 use std::fs;
-use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const INIT: &str = env!("CARGO_BIN_EXE_kat-init");
 
-/// Runs kat-init with a log directory passed as fd 3, as the runtime does.
+/// Runs kat-init with a log directory given by path, as the runtime does (inside the
+/// container the path is the bind-mounted `/.kat/log`).
 fn run_logged(dir: &std::path::Path, extra: &[&str], script: &str) -> std::process::Child {
-    let dir_fd = fs::File::open(dir).unwrap();
-    let raw = dir_fd.as_raw_fd();
     let mut cmd = Command::new(INIT);
-    cmd.args(["--log-dir-fd", "3"])
+    cmd.arg("--log-dir")
+        .arg(dir)
         .args(extra)
         .args(["--", "/bin/sh", "-c", script]);
     cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-    // SAFETY: dup2 is async-signal-safe; the fd stays open in the parent until spawn returns.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-            // dup2 onto itself would keep FD_CLOEXEC, so clear it explicitly then.
-            let rc = if raw == 3 {
-                nix::libc::fcntl(3, nix::libc::F_SETFD, 0)
-            } else {
-                nix::libc::dup2(raw, 3)
-            };
-            if rc < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().unwrap();
-    drop(dir_fd);
-    child
+    cmd.spawn().unwrap()
 }
 
 fn records(dir: &std::path::Path) -> Vec<(String, String, String)> {

@@ -41,8 +41,6 @@ pub(crate) struct Request {
     pub lib_root: PathBuf,
     /// The bundle with `config.json`.
     pub bundle: PathBuf,
-    /// Handed to kat-init as its stdin: the directory it writes logs into.
-    pub log_dir: PathBuf,
     /// Cgroups through systemd (a transient scope) rather than the cgroup filesystem.
     pub systemd: bool,
 }
@@ -83,11 +81,11 @@ fn helper_main(request: Option<OsString>) -> ExitCode {
 
 /// The helper's work: libcontainer's create, detached. Runs single-threaded.
 fn build(r: &Request) -> std::result::Result<(), String> {
-    let log_dir: OwnedFd = fs::File::open(&r.log_dir)
-        .map_err(|e| format!("opening {}: {e}", r.log_dir.display()))?
-        .into();
+    // kat-init's stdio is /dev/null: it opens its log directory inside the container and
+    // replaces these with the container's own /dev/null, so it holds no host file.
     let null = || -> std::result::Result<OwnedFd, String> {
         Ok(fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .open("/dev/null")
             .map_err(|e| format!("opening /dev/null: {e}"))?
@@ -96,7 +94,7 @@ fn build(r: &Request) -> std::result::Result<(), String> {
     ContainerBuilder::new(r.id.clone(), SyscallType::default())
         .with_root_path(&r.lib_root)
         .map_err(|e| format!("libcontainer root {}: {e}", r.lib_root.display()))?
-        .with_stdin(log_dir)
+        .with_stdin(null()?)
         .with_stdout(null()?)
         .with_stderr(null()?)
         .validate_id()

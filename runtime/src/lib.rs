@@ -21,6 +21,7 @@ pub mod logs;
 pub mod native;
 pub mod rootfs;
 pub mod spec;
+pub mod state_file;
 pub mod types;
 
 use std::path::Path;

@@ -46,6 +46,10 @@ pub fn parse_line(line: &str) -> Option<LogRecord> {
     })
 }
 
+/// The most read from one log file at once; kat-init rotates far below this, so only a
+/// file a workload wrote itself can be larger.
+const MAX_READ: u64 = 256 * 1024 * 1024;
+
 fn log_files(dir: &Path) -> Vec<PathBuf> {
     let mut rotated: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
         .into_iter()
@@ -87,11 +91,17 @@ pub fn stream(
             let mut current: Option<(File, u64, u64)> = None; // (file, inode, offset)
             let last = files.len() - 1;
             for (i, path) in files.iter().enumerate() {
-                let Ok(mut file) = File::open(path) else {
+                // The log directory is writable from inside the container: never follow a
+                // planted symlink or block on a FIFO, and read a bounded amount.
+                let Ok(mut file) = crate::state_file::open_untrusted(path) else {
                     continue;
                 };
                 let mut text = String::new();
-                if file.read_to_string(&mut text).is_err() {
+                if (&mut file)
+                    .take(MAX_READ)
+                    .read_to_string(&mut text)
+                    .is_err()
+                {
                     continue;
                 }
                 // Only whole lines; a record being written is picked up by follow.
@@ -165,7 +175,7 @@ fn follow(
         // Rotation: the name now points at a new file; the old one was read to its end.
         let on_disk = std::fs::metadata(&path).map(|m| m.ino()).ok();
         if !progressed && on_disk.is_some() && on_disk != current.as_ref().map(|c| c.1) {
-            if let Ok(file) = File::open(&path) {
+            if let Ok(file) = crate::state_file::open_untrusted(&path) {
                 let inode = file.metadata().map(|m| m.ino()).unwrap_or(0);
                 current = Some((file, inode, 0));
                 pending.clear();

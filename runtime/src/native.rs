@@ -15,9 +15,9 @@
 //!
 //! Nothing about a running container lives only in the agent's memory: a new agent (after a
 //! crash, an upgrade, a reboot of the agent alone) finds every container, its state and exit
-//! code from these files. The log directory is handed to kat-init as its stdin fd, so
-//! kat-init writes logs and the exit record itself and no helper process runs outside the
-//! container.
+//! code from these files. The log directory is bind-mounted into the container at
+//! `/.kat/log`, where kat-init writes logs and the exit record itself: no helper process
+//! runs outside the container, and kat-init holds no descriptor of a host directory.
 
 use std::collections::HashSet;
 use std::fs;
@@ -274,11 +274,10 @@ impl NativeRuntime {
 
     fn write_meta(&self, id: &str, meta: &Meta) -> Result<()> {
         let path = self.dir(id).join("meta.json");
-        let tmp = self.dir(id).join("meta.json.tmp");
         let bytes =
             serde_json::to_vec_pretty(meta).map_err(|e| lc_error("encoding meta.json", e))?;
-        fs::write(&tmp, bytes).context(|| format!("writing {}", tmp.display()))?;
-        fs::rename(&tmp, &path).context(|| format!("writing {}", path.display()))
+        crate::state_file::write_atomic(&path, &bytes, 0o600)
+            .context(|| format!("writing {}", path.display()))
     }
 
     fn load_container(&self, id: &str) -> Option<Container> {
@@ -490,6 +489,7 @@ impl NativeRuntime {
             },
             init_binary: &self.config.init_binary,
             etc_dir: &etc,
+            log_dir: &logs,
             volume_sources,
             cgroups_path,
             memory_limit: self.caps.memory_limit && !kat_limits,
@@ -514,7 +514,6 @@ impl NativeRuntime {
             id: options.id.clone(),
             lib_root: self.lib_root(),
             bundle,
-            log_dir: logs.clone(),
             systemd: self.cgroups.mode == CgroupMode::Systemd,
         };
         crate::create_helper::create(
@@ -580,11 +579,7 @@ impl NativeRuntime {
         let container = self.load_container(id);
         let lc_status = container.as_ref().map(|c| c.status());
         let pid = container.as_ref().and_then(|c| c.pid()).map(|p| p.as_raw());
-        let read_exit = || -> Option<ExitRecord> {
-            fs::read(self.dir(id).join("logs/exit.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-        };
+        let read_exit = || read_exit_record(&self.dir(id).join("logs"));
         let mut exit = read_exit();
         if exit.is_none() && lc_status == Some(LcStatus::Stopped) {
             // kat-init died without a record; if our reaper has it, its record is a moment away.
@@ -697,7 +692,7 @@ fn record_end(pid: i32, logs: &Path, oom_killed: impl FnOnce() -> bool) {
     use nix::sys::wait::{waitpid, WaitStatus};
     let status = waitpid(nix::unistd::Pid::from_raw(pid), None);
     let exit = logs.join("exit.json");
-    if exit.exists() {
+    if fs::symlink_metadata(&exit).is_ok() {
         return;
     }
     let (code, signal) = match status {
@@ -712,11 +707,16 @@ fn record_end(pid: i32, logs: &Path, oom_killed: impl FnOnce() -> bool) {
         oom_killed: oom_killed(),
     };
     if let Ok(bytes) = serde_json::to_vec(&record) {
-        let tmp = logs.join("exit.json.reaper");
-        if fs::write(&tmp, bytes).is_ok() {
-            let _ = fs::rename(&tmp, &exit);
-        }
+        // The directory is the container's: never follow what a workload planted in it.
+        let _ = crate::state_file::write_atomic(&exit, &bytes, 0o640);
     }
+}
+
+/// `exit.json` of a container's log directory, which its workload can write: read without
+/// following links or blocking, bounded, and ignored when it is not a valid record.
+fn read_exit_record(logs: &Path) -> Option<ExitRecord> {
+    let bytes = crate::state_file::read_untrusted(&logs.join("exit.json"), 4096).ok()??;
+    serde_json::from_slice(&bytes).ok()
 }
 
 #[async_trait::async_trait]

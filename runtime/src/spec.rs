@@ -10,6 +10,7 @@
 //! - `proc`, a tmpfs `/dev` with the default devices, `/dev/pts`, `/dev/shm`, read-only
 //!   `sys` (with the container's own cgroup v2 read-only at `/sys/fs/cgroup` on v2 hosts),
 //!   and runc's masked and read-only paths;
+//! - the container's log directory at `/.kat/log` (kat-init opens it there: no host fd);
 //! - generated `/etc/hosts`, `/etc/hostname` and `/etc/resolv.conf`;
 //! - volumes as bind mounts (`subPath`, `readOnly`);
 //! - the rootfs as an overlay made inside the user namespace, or a private copy;
@@ -26,6 +27,10 @@ use crate::types::{CreateOptions, Resources};
 
 /// Where kat-init lives inside every container.
 pub const INIT_PATH: &str = "/.kat/init";
+
+/// Where the container's log directory is bind-mounted for kat-init. kat-init opens it by
+/// this path, inside the container, so it never holds a descriptor of a host directory.
+pub const LOG_DIR_PATH: &str = "/.kat/log";
 
 /// Capabilities a workload keeps: enough to run ordinary services as root, nothing that
 /// reaches outside the container.
@@ -126,6 +131,8 @@ pub struct SpecInput<'a> {
     pub init_binary: &'a Path,
     /// Generated files: `/etc/hosts`, `/etc/hostname`, `/etc/resolv.conf`.
     pub etc_dir: &'a Path,
+    /// The container's log directory (`stdio.log`, `exit.json`), mounted at [`LOG_DIR_PATH`].
+    pub log_dir: &'a Path,
     /// Volume sources resolved (subPath applied), in `options.volumes` order.
     pub volume_sources: Vec<PathBuf>,
     pub cgroups_path: Option<String>,
@@ -156,8 +163,8 @@ pub fn build(input: &SpecInput<'_>) -> Value {
     let o = input.options;
     let mut init_args: Vec<String> = vec![
         INIT_PATH.into(),
-        "--log-dir-fd".into(),
-        "0".into(),
+        "--log-dir".into(),
+        LOG_DIR_PATH.into(),
         "--log-max-bytes".into(),
         o.log.max_bytes.to_string(),
         "--log-max-files".into(),
@@ -203,6 +210,7 @@ pub fn build(input: &SpecInput<'_>) -> Value {
         json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
         json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
         bind(input.init_binary, INIT_PATH, true),
+        json!({"destination": LOG_DIR_PATH, "type": "bind", "source": input.log_dir, "options": ["rbind", "nosuid", "nodev", "noexec"]}),
         bind(&input.etc_dir.join("hosts"), "/etc/hosts", false),
         bind(&input.etc_dir.join("hostname"), "/etc/hostname", false),
         bind(&input.etc_dir.join("resolv.conf"), "/etc/resolv.conf", false),

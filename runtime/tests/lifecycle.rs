@@ -160,7 +160,7 @@ async fn isolation_namespaces_capabilities_and_masked_paths() {
     assert_eq!(out[7], "sys-ro");
     assert_eq!(out[8], "1", "only loopback in the new network namespace");
     assert!(
-        out[9].starts_with("/.kat/init --log-dir-fd 0"),
+        out[9].starts_with("/.kat/init --log-dir /.kat/log"),
         "{}",
         out[9]
     );

@@ -1,0 +1,117 @@
+//! Escape attempts from inside a workload and from an exec'd process, each followed by a
+//! look at the host: the runc CVE-2024-21626 class (a host directory fd held by PID 1,
+//! reached through `/proc/PID/fd/N/..`), `/proc/PID/{cwd,root,map_files}`, and overwriting
+//! kat-init through `/proc/1/exe` or its mount (the CVE-2019-5736 class).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kat_runtime::{ContainerRuntime, ContainerState, ExecOptions};
+use support::*;
+
+const MARKER: &str = "kat-host-marker";
+const ESCAPED: &str = "kat-escaped";
+
+/// For every process the attacker can see, every `fd/*`, `cwd`, `root` and `map_files/*`
+/// entry, climbs up to 10 levels looking for the host marker and trying to create a file.
+/// Prints `LEAK …` for what it reaches; ends with `done`.
+fn attack_script() -> String {
+    format!(
+        r#"for d in /proc/[0-9]*; do
+  for f in $d/cwd $d/root $d/fd/* $d/map_files/*; do
+    up=""
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+      [ -e "$f/$up{MARKER}" ] && echo "LEAK $f/$up{MARKER}"
+      touch "$f/${{up}}{ESCAPED}" 2>/dev/null
+      up="../$up"
+    done
+  done
+done
+for x in /proc/1/fd/*; do readlink "$x" >/dev/null 2>&1 && echo "LEAK $x leads to $(readlink $x)"; done
+readlink /proc/1/exe >/dev/null 2>&1 && echo "LEAK /proc/1/exe is readable"
+readlink /proc/1/cwd >/dev/null 2>&1 && echo "LEAK /proc/1/cwd is readable"
+(echo x >> /proc/1/exe) 2>/dev/null && echo "LEAK /proc/1/exe is writable"
+(echo x >> /.kat/init) 2>/dev/null && echo "LEAK /.kat/init is writable"
+[ "$(readlink /proc/self/exe)" = /bin/busybox ] || echo "LEAK /proc/self/exe is $(readlink /proc/self/exe)"
+echo done"#
+    )
+}
+
+/// Host directories a climb out of the container would land in: every ancestor of the
+/// container's directory (its log directory itself is the container's own, mounted in).
+fn host_ancestors(dir: &Path, id: &str) -> Vec<PathBuf> {
+    let container = dir.join("root/containers").join(id);
+    container.ancestors().map(Path::to_path_buf).collect()
+}
+
+fn assert_host_untouched(dir: &Path, id: &str, init: &Path, init_before: &[u8]) {
+    for ancestor in host_ancestors(dir, id) {
+        let planted = ancestor.join(ESCAPED);
+        assert!(
+            !planted.exists(),
+            "the workload created {} on the host",
+            planted.display()
+        );
+    }
+    assert_eq!(
+        std::fs::read(init).unwrap(),
+        init_before,
+        "kat-init on the host changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_cannot_reach_host_files_through_proc() {
+    let (rt, dir, f) = ready_runtime().await;
+    std::fs::write(dir.path().join(MARKER), "host secret").unwrap();
+    let init_before = std::fs::read(&f.init).unwrap();
+    let (code, out) = run(&rt, "escape", &image(&f), &attack_script()).await;
+    assert_eq!(code, 0, "{out:?}");
+    let leaks: Vec<&String> = out.iter().filter(|l| l.starts_with("LEAK")).collect();
+    assert!(leaks.is_empty(), "{leaks:#?}");
+    assert_eq!(out.last().map(String::as_str), Some("done"), "{out:?}");
+    assert_host_untouched(dir.path(), "escape", &f.init, &init_before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_cannot_reach_host_files_through_proc() {
+    let (rt, dir, f) = ready_runtime().await;
+    std::fs::write(dir.path().join(MARKER), "host secret").unwrap();
+    let init_before = std::fs::read(&f.init).unwrap();
+    rt.create(&options("target", &image(&f), "sleep 60"))
+        .await
+        .unwrap();
+    rt.start("target").await.unwrap();
+    wait_state(
+        &rt,
+        "target",
+        ContainerState::Running,
+        Duration::from_secs(10),
+    )
+    .await;
+    let mut h = rt
+        .exec(
+            "target",
+            ExecOptions {
+                command: vec!["/bin/sh".into(), "-c".into(), attack_script()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let stdout = h.stdout.take().unwrap();
+    drop(h.stdin.take());
+    let out =
+        tokio::task::spawn_blocking(move || std::io::read_to_string(stdout).unwrap_or_default())
+            .await
+            .unwrap();
+    let code = h.wait().await.unwrap();
+    assert_eq!(code, 0, "{out}");
+    let leaks: Vec<&str> = out.lines().filter(|l| l.starts_with("LEAK")).collect();
+    assert!(leaks.is_empty(), "{leaks:#?}");
+    assert_eq!(out.lines().last(), Some("done"), "{out}");
+    assert_host_untouched(dir.path(), "target", &f.init, &init_before);
+    rt.remove("target", true).await.unwrap();
+}
