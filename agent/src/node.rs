@@ -127,6 +127,20 @@ fn node_name(options: &NodeOptions) -> Result<String> {
     Ok(name)
 }
 
+/// The cluster's `hostMount` rules plus this node's own data directory (PKI, etcd data,
+/// containers, logs), which no workload may ever mount.
+fn host_mount_policy(
+    cluster: &ClusterConfiguration,
+    layout: &Layout,
+) -> kat_api::host_paths::HostMountPolicy {
+    let mut policy = cluster.spec.host_mount_policy();
+    policy.denied.push(layout.root.clone());
+    if let Ok(real) = std::fs::canonicalize(&layout.root) {
+        policy.denied.push(real);
+    }
+    policy
+}
+
 fn init_binary(options: &NodeOptions) -> PathBuf {
     if let Some(p) = &options.init_binary {
         return p.clone();
@@ -183,6 +197,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
             SupervisorConfig {
                 node: node.clone(),
                 volume_base: PathBuf::from(&cluster.spec.volume_base_path),
+                host_mounts: host_mount_policy(&cluster, &layout),
                 stop_grace: options.stop_grace,
                 pids_limit: options.pids_limit,
             },

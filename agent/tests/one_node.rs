@@ -584,6 +584,28 @@ fn one_node_cluster_end_to_end() {
     assert_eq!(w["metadata"]["generation"], 2);
     assert_eq!(ids(&c.instances("web")), second);
 
+    // hostMount of `/`, the agent's data directory or a path off the allow-list is refused
+    // at apply, naming the file and field; nothing is stored.
+    let data_dir = c.path("data");
+    for host_path in ["/", data_dir.as_str(), "/etc"] {
+        let mut files = simple("sneaky", &image, "    condition: Always", "ls /host");
+        files[0].1.push_str(&format!(
+            "    volumeMounts:\n      - name: host\n        mountPath: /host\n  volumes:\n    - name: host\n      hostMount:\n        hostPath: {host_path}\n"
+        ));
+        let path = c.dir.path().join("sneaky");
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("dir");
+        std::fs::write(path.join(files[0].0), &files[0].1).expect("write");
+        let out = c.katcall(&["apply", "-f", &path.display().to_string()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "hostMount {host_path} was accepted");
+        assert!(
+            stderr.contains("spec.volumes[0].hostMount.hostPath"),
+            "{host_path}: {stderr}"
+        );
+        assert!(c.workload("sneaky").is_none());
+    }
+
     // Without the token, or with a wrong one: 401, with the error body.
     let (code, body) = c.curl(&[&c.url("/v1alpha1/n/default/workloads")]);
     assert_eq!(code, 401, "{body}");

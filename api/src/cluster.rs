@@ -58,10 +58,35 @@ pub struct ClusterSpec {
     pub agent_tick_seconds: u32,
     #[serde(default = "defaults::node_loss_timeout_seconds")]
     pub node_loss_timeout_seconds: u32,
+    /// Host path prefixes a `hostMount` volume may use (see [`crate::host_paths`]).
+    #[serde(default = "defaults::host_mount_allowed_paths")]
+    pub host_mount_allowed_paths: Vec<String>,
+}
+
+impl ClusterSpec {
+    /// The `hostMount` rules this cluster's API enforces at apply: the allow-list, and
+    /// never the volume or backup directories. Each node adds its own data directory.
+    pub fn host_mount_policy(&self) -> crate::host_paths::HostMountPolicy {
+        crate::host_paths::HostMountPolicy {
+            allowed: self
+                .host_mount_allowed_paths
+                .iter()
+                .map(Into::into)
+                .collect(),
+            denied: vec![
+                self.volume_base_path.clone().into(),
+                self.backup_path.clone().into(),
+            ],
+        }
+    }
 }
 
 /// The RFC's defaults for `cluster.kat`.
 pub mod defaults {
+    /// Where people keep data they share with services: `/srv` (FHS), `/mnt` and `/data`.
+    pub fn host_mount_allowed_paths() -> Vec<String> {
+        vec!["/srv".into(), "/mnt".into(), "/data".into()]
+    }
     pub fn node_subnet_bits() -> u32 {
         7
     }
@@ -195,6 +220,17 @@ impl ClusterConfiguration {
         ] {
             if let Some(p) = absolute_path_problem(path) {
                 s.error(field, p);
+            }
+        }
+        for (i, path) in spec.host_mount_allowed_paths.iter().enumerate() {
+            let field = format!("hostMountAllowedPaths[{i}]");
+            if let Some(p) = absolute_path_problem(path) {
+                s.error(&field, p);
+            } else if path.trim_end_matches('/').is_empty() {
+                s.error(
+                    &field,
+                    "/ would allow every host path (expected a directory such as /srv)",
+                );
             }
         }
         for (field, v) in [

@@ -15,6 +15,7 @@ pub mod client_config;
 pub mod cluster;
 pub mod cron;
 pub mod exec_stream;
+pub mod host_paths;
 pub mod job;
 pub mod keys;
 pub mod load_balancer;

@@ -23,6 +23,7 @@ pub mod rootfs;
 pub mod spec;
 pub mod state_file;
 pub mod types;
+pub mod volume_paths;
 
 use std::path::Path;
 use std::time::Duration;

@@ -40,6 +40,7 @@ use crate::image::{self, ImageStore, RegistryConfig};
 use crate::logs::{self, LogReceiver};
 use crate::spec::{self, Rootfs, SpecInput};
 use crate::types::*;
+use crate::volume_paths::OpenedSource;
 use crate::ContainerRuntime;
 
 /// How to set up a `NativeRuntime`.
@@ -331,7 +332,9 @@ impl NativeRuntime {
         Ok(warnings)
     }
 
-    fn volume_sources(&self, options: &CreateOptions) -> Result<Vec<PathBuf>> {
+    /// Opens every volume's source (its `subPath` walked without following symlinks, see
+    /// [`crate::volume_paths`]); the opened sources are checked again once mounted.
+    fn volume_sources(&self, options: &CreateOptions) -> Result<Vec<OpenedSource>> {
         let mut out = Vec::new();
         for v in &options.volumes {
             let bad = |reason: &str| RuntimeError::BadMount {
@@ -348,34 +351,42 @@ impl NativeRuntime {
                     v.destination
                 )));
             }
-            let base =
-                fs::canonicalize(&v.source).map_err(|e| bad(&format!("cannot be used: {e}")))?;
-            let source = match &v.sub_path {
-                None => base,
-                Some(sub) => {
-                    if sub.starts_with('/') || sub.split('/').any(|c| c == "..") {
-                        return Err(bad(&format!(
-                            "subPath {sub:?} must be relative and without '..'"
-                        )));
-                    }
-                    let joined = base.join(sub);
-                    if !joined.exists() {
-                        fs::create_dir_all(&joined)
-                            .map_err(|e| bad(&format!("subPath {sub:?} cannot be created: {e}")))?;
-                    }
-                    let real = fs::canonicalize(&joined)
-                        .map_err(|e| bad(&format!("subPath {sub:?}: {e}")))?;
-                    if !real.starts_with(&base) {
-                        return Err(bad(&format!(
-                            "subPath {sub:?} leaves the volume through a symlink"
-                        )));
-                    }
-                    real
+            if let Some(sub) = &v.sub_path {
+                if sub.starts_with('/') || sub.split('/').any(|c| c == "..") {
+                    return Err(bad(&format!(
+                        "subPath {sub:?} must be relative and without '..'"
+                    )));
                 }
-            };
-            out.push(source);
+            }
+            // The source was resolved by the agent: it is opened refusing any symlink, and
+            // so is everything below it, which a container may have planted.
+            let opened = crate::volume_paths::open_beneath(&v.source, v.sub_path.as_deref(), true)
+                .map_err(|e| match &v.sub_path {
+                    Some(sub) => bad(&format!("subPath {sub:?}: {e}")),
+                    None => bad(&e),
+                })?;
+            out.push(opened);
         }
         Ok(out)
+    }
+
+    /// After create, before start: every volume mount is the object opened for it.
+    fn verify_volumes(
+        &self,
+        options: &CreateOptions,
+        pid: i32,
+        sources: &[OpenedSource],
+    ) -> Result<()> {
+        for (v, source) in options.volumes.iter().zip(sources) {
+            crate::volume_paths::verify_mounted(pid, &v.destination, source).map_err(|reason| {
+                RuntimeError::BadMount {
+                    name: v.name.clone(),
+                    source_path: v.source.clone(),
+                    reason,
+                }
+            })?;
+        }
+        Ok(())
     }
 
     /// Everything of `create` after the container directory exists; on error the caller
@@ -490,7 +501,7 @@ impl NativeRuntime {
             init_binary: &self.config.init_binary,
             etc_dir: &etc,
             log_dir: &logs,
-            volume_sources,
+            volume_sources: volume_sources.iter().map(|o| o.path.clone()).collect(),
             cgroups_path,
             memory_limit: self.caps.memory_limit && !kat_limits,
             cpu_limit: self.caps.cpu_limit && !kat_limits,
@@ -523,7 +534,8 @@ impl NativeRuntime {
         )
         .await?;
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
-        if let Some(pid) = self.load_container(&options.id).and_then(|c| c.pid()) {
+        let init_pid = self.load_container(&options.id).and_then(|c| c.pid());
+        if let Some(pid) = init_pid {
             let (cgroups, id) = (self.cgroups.clone(), options.id.clone());
             let reaping = self.reaping.clone();
             if let Ok(mut set) = reaping.lock() {
@@ -540,6 +552,9 @@ impl NativeRuntime {
                     }
                 },
             );
+        }
+        if let Some(pid) = init_pid {
+            self.verify_volumes(options, pid.as_raw(), &volume_sources)?;
         }
         if kat_limits {
             self.cgroups

@@ -115,3 +115,90 @@ async fn an_exec_cannot_reach_host_files_through_proc() {
     assert_host_untouched(dir.path(), "target", &f.init, &init_before);
     rt.remove("target", true).await.unwrap();
 }
+
+/// Another container of the same volume swaps `sub` between a directory and a symlink to a
+/// host directory, in a loop, while containers with `subPath: sub` are created: each create
+/// either fails with a clear error or mounts the real `sub`, never the host directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subpath_symlink_swapped_during_create_never_mounts_the_host() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (rt, dir, f) = ready_runtime().await;
+    let volume = dir.path().join("volume");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&volume).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join(MARKER), "host secret").unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(
+        &mut std::fs::metadata(&volume).unwrap().permissions(),
+        0o755,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (volume, outside, stop) = (volume.clone(), outside.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (sub, real, link) = (volume.join("sub"), volume.join("real"), volume.join("link"));
+            std::fs::create_dir_all(&real).unwrap();
+            let _ = std::os::unix::fs::symlink(&outside, &link);
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // rename(2) over the name: at every instant `sub` is the real directory
+                // or a symlink to the host directory.
+                let _ = std::fs::remove_file(volume.join("sub.l"));
+                let _ = std::os::unix::fs::symlink(&outside, volume.join("sub.l"));
+                let _ = std::fs::rename(volume.join("sub.l"), &sub);
+                let _ = std::fs::remove_file(&sub);
+                let _ = std::fs::rename(&real, &sub);
+                let _ = std::fs::rename(&sub, &real);
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let (mut mounted, mut refused) = (0, 0);
+    for i in 0..12 {
+        let id = format!("race-{i}");
+        let mut o = options(
+            &id,
+            &image(&f),
+            &format!("ls /data; test -e /data/{MARKER} && echo LEAK"),
+        );
+        o.volumes = vec![kat_runtime::VolumeMount {
+            name: "v".into(),
+            source: volume.clone(),
+            sub_path: Some("sub".into()),
+            destination: "/data".into(),
+            read_only: true,
+        }];
+        match rt.create(&o).await {
+            Ok(_) => {
+                mounted += 1;
+                rt.start(&id).await.unwrap();
+                wait_state(&rt, &id, ContainerState::Exited, Duration::from_secs(20)).await;
+                let out = texts(&rt, &id).await;
+                assert!(
+                    !out.iter().any(|l| l.contains("LEAK") || l.contains(MARKER)),
+                    "{out:?}"
+                );
+                rt.remove(&id, true).await.unwrap();
+            }
+            // Refused by our checks (a symlink, a change after the mount) or by
+            // libcontainer (the name missing mid-swap): either way nothing ran.
+            Err(e) => {
+                refused += 1;
+                eprintln!("refused: {e}");
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    eprintln!(
+        "subPath race: {mounted} mounted the real directory, {refused} refused, {swaps} swaps"
+    );
+    assert!(swaps > 100, "the swapper ran");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        1,
+        "the host directory is untouched"
+    );
+}

@@ -45,6 +45,8 @@ const PREPARE_RETRY: Duration = Duration::from_secs(2);
 pub struct SupervisorConfig {
     pub node: String,
     pub volume_base: PathBuf,
+    /// Which host paths `hostMount` volumes may use on this node.
+    pub host_mounts: kat_api::host_paths::HostMountPolicy,
     /// SIGTERM, then SIGKILL after this long, when an instance goes.
     pub stop_grace: Duration,
     /// Most processes one container may have (`pids.max`): a fork bomb stops there.
@@ -401,6 +403,7 @@ impl Supervisor {
                 &record.workload,
                 v,
                 owner,
+                &self.config.host_mounts,
             )
             .map_err(|e| StartError::NotReady(e.to_string()))?;
             paths.insert(v.name.clone(), path);

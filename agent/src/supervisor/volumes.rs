@@ -5,11 +5,21 @@
 //! that the container's root maps to, so the workload can write to it from inside its user
 //! namespace. `hostMount` follows `ensureType`: `DirectoryOrCreate`/`FileOrCreate` create the
 //! path if missing, `Directory`/`File`/`Socket` require it to exist with that type.
+//!
+//! A `hostMount` path must pass the node's [`HostMountPolicy`] (the cluster's allow-list,
+//! never `/` or KAT's own directories) twice: as written, and once resolved, so a symlink
+//! under `/srv` cannot lead to `/etc`. The path itself may not be a symlink, and what is
+//! created is created without following one (directories with `mkdirat` beneath the last
+//! existing ancestor, files with `O_CREAT | O_EXCL | O_NOFOLLOW`). Every returned path is
+//! canonical: the runtime opens it refusing any symlink, so a later swap fails the create.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+use kat_api::host_paths::HostMountPolicy;
 use kat_api::workload::{EnsureType, Volume};
+use kat_runtime::volume_paths::open_beneath;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -29,14 +39,15 @@ pub enum VolumeError {
     Empty { volume: String },
 }
 
-/// The host directory or file for `volume` of `ns/workload`, created or checked.
-/// `owner` is the host (uid, gid) the container's root maps to.
+/// The host directory or file for `volume` of `ns/workload`, created or checked, as a
+/// canonical path. `owner` is the host (uid, gid) the container's root maps to.
 pub fn prepare(
     base: &Path,
     ns: &str,
     workload: &str,
     volume: &Volume,
     owner: (u32, u32),
+    policy: &HostMountPolicy,
 ) -> Result<PathBuf, VolumeError> {
     let io = |path: &Path| {
         let volume = volume.name.clone();
@@ -61,7 +72,7 @@ pub fn prepare(
                 .map_err(|e| io(&dir)(std::io::Error::from(e)))?;
             }
         }
-        return Ok(dir);
+        return std::fs::canonicalize(&dir).map_err(io(&dir));
     }
     let Some(host) = &volume.host_mount else {
         return Err(VolumeError::Empty {
@@ -74,7 +85,26 @@ pub fn prepare(
         path: path.clone(),
         problem: problem.to_string(),
     };
-    let meta = std::fs::metadata(&path);
+    if let Some(p) = policy.problem(&path) {
+        return Err(problem(&p));
+    }
+    let meta = std::fs::symlink_metadata(&path);
+    if meta.as_ref().is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(problem(
+            "is a symlink (expected the directory or file itself, so what is mounted cannot change under it)",
+        ));
+    }
+    // The deepest ancestor that exists, resolved; the rest is what may be created.
+    let mut existing = path.as_path();
+    while std::fs::symlink_metadata(existing).is_err() {
+        existing = existing.parent().unwrap_or(Path::new("/"));
+    }
+    let resolved = std::fs::canonicalize(existing).map_err(io(existing))?;
+    let rest = path.strip_prefix(existing).unwrap_or(Path::new(""));
+    if let Some(p) = policy.problem(&resolved.join(rest)) {
+        return Err(problem(&format!("resolves through a symlink: {p}")));
+    }
+    let created = |e: String| problem(&format!("cannot be created: {e}"));
     match host.ensure_type {
         None => {
             meta.map_err(|_| {
@@ -84,20 +114,21 @@ pub fn prepare(
         Some(EnsureType::DirectoryOrCreate) => match meta {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(problem("exists but is not a directory")),
-            Err(_) => std::fs::create_dir_all(&path).map_err(io(&path))?,
+            Err(_) => {
+                open_beneath(&resolved, rest.to_str(), true).map_err(created)?;
+            }
         },
         Some(EnsureType::FileOrCreate) => match meta {
             Ok(m) if m.is_file() => {}
             Ok(_) => return Err(problem("exists but is not a regular file")),
             Err(_) => {
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(io(parent))?;
-                }
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(io(&path))?;
+                let parent = rest
+                    .parent()
+                    .and_then(Path::to_str)
+                    .filter(|p| !p.is_empty());
+                let dir = open_beneath(&resolved, parent, true).map_err(created)?;
+                let name = rest.file_name().ok_or_else(|| problem("names no file"))?;
+                create_file_in(&dir, name).map_err(|e| created(e.to_string()))?;
             }
         },
         Some(EnsureType::Directory) => {
@@ -122,13 +153,44 @@ pub fn prepare(
             }
         }
     }
-    Ok(path)
+    let canonical = std::fs::canonicalize(&path).map_err(io(&path))?;
+    if let Some(p) = policy.problem(&canonical) {
+        return Err(problem(&format!("resolves through a symlink: {p}")));
+    }
+    Ok(canonical)
+}
+
+/// Creates an empty file `name` in the opened directory, never through a symlink.
+fn create_file_in(
+    dir: &kat_runtime::volume_paths::OpenedSource,
+    name: &std::ffi::OsStr,
+) -> nix::Result<()> {
+    let fd = nix::fcntl::openat(
+        Some(dir.fd().as_raw_fd()),
+        name,
+        nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_EXCL
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )?;
+    // SAFETY: openat just returned this fd; closing it is all we do with it.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kat_api::workload::{HostMount, SimpleClusterStorage};
+
+    fn open_policy(root: &Path) -> HostMountPolicy {
+        HostMountPolicy {
+            allowed: vec![root.to_path_buf()],
+            denied: vec![root.join("kat-data")],
+        }
+    }
 
     fn host(path: &Path, ensure: Option<EnsureType>) -> Volume {
         Volume {
@@ -153,8 +215,19 @@ mod tests {
             nix::unistd::geteuid().as_raw(),
             nix::unistd::getegid().as_raw(),
         );
-        let dir = prepare(base.path(), "default", "web", &v, me).unwrap();
-        assert_eq!(dir, base.path().join("default/web/data"));
+        let dir = prepare(
+            base.path(),
+            "default",
+            "web",
+            &v,
+            me,
+            &HostMountPolicy::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            dir,
+            base.path().canonicalize().unwrap().join("default/web/data")
+        );
         assert!(dir.is_dir());
     }
 
@@ -162,7 +235,15 @@ mod tests {
     fn ensure_type_rules() {
         let t = tempfile::tempdir().unwrap();
         let missing = t.path().join("a/b");
-        let err = prepare(t.path(), "ns", "w", &host(&missing, None), (0, 0)).unwrap_err();
+        let err = prepare(
+            t.path(),
+            "ns",
+            "w",
+            &host(&missing, None),
+            (0, 0),
+            &open_policy(t.path()),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("DirectoryOrCreate"), "{err}");
         prepare(
             t.path(),
@@ -170,6 +251,7 @@ mod tests {
             "w",
             &host(&missing, Some(EnsureType::DirectoryOrCreate)),
             (0, 0),
+            &open_policy(t.path()),
         )
         .unwrap();
         assert!(missing.is_dir());
@@ -180,6 +262,7 @@ mod tests {
             "w",
             &host(&file, Some(EnsureType::FileOrCreate)),
             (0, 0),
+            &open_policy(t.path()),
         )
         .unwrap();
         assert!(file.is_file());
@@ -189,6 +272,7 @@ mod tests {
             "w",
             &host(&file, Some(EnsureType::Directory)),
             (0, 0),
+            &open_policy(t.path()),
         )
         .unwrap_err();
         assert!(err.to_string().contains("existing directory"), "{err}");
@@ -198,6 +282,7 @@ mod tests {
             "w",
             &host(&missing, Some(EnsureType::Socket)),
             (0, 0),
+            &open_policy(t.path()),
         )
         .unwrap_err();
         assert!(err.to_string().contains("socket"), "{err}");
@@ -207,7 +292,47 @@ mod tests {
             "w",
             &host(&file, Some(EnsureType::File)),
             (0, 0),
+            &open_policy(t.path()),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn host_mounts_never_leave_the_allow_list_or_follow_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let policy = open_policy(t.path());
+        let try_mount = |path: &Path, ensure| {
+            prepare(t.path(), "ns", "w", &host(path, ensure), (0, 0), &policy)
+                .map_err(|e| e.to_string())
+        };
+        // KAT's own directory, or an ancestor of it, is refused.
+        std::fs::create_dir_all(t.path().join("kat-data/pki")).unwrap();
+        let err = try_mount(&t.path().join("kat-data/pki"), None).unwrap_err();
+        assert!(err.contains("KAT uses itself"), "{err}");
+        // A path off the allow-list is refused; so is one that resolves off it.
+        assert!(try_mount(Path::new("/etc"), None)
+            .unwrap_err()
+            .contains("allow-list"));
+        std::os::unix::fs::symlink("/etc", t.path().join("to-etc")).unwrap();
+        let err = try_mount(
+            &t.path().join("to-etc/kat-new"),
+            Some(EnsureType::DirectoryOrCreate),
+        )
+        .unwrap_err();
+        assert!(err.contains("resolves through a symlink"), "{err}");
+        assert!(!Path::new("/etc/kat-new").exists());
+        // FileOrCreate never follows a dangling symlink.
+        let target = t.path().join("outside/created-through-link");
+        std::fs::create_dir_all(t.path().join("outside")).unwrap();
+        std::os::unix::fs::symlink(&target, t.path().join("dangling")).unwrap();
+        let err =
+            try_mount(&t.path().join("dangling"), Some(EnsureType::FileOrCreate)).unwrap_err();
+        assert!(err.contains("symlink"), "{err}");
+        assert!(!target.exists());
+        // A symlinked directory to a place inside the allow-list is still not mounted as such.
+        std::os::unix::fs::symlink(t.path().join("outside"), t.path().join("alias")).unwrap();
+        assert!(try_mount(&t.path().join("alias"), None)
+            .unwrap_err()
+            .contains("symlink"));
     }
 }

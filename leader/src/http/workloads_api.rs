@@ -120,6 +120,18 @@ async fn parse_bundle(
             ));
         }
     }
+    // hostMount paths against the cluster's allow-list, before anything is stored.
+    let policy = state.cluster.spec.host_mount_policy();
+    for (i, volume) in parsed.workload.spec.volumes.iter().enumerate() {
+        if let Some(host) = &volume.host_mount {
+            if let Some(problem) = policy.problem(std::path::Path::new(&host.host_path)) {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidQuadlet,
+                    format!("workload.kat: spec.volumes[{i}].hostMount.hostPath: {problem}"),
+                ));
+            }
+        }
+    }
     // A bundle may carry its namespace.kat; otherwise the namespace must exist.
     if parsed.namespace.is_some() {
         namespaces::create(&*state.store, &state.clock, ns, true).await?;
