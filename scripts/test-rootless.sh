@@ -15,8 +15,15 @@ source target/kat-fixtures/env
 if ! id "$USER_NAME" >/dev/null 2>&1; then
   useradd --create-home --shell /bin/bash "$USER_NAME"
 fi
-grep -q "^$USER_NAME:" /etc/subuid || usermod --add-subuids 400000-465535 "$USER_NAME"
-grep -q "^$USER_NAME:" /etc/subgid || usermod --add-subgids 400000-465535 "$USER_NAME"
+# 16 workload slices of 65536 ids (a user made by an older checkout had one: replaced), away
+# from the 300000.. range the root runs use.
+RANGE=2000000-3048575
+for f in subuid subgid; do
+  if ! grep -q "^$USER_NAME:2000000:1048576$" /etc/$f; then
+    sed -i "/^$USER_NAME:/d" /etc/$f
+    usermod "--add-${f}s" "$RANGE" "$USER_NAME"
+  fi
+done
 uid=$(id -u "$USER_NAME"); gid=$(id -g "$USER_NAME")
 
 # cgroup v1/hybrid: the one-time root step. (On a delegated v2 host systemd does this.)

@@ -72,6 +72,7 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
         return run(options).await;
     }
     let cluster = read_cluster(config)?;
+    ensure_root_subids()?;
     for dir in [
         layout.root.clone(),
         layout.pki(),
@@ -105,6 +106,23 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
         cluster.metadata.name
     );
     run(options).await
+}
+
+/// A root agent maps containers onto a subordinate range too, so container root is never
+/// host root: `init` gives root one (as `setup` does for the `kat` user) when it has none.
+fn ensure_root_subids() -> Result<()> {
+    if !nix::unistd::geteuid().is_root()
+        || kat_runtime::idmap::NodeIdRange::for_current_user().is_ok()
+    {
+        return Ok(());
+    }
+    let step = crate::setup::Step::SubIds {
+        user: "root".into(),
+    };
+    eprintln!("kat-agent: {}", step.describe());
+    step.apply()
+        .context("giving root a subuid/subgid range for its containers")?;
+    Ok(())
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<()> {

@@ -48,6 +48,10 @@ pub(crate) struct Request {
 /// When this process was started as the create helper, runs it and returns its exit code.
 /// Call it before starting any thread.
 pub fn run_if_requested() -> Option<ExitCode> {
+    // The same program serves as the id helper (see `crate::id_tool`).
+    if let Some(code) = crate::id_tool::run_if_requested() {
+        return Some(code);
+    }
     let mut args = std::env::args_os().skip(1);
     if args.next().as_deref() != Some(std::ffi::OsStr::new(HELPER_ARG)) {
         return None;

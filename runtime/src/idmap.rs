@@ -1,13 +1,25 @@
-//! The user-namespace id mapping of this node's containers.
+//! User-namespace ids: the node's subordinate range, and each workload's slice of it.
 //!
-//! Container root is the agent's own uid; container ids 1..N come from the agent user's
-//! subuid/subgid range (`/etc/subuid`, `/etc/subgid`), written by `newuidmap`/`newgidmap`
-//! when the agent is unprivileged. Without a range only container root is mapped (a
-//! single-id mapping) and files owned by other ids in an image are squashed to root.
+//! A node owns one range of host ids, read from `/etc/subuid` and `/etc/subgid` for the
+//! agent's user — root included: a root agent uses a range too (`kat-agent setup` and
+//! `init` allocate one), so container root is never a privileged host id. A node without a
+//! range refuses to create containers ([`NodeIdRange::for_current_user`] says how to fix it);
+//! there is no single-id fallback that maps container root onto the agent's own uid.
+//!
+//! The range is cut into slices of [`SLICE_SIZE`] ids (like podman's `--userns=auto`, whose
+//! images expect ids up to 65534). Each workload (namespace/name) gets its own slice
+//! ([`crate::id_slices`]): container id `n` is host id `slice start + n`, so the root of one
+//! workload is a different host uid than the root of any other and cannot read or signal
+//! another workload's files or processes. The slices are counted from the start of the
+//! range, so when the networking work puts containers under a node user namespace (mapped
+//! `0 → agent, 1.. → the range`), slice `k` is simply ids `1 + k·SLICE_SIZE…` there.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+/// Ids per workload: container ids `0..65536`, enough for `nobody` (65534).
+pub const SLICE_SIZE: u32 = 65_536;
 
 /// One contiguous range: container ids `inside..inside+count` are host ids `outside..`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,88 +29,126 @@ pub struct IdRange {
     pub count: u32,
 }
 
-/// uid and gid mappings, in the order the kernel wants them.
+/// uid and gid mappings of one container, in the order the kernel wants them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMap {
     pub uids: Vec<IdRange>,
     pub gids: Vec<IdRange>,
 }
 
-impl IdMap {
-    /// Root of the container is `(uid, gid)`; `sub_uids`/`sub_gids` supply ids from 1 up.
-    pub fn new(
-        uid: u32,
-        gid: u32,
-        sub_uids: Option<(u32, u32)>,
-        sub_gids: Option<(u32, u32)>,
-    ) -> IdMap {
-        let build = |root: u32, sub: Option<(u32, u32)>| {
-            let mut ranges = vec![IdRange {
-                inside: 0,
-                outside: root,
-                count: 1,
-            }];
-            if let Some((start, count)) = sub {
-                if count > 0 {
-                    ranges.push(IdRange {
-                        inside: 1,
-                        outside: start,
-                        count,
-                    });
-                }
-            }
-            ranges
-        };
-        IdMap {
-            uids: build(uid, sub_uids),
-            gids: build(gid, sub_gids),
-        }
-    }
+/// The node's subordinate ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeIdRange {
+    pub uid_start: u32,
+    pub uid_count: u32,
+    pub gid_start: u32,
+    pub gid_count: u32,
+}
 
-    /// Container ids `0..count` are host ids `start..start+count` (a root agent's mapping:
-    /// container root is not host root).
-    pub fn range(start: u32, count: u32) -> IdMap {
-        let r = vec![IdRange {
-            inside: 0,
-            outside: start,
-            count: count.max(1),
-        }];
-        IdMap {
-            uids: r.clone(),
-            gids: r,
-        }
-    }
-
-    /// The mapping for the current user, read from `/etc/subuid` and `/etc/subgid`. A root
-    /// agent maps the whole container onto its range, so container root is not host root.
-    pub fn for_current_user() -> IdMap {
+impl NodeIdRange {
+    /// The current user's range from `/etc/subuid` and `/etc/subgid`, or what to do.
+    pub fn for_current_user() -> Result<NodeIdRange, String> {
         let uid = nix::unistd::getuid().as_raw();
         let gid = nix::unistd::getgid().as_raw();
         let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
             .ok()
             .flatten()
             .map(|u| u.name)
-            .unwrap_or_default();
-        let group_name = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+            .unwrap_or_else(|| uid.to_string());
+        let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
             .ok()
             .flatten()
             .map(|g| g.name)
             .unwrap_or_default();
-        let sub_uids = read_sub_range(Path::new("/etc/subuid"), &name, uid);
-        let sub_gids = read_sub_range(Path::new("/etc/subgid"), &group_name, gid)
-            .or_else(|| read_sub_range(Path::new("/etc/subgid"), &name, uid));
-        if uid == 0 {
-            if let (Some((us, uc)), Some((gs, gc))) = (sub_uids, sub_gids) {
-                let mut map = IdMap::range(us, uc);
-                map.gids = IdMap::range(gs, gc).gids;
-                return map;
+        let uids = read_sub_range(Path::new("/etc/subuid"), &name, uid);
+        let gids = read_sub_range(Path::new("/etc/subgid"), &name, uid)
+            .or_else(|| read_sub_range(Path::new("/etc/subgid"), &group, gid));
+        let fix = format!(
+            "run `sudo kat-agent setup` (or `sudo usermod --add-subuids 1000000-5194303 --add-subgids 1000000-5194303 {name}`, a range no other user has)"
+        );
+        match (uids, gids) {
+            (Some((uid_start, uid_count)), Some((gid_start, gid_count))) => {
+                let range = NodeIdRange {
+                    uid_start,
+                    uid_count,
+                    gid_start,
+                    gid_count,
+                };
+                if range.slots() == 0 {
+                    return Err(format!(
+                        "the subuid/subgid range of {name} has {} ids, fewer than the {SLICE_SIZE} one workload needs: {fix}",
+                        uid_count.min(gid_count)
+                    ));
+                }
+                Ok(range)
             }
+            _ => Err(format!(
+                "user {name} has no subuid/subgid range in /etc/subuid and /etc/subgid, so containers could only run as a privileged host id: {fix}"
+            )),
         }
-        IdMap::new(uid, gid, sub_uids, sub_gids)
     }
 
-    pub fn is_single(&self) -> bool {
-        self.uids.iter().map(|r| r.count).sum::<u32>() == 1
+    /// How many workload slices fit.
+    pub fn slots(&self) -> u32 {
+        self.uid_count.min(self.gid_count) / SLICE_SIZE
+    }
+
+    /// Host (uid, gid) of container root in slice `slot`.
+    pub fn slot_root(&self, slot: u32) -> (u32, u32) {
+        (
+            self.uid_start + slot * SLICE_SIZE,
+            self.gid_start + slot * SLICE_SIZE,
+        )
+    }
+
+    /// The mapping of a container in slice `slot`. `split` writes it as two ranges (root,
+    /// then the rest) so that libcontainer uses `newuidmap`/`newgidmap`: an unprivileged
+    /// process may write a single mapping only for its own id.
+    pub fn slot_map(&self, slot: u32, split: bool) -> IdMap {
+        let (uid, gid) = self.slot_root(slot);
+        let ranges = |base: u32| {
+            if split {
+                vec![
+                    IdRange {
+                        inside: 0,
+                        outside: base,
+                        count: 1,
+                    },
+                    IdRange {
+                        inside: 1,
+                        outside: base + 1,
+                        count: SLICE_SIZE - 1,
+                    },
+                ]
+            } else {
+                vec![IdRange {
+                    inside: 0,
+                    outside: base,
+                    count: SLICE_SIZE,
+                }]
+            }
+        };
+        IdMap {
+            uids: ranges(uid),
+            gids: ranges(gid),
+        }
+    }
+}
+
+impl IdMap {
+    /// Every id is itself: how a root agent stores image layers (with the image's own ids,
+    /// in directories only it can enter), before a workload's copy is shifted to its slice.
+    pub fn identity() -> IdMap {
+        let all = vec![IdRange {
+            inside: 0,
+            outside: 0,
+            count: u32::MAX,
+        }];
+        IdMap {
+            uids: all.clone(),
+            gids: all,
+        }
     }
 
     /// Host uid of a container uid; ids outside the mapping are squashed to container root.
@@ -142,9 +192,10 @@ pub fn parse_sub_range(text: &str, name: &str, id: u32) -> Option<(u32, u32)> {
         if owner.is_empty() || (owner != name && owner != id) {
             return None;
         }
-        let start = parts.next()?.parse().ok()?;
+        let start: u32 = parts.next()?.parse().ok()?;
         let count: u32 = parts.next()?.parse().ok()?;
-        (count > 0).then_some((start, count))
+        // A range that wraps past u32 is unusable.
+        (count > 0 && start.checked_add(count).is_some()).then_some((start, count))
     })
 }
 
@@ -154,20 +205,32 @@ mod tests {
 
     #[test]
     fn parses_subid_files_by_name_or_id() {
-        let text = "alice:100000:65536\n# comment\n1001:200000:1000\nbroken\nbob:x:1\n";
+        let text = "alice:100000:65536\n# comment\n1001:200000:1000\nbroken\nbob:x:1\nwrap:4294967000:65536\n";
         assert_eq!(parse_sub_range(text, "alice", 1000), Some((100000, 65536)));
         assert_eq!(parse_sub_range(text, "carol", 1001), Some((200000, 1000)));
         assert_eq!(parse_sub_range(text, "bob", 7), None);
+        assert_eq!(parse_sub_range(text, "wrap", 7), None);
     }
 
     #[test]
-    fn maps_and_squashes() {
-        let map = IdMap::new(1000, 1000, Some((100000, 65536)), None);
-        assert_eq!(map.host_uid(0), 1000);
-        assert_eq!(map.host_uid(1), 100000);
-        assert_eq!(map.host_uid(65536), 165535);
-        assert_eq!(map.host_uid(70000), 1000);
-        assert_eq!(map.host_gid(5), 1000, "no gid range: squashed");
-        assert!(!map.is_single());
+    fn slices_never_overlap_and_never_map_root_to_root() {
+        let range = NodeIdRange {
+            uid_start: 1_000_000,
+            uid_count: 4 * SLICE_SIZE + 10,
+            gid_start: 2_000_000,
+            gid_count: 8 * SLICE_SIZE,
+        };
+        assert_eq!(range.slots(), 4);
+        let a = range.slot_map(0, false);
+        let b = range.slot_map(1, true);
+        assert_eq!(a.host_uid(0), 1_000_000);
+        assert_eq!(a.host_uid(65_535), 1_065_535);
+        assert_eq!(b.host_uid(0), 1_065_536);
+        assert_eq!(b.host_uid(1), 1_065_537);
+        assert_eq!(b.host_gid(0), 2_065_536);
+        assert_eq!(b.uids.len(), 2);
+        assert_eq!(b.uids.iter().map(|r| r.count).sum::<u32>(), SLICE_SIZE);
+        // An id beyond the slice is squashed to the slice's root, never to host root.
+        assert_eq!(a.host_uid(70_000), 1_000_000);
     }
 }

@@ -11,10 +11,13 @@
 //!
 //! `docs/runtime.md` describes what every container gets and what is enforced.
 
+pub mod acl;
 pub mod cgroups;
 pub mod create_helper;
 pub mod error;
 pub mod exec;
+pub mod id_slices;
+pub mod id_tool;
 pub mod idmap;
 pub mod image;
 pub mod logs;

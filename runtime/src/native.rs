@@ -34,7 +34,9 @@ use serde::{Deserialize, Serialize};
 use crate::cgroups::Cgroups;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::exec::ExecHandle;
-use crate::idmap::IdMap;
+use crate::id_slices::IdSlices;
+use crate::id_tool::IdTask;
+use crate::idmap::{IdMap, NodeIdRange, SLICE_SIZE};
 use crate::image::layer::make_writable_and_remove;
 use crate::image::{self, ImageStore, RegistryConfig};
 use crate::logs::{self, LogReceiver};
@@ -51,8 +53,9 @@ pub struct NativeConfig {
     /// The static kat-init binary to place in every container.
     pub init_binary: PathBuf,
     pub registries: RegistryConfig,
-    /// Defaults to the current user's subuid/subgid range.
-    pub ids: Option<IdMap>,
+    /// The node's subordinate id range; defaults to the current user's from `/etc/subuid`
+    /// and `/etc/subgid`. Without one, containers are refused.
+    pub id_range: Option<NodeIdRange>,
     /// Parent cgroup of containers (default `/kat`; ignored for a delegated v2 subtree and
     /// under systemd, where containers go in `kat.slice`).
     pub cgroup_parent: Option<String>,
@@ -74,7 +77,7 @@ impl NativeConfig {
             root: root.into(),
             init_binary: init_binary.into(),
             registries: RegistryConfig::default(),
-            ids: None,
+            id_range: None,
             cgroup_parent: None,
             cgroup_manager: CgroupManager::Auto,
             force_copy_rootfs: false,
@@ -112,7 +115,10 @@ pub struct NativeRuntime {
     config: NativeConfig,
     images: ImageStore,
     cgroups: Cgroups,
-    ids: IdMap,
+    /// The node's id range, or why there is none (then every create says so).
+    range: std::result::Result<NodeIdRange, String>,
+    /// Which workload owns which slice of the range.
+    slices: Mutex<Option<IdSlices>>,
     caps: NodeCapabilities,
     overlay: AtomicBool,
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if
@@ -206,8 +212,23 @@ impl NativeRuntime {
         fs::set_permissions(&config.root, fs::Permissions::from_mode(0o711))
             .context(|| format!("chmod {}", config.root.display()))?;
         crate::create_helper::become_subreaper()?;
-        let ids = config.ids.clone().unwrap_or_else(IdMap::for_current_user);
-        let images = ImageStore::open(&config.root.join("images"), ids.clone())?;
+        let range = match config.id_range {
+            Some(r) if r.slots() > 0 => Ok(r),
+            Some(r) => Err(format!(
+                "the configured id range has {} ids, fewer than the {SLICE_SIZE} one workload needs",
+                r.uid_count.min(r.gid_count)
+            )),
+            None => NodeIdRange::for_current_user(),
+        };
+        // Layers keep the image's own ids (a root agent) or belong to us (unprivileged);
+        // each workload's copy is shifted into its slice (`slot_rootfs`).
+        let images = ImageStore::open(&config.root.join("images"), IdMap::identity())?;
+        for sub in ["slots"] {
+            let dir = config.root.join(sub);
+            fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
+                .context(|| format!("chmod {}", dir.display()))?;
+        }
         let cgroups = Cgroups::detect(config.cgroup_parent.as_deref(), config.cgroup_manager);
         let rootless = !nix::unistd::geteuid().is_root();
         let overlay = !config.force_copy_rootfs && kernel_allows_userns_overlay();
@@ -215,8 +236,14 @@ impl NativeRuntime {
         if !config.seccomp {
             notes.push("seccomp: off (--seccomp unconfined); containers rely on the user namespace, dropped capabilities and no_new_privs".into());
         }
-        if ids.is_single() {
-            notes.push("no subuid/subgid range: only container root is mapped; files owned by other ids in images belong to root".into());
+        match &range {
+            Ok(r) => notes.push(format!(
+                "user namespaces: {} workload slices of {SLICE_SIZE} ids from host uid {} (gid {})",
+                r.slots(),
+                r.uid_start,
+                r.gid_start
+            )),
+            Err(e) => notes.push(format!("containers refused: {e}")),
         }
         if rootless {
             notes.push("image files owned by non-root ids are owned by container root (unpacked without privilege)".into());
@@ -232,7 +259,10 @@ impl NativeRuntime {
             } else {
                 RootfsMode::Copy
             },
-            uid_map: ids.uid_triples(),
+            uid_map: range
+                .as_ref()
+                .map(|r| vec![(0, r.uid_start, r.uid_count)])
+                .unwrap_or_default(),
             seccomp: config.seccomp,
             notes,
         };
@@ -242,7 +272,8 @@ impl NativeRuntime {
             config,
             images,
             cgroups,
-            ids,
+            range,
+            slices: Mutex::new(None),
             caps,
         })
     }
@@ -425,25 +456,42 @@ impl NativeRuntime {
             record.config.working_dir.clone()
         };
 
-        let privileged = nix::unistd::geteuid().is_root();
-        let host_root = (self.ids.host_uid(0), self.ids.host_gid(0));
-        let host_user = (self.ids.host_uid(uid), self.ids.host_gid(gid));
+        let range = *self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let slot = self.acquire_slot(options)?;
+        let ids = range.slot_map(slot, !nix::unistd::geteuid().is_root());
+        let host_root = range.slot_root(slot);
+        let host_user = (ids.host_uid(uid), ids.host_gid(gid));
         let logs = dir.join("logs");
         let etc = dir.join("etc");
         let rootfs = dir.join("rootfs");
         for d in [&logs, &etc, &dir.join("bundle")] {
             fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
         }
-        // kat-init writes here as the workload's user: owned by it, or open to it inside
-        // our private (0700) container directory when we cannot chown.
-        if privileged {
-            std::os::unix::fs::chown(&logs, Some(host_user.0), Some(host_user.1))
-                .context(|| format!("chown {}", logs.display()))?;
-            fs::set_permissions(&logs, fs::Permissions::from_mode(0o750))
-                .context(|| format!("chmod {}", logs.display()))?;
-        } else if host_user.0 != nix::unistd::geteuid().as_raw() {
-            fs::set_permissions(&logs, fs::Permissions::from_mode(0o777))
-                .context(|| format!("chmod {}", logs.display()))?;
+        // kat-init writes here as the workload's user, and only it and we may: ours, with
+        // an ACL for it (see `acl`); no other host user gets in.
+        fs::set_permissions(&logs, fs::Permissions::from_mode(0o700))
+            .context(|| format!("chmod {}", logs.display()))?;
+        crate::acl::share_log_dir(&logs, host_user.0, nix::unistd::geteuid().as_raw()).context(
+            || {
+                format!(
+                    "setting an ACL on {} (the file system must support POSIX ACLs)",
+                    logs.display()
+                )
+            },
+        )?;
+        // A workload's own volume directories belong to its root.
+        for v in options.volumes.iter().filter(|v| v.owned_by_container) {
+            self.id_task(IdTask::Own {
+                path: v.source.clone(),
+                owner: host_root,
+            })
+            .await?;
         }
         fs::write(
             etc.join("hosts"),
@@ -460,23 +508,24 @@ impl NativeRuntime {
 
         let use_overlay = self.overlay.load(Ordering::Relaxed);
         let (upper, work) = (dir.join("upper"), dir.join("work"));
-        if use_overlay {
+        let lower = if use_overlay {
             for d in [&rootfs, &upper, &work] {
                 fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
-                if privileged {
-                    std::os::unix::fs::chown(d, Some(host_root.0), Some(host_root.1))
-                        .context(|| format!("chown {}", d.display()))?;
-                }
             }
             fs::set_permissions(&upper, fs::Permissions::from_mode(0o755))
                 .context(|| format!("chmod {}", upper.display()))?;
+            for d in [&rootfs, &upper, &work] {
+                self.id_task(IdTask::Own {
+                    path: d.clone(),
+                    owner: host_root,
+                })
+                .await?;
+            }
+            self.slot_rootfs(&record.id, &snapshot, slot).await?
         } else {
-            let (from, to) = (snapshot.clone(), rootfs.clone());
-            blocking("copying the image", move || {
-                crate::image::snapshot::copy_tree(&from, &to, privileged)
-            })
-            .await?;
-        }
+            self.shifted_copy(&snapshot, &rootfs, host_root).await?;
+            rootfs.clone()
+        };
         let cgroups_path = self.cgroups.container_path(&options.id);
         let kat_limits = self.cgroups.kat_applies_limits();
         let input = SpecInput {
@@ -487,11 +536,11 @@ impl NativeRuntime {
             cwd,
             uid,
             gid,
-            ids: &self.ids,
+            ids: &ids,
             rootfs: if use_overlay {
                 Rootfs::Overlay {
                     mountpoint: &rootfs,
-                    lower: &snapshot,
+                    lower: &lower,
                     upper: &upper,
                     work: &work,
                 }
@@ -575,6 +624,142 @@ impl NativeRuntime {
         })
     }
 
+    /// Runs an ownership task off the async threads (see [`crate::id_tool`]).
+    async fn id_task(&self, task: IdTask) -> Result<()> {
+        let range = *self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let program = self.config.create_helper.clone();
+        blocking("changing file ownership", move || {
+            crate::id_tool::run(&program, &range, &task)
+        })
+        .await
+    }
+
+    /// The slice of this container's workload, allocated on first use and kept.
+    fn acquire_slot(&self, options: &CreateOptions) -> Result<u32> {
+        let range = self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let key = format!("{}/{}", options.namespace, options.workload);
+        let mut guard = self
+            .slices
+            .lock()
+            .map_err(|_| lc_error("the id-slice table", "a thread panicked while holding it"))?;
+        if guard.is_none() {
+            *guard = Some(IdSlices::load(
+                &self.config.root.join("id-slices.json"),
+                range.slots(),
+            )?);
+        }
+        let table = guard
+            .as_mut()
+            .ok_or_else(|| lc_error("the id-slice table", "not loaded"))?;
+        let in_use = std::cell::OnceCell::new();
+        table.acquire(&key, |k| {
+            in_use
+                .get_or_init(|| self.workloads_with_containers())
+                .contains(k)
+        })
+    }
+
+    /// `namespace/workload` of every container on the node.
+    fn workloads_with_containers(&self) -> HashSet<String> {
+        let dir = self.config.root.join("containers");
+        fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| self.read_meta(&e.file_name().to_string_lossy()).ok())
+            .map(|m| format!("{}/{}", m.options.namespace, m.options.workload))
+            .collect()
+    }
+
+    /// Ids as the image store keeps them: a root agent keeps the image's own ids (0…), an
+    /// unprivileged one owns every file itself.
+    fn stored_ids(&self) -> ((u32, u32), u32) {
+        if nix::unistd::geteuid().is_root() {
+            ((0, 0), SLICE_SIZE)
+        } else {
+            (
+                (
+                    nix::unistd::geteuid().as_raw(),
+                    nix::unistd::getegid().as_raw(),
+                ),
+                1,
+            )
+        }
+    }
+
+    /// Copies `from` to `to` (which must not exist) and shifts the copy into the slice whose
+    /// root is `root`. Setuid and setgid bits do not survive the change of owner.
+    async fn shifted_copy(&self, from: &Path, to: &Path, root: (u32, u32)) -> Result<()> {
+        let (f, t) = (from.to_path_buf(), to.to_path_buf());
+        let privileged = nix::unistd::geteuid().is_root();
+        blocking("copying the image", move || {
+            crate::image::snapshot::copy_tree(&f, &t, privileged)
+        })
+        .await?;
+        let (stored, count) = self.stored_ids();
+        self.id_task(IdTask::Shift {
+            path: to.to_path_buf(),
+            from: stored,
+            count,
+            to: root,
+        })
+        .await
+    }
+
+    /// The image's tree owned by slice `slot`: the lower directory of its containers'
+    /// overlays, made once per image and slice and kept under `slots/`.
+    async fn slot_rootfs(&self, image_id: &str, snapshot: &Path, slot: u32) -> Result<PathBuf> {
+        let hex = image_id.trim_start_matches("sha256:");
+        let dest = self.config.root.join("slots").join(format!("{hex}-{slot}"));
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let range = *self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let tmp = dest.with_extension(format!(
+            "partial-{}-{}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let made = self
+            .shifted_copy(snapshot, &tmp, range.slot_root(slot))
+            .await;
+        let renamed = made.and_then(|()| {
+            fs::rename(&tmp, &dest).or_else(|e| {
+                // Another create of the same workload got there first.
+                if dest.is_dir() {
+                    Ok(())
+                } else {
+                    Err(e).context(|| format!("moving {} into place", dest.display()))
+                }
+            })
+        });
+        if tmp.exists() {
+            let _ = self.id_task(IdTask::Remove { path: tmp }).await;
+        }
+        renamed.map(|()| dest)
+    }
+
     /// Forgets a half-made container: libcontainer state, cgroups, files.
     fn discard(&self, id: &str) {
         if let Some(mut c) = self.load_container(id) {
@@ -582,7 +767,16 @@ impl NativeRuntime {
             let _ = c.delete(true);
         }
         let _ = make_writable_and_remove(&self.lib_root().join(id));
-        let _ = make_writable_and_remove(&self.dir(id));
+        // The upper layer and logs belong to the workload's ids: an unprivileged agent
+        // removes them from inside a user namespace.
+        if make_writable_and_remove(&self.dir(id)).is_err() {
+            if let Ok(range) = &self.range {
+                let task = IdTask::Remove { path: self.dir(id) };
+                if let Err(e) = crate::id_tool::run(&self.config.create_helper, range, &task) {
+                    tracing::warn!(container = %id, error = %e, "cannot remove the container's files");
+                }
+            }
+        }
         self.cgroups.remove(id);
     }
 

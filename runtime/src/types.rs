@@ -74,6 +74,10 @@ pub struct VolumeMount {
     pub sub_path: Option<String>,
     pub destination: String,
     pub read_only: bool,
+    /// A directory of the workload's own (`simpleClusterStorage`): given to the container's
+    /// root, in the workload's id slice. Host paths (`hostMount`) keep their owner.
+    #[serde(default)]
+    pub owned_by_container: bool,
 }
 
 /// Log rotation for one container.

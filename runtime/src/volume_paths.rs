@@ -10,9 +10,9 @@
 //!    relative to the directory just opened: nothing is ever looked up by a path a container
 //!    can change, and no symlink is followed, dangling or not.
 //! 2. libcontainer then mounts by path (it canonicalizes the source itself, so an fd cannot
-//!    be handed through), and before the container is started [`verify_mounted`] opens each
-//!    destination inside the container's root (`RESOLVE_IN_ROOT`) and compares device and
-//!    inode with the object opened in step 1. A swap in between is caught while the workload
+//!    be handed through), and before the container is started [`verify_mounted`] finds each
+//!    destination in the container's `mountinfo` and compares its device and path within the
+//!    filesystem with the object opened in step 1. A swap in between is caught while the workload
 //!    has not run a single instruction; the container is then discarded.
 
 use std::ffi::OsStr;
@@ -29,7 +29,6 @@ use nix::sys::stat::{fstat, Mode};
 pub struct OpenedSource {
     pub path: PathBuf,
     pub dev: u64,
-    pub ino: u64,
     _fd: OwnedFd,
 }
 
@@ -127,7 +126,6 @@ pub fn open_beneath(base: &Path, sub: Option<&str>, create: bool) -> Result<Open
     Ok(OpenedSource {
         path,
         dev: stat.st_dev,
-        ino: stat.st_ino,
         _fd: current,
     })
 }
@@ -145,33 +143,103 @@ fn give_to(fd: std::os::fd::RawFd, uid: u32, gid: u32) {
     }
 }
 
-/// Checks, inside the container whose init is `pid`, that `destination` is the very object
-/// `source` opened. Called after create and before start.
+/// Checks that the mount at `destination` in the container whose init is `pid` is the
+/// very object `source` opened. Called after create and before start.
+///
+/// It compares the two through `mountinfo` (device, and the path within that filesystem)
+/// rather than by opening `/proc/PID/root`: before its first `exec` the container's init is
+/// not dumpable, so an unprivileged agent may not open its root, but anyone may read its
+/// `mountinfo`.
 pub fn verify_mounted(pid: i32, destination: &str, source: &OpenedSource) -> Result<(), String> {
-    let root = nix::fcntl::open(
-        Path::new(&format!("/proc/{pid}/root")),
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map(owned)
-    .map_err(|e| format!("cannot open the container's root: {e}"))?;
-    let relative = destination.trim_start_matches('/');
-    let target = if relative.is_empty() { "." } else { relative };
-    let fd = openat2(
-        root.as_raw_fd(),
-        OsStr::from_bytes(target.as_bytes()),
-        how(OFlag::empty(), ResolveFlag::RESOLVE_IN_ROOT),
-    )
-    .map(owned)
-    .map_err(|e| format!("cannot open {destination} in the container: {e}"))?;
-    let stat = fstat(fd.as_raw_fd()).map_err(|e| format!("cannot stat {destination}: {e}"))?;
-    if (stat.st_dev, stat.st_ino) != (source.dev, source.ino) {
-        return Err(format!(
-            "{destination} in the container is not {} (it changed while the container was being created: a symlink race?)",
+    let ours = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read our mountinfo: {e}"))?;
+    let want = filesystem_path(&ours, source)
+        .ok_or_else(|| format!("cannot find the mount of {}", source.path.display()))?;
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .map_err(|e| format!("cannot read the container's mountinfo: {e}"))?;
+    let mounts: Vec<MountLine> = theirs.lines().filter_map(MountLine::parse).collect();
+    let destination = Path::new(destination);
+    // The last mount at the destination is the one the workload sees; a destination that is
+    // a symlink in the image was mounted at its target, so then any mount of ours will do.
+    let found = match mounts.iter().rev().find(|m| m.mount_point == destination) {
+        Some(m) => m.dev == source.dev && m.root == want,
+        None => mounts.iter().any(|m| m.dev == source.dev && m.root == want),
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} in the container is not {} (it changed while the container was being created: a symlink race?)",
+            destination.display(),
             source.path.display()
-        ));
+        ))
     }
-    Ok(())
+}
+
+/// One line of `mountinfo`: device, root of the mount within its filesystem, mount point.
+struct MountLine {
+    dev: u64,
+    root: PathBuf,
+    mount_point: PathBuf,
+}
+
+impl MountLine {
+    fn parse(line: &str) -> Option<MountLine> {
+        let mut fields = line.split(' ');
+        let (_id, _parent) = (fields.next()?, fields.next()?);
+        let (major, minor) = fields.next()?.split_once(':')?;
+        let root = unescape(fields.next()?);
+        let mount_point = unescape(fields.next()?);
+        Some(MountLine {
+            dev: nix::libc::makedev(major.parse().ok()?, minor.parse().ok()?),
+            root,
+            mount_point,
+        })
+    }
+}
+
+/// `mountinfo` escapes space, tab, newline and backslash as `\NNN` (octal).
+fn unescape(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let n = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(n);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from(std::ffi::OsStr::from_bytes(&out)))
+}
+
+/// The path of `source` within its filesystem: the root of the (deepest) mount holding it,
+/// joined with the rest of its path.
+fn filesystem_path(mountinfo: &str, source: &OpenedSource) -> Option<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(MountLine::parse)
+        .filter(|m| m.dev == source.dev && source.path.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.components().count())
+        .map(|m| {
+            let rest = source
+                .path
+                .strip_prefix(&m.mount_point)
+                .unwrap_or(Path::new(""));
+            if rest.as_os_str().is_empty() {
+                m.root.clone()
+            } else {
+                m.root.join(rest)
+            }
+        })
 }
 
 #[cfg(test)]
@@ -210,5 +278,16 @@ mod tests {
             .unwrap_err()
             .contains("does not exist"));
         assert!(open_beneath(&base, Some("a/file/x"), true).is_err());
+    }
+
+    #[test]
+    fn reads_mountinfo_lines_and_escapes() {
+        let line = "36 35 98:0 /srv/my\\040data /data rw,noatime master:1 - ext4 /dev/root rw";
+        let m = MountLine::parse(line).unwrap();
+        assert_eq!(m.root, PathBuf::from("/srv/my data"));
+        assert_eq!(m.mount_point, PathBuf::from("/data"));
+        assert_eq!(m.dev, nix::libc::makedev(98, 0));
+        let opened = open_beneath(Path::new("/proc/self"), None, false);
+        assert!(opened.is_err(), "a symlink base is refused");
     }
 }

@@ -169,6 +169,7 @@ async fn a_subpath_symlink_swapped_during_create_never_mounts_the_host() {
             sub_path: Some("sub".into()),
             destination: "/data".into(),
             read_only: true,
+            owned_by_container: false,
         }];
         match rt.create(&o).await {
             Ok(_) => {
@@ -201,4 +202,52 @@ async fn a_subpath_symlink_swapped_during_create_never_mounts_the_host() {
         1,
         "the host directory is untouched"
     );
+}
+
+/// Two workloads share a host directory (sticky and world-writable, like /tmp): each one's
+/// root is a different host id, so neither reads, changes or deletes what the other wrote
+/// with mode 0600, while a second container of the same workload (same slice) can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_get_their_own_id_slices() {
+    let (rt, dir, f) = ready_runtime().await;
+    let shared = dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::set_permissions(
+        &shared,
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let run_in = |id: &str, workload: &str, script: &str| {
+        let mut o = options(id, &image(&f), script);
+        o.workload = workload.into();
+        o.volumes = vec![kat_runtime::VolumeMount {
+            name: "shared".into(),
+            source: shared.clone(),
+            sub_path: None,
+            destination: "/shared".into(),
+            read_only: false,
+            owned_by_container: false,
+        }];
+        o
+    };
+    let mut outputs = Vec::new();
+    for (id, workload, script) in [
+        ("owner", "alpha", "head -1 /proc/self/uid_map | awk '{print $2}'; echo secret > /shared/a; chmod 600 /shared/a; cat /shared/a"),
+        ("sibling", "alpha", "head -1 /proc/self/uid_map | awk '{print $2}'; cat /shared/a"),
+        ("other", "beta", "head -1 /proc/self/uid_map | awk '{print $2}'; cat /shared/a 2>/dev/null || echo read-denied; (echo x >> /shared/a) 2>/dev/null || echo write-denied; rm -f /shared/a 2>/dev/null; test -e /shared/a && echo still-there"),
+    ] {
+        rt.create(&run_in(id, workload, script)).await.unwrap();
+        rt.start(id).await.unwrap();
+        let s = wait_state(&rt, id, ContainerState::Exited, Duration::from_secs(20)).await;
+        let out = texts(&rt, id).await;
+        assert_eq!(s.exit_code, Some(0), "{id}: {out:?}");
+        outputs.push(out);
+    }
+    let (alpha, sibling, beta) = (&outputs[0], &outputs[1], &outputs[2]);
+    assert_eq!(alpha[1], "secret");
+    assert_eq!(sibling[0], alpha[0], "one workload, one slice");
+    assert_eq!(sibling[1], "secret");
+    assert_ne!(beta[0], alpha[0], "another workload, another slice");
+    assert_eq!(&beta[1..], ["read-denied", "write-denied", "still-there"]);
+    assert!(shared.join("a").exists(), "alpha's file is still there");
 }

@@ -11,11 +11,11 @@
 pub mod host_check;
 mod steps;
 
+pub use steps::Step;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-
-use steps::Step;
 
 /// The options of `kat-agent setup`.
 #[derive(Debug, Clone, clap::Args)]

@@ -9,7 +9,9 @@ use anyhow::{bail, Context, Result};
 
 /// Our drop-in that delegates cpu, memory and pids to every user's systemd instance.
 pub const DELEGATE_DROP_IN: &str = "/etc/systemd/system/user@.service.d/kat-delegate.conf";
-const SUBID_COUNT: u32 = 65_536;
+/// 64 workload slices of 65,536 ids (see `kat_runtime::idmap`): each workload on the node
+/// gets its own.
+const SUBID_COUNT: u32 = 64 * 65_536;
 
 pub enum Step {
     /// A system user with its own group and home.

@@ -85,6 +85,10 @@ pub fn create_options(
                 sub_path: m.sub_path.clone(),
                 destination: m.mount_path.clone(),
                 read_only: m.read_only,
+                owned_by_container: spec
+                    .volumes
+                    .iter()
+                    .any(|v| v.name == m.name && v.simple_cluster_storage.is_some()),
             })
         })
         .collect();

@@ -394,7 +394,6 @@ impl Supervisor {
         })?;
         self.ensure_image(image).await?;
         let record = &t.assignment.record;
-        let owner = self.container_root_owner();
         let mut paths = BTreeMap::new();
         for v in &spec.volumes {
             let path = volumes::prepare(
@@ -402,7 +401,6 @@ impl Supervisor {
                 &record.namespace,
                 &record.workload,
                 v,
-                owner,
                 &self.config.host_mounts,
             )
             .map_err(|e| StartError::NotReady(e.to_string()))?;
@@ -453,20 +451,6 @@ impl Supervisor {
     }
 
     /// The host (uid, gid) of the container's root.
-    fn container_root_owner(&self) -> (u32, u32) {
-        let caps = self.runtime.capabilities();
-        let uid = caps
-            .uid_map
-            .iter()
-            .find(|(inside, _, _)| *inside == 0)
-            .map_or(nix::unistd::geteuid().as_raw(), |(_, host, _)| *host);
-        let gid_offset = uid.wrapping_sub(nix::unistd::geteuid().as_raw());
-        (
-            uid,
-            nix::unistd::getegid().as_raw().wrapping_add(gid_offset),
-        )
-    }
-
     async fn follow(&mut self, id: &str) {
         let Some(t) = self.tracked.get(id) else {
             return;

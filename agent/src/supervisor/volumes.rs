@@ -1,9 +1,9 @@
 //! Volumes on the node: `simpleClusterStorage` and `hostMount` (RFC 001 §3.2).
 //!
 //! `simpleClusterStorage` is a directory `volumeBasePath/{ns}/{workload}/{volume}`, shared by
-//! the workload's instances on this node and kept when they go. It is owned by the host id
-//! that the container's root maps to, so the workload can write to it from inside its user
-//! namespace. `hostMount` follows `ensureType`: `DirectoryOrCreate`/`FileOrCreate` create the
+//! the workload's instances on this node and kept when they go. The runtime gives it to the
+//! root of the workload's id slice when it mounts it (`VolumeMount::owned_by_container`),
+//! so the workload can write to it from inside its user namespace and no other can. `hostMount` follows `ensureType`: `DirectoryOrCreate`/`FileOrCreate` create the
 //! path if missing, `Directory`/`File`/`Socket` require it to exist with that type.
 //!
 //! A `hostMount` path must pass the node's [`HostMountPolicy`] (the cluster's allow-list,
@@ -40,13 +40,12 @@ pub enum VolumeError {
 }
 
 /// The host directory or file for `volume` of `ns/workload`, created or checked, as a
-/// canonical path. `owner` is the host (uid, gid) the container's root maps to.
+/// canonical path.
 pub fn prepare(
     base: &Path,
     ns: &str,
     workload: &str,
     volume: &Volume,
-    owner: (u32, u32),
     policy: &HostMountPolicy,
 ) -> Result<PathBuf, VolumeError> {
     let io = |path: &Path| {
@@ -62,15 +61,6 @@ pub fn prepare(
         let dir = base.join(ns).join(workload).join(&volume.name);
         if !dir.is_dir() {
             std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-            let me = nix::unistd::geteuid().as_raw();
-            if owner.0 != me {
-                nix::unistd::chown(
-                    &dir,
-                    Some(nix::unistd::Uid::from_raw(owner.0)),
-                    Some(nix::unistd::Gid::from_raw(owner.1)),
-                )
-                .map_err(|e| io(&dir)(std::io::Error::from(e)))?;
-            }
         }
         return std::fs::canonicalize(&dir).map_err(io(&dir));
     }
@@ -211,16 +201,11 @@ mod tests {
             simple_cluster_storage: Some(SimpleClusterStorage {}),
             host_mount: None,
         };
-        let me = (
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw(),
-        );
         let dir = prepare(
             base.path(),
             "default",
             "web",
             &v,
-            me,
             &HostMountPolicy::default(),
         )
         .unwrap();
@@ -240,7 +225,6 @@ mod tests {
             "ns",
             "w",
             &host(&missing, None),
-            (0, 0),
             &open_policy(t.path()),
         )
         .unwrap_err();
@@ -250,7 +234,6 @@ mod tests {
             "ns",
             "w",
             &host(&missing, Some(EnsureType::DirectoryOrCreate)),
-            (0, 0),
             &open_policy(t.path()),
         )
         .unwrap();
@@ -261,7 +244,6 @@ mod tests {
             "ns",
             "w",
             &host(&file, Some(EnsureType::FileOrCreate)),
-            (0, 0),
             &open_policy(t.path()),
         )
         .unwrap();
@@ -271,7 +253,6 @@ mod tests {
             "ns",
             "w",
             &host(&file, Some(EnsureType::Directory)),
-            (0, 0),
             &open_policy(t.path()),
         )
         .unwrap_err();
@@ -281,7 +262,6 @@ mod tests {
             "ns",
             "w",
             &host(&missing, Some(EnsureType::Socket)),
-            (0, 0),
             &open_policy(t.path()),
         )
         .unwrap_err();
@@ -291,7 +271,6 @@ mod tests {
             "ns",
             "w",
             &host(&file, Some(EnsureType::File)),
-            (0, 0),
             &open_policy(t.path()),
         )
         .unwrap();
@@ -302,8 +281,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let policy = open_policy(t.path());
         let try_mount = |path: &Path, ensure| {
-            prepare(t.path(), "ns", "w", &host(path, ensure), (0, 0), &policy)
-                .map_err(|e| e.to_string())
+            prepare(t.path(), "ns", "w", &host(path, ensure), &policy).map_err(|e| e.to_string())
         };
         // KAT's own directory, or an ancestor of it, is refused.
         std::fs::create_dir_all(t.path().join("kat-data/pki")).unwrap();

@@ -77,8 +77,13 @@ pub fn config_in(f: &Fixtures, dir: &std::path::Path) -> NativeConfig {
     };
     config.force_copy_rootfs = std::env::var("KAT_TEST_COPY_ROOTFS").is_ok();
     if nix::unistd::geteuid().is_root() {
-        // As root, map the container onto an unused range so container root is not host root.
-        config.ids = Some(kat_runtime::idmap::IdMap::range(300_000, 65_536));
+        // As root, an unused range of 16 slices, as `kat-agent setup` would allocate.
+        config.id_range = Some(kat_runtime::idmap::NodeIdRange {
+            uid_start: 300_000,
+            uid_count: 16 * kat_runtime::idmap::SLICE_SIZE,
+            gid_start: 300_000,
+            gid_count: 16 * kat_runtime::idmap::SLICE_SIZE,
+        });
     }
     config
 }

@@ -1,0 +1,292 @@
+//! File ownership in the node's id range: give a tree to a workload's slice, remove a tree
+//! a container wrote.
+//!
+//! A root agent does this directly. An unprivileged agent cannot `chown` to, or remove
+//! directories owned by, its subordinate ids in the host's user namespace; a process that
+//! is root in a user namespace mapping them can (podman's `unshare` pattern). So it runs
+//! the task in a helper (`PROGRAM __kat-id-task TASK`, a fresh single-threaded process, as
+//! [`crate::create_helper`] is) that creates a user namespace, waits until we have mapped
+//! `0 → our uid, 1.. → the node range` with `newuidmap`/`newgidmap`, then does the work as
+//! root there. Tasks are written with host ids; the helper translates them.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, RuntimeError};
+use crate::idmap::NodeIdRange;
+
+/// The first argument that makes a program the id helper.
+pub const HELPER_ARG: &str = "__kat-id-task";
+
+/// Work on files, with host ids.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "task")]
+pub enum IdTask {
+    /// Every entry of the tree (never through a symlink): an id in `from..from+count` moves
+    /// to the same offset from `to`, any other id becomes `to` itself.
+    Shift {
+        path: PathBuf,
+        from: (u32, u32),
+        count: u32,
+        to: (u32, u32),
+    },
+    /// This one entry gets `owner`.
+    Own { path: PathBuf, owner: (u32, u32) },
+    /// Removes the tree.
+    Remove { path: PathBuf },
+}
+
+/// Runs `task`: here when we are root, else in the user-namespace helper `program`.
+pub fn run(program: &Path, range: &NodeIdRange, task: &IdTask) -> Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        return perform(task).map_err(|message| failed(task, message));
+    }
+    let me = (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    );
+    let translated = translate(task, me, range).map_err(|m| failed(task, m))?;
+    let json = serde_json::to_string(&translated).map_err(|e| failed(task, e.to_string()))?;
+    let mut child = Command::new(program)
+        .arg(HELPER_ARG)
+        .arg(json)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(task, format!("cannot run {}: {e}", program.display())))?;
+    let mapped = (|| -> std::result::Result<(), String> {
+        let mut ready = [0u8; 1];
+        child
+            .stdout
+            .as_mut()
+            .ok_or("no pipe to the helper")?
+            .read_exact(&mut ready)
+            .map_err(|e| format!("the helper did not create its user namespace: {e}"))?;
+        let pid = child.id().to_string();
+        for (tool, own, start, count) in [
+            ("newuidmap", me.0, range.uid_start, range.uid_count),
+            ("newgidmap", me.1, range.gid_start, range.gid_count),
+        ] {
+            let out = Command::new(tool)
+                .args([&pid, "0", &own.to_string(), "1", "1"])
+                .args([start.to_string(), count.to_string()])
+                .output()
+                .map_err(|e| format!("cannot run {tool} (install uidmap): {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{tool} failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        child
+            .stdin
+            .as_mut()
+            .ok_or("no pipe to the helper")?
+            .write_all(b"g")
+            .map_err(|e| format!("cannot signal the helper: {e}"))
+    })();
+    if let Err(message) = mapped {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(failed(task, message));
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed(task, e.to_string()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(failed(
+            task,
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
+    }
+}
+
+fn failed(task: &IdTask, message: String) -> RuntimeError {
+    let what = match task {
+        IdTask::Shift { path, .. } => format!("giving {} to a workload's ids", path.display()),
+        IdTask::Own { path, .. } => format!("giving {} to a workload's root", path.display()),
+        IdTask::Remove { path } => format!("removing {}", path.display()),
+    };
+    RuntimeError::Container {
+        context: what,
+        message,
+    }
+}
+
+/// Host ids as the helper's user namespace sees them: our own ids are 0, the node range
+/// starts at 1.
+fn translate(
+    task: &IdTask,
+    me: (u32, u32),
+    range: &NodeIdRange,
+) -> std::result::Result<IdTask, String> {
+    let uid = |h: u32| -> std::result::Result<u32, String> {
+        if h == me.0 {
+            Ok(0)
+        } else if h >= range.uid_start && h - range.uid_start < range.uid_count {
+            Ok(1 + h - range.uid_start)
+        } else {
+            Err(format!("uid {h} is neither ours nor in the node's range"))
+        }
+    };
+    let gid = |h: u32| -> std::result::Result<u32, String> {
+        if h == me.1 {
+            Ok(0)
+        } else if h >= range.gid_start && h - range.gid_start < range.gid_count {
+            Ok(1 + h - range.gid_start)
+        } else {
+            Err(format!("gid {h} is neither ours nor in the node's range"))
+        }
+    };
+    Ok(match task {
+        IdTask::Shift {
+            path,
+            from,
+            count,
+            to,
+        } => IdTask::Shift {
+            path: path.clone(),
+            from: (uid(from.0)?, gid(from.1)?),
+            count: *count,
+            to: (uid(to.0)?, gid(to.1)?),
+        },
+        IdTask::Own { path, owner } => IdTask::Own {
+            path: path.clone(),
+            owner: (uid(owner.0)?, gid(owner.1)?),
+        },
+        IdTask::Remove { path } => IdTask::Remove { path: path.clone() },
+    })
+}
+
+/// Does the task with the ids as given (in the helper: ids of its namespace).
+fn perform(task: &IdTask) -> std::result::Result<(), String> {
+    match task {
+        IdTask::Shift {
+            path,
+            from,
+            count,
+            to,
+        } => {
+            let shift = |id: u32, from: u32, to: u32| {
+                if id >= from && id - from < *count {
+                    to + (id - from)
+                } else {
+                    to
+                }
+            };
+            let mut stack = vec![path.clone()];
+            while let Some(p) = stack.pop() {
+                let meta =
+                    std::fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                std::os::unix::fs::lchown(
+                    &p,
+                    Some(shift(meta.uid(), from.0, to.0)),
+                    Some(shift(meta.gid(), from.1, to.1)),
+                )
+                .map_err(|e| format!("chown {}: {e}", p.display()))?;
+                if meta.is_dir() {
+                    for entry in
+                        std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", p.display()))?
+                    {
+                        stack.push(entry.map_err(|e| e.to_string())?.path());
+                    }
+                }
+            }
+            Ok(())
+        }
+        IdTask::Own { path, owner } => {
+            std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1))
+                .map_err(|e| format!("chown {}: {e}", path.display()))
+        }
+        IdTask::Remove { path } => crate::image::layer::make_writable_and_remove(path)
+            .map_err(|e| format!("{}: {e}", path.display())),
+    }
+}
+
+/// When this process was started as the id helper, runs it and returns its exit code.
+/// Call it first in `main`, before any thread exists (`unshare(CLONE_NEWUSER)` needs a
+/// single-threaded process).
+pub fn run_if_requested() -> Option<ExitCode> {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(HELPER_ARG)) {
+        return None;
+    }
+    let task: IdTask = match args
+        .next()
+        .and_then(|a| a.into_string().ok())
+        .map(|a| serde_json::from_str(&a))
+    {
+        Some(Ok(task)) => task,
+        _ => {
+            eprintln!("usage: PROGRAM {HELPER_ARG} TASK_JSON");
+            return Some(ExitCode::from(2));
+        }
+    };
+    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER) {
+        eprintln!("cannot create a user namespace: {e}");
+        return Some(ExitCode::FAILURE);
+    }
+    let mut byte = [0u8; 1];
+    if std::io::stdout()
+        .write_all(b"u")
+        .and_then(|_| std::io::stdout().flush())
+        .is_err()
+        || std::io::stdin().read_exact(&mut byte).is_err()
+    {
+        eprintln!("the agent did not map the user namespace");
+        return Some(ExitCode::FAILURE);
+    }
+    match perform(&task) {
+        Ok(()) => Some(ExitCode::SUCCESS),
+        Err(message) => {
+            eprintln!("{message}");
+            Some(ExitCode::FAILURE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn translates_host_ids_into_the_helper_namespace() {
+        let range = NodeIdRange {
+            uid_start: 100_000,
+            uid_count: 65_536 * 2,
+            gid_start: 200_000,
+            gid_count: 65_536 * 2,
+        };
+        let task = IdTask::Shift {
+            path: "/x".into(),
+            from: (1000, 1000),
+            count: 1,
+            to: (165_536, 265_536),
+        };
+        assert_eq!(
+            translate(&task, (1000, 1000), &range).unwrap(),
+            IdTask::Shift {
+                path: "/x".into(),
+                from: (0, 0),
+                count: 1,
+                to: (65_537, 65_537),
+            }
+        );
+        let bad = IdTask::Own {
+            path: "/x".into(),
+            owner: (0, 0),
+        };
+        assert!(
+            translate(&bad, (1000, 1000), &range).is_err(),
+            "host root is never reachable"
+        );
+    }
+}
