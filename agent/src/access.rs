@@ -172,8 +172,10 @@ impl InstanceAccess for LocalAccess {
         };
         let tty = handle.pty.is_some();
         let pty_for_resize = handle.pty.as_ref().and_then(|p| p.try_clone().ok());
-        tokio::spawn(async move {
-            while let Some(input) = in_rx.recv().await {
+        // A write to a process that never reads its stdin blocks once the pipe is full:
+        // that happens on a blocking thread of its own, never on an async worker.
+        tokio::task::spawn_blocking(move || {
+            while let Some(input) = in_rx.blocking_recv() {
                 match input {
                     ExecInput::Stdin(bytes) => {
                         if let Some(f) = stdin.as_mut() {

@@ -104,6 +104,12 @@ struct NodeArgs {
     /// kexec, bpf, keyrings… refused), or none.
     #[arg(long, value_enum, default_value = "default")]
     seccomp: SeccompArg,
+    /// Most bytes one image may unpack to, all layers together (a layer bomb stops there).
+    #[arg(long, value_name = "BYTES", default_value_t = kat_runtime::image::UnpackLimits::default().max_bytes)]
+    image_max_unpacked_bytes: u64,
+    /// Most files, directories and links one image may unpack to (inodes run out first).
+    #[arg(long, value_name = "N", default_value_t = kat_runtime::image::UnpackLimits::default().max_entries)]
+    image_max_entries: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -134,6 +140,10 @@ impl NodeArgs {
             cgroup_parent: self.cgroup_parent,
             pids_limit: self.container_pids_limit,
             seccomp: self.seccomp == SeccompArg::Default,
+            image_limits: kat_runtime::image::UnpackLimits {
+                max_bytes: self.image_max_unpacked_bytes,
+                max_entries: self.image_max_entries,
+            },
             cgroup_manager: match self.cgroup_manager {
                 CgroupManagerArg::Auto => kat_runtime::CgroupManager::Auto,
                 CgroupManagerArg::Systemd => kat_runtime::CgroupManager::Systemd,

@@ -53,6 +53,7 @@ pub struct NodeOptions {
     pub cgroup_manager: kat_runtime::CgroupManager,
     pub pids_limit: u64,
     pub seccomp: bool,
+    pub image_limits: kat_runtime::image::UnpackLimits,
 }
 
 fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
@@ -98,8 +99,12 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
         initialized_at: rfc3339(SystemTime::now()),
     };
     // Written last: its presence means the node is initialized.
-    std::fs::write(layout.identity(), serde_json::to_vec_pretty(&identity)?)
-        .with_context(|| format!("cannot write {}", layout.identity().display()))?;
+    kat_runtime::state_file::write_atomic(
+        &layout.identity(),
+        &serde_json::to_vec_pretty(&identity)?,
+        0o644,
+    )
+    .with_context(|| format!("cannot write {}", layout.identity().display()))?;
     eprintln!(
         "kat-agent: initialized {} for cluster {}",
         layout.root.display(),
@@ -197,6 +202,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     native.cgroup_parent = options.cgroup_parent.clone();
     native.cgroup_manager = options.cgroup_manager;
     native.seccomp = options.seccomp;
+    native.image_limits = options.image_limits;
     let runtime: Arc<dyn ContainerRuntime> =
         Arc::new(NativeRuntime::new(native).context("starting the container runtime")?);
     let caps = runtime.capabilities();

@@ -260,7 +260,7 @@ spec:
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for w in ["web", "crasher", "ticker"] {
+        for w in ["web", "crasher", "ticker", "stuck"] {
             let _ = self.katcall(&["delete", "workload", w]);
         }
         std::thread::sleep(Duration::from_secs(3));
@@ -486,6 +486,31 @@ fn one_node_cluster_end_to_end() {
         },
     );
 
+    // A registry that accepts connections and never answers: its pull runs beside the
+    // convergence of everything else, so the crash loop below is not delayed by it.
+    let blackhole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let hole = blackhole.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in blackhole.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    c.apply(
+        "stuck",
+        &simple(
+            "stuck",
+            &format!("{hole}/kat/never:latest"),
+            "    condition: Always",
+            "true",
+        ),
+    );
+    c.wait("stuck to wait for its pull", Duration::from_secs(20), |c| {
+        c.instances("stuck").iter().any(|i| {
+            i["state"] == "Pending" && i["reason"].as_str().unwrap_or("").contains("pulling")
+        })
+    });
+
     // MaxCount: restarted maxRestarts times within resetSeconds, then Failed.
     c.apply(
         "crasher",
@@ -511,6 +536,11 @@ fn one_node_cluster_end_to_end() {
             .contains("maxRestarts"),
         "{crashed}"
     );
+    assert!(
+        c.instances("stuck").iter().all(|i| i["state"] == "Pending"),
+        "the stuck pull is still under way"
+    );
+    c.must(&["delete", "workload", "stuck"]);
     // `logs --previous` shows the run before the last one: its own line, not the current.
     let crasher = format!("crasher/{}", crashed["instanceID"].as_str().unwrap_or(""));
     let last = c.must(&["logs", &crasher]);

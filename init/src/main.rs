@@ -145,10 +145,19 @@ fn run(options: Options) -> Result<u8, String> {
         seccomp::install()?;
     }
 
+    // Joined into a running container by `exec` (we are not its PID 1) and without a
+    // terminal (a probe, a piped command): the command gets a process group of its own, so
+    // signals reach everything it started and the agent can kill the whole tree when a probe
+    // times out. With a terminal the command must stay in the terminal's foreground group.
+    let own_group = nix::unistd::getpid().as_raw() != 1 && !nix::unistd::isatty(0).unwrap_or(false);
+
     // SAFETY: we are single-threaded; the child only calls async-signal-safe functions
-    // (dup2, sigprocmask, execvp, write, _exit) before exec.
+    // (setpgid, dup2, sigprocmask, execvp, write, _exit) before exec.
     let child = match unsafe { fork() }.map_err(|e| format!("fork failed: {e}"))? {
         ForkResult::Child => {
+            if own_group {
+                let _ = nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0));
+            }
             if let Some((out_w, err_w)) = &child_ends {
                 let _ = nix::unistd::dup2(out_w.as_raw_fd(), 1);
                 let _ = nix::unistd::dup2(err_w.as_raw_fd(), 2);
@@ -204,7 +213,12 @@ fn run(options: Options) -> Result<u8, String> {
                 if signo == Signal::SIGCHLD as i32 {
                     reap(child, &mut workload_status);
                 } else if let Ok(signal) = Signal::try_from(signo) {
-                    let _ = kill(child, signal);
+                    let target = if own_group {
+                        Pid::from_raw(-child.as_raw())
+                    } else {
+                        child
+                    };
+                    let _ = kill(target, signal);
                 }
             }
         }

@@ -57,6 +57,24 @@ impl ExecHandle {
         })
     }
 
+    /// Kills the process and everything it started (a probe that timed out). Without a
+    /// TTY the exec'd kat-init runs the command as a process group of its own, whose id is
+    /// the command's pid: that group goes first, then kat-init.
+    pub fn kill_tree(&self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let pid = self.pid;
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        for child in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+        {
+            let _ = kill(Pid::from_raw(-child), Signal::SIGKILL);
+        }
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+
     /// Resizes the TTY.
     pub fn resize(&self, rows: u16, cols: u16) -> Result<()> {
         let pty = self

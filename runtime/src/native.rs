@@ -65,6 +65,10 @@ pub struct NativeConfig {
     pub force_copy_rootfs: bool,
     /// kat-init installs KAT's default seccomp filter in every container (default on).
     pub seccomp: bool,
+    /// What one image may unpack to (a layer bomb stops there).
+    pub image_limits: image::UnpackLimits,
+    /// Registry connect, read and per-blob timeouts.
+    pub pull_timeouts: image::PullTimeouts,
     /// The program that runs libcontainer's create in a process of its own
     /// ([`crate::create_helper`]). Default: this very binary (`/proc/self/exe`), which must
     /// then call [`crate::create_helper::run_if_requested`] first in `main`.
@@ -82,6 +86,8 @@ impl NativeConfig {
             cgroup_manager: CgroupManager::Auto,
             force_copy_rootfs: false,
             seccomp: true,
+            image_limits: image::UnpackLimits::default(),
+            pull_timeouts: image::PullTimeouts::default(),
             create_helper: PathBuf::from("/proc/self/exe"),
         }
     }
@@ -222,13 +228,15 @@ impl NativeRuntime {
         };
         // Layers keep the image's own ids (a root agent) or belong to us (unprivileged);
         // each workload's copy is shifted into its slice (`slot_rootfs`).
-        let images = ImageStore::open(&config.root.join("images"), IdMap::identity())?;
-        for sub in ["slots"] {
-            let dir = config.root.join(sub);
-            fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
-                .context(|| format!("chmod {}", dir.display()))?;
-        }
+        let images = ImageStore::open(&config.root.join("images"), IdMap::identity())?
+            .with_limits(config.image_limits)
+            .with_timeouts(config.pull_timeouts);
+        // Searchable, not listable: each workload's copy of an image is the lower layer of
+        // its overlays, which its container's root must reach through here.
+        let slots = config.root.join("slots");
+        fs::create_dir_all(&slots).context(|| format!("creating {}", slots.display()))?;
+        fs::set_permissions(&slots, fs::Permissions::from_mode(0o711))
+            .context(|| format!("chmod {}", slots.display()))?;
         let cgroups = Cgroups::detect(config.cgroup_parent.as_deref(), config.cgroup_manager);
         let rootless = !nix::unistd::geteuid().is_root();
         let overlay = !config.force_copy_rootfs && kernel_allows_userns_overlay();

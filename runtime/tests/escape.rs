@@ -251,3 +251,50 @@ async fn workloads_get_their_own_id_slices() {
     assert_eq!(&beta[1..], ["read-denied", "write-denied", "still-there"]);
     assert!(shared.join("a").exists(), "alpha's file is still there");
 }
+
+/// A probe that times out is killed with everything it started inside the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_exec_is_killed_with_its_whole_tree() {
+    let (rt, _dir, f) = ready_runtime().await;
+    rt.create(&options("probed", &image(&f), "sleep 60"))
+        .await
+        .unwrap();
+    rt.start("probed").await.unwrap();
+    wait_state(
+        &rt,
+        "probed",
+        ContainerState::Running,
+        Duration::from_secs(10),
+    )
+    .await;
+    let exec = |script: &str| ExecOptions {
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    };
+    let mut probe = rt
+        .exec("probed", exec("sleep 501 & (sleep 502 &) ; sleep 503"))
+        .await
+        .unwrap();
+    drop(probe.stdin.take());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    probe.kill_tree();
+    let code = probe.wait().await.unwrap();
+    assert_eq!(code, 137);
+    // `sleep 502` was orphaned to the container's PID 1 but stayed in the probe's group.
+    let mut ps = rt
+        .exec(
+            "probed",
+            exec("sleep 0.3; ps -o args | grep -c '^sleep 50[123]' || true"),
+        )
+        .await
+        .unwrap();
+    drop(ps.stdin.take());
+    let stdout = ps.stdout.take().unwrap();
+    let out =
+        tokio::task::spawn_blocking(move || std::io::read_to_string(stdout).unwrap_or_default())
+            .await
+            .unwrap();
+    ps.wait().await.unwrap();
+    assert_eq!(out.trim(), "0", "probe processes left behind");
+    rt.remove("probed", true).await.unwrap();
+}

@@ -7,7 +7,8 @@ use std::io::Write;
 use std::path::Path;
 
 use kat_runtime::image::layer::{self, Ownership};
-use kat_runtime::image::snapshot;
+use kat_runtime::image::limits::Budget;
+use kat_runtime::image::{snapshot, UnpackLimits};
 use kat_runtime::{ContainerRuntime, PullProgress, RuntimeError};
 use support::*;
 
@@ -204,8 +205,9 @@ fn finish(mut out: Vec<u8>) -> Vec<u8> {
     out
 }
 
-fn unpack(bytes: &[u8], dest: &Path) -> Result<u64, RuntimeError> {
-    layer::unpack(bytes, dest, Ownership::Squashed, "sha256:test")
+fn unpack(bytes: &[u8], dest: &Path) -> Result<layer::LayerStats, RuntimeError> {
+    let mut budget = Budget::new("test/image:1", UnpackLimits::default());
+    layer::unpack(bytes, dest, Ownership::Squashed, "sha256:test", &mut budget)
 }
 
 #[test]

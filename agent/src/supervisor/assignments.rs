@@ -213,9 +213,12 @@ impl Feed {
     }
 
     fn save_copy(&self, snapshot: &Snapshot) -> std::io::Result<()> {
-        let tmp = self.copy_path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(snapshot)?)?;
-        std::fs::rename(&tmp, &self.copy_path)
+        // Durable: after a power cut the node brings its workloads back from this copy.
+        kat_runtime::state_file::write_atomic(
+            &self.copy_path,
+            &serde_json::to_vec_pretty(snapshot)?,
+            0o600,
+        )
     }
 
     fn load_copy(&self) -> Option<Snapshot> {

@@ -152,6 +152,10 @@ pub struct Supervisor {
     adoptable: Option<HashMap<String, Vec<(u32, String)>>>,
     stopping: HashMap<String, (InstanceStatus, JoinHandle<()>)>,
     images: HashSet<String>,
+    /// Pulls under way, by normalized reference: they run beside convergence, so one slow
+    /// registry never delays another instance's restart, stop or probe.
+    /// `None` while a pull runs, its error once it failed (taken by the next attempt).
+    pulls: Arc<std::sync::Mutex<HashMap<String, Option<String>>>>,
     probes_tx: mpsc::Sender<(String, u32, bool)>,
     probes_rx: mpsc::Receiver<(String, u32, bool)>,
     statuses: watch::Sender<Vec<InstanceStatus>>,
@@ -173,6 +177,7 @@ impl Supervisor {
             adoptable: None,
             stopping: HashMap::new(),
             images: HashSet::new(),
+            pulls: Arc::default(),
             probes_tx,
             probes_rx,
             statuses,
@@ -442,12 +447,33 @@ impl Supervisor {
                 return Ok(());
             }
         }
+        let mut pulls = self
+            .pulls
+            .lock()
+            .map_err(|_| StartError::NotReady("the pull table is poisoned".into()))?;
+        match pulls.get(&normalized) {
+            Some(None) => return Err(StartError::NotReady(format!("pulling {image}"))),
+            Some(Some(_)) => {
+                let error = pulls.remove(&normalized).flatten().unwrap_or_default();
+                return Err(StartError::NotReady(error));
+            }
+            None => {}
+        }
         tracing::info!(%image, "pulling image");
-        self.runtime
-            .pull_image(image, None)
-            .await
-            .map(|_| ())
-            .map_err(|e| StartError::NotReady(format!("pulling {image}: {e}")))
+        pulls.insert(normalized.clone(), None);
+        let (runtime, reference, table) =
+            (self.runtime.clone(), image.to_string(), self.pulls.clone());
+        tokio::spawn(async move {
+            let result = runtime.pull_image(&reference, None).await;
+            if let Ok(mut pulls) = table.lock() {
+                match result {
+                    // Present now: the next attempt finds it in the store.
+                    Ok(_) => pulls.remove(&normalized),
+                    Err(e) => pulls.insert(normalized, Some(format!("pulling {reference}: {e}"))),
+                };
+            }
+        });
+        Err(StartError::NotReady(format!("pulling {image}")))
     }
 
     /// The host (uid, gid) of the container's root.
@@ -636,10 +662,7 @@ async fn probe(
         Ok(Ok(code)) => code == 0,
         Ok(Err(_)) => false,
         Err(_) => {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(handle.pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            handle.kill_tree();
             false
         }
     }

@@ -8,13 +8,30 @@
 //! are stored as they are; they are never followed while unpacking.
 //!
 //! Whiteouts (`.wh.NAME`) and opaque markers (`.wh..wh..opq`) are kept as empty files here;
-//! [`super::snapshot`] honours them when it flattens an image's layers.
+//! [`super::snapshot`] honours them when it flattens an image's layers. A whiteout must name
+//! one plain entry of its own directory (not nothing, `.` or `..`), and nothing may be
+//! unpacked under a whiteout, so flattening can only ever remove inside the snapshot.
+//!
+//! What a layer may cost is capped by the image's [`Budget`]: every entry's size is counted
+//! from its header *before* its data is read, so a gzip bomb stops at the limit, not after
+//! filling the disk. Device nodes are never created.
+//!
+//! Setuid and setgid bits of files are dropped, with or without privilege. Without it the
+//! files belong to the agent's user, and a setuid file would run as that user for anyone
+//! who reaches it on the host (snapshots are searchable). With it, the kernel already
+//! cleared them when the file was chowned to its mapped id. Inside the container they
+//! could do nothing anyway: every container runs with `noNewPrivileges`.
 
+use std::cell::Cell;
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
 
+use super::limits::Budget;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::idmap::IdMap;
 
@@ -28,21 +45,65 @@ pub enum Ownership<'a> {
     Squashed,
 }
 
-/// Unpacks `reader` into `dest`, which must not exist. Returns the bytes of file content.
+/// What one unpacked layer holds, as counted against its image's limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerStats {
+    /// Bytes of entry data (file contents).
+    pub bytes: u64,
+    /// Entries of the tar stream, whiteouts and skipped device nodes included.
+    pub entries: u64,
+}
+
+pub(crate) const WHITEOUT_PREFIX: &[u8] = b".wh.";
+pub(crate) const OPAQUE: &[u8] = b".wh..wh..opq";
+
+/// What a directory entry named `name` means to the snapshot.
+pub(crate) enum Whiteout<'a> {
+    /// A plain entry.
+    No,
+    /// `.wh..wh..opq`: hide what lower layers put in this directory.
+    Opaque,
+    /// `.wh.NAME`: remove `NAME`, a plain name of this same directory.
+    Hides(&'a OsStr),
+}
+
+/// Classifies `name`, or says why it is a whiteout that must not be honoured: one naming
+/// nothing, `.` or `..` (which would remove the directory itself or its parent).
+pub(crate) fn whiteout(name: &OsStr) -> std::result::Result<Whiteout<'_>, String> {
+    let bytes = name.as_bytes();
+    if bytes == OPAQUE {
+        return Ok(Whiteout::Opaque);
+    }
+    let Some(hidden) = bytes.strip_prefix(WHITEOUT_PREFIX) else {
+        return Ok(Whiteout::No);
+    };
+    match hidden {
+        b"" => Err(format!("whiteout {name:?} names nothing")),
+        b"." | b".." => Err(format!(
+            "whiteout {name:?} names {:?}",
+            OsStr::from_bytes(hidden)
+        )),
+        _ if hidden.contains(&b'/') => Err(format!("whiteout {name:?} names a path")),
+        _ => Ok(Whiteout::Hides(OsStr::from_bytes(hidden))),
+    }
+}
+
+/// Unpacks `reader` into `dest`, which must not exist, counting it against `budget`.
 pub fn unpack(
     reader: impl Read,
     dest: &Path,
     ownership: Ownership<'_>,
     digest: &str,
-) -> Result<u64> {
+    budget: &mut Budget,
+) -> Result<LayerStats> {
     let tmp = dest.with_extension(format!("partial-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
+    let _ = make_writable_and_remove(&tmp);
     fs::create_dir_all(&tmp).context(|| format!("creating {}", tmp.display()))?;
-    match unpack_into(reader, &tmp, ownership, digest) {
-        Ok(bytes) => {
+    match unpack_into(reader, &tmp, ownership, digest, budget) {
+        Ok(stats) => {
             fs::rename(&tmp, dest)
                 .context(|| format!("moving layer {digest} into {}", dest.display()))?;
-            Ok(bytes)
+            Ok(stats)
         }
         Err(e) => {
             let _ = make_writable_and_remove(&tmp);
@@ -157,17 +218,48 @@ fn remove_existing(path: &Path, keep_dir: bool) -> Result<()> {
     Ok(())
 }
 
-fn unpack_into(
-    reader: impl Read,
-    root: &Path,
-    ownership: Ownership<'_>,
-    digest: &str,
-) -> Result<u64> {
+/// Extension headers (PAX records, GNU long names) allowed before one entry. The `tar`
+/// crate reads them into memory before it yields the entry, so they cannot wait for the
+/// budget: the stream itself is cut off past them.
+const MAX_ENTRY_HEADERS: u64 = 1 << 20;
+
+/// How far the decompressed stream has been read, and how far it may be.
+#[derive(Default)]
+struct Meter {
+    read: Cell<u64>,
+    end: Cell<u64>,
+}
+
+/// The decompressed tar stream, ending where the entries so far say it may: the current
+/// entry's data and padding, then at most [`MAX_ENTRY_HEADERS`] for the next header.
+struct Capped<R> {
+    inner: R,
+    meter: Rc<Meter>,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let (read, end) = (self.meter.read.get(), self.meter.end.get());
+        if read >= end {
+            return Err(std::io::Error::other(format!(
+                "an entry's tar headers take more than {MAX_ENTRY_HEADERS} bytes"
+            )));
+        }
+        let room = usize::try_from(end - read).unwrap_or(usize::MAX);
+        let n = buf.len().min(room);
+        let got = self.inner.read(&mut buf[..n])?;
+        self.meter.read.set(read + got as u64);
+        Ok(got)
+    }
+}
+
+/// The tar stream of a layer, decompressed as its magic bytes say.
+fn decompressed<'r>(reader: impl Read + 'r, digest: &str) -> Result<Box<dyn Read + 'r>> {
     let mut buffered = BufReader::with_capacity(256 * 1024, reader);
     let magic = buffered
         .fill_buf()
         .map_err(|e| bad(digest, format!("cannot read: {e}")))?;
-    let stream: Box<dyn Read> = if magic.starts_with(&[0x1f, 0x8b]) {
+    Ok(if magic.starts_with(&[0x1f, 0x8b]) {
         Box::new(flate2::read::GzDecoder::new(buffered))
     } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         Box::new(
@@ -176,24 +268,94 @@ fn unpack_into(
         )
     } else {
         Box::new(buffered)
+    })
+}
+
+/// Rejects a whiteout that names nothing, `.` or `..`, and any entry *under* a whiteout
+/// (`.wh.a/b`), which the snapshot would never look into.
+fn check_whiteouts(rel: &Path, digest: &str) -> Result<()> {
+    let mut components = rel.components().peekable();
+    while let Some(component) = components.next() {
+        let name = component.as_os_str();
+        let last = components.peek().is_none();
+        match whiteout(name) {
+            Err(reason) => return Err(bad(digest, format!("entry {}: {reason}", rel.display()))),
+            Ok(Whiteout::No) => {}
+            Ok(_) if last => {}
+            Ok(_) => {
+                return Err(bad(
+                    digest,
+                    format!(
+                        "entry {} is under whiteout {name:?}, which is not a directory",
+                        rel.display()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unpack_into(
+    reader: impl Read,
+    root: &Path,
+    ownership: Ownership<'_>,
+    digest: &str,
+    budget: &mut Budget,
+) -> Result<LayerStats> {
+    let meter = Rc::new(Meter::default());
+    meter.end.set(MAX_ENTRY_HEADERS);
+    let stream = Capped {
+        inner: decompressed(reader, digest)?,
+        meter: meter.clone(),
+    };
+    // A stream error past the cap is the cap's doing, whatever the tar crate calls it.
+    let stream_error = |what: &str, e: std::io::Error| {
+        if meter.read.get() >= meter.end.get() {
+            bad(
+                digest,
+                format!("an entry's tar headers (PAX or GNU long name) take more than {MAX_ENTRY_HEADERS} bytes"),
+            )
+        } else {
+            bad(digest, format!("{what}: {e}"))
+        }
     };
     let mut archive = tar::Archive::new(stream);
-    let mut bytes = 0u64;
+    let mut stats = LayerStats::default();
     // Directory modes are applied last, so a read-only directory can still be filled.
     let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
     let entries = archive
         .entries()
-        .map_err(|e| bad(digest, format!("not a tar stream: {e}")))?;
+        .map_err(|e| stream_error("not a tar stream", e))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| bad(digest, format!("corrupt tar stream: {e}")))?;
+        let mut entry = entry.map_err(|e| stream_error("corrupt tar stream", e))?;
         let header = entry.header().clone();
+        // Counted from the header, before any data is read: a bomb stops here.
+        let size = entry.size();
+        budget.add_entries(digest, 1)?;
+        budget.add_bytes(digest, size)?;
+        stats.entries += 1;
+        stats.bytes += size;
+        let padded = size.div_ceil(512).saturating_mul(512);
+        meter.end.set(
+            meter
+                .read
+                .get()
+                .saturating_add(padded)
+                .saturating_add(MAX_ENTRY_HEADERS),
+        );
         let raw_path = entry.path_bytes().into_owned();
         let Some(rel) = clean_path(&raw_path, digest)? else {
             continue;
         };
+        check_whiteouts(&rel, digest)?;
         let target = safe_parent(root, &rel, digest)?;
-        let mode = header.mode().unwrap_or(0o644) & 0o7777;
         let kind = header.entry_type();
+        let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
+        if kind != tar::EntryType::Directory {
+            // See the module comment. (Setgid on a directory only passes its group on.)
+            mode &= !0o6000;
+        }
         match kind {
             tar::EntryType::Directory => {
                 remove_existing(&target, true)?;
@@ -209,8 +371,8 @@ fn unpack_into(
                     .create_new(true)
                     .open(&target)
                     .context(|| format!("creating {}", target.display()))?;
-                bytes += std::io::copy(&mut entry, &mut file)
-                    .map_err(|e| bad(digest, format!("reading {}: {e}", rel.display())))?;
+                std::io::copy(&mut entry, &mut file)
+                    .map_err(|e| stream_error(&format!("reading {}", rel.display()), e))?;
                 fs::set_permissions(&target, fs::Permissions::from_mode(mode))
                     .context(|| format!("chmod {}", target.display()))?;
             }
@@ -286,5 +448,5 @@ fn unpack_into(
         fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
             .context(|| format!("chmod {}", dir.display()))?;
     }
-    Ok(bytes)
+    Ok(stats)
 }

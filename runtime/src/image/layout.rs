@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::config::{digest_hex, node_architecture, sha256_digest, ConfigFile, Index, Manifest};
+use super::limits::{Budget, MAX_JSON_BLOB};
 use super::store::{normalize_reference, ImageStore};
 use crate::error::{Result, RuntimeError};
 use crate::types::ImageSummary;
@@ -26,10 +27,20 @@ fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf> {
     Ok(dir.join("blobs/sha256").join(hex))
 }
 
-/// Reads a blob and checks it against its digest.
+/// Reads a JSON blob (index, manifest, config) and checks it against its digest.
 fn read_blob(dir: &Path, digest: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
     let path = blob_path(dir, digest)?;
-    let bytes = std::fs::read(&path).map_err(|e| bad(dir, format!("blob {digest}: {e}")))?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(MAX_JSON_BLOB + 1).read_to_end(&mut bytes))
+        .map_err(|e| bad(dir, format!("blob {digest}: {e}")))?;
+    if bytes.len() as u64 > MAX_JSON_BLOB {
+        return Err(bad(
+            dir,
+            format!("blob {digest} is larger than {MAX_JSON_BLOB} bytes, too large for JSON"),
+        ));
+    }
     let actual = sha256_digest(&bytes);
     if actual != digest {
         return Err(RuntimeError::DigestMismatch {
@@ -103,10 +114,13 @@ pub async fn import(store: &ImageStore, dir: &Path, reference: &str) -> Result<I
         .map_err(|e| bad(dir, format!("config {}: {e}", manifest.config.digest)))?;
 
     let mut layers = Vec::new();
+    let mut budget = Budget::new(&whole, store.limits());
     for layer in &manifest.layers {
         let lock = store.locks.get(&format!("layer:{}", layer.digest));
         let _guard = lock.lock().await;
-        if !store.has_layer(&layer.digest) {
+        if store.has_layer(&layer.digest) {
+            store.count_stored_layer(&layer.digest, &mut budget)?;
+        } else {
             // Verify by hashing the file as it is, then unpack that same file.
             let path = blob_path(dir, &layer.digest)?;
             let digest = layer.digest.clone();
@@ -128,7 +142,7 @@ pub async fn import(store: &ImageStore, dir: &Path, reference: &str) -> Result<I
                     actual,
                 });
             }
-            store.add_layer(&layer.digest, path).await?;
+            store.add_layer(&layer.digest, path, &mut budget).await?;
         }
         layers.push(layer.digest.clone());
     }

@@ -3,9 +3,11 @@
 pub mod config;
 pub mod layer;
 pub mod layout;
+pub mod limits;
 pub mod pull;
 pub mod snapshot;
 pub mod store;
 
+pub use limits::{PullTimeouts, UnpackLimits};
 pub use pull::{ProgressSender, RegistryConfig};
 pub use store::{normalize_reference, ImageRecord, ImageStore};

@@ -5,6 +5,12 @@
 //! Docker's `config.json`); anonymous otherwise. Plain HTTP is used only for registries the
 //! node lists as insecure. Every blob is hashed while it is written and checked against its
 //! digest before it is unpacked.
+//!
+//! A registry is untrusted: reading a blob stops as soon as it sends more than the size its
+//! descriptor declares (a config is also capped at [`MAX_JSON_BLOB`]); the client gives up
+//! on a connection after [`PullTimeouts::connect`], on a silent response after
+//! [`PullTimeouts::read`], and on any one manifest or blob after [`PullTimeouts::blob`]
+//! even while bytes still trickle in.
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +21,8 @@ use oci_client::{Client, Reference};
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 
-use super::config::{hex, sha256_digest, ConfigFile};
+use super::config::{digest_hex, hex, ConfigFile};
+use super::limits::{Budget, PullTimeouts, MAX_JSON_BLOB};
 use super::store::ImageStore;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::types::{ImageSummary, PullProgress};
@@ -78,9 +85,11 @@ fn read_auth_file(path: &Path, registry: &str) -> Option<RegistryAuth> {
     Some(RegistryAuth::Basic(user.to_string(), pass.to_string()))
 }
 
-fn client(config: &RegistryConfig) -> Client {
+fn client(config: &RegistryConfig, timeouts: PullTimeouts) -> Client {
     Client::new(ClientConfig {
         protocol: ClientProtocol::HttpsExcept(config.insecure.clone()),
+        connect_timeout: Some(timeouts.connect),
+        read_timeout: Some(timeouts.read),
         ..Default::default()
     })
 }
@@ -146,23 +155,34 @@ pub async fn pull(
     let lock = store.locks.get(&format!("pull:{whole}"));
     let _guard = lock.lock().await;
 
-    let client = client(config);
+    let timeouts = store.timeouts();
+    let client = client(config, timeouts);
     let auth = config.auth_for(parsed.resolve_registry());
-    let (manifest, manifest_digest, config_text) = client
-        .pull_manifest_and_config(&parsed, &auth)
-        .await
-        .map_err(|e| pull_error(&parsed, &auth, e))?;
+    let (manifest, manifest_digest) =
+        tokio::time::timeout(timeouts.blob, client.pull_image_manifest(&parsed, &auth))
+            .await
+            .map_err(|_| RuntimeError::Pull {
+                reference: whole.clone(),
+                message: format!(
+                    "the manifest from registry {} did not arrive within {:?}",
+                    parsed.resolve_registry(),
+                    timeouts.blob
+                ),
+            })?
+            .map_err(|e| pull_error(&parsed, &auth, e))?;
     let config_digest = manifest.config.digest.clone();
-    let actual = sha256_digest(config_text.as_bytes());
-    if actual != config_digest {
-        return Err(RuntimeError::DigestMismatch {
-            what: format!("config of {whole}"),
-            expected: config_digest,
-            actual,
-        });
-    }
+    let mut config_text = Vec::new();
+    let fetch = Fetch {
+        client: &client,
+        reference: &parsed,
+        auth: &auth,
+        timeouts,
+    };
+    fetch
+        .blob(&manifest.config, MAX_JSON_BLOB, &mut config_text, |_| {})
+        .await?;
     let config_file: ConfigFile =
-        serde_json::from_str(&config_text).map_err(|e| RuntimeError::Pull {
+        serde_json::from_slice(&config_text).map_err(|e| RuntimeError::Pull {
             reference: whole.clone(),
             message: format!("image config is not valid JSON: {e}"),
         })?;
@@ -178,23 +198,35 @@ pub async fn pull(
     });
 
     let mut layers = Vec::new();
+    let limits = store.limits();
+    let mut budget = Budget::new(&whole, limits);
+    // A compressed layer is at most its content plus a tar header and padding per entry
+    // (and a little of gzip's framing): a larger one would only fill the disk.
+    let max_blob = limits
+        .max_bytes
+        .saturating_add(limits.max_entries.saturating_mul(1024))
+        .saturating_add(1 << 20);
     for layer in &manifest.layers {
         let digest = layer.digest.clone();
         let layer_lock = store.locks.get(&format!("layer:{digest}"));
         let _layer_guard = layer_lock.lock().await;
         if store.has_layer(&digest) {
+            store.count_stored_layer(&digest, &mut budget)?;
             send(PullProgress::LayerCached {
                 digest: digest.clone(),
             });
             layers.push(digest);
             continue;
         }
-        let blob = store
-            .tmp_dir()
-            .join(format!("blob-{}", digest.replace(':', "-")));
-        let result = download(&client, &parsed, &auth, layer, &blob, progress).await;
+        // The digest names a file: it must be one.
+        let hex = digest_hex(&digest).ok_or_else(|| RuntimeError::Pull {
+            reference: whole.clone(),
+            message: format!("layer digest {digest:?} is not a sha256 digest"),
+        })?;
+        let blob = store.tmp_dir().join(format!("blob-sha256-{hex}"));
+        let result = download(&fetch, layer, max_blob, &blob, progress).await;
         let result = match result {
-            Ok(()) => store.add_layer(&digest, blob.clone()).await,
+            Ok(()) => store.add_layer(&digest, blob.clone(), &mut budget).await,
             Err(e) => Err(e),
         };
         let _ = tokio::fs::remove_file(&blob).await;
@@ -217,56 +249,167 @@ pub async fn pull(
     Ok(summary)
 }
 
+/// Downloads a layer blob into `dest`, reporting progress.
 async fn download(
-    client: &Client,
-    reference: &Reference,
-    auth: &RegistryAuth,
+    fetch: &Fetch<'_>,
     layer: &oci_client::manifest::OciDescriptor,
+    max: u64,
     dest: &Path,
     progress: Option<&ProgressSender>,
 ) -> Result<()> {
-    let mut stream = client
-        .pull_blob_stream(reference, layer)
-        .await
-        .map_err(|e| pull_error(reference, auth, e))?;
     let mut file = tokio::fs::File::create(dest)
         .await
         .context(|| format!("creating {}", dest.display()))?;
-    let mut hasher = sha2::Sha256::new();
     let total = layer.size.max(0) as u64;
-    let mut downloaded = 0u64;
     let mut last_report = 0u64;
-    while let Some(chunk) = stream.stream.next().await {
-        let chunk = chunk.map_err(|e| RuntimeError::Pull {
-            reference: reference.whole(),
-            message: format!("downloading layer {}: {e}", layer.digest),
-        })?;
-        hasher.update(&chunk);
-        file.write_all(&chunk)
-            .await
-            .context(|| format!("writing {}", dest.display()))?;
-        downloaded += chunk.len() as u64;
-        if downloaded - last_report >= 1 << 20 || downloaded == total {
-            last_report = downloaded;
-            if let Some(tx) = progress {
-                let _ = tx.send(PullProgress::LayerBytes {
-                    digest: layer.digest.clone(),
-                    downloaded,
-                    total,
-                });
+    fetch
+        .blob(layer, max, &mut file, |downloaded| {
+            if downloaded - last_report >= 1 << 20 || downloaded == total {
+                last_report = downloaded;
+                if let Some(tx) = progress {
+                    let _ = tx.send(PullProgress::LayerBytes {
+                        digest: layer.digest.clone(),
+                        downloaded,
+                        total,
+                    });
+                }
             }
-        }
-    }
+        })
+        .await?;
     file.flush()
         .await
-        .context(|| format!("writing {}", dest.display()))?;
-    let actual = format!("sha256:{}", hex(&hasher.finalize()));
-    if actual != layer.digest {
-        return Err(RuntimeError::DigestMismatch {
-            what: format!("layer of {}", reference.whole()),
-            expected: layer.digest.clone(),
-            actual,
-        });
+        .context(|| format!("writing {}", dest.display()))
+}
+
+/// Where blobs come from, and how long one may take.
+struct Fetch<'a> {
+    client: &'a Client,
+    reference: &'a Reference,
+    auth: &'a RegistryAuth,
+    timeouts: PullTimeouts,
+}
+
+impl Fetch<'_> {
+    /// Streams blob `desc` into `out`: no more than the size its descriptor declares (and
+    /// than `max`), within the deadline, and checked against its digest. `on_bytes` hears
+    /// the bytes received so far.
+    async fn blob(
+        &self,
+        desc: &oci_client::manifest::OciDescriptor,
+        max: u64,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+        on_bytes: impl FnMut(u64),
+    ) -> Result<()> {
+        let deadline = self.timeouts.blob;
+        tokio::time::timeout(deadline, self.stream(desc, max, out, on_bytes))
+            .await
+            .map_err(|_| {
+                self.error(
+                    desc,
+                    format!("not complete within {deadline:?}, the deadline for one blob"),
+                )
+            })?
     }
-    Ok(())
+
+    async fn stream(
+        &self,
+        desc: &oci_client::manifest::OciDescriptor,
+        max: u64,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+        mut on_bytes: impl FnMut(u64),
+    ) -> Result<()> {
+        if digest_hex(&desc.digest).is_none() {
+            return Err(self.error(desc, "the digest is not a sha256 digest".into()));
+        }
+        let size = u64::try_from(desc.size).map_err(|_| {
+            self.error(
+                desc,
+                format!("the descriptor's size {} is negative", desc.size),
+            )
+        })?;
+        if size > max {
+            return Err(self.error(
+                desc,
+                format!("the descriptor says {size} bytes, more than the {max} allowed"),
+            ));
+        }
+        let mut stream = self
+            .client
+            .pull_blob_stream(self.reference, desc)
+            .await
+            .map_err(|e| pull_error(self.reference, self.auth, e))?;
+        let too_much =
+            || format!("the registry sends more than the {size} bytes its descriptor declares");
+        if stream.content_length.is_some_and(|len| len > size) {
+            return Err(self.error(desc, too_much()));
+        }
+        let mut hasher = sha2::Sha256::new();
+        let mut received = 0u64;
+        while let Some(chunk) = stream.stream.next().await {
+            let chunk = chunk.map_err(|e| self.error(desc, self.failure(&e)))?;
+            received += chunk.len() as u64;
+            // Nothing past the declared size is kept: the stream is dropped right here.
+            if received > size {
+                return Err(self.error(desc, too_much()));
+            }
+            hasher.update(&chunk);
+            out.write_all(&chunk)
+                .await
+                .map_err(|e| self.error(desc, format!("writing it: {e}")))?;
+            on_bytes(received);
+        }
+        if received < size {
+            return Err(self.error(
+                desc,
+                format!("the registry sent {received} of the {size} bytes its descriptor declares"),
+            ));
+        }
+        let actual = format!("sha256:{}", hex(&hasher.finalize()));
+        if actual != desc.digest {
+            return Err(RuntimeError::DigestMismatch {
+                what: format!(
+                    "blob of {} from registry {}",
+                    self.reference.whole(),
+                    self.reference.resolve_registry()
+                ),
+                expected: desc.digest.clone(),
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Why a download broke off, all of it: reqwest's own text ("error decoding response
+    /// body") hides a timeout in its sources.
+    fn failure(&self, e: &std::io::Error) -> String {
+        let mut text = format!("download failed: {e}");
+        let mut source = std::error::Error::source(e);
+        let mut timed_out = false;
+        while let Some(s) = source {
+            let line = s.to_string();
+            timed_out |= line.contains("timed out");
+            if !text.ends_with(&line) {
+                text.push_str(&format!(": {line}"));
+            }
+            source = s.source();
+        }
+        if timed_out {
+            text.push_str(&format!(
+                " (nothing received for {:?}, the read timeout)",
+                self.timeouts.read
+            ));
+        }
+        text
+    }
+
+    fn error(&self, desc: &oci_client::manifest::OciDescriptor, message: String) -> RuntimeError {
+        RuntimeError::Pull {
+            reference: self.reference.whole(),
+            message: format!(
+                "blob {} from registry {}: {message}",
+                desc.digest,
+                self.reference.resolve_registry()
+            ),
+        }
+    }
 }

@@ -3,16 +3,21 @@
 //! Files are hard links into the unpacked layers (no data is copied); whiteouts remove what
 //! lower layers put there and opaque markers hide a lower directory's contents. The result
 //! is the lower directory of every container's overlay, or the source of its copy.
+//!
+//! Nothing outside the snapshot is ever removed. A whiteout must name one plain entry of
+//! its own directory (layers unpacked by an older KAT are checked again here), and removal
+//! never follows a symlink: the entry itself goes. A directory reached through a symlink
+//! planted by a lower layer is never entered either: a layer that has a directory where the
+//! snapshot has a symlink replaces the symlink with a real directory first, so `a -> /`
+//! then `a/.wh.etc` removes nothing of the host's `/etc`.
 
+use std::ffi::OsString;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use super::layer::make_writable_and_remove;
-use crate::error::{IoContext, Result};
-
-const WHITEOUT_PREFIX: &str = ".wh.";
-const OPAQUE: &str = ".wh..wh..opq";
+use super::layer::{make_writable_and_remove, whiteout, Whiteout};
+use crate::error::{IoContext, Result, RuntimeError};
 
 /// Builds `dest` (which must not exist) from `layers`, lowest first. `root_owner` is the
 /// host uid/gid of container root, which owns the tree's top directory.
@@ -45,12 +50,21 @@ fn apply(
     chown: bool,
     dir_modes: &mut Vec<(std::path::PathBuf, u32)>,
 ) -> Result<()> {
-    let entries: Vec<_> = fs::read_dir(layer_dir)
+    let names: Vec<OsString> = fs::read_dir(layer_dir)
         .context(|| format!("reading {}", layer_dir.display()))?
+        .map(|e| e.map(|e| e.file_name()))
         .collect::<std::io::Result<_>>()
         .context(|| format!("reading {}", layer_dir.display()))?;
+    let kinds: Vec<Whiteout> = names
+        .iter()
+        .map(|name| whiteout(name))
+        .collect::<std::result::Result<_, String>>()
+        .map_err(|reason| RuntimeError::BadLayer {
+            digest: layer_dir.display().to_string(),
+            reason,
+        })?;
     // Opaque first: it hides what lower layers put here, not what this layer adds.
-    if entries.iter().any(|e| e.file_name() == OPAQUE) {
+    if kinds.iter().any(|k| matches!(k, Whiteout::Opaque)) {
         if let Ok(existing) = fs::read_dir(snap_dir) {
             for e in existing.flatten() {
                 make_writable_and_remove(&e.path())
@@ -58,19 +72,20 @@ fn apply(
             }
         }
     }
-    for entry in entries {
-        let name = entry.file_name();
-        let name_str = name.to_string_lossy();
-        if name_str == OPAQUE {
-            continue;
+    for (name, kind) in names.iter().zip(kinds) {
+        match kind {
+            Whiteout::No => {}
+            Whiteout::Opaque => continue,
+            Whiteout::Hides(hidden) => {
+                // `hidden` is one plain name, and the removal does not follow a symlink.
+                let doomed = snap_dir.join(hidden);
+                make_writable_and_remove(&doomed)
+                    .context(|| format!("whiteout {}", doomed.display()))?;
+                continue;
+            }
         }
-        if let Some(hidden) = name_str.strip_prefix(WHITEOUT_PREFIX) {
-            make_writable_and_remove(&snap_dir.join(hidden))
-                .context(|| format!("whiteout {hidden}"))?;
-            continue;
-        }
-        let from = entry.path();
-        let to = snap_dir.join(&name);
+        let from = layer_dir.join(name);
+        let to = snap_dir.join(name);
         let meta = fs::symlink_metadata(&from).context(|| format!("stat {}", from.display()))?;
         if meta.is_dir() {
             match fs::symlink_metadata(&to) {

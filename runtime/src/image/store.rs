@@ -2,7 +2,8 @@
 //! and per-image snapshots.
 //!
 //! ```text
-//! ROOT/index.json                  image records (rewritten atomically)
+//! ROOT/index.json                  image records (rewritten atomically and durably; a
+//!                                  corrupt one is moved aside and the store starts afresh)
 //! ROOT/layers/<hex>/               one unpacked layer, keyed by its (compressed) digest
 //! ROOT/snapshots/<config hex>/     the image's layers flattened (hard links)
 //! ROOT/tmp/                        downloads in flight
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{digest_hex, RunConfig};
 use super::layer::{self, make_writable_and_remove, Ownership};
+use super::limits::{Budget, PullTimeouts, UnpackLimits};
 use super::snapshot;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::idmap::IdMap;
@@ -41,6 +43,10 @@ pub struct ImageRecord {
 struct IndexFile {
     images: BTreeMap<String, ImageRecord>,
     layer_sizes: BTreeMap<String, u64>,
+    /// Entries of each layer, for the image limits of images that share it. Absent in
+    /// stores written before the limits existed (counted as 0).
+    #[serde(default)]
+    layer_entries: BTreeMap<String, u64>,
 }
 
 /// Async locks by name, created on first use.
@@ -58,6 +64,8 @@ pub struct ImageStore {
     root: PathBuf,
     ids: IdMap,
     privileged: bool,
+    limits: UnpackLimits,
+    timeouts: PullTimeouts,
     index: Mutex<()>,
     pub(crate) locks: KeyedLocks,
 }
@@ -98,8 +106,9 @@ impl ImageStore {
         for sub in ["layers", "snapshots", "tmp"] {
             let dir = root.join(sub);
             fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-            // Snapshots are overlay lower directories, looked up as container root.
-            let mode = if sub == "snapshots" { 0o711 } else { 0o700 };
+            // Only the agent enters: layers and snapshots keep the image's own ids, and each
+            // workload's overlay uses its own shifted copy (`slots/`, see the runtime).
+            let mode = 0o700;
             fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .context(|| format!("chmod {}", dir.display()))?;
         }
@@ -123,9 +132,31 @@ impl ImageStore {
             root: root.to_path_buf(),
             privileged: nix::unistd::geteuid().is_root(),
             ids,
+            limits: UnpackLimits::default(),
+            timeouts: PullTimeouts::default(),
             index: Mutex::new(()),
             locks: KeyedLocks::default(),
         })
+    }
+
+    /// The same store with other caps on what one image may unpack to.
+    pub fn with_limits(mut self, limits: UnpackLimits) -> ImageStore {
+        self.limits = limits;
+        self
+    }
+
+    /// The same store with other registry timeouts.
+    pub fn with_timeouts(mut self, timeouts: PullTimeouts) -> ImageStore {
+        self.timeouts = timeouts;
+        self
+    }
+
+    pub fn limits(&self) -> UnpackLimits {
+        self.limits
+    }
+
+    pub fn timeouts(&self) -> PullTimeouts {
+        self.timeouts
     }
 
     pub fn tmp_dir(&self) -> PathBuf {
@@ -144,31 +175,48 @@ impl ImageStore {
         self.layer_dir(digest).map(|d| d.is_dir()).unwrap_or(false)
     }
 
-    /// Unpacks a verified layer blob, once. The caller holds the layer's lock.
-    pub async fn add_layer(&self, digest: &str, blob: PathBuf) -> Result<()> {
+    /// Counts a layer already in the store against `budget`, from the sizes recorded when
+    /// it was unpacked: a layer shared with another image still costs this one.
+    pub fn count_stored_layer(&self, digest: &str, budget: &mut Budget) -> Result<()> {
+        let index = self.load()?;
+        let bytes = index.layer_sizes.get(digest).copied().unwrap_or(0);
+        let entries = index.layer_entries.get(digest).copied().unwrap_or(0);
+        budget.add_bytes(digest, bytes)?;
+        budget.add_entries(digest, entries)
+    }
+
+    /// Unpacks a verified layer blob, once, counting it against `budget`. The caller holds
+    /// the layer's lock.
+    pub async fn add_layer(&self, digest: &str, blob: PathBuf, budget: &mut Budget) -> Result<()> {
         let dest = self.layer_dir(digest)?;
         if dest.is_dir() {
-            return Ok(());
+            return self.count_stored_layer(digest, budget);
         }
         let ids = self.ids.clone();
         let privileged = self.privileged;
         let digest_owned = digest.to_string();
-        let size = tokio::task::spawn_blocking(move || -> Result<u64> {
+        let mut working = budget.clone();
+        let (stats, working) = tokio::task::spawn_blocking(move || {
             let file = fs::File::open(&blob).context(|| format!("opening {}", blob.display()))?;
             let ownership = if privileged {
                 Ownership::Mapped(&ids)
             } else {
                 Ownership::Squashed
             };
-            layer::unpack(file, &dest, ownership, &digest_owned)
+            let stats = layer::unpack(file, &dest, ownership, &digest_owned, &mut working)?;
+            Ok::<_, RuntimeError>((stats, working))
         })
         .await
         .map_err(|e| RuntimeError::Container {
             context: format!("unpacking layer {digest}"),
             message: e.to_string(),
         })??;
+        *budget = working;
         self.update(|index| {
-            index.layer_sizes.insert(digest.to_string(), size);
+            index.layer_sizes.insert(digest.to_string(), stats.bytes);
+            index
+                .layer_entries
+                .insert(digest.to_string(), stats.entries);
         })?;
         Ok(())
     }
@@ -176,10 +224,24 @@ impl ImageStore {
     fn load(&self) -> Result<IndexFile> {
         let path = self.root.join("index.json");
         match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RuntimeError::Io {
-                context: format!("reading {}", path.display()),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            }),
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(index) => Ok(index),
+                // A torn or damaged index must not stop the node: keep it aside for a
+                // look, and start afresh (images are pulled again; layers on disk stay).
+                Err(e) => {
+                    let aside = self.root.join(format!(
+                        "index.json.corrupt-{}",
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0)
+                    ));
+                    tracing::warn!(path = %path.display(), error = %e, aside = %aside.display(), "the image index is corrupt; moved aside, images will be pulled again");
+                    fs::rename(&path, &aside)
+                        .context(|| format!("moving {} aside", path.display()))?;
+                    Ok(IndexFile::default())
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(IndexFile::default()),
             Err(e) => Err(e).context(|| format!("reading {}", path.display())),
         }
@@ -190,13 +252,12 @@ impl ImageStore {
         let mut index = self.load()?;
         let out = change(&mut index);
         let path = self.root.join("index.json");
-        let tmp = self.root.join("index.json.tmp");
         let bytes = serde_json::to_vec_pretty(&index).map_err(|e| RuntimeError::Io {
             context: "encoding the image index".into(),
             source: std::io::Error::other(e),
         })?;
-        fs::write(&tmp, bytes).context(|| format!("writing {}", tmp.display()))?;
-        fs::rename(&tmp, &path).context(|| format!("writing {}", path.display()))?;
+        crate::state_file::write_atomic(&path, &bytes, 0o600)
+            .context(|| format!("writing {}", path.display()))?;
         Ok(out)
     }
 
@@ -365,6 +426,7 @@ impl ImageStore {
                 .collect();
             for (l, _) in &doomed {
                 index.layer_sizes.remove(l);
+                index.layer_entries.remove(l);
             }
             doomed
         })?;
