@@ -22,7 +22,8 @@ AUTH_CREDS=kat-test:kat-test-secret
 export STORAGE_DRIVER=vfs
 
 # kat-init, static, so it runs in a FROM scratch container.
-RUSTFLAGS="-C target-feature=+crt-static" cargo build -q -p kat-init --release --target x86_64-unknown-linux-gnu
+# The escape probe too: the runtime's escape tests mount it into containers.
+RUSTFLAGS="-C target-feature=+crt-static" cargo build -q -p kat-init -p kat-escape-probe --release --target x86_64-unknown-linux-gnu
 INIT=$ROOT/target/x86_64-unknown-linux-gnu/release/kat-init
 
 # The registry, on loopback, storing under target/.
@@ -105,8 +106,14 @@ if ! curl -fsS -u "$AUTH_CREDS" "http://$AUTH_REGISTRY/v2/kat/busybox/manifests/
   buildah push -q --tls-verify=false --creds "$AUTH_CREDS" kat-busybox "docker://$AUTH_REGISTRY/kat/busybox:latest"
 fi
 
+# The escape probe in a directory of its own (mounted read-only into test containers).
+mkdir -p "$FIX/probe"
+install -m 0755 "$ROOT/target/x86_64-unknown-linux-gnu/release/kat-escape-probe" "$FIX/probe/"
+chmod 0755 "$FIX" "$FIX/probe"
+
 cat > "$FIX/env" <<ENV
 export KAT_INIT=$INIT
+export KAT_TEST_PROBE_DIR=$FIX/probe
 export KAT_TEST_REGISTRY=$REGISTRY
 export KAT_TEST_LAYOUT=$FIX/busybox-oci
 export KAT_TEST_AUTH_REGISTRY=$AUTH_REGISTRY

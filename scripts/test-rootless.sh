@@ -55,7 +55,7 @@ status=0
 for bin in "${bins[@]}"; do
   echo "== rootless: $(basename "$bin")"
   (cd "$(dirname "$bin")/../.." && runuser -u "$USER_NAME" -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$TMP" \
-    KAT_INIT="$KAT_INIT" KAT_TEST_REGISTRY="$KAT_TEST_REGISTRY" KAT_TEST_LAYOUT="$KAT_TEST_LAYOUT" \
+    KAT_INIT="$KAT_INIT" KAT_TEST_PROBE_DIR="$KAT_TEST_PROBE_DIR" KAT_TEST_REGISTRY="$KAT_TEST_REGISTRY" KAT_TEST_LAYOUT="$KAT_TEST_LAYOUT" \
     KAT_TEST_AUTH_REGISTRY="$KAT_TEST_AUTH_REGISTRY" KAT_TEST_AUTH_CREDS="$KAT_TEST_AUTH_CREDS" \
     KAT_TEST_TMP="$TMP" KAT_TEST_CGROUP_PARENT="$CGROUP_PARENT" CARGO_MANIFEST_DIR="$ROOT/runtime" \
     "$bin" --test-threads 2) || status=1

@@ -298,3 +298,145 @@ async fn a_timed_out_exec_is_killed_with_its_whole_tree() {
     assert_eq!(out.trim(), "0", "probe processes left behind");
     rt.remove("probed", true).await.unwrap();
 }
+
+fn probe_dir() -> std::path::PathBuf {
+    std::env::var("KAT_TEST_PROBE_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|_| {
+            panic!("KAT_TEST_PROBE_DIR is not set: run `source <(scripts/test-fixtures.sh)` first")
+        })
+}
+
+fn with_probe(mut o: kat_runtime::CreateOptions) -> kat_runtime::CreateOptions {
+    o.volumes.push(kat_runtime::VolumeMount {
+        name: "probe".into(),
+        source: probe_dir(),
+        sub_path: None,
+        destination: "/probe".into(),
+        read_only: true,
+        owned_by_container: false,
+    });
+    o
+}
+
+fn assert_all_denied(who: &str, out: &[String]) {
+    let allowed: Vec<&String> = out.iter().filter(|l| l.contains("ALLOWED")).collect();
+    assert!(allowed.is_empty(), "{who}: {allowed:#?}\n{out:#?}");
+    assert_eq!(
+        out.last().map(String::as_str),
+        Some("done"),
+        "{who}: {out:#?}"
+    );
+    assert!(out.len() > 30, "{who}: every attempt ran: {out:#?}");
+}
+
+/// mount, unshare, setns, ptrace, pidfd_getfd, process_vm_readv and signals against this
+/// container's PID 1 and another workload's process; mknod; raw and packet sockets; writes
+/// to /proc/sys, /proc/sysrq-trigger and /sys; modules, kexec, bpf, keyrings, clocks,
+/// reboot: all refused, from the workload and from an exec'd process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_escapes_are_refused_from_a_workload_and_an_exec() {
+    let (rt, _dir, f) = ready_runtime().await;
+    let mut victim = options("victim", &image(&f), "sleep 60");
+    victim.workload = "victim".into();
+    rt.create(&victim).await.unwrap();
+    rt.start("victim").await.unwrap();
+    let victim_pid = wait_state(
+        &rt,
+        "victim",
+        ContainerState::Running,
+        Duration::from_secs(10),
+    )
+    .await
+    .pid
+    .unwrap();
+
+    let mut attacker = with_probe(options(
+        "attacker",
+        &image(&f),
+        &format!("/probe/kat-escape-probe {victim_pid}; sleep 60"),
+    ));
+    attacker.workload = "attacker".into();
+    rt.create(&attacker).await.unwrap();
+    rt.start("attacker").await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let out = loop {
+        let out = texts(&rt, "attacker").await;
+        if out.last().map(String::as_str) == Some("done") || std::time::Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_all_denied("workload", &out);
+
+    let mut h = rt
+        .exec(
+            "attacker",
+            ExecOptions {
+                command: vec!["/probe/kat-escape-probe".into(), victim_pid.to_string()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    drop(h.stdin.take());
+    let stdout = h.stdout.take().unwrap();
+    let text =
+        tokio::task::spawn_blocking(move || std::io::read_to_string(stdout).unwrap_or_default())
+            .await
+            .unwrap();
+    h.wait().await.unwrap();
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    assert_all_denied("exec", &lines);
+
+    // The victim never noticed.
+    let s = rt.status("victim").await.unwrap();
+    assert_eq!(
+        (s.state, s.pid),
+        (ContainerState::Running, Some(victim_pid))
+    );
+    for id in ["attacker", "victim"] {
+        rt.remove(id, true).await.unwrap();
+    }
+}
+
+/// A fork bomb and a memory hog beside a healthy workload, which keeps answering: the
+/// bomb stops at its pids limit, the hog is OOM-killed, the healthy one ticks on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_bomb_and_a_memory_hog_do_not_starve_a_neighbour() {
+    let (rt, _dir, f) = ready_runtime().await;
+    let caps = rt.capabilities().clone();
+    assert!(
+        caps.memory_limit && caps.pids_limit,
+        "this suite needs memory and pids limits enforced: {caps:?}"
+    );
+    let mut healthy = options(
+        "healthy",
+        &image(&f),
+        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.1; done",
+    );
+    healthy.workload = "healthy".into();
+    let mut bomb = options("bomb", &image(&f), "b() { b | b & }; b; sleep 5");
+    bomb.workload = "bomb".into();
+    bomb.resources.pids_limit = 64;
+    let mut hog = options("hog", &image(&f), "x=a; while true; do x=$x$x$x$x; done");
+    hog.workload = "hog".into();
+    hog.resources.memory_limit_bytes = 32 * 1024 * 1024;
+    for o in [&healthy, &bomb, &hog] {
+        rt.create(o).await.unwrap();
+        rt.start(&o.id).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let ticks = texts(&rt, "healthy").await.len();
+    let hog_status = wait_state(&rt, "hog", ContainerState::Exited, Duration::from_secs(20)).await;
+    assert!(hog_status.oom_killed, "{hog_status:?}");
+    assert!(
+        ticks >= 25,
+        "the healthy workload ticked only {ticks} times in 4 s"
+    );
+    let s = rt.status("healthy").await.unwrap();
+    assert_eq!(s.state, ContainerState::Running);
+    for id in ["healthy", "bomb", "hog"] {
+        rt.remove(id, true).await.unwrap();
+    }
+}
