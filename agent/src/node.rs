@@ -83,8 +83,12 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    // Searchable, not listable: the root of each container (a host id of its workload's
+    // slice) walks through to its overlay and log directories under runtime/; PKI, etcd
+    // and agent state below are 0700.
     set_mode(&layout.root, 0o711)?;
     set_mode(&layout.pki(), 0o700)?;
+    set_mode(&layout.agent(), 0o700)?;
     std::fs::copy(config, layout.cluster_config())
         .with_context(|| format!("cannot copy {} into the data directory", config.display()))?;
     let node = node_name(&options)?;

@@ -481,6 +481,9 @@ impl NativeRuntime {
         for d in [&logs, &etc, &dir.join("bundle")] {
             fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
         }
+        // config.json holds the workload's environment (secrets, often): ours alone.
+        fs::set_permissions(dir.join("bundle"), fs::Permissions::from_mode(0o700))
+            .context(|| "chmod bundle".to_string())?;
         // kat-init writes here as the workload's user, and only it and we may: ours, with
         // an ACL for it (see `acl`); no other host user gets in.
         fs::set_permissions(&logs, fs::Permissions::from_mode(0o700))

@@ -440,3 +440,61 @@ async fn a_fork_bomb_and_a_memory_hog_do_not_starve_a_neighbour() {
         rt.remove(id, true).await.unwrap();
     }
 }
+
+/// What the runtime keeps on the host is not another local user's to read or change: no
+/// directory of ours is world-writable, and the container's spec (its environment), its
+/// metadata and logs are readable by the agent alone (the log directory also by the
+/// workload's user, through an ACL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_state_is_private_to_the_agent() {
+    use std::os::unix::fs::PermissionsExt;
+    let (rt, dir, f) = ready_runtime().await;
+    let mut o = options("private", &image(&f), "echo secret-env=$SECRET");
+    o.env.insert("SECRET".into(), "hunter2".into());
+    rt.create(&o).await.unwrap();
+    rt.start("private").await.unwrap();
+    wait_state(
+        &rt,
+        "private",
+        ContainerState::Exited,
+        Duration::from_secs(20),
+    )
+    .await;
+    let root = dir.path().join("root");
+    let mut stack = vec![root.clone()];
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        let rel = p.strip_prefix(&root).unwrap().display().to_string();
+        // Image contents and the container's own layer keep the image's modes (layers and
+        // snapshots sit in directories only the agent enters, checked below).
+        if meta.file_type().is_symlink()
+            || rel.starts_with("slots/")
+            || rel.starts_with("images/layers/")
+            || rel.starts_with("images/snapshots/")
+            || rel.contains("/upper")
+            || rel.contains("/rootfs")
+        {
+            continue;
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        assert!(mode & 0o002 == 0, "{rel} is world-writable ({mode:o})");
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    let container = root.join("containers/private");
+    for (path, what) in [
+        (container.join("bundle"), "the spec with the environment"),
+        (container.join("logs"), "the logs"),
+        (root.join("images/layers"), "image layers"),
+        (root.join("images/snapshots"), "image snapshots"),
+    ] {
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o007, 0, "{what}: {} is {mode:o}", path.display());
+    }
+    let meta = std::fs::metadata(container.join("meta.json")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o077, 0, "meta.json");
+    rt.remove("private", true).await.unwrap();
+}

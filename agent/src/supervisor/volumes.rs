@@ -61,6 +61,17 @@ pub fn prepare(
         let dir = base.join(ns).join(workload).join(&volume.name);
         if !dir.is_dir() {
             std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+            // Private to the workload's root (the runtime gives it the directory).
+            set_mode(&dir, 0o700).map_err(io(&dir))?;
+        }
+        // Searchable, not listable, by anyone: the container's root (a host id of its
+        // own) must walk through to bind its volume; other users learn nothing here.
+        for parent in [
+            base.to_path_buf(),
+            base.join(ns),
+            base.join(ns).join(workload),
+        ] {
+            set_mode(&parent, 0o711).map_err(io(&parent))?;
         }
         return std::fs::canonicalize(&dir).map_err(io(&dir));
     }
@@ -148,6 +159,11 @@ pub fn prepare(
         return Err(problem(&format!("resolves through a symlink: {p}")));
     }
     Ok(canonical)
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 /// Creates an empty file `name` in the opened directory, never through a symlink.
