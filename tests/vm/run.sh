@@ -22,19 +22,27 @@ echo "==> fixtures: static kat-init, busybox image, loopback registry"
 source <(scripts/test-fixtures.sh)
 echo "==> release build"
 cargo build --release --locked -q -p kat-agent -p katcall
-echo "==> the runtime's lifecycle tests, to run on cgroup v2 in the guest"
-LIFECYCLE=$(cargo test -q -p kat-runtime --test lifecycle --no-run --locked --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys
+echo "==> the runtime's lifecycle and escape tests, to run on cgroup v2 in the guest"
+test_binary() {
+  cargo test -q -p kat-runtime --test "$1" --no-run --locked --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["executable"])')
-[ -x "$LIFECYCLE" ] || { echo "tests/vm/run.sh: the lifecycle test binary was not built" >&2; exit 1; }
+        print(m["executable"])'
+}
+LIFECYCLE=$(test_binary lifecycle)
+ESCAPE=$(test_binary escape)
+for b in "$LIFECYCLE" "$ESCAPE"; do
+  [ -x "$b" ] || { echo "tests/vm/run.sh: a runtime test binary was not built" >&2; exit 1; }
+done
 
 STAGE=$(mktemp -d /tmp/kat-vm-stage.XXXXXX)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/kat-vm/bin" "$STAGE/kat-vm/registry" "$STAGE/kat-vm/tests"
 cp "$LIFECYCLE" "$STAGE/kat-vm/tests/lifecycle"
+cp "$ESCAPE" "$STAGE/kat-vm/tests/escape"
+cp -a "$KAT_TEST_PROBE_DIR" "$STAGE/kat-vm/probe"
 cp target/debug/kat-runtime-helper "$STAGE/kat-vm/tests/"
 cp target/release/kat-agent target/release/katcall "$KAT_INIT" "$(command -v etcd)" \
    "$(command -v docker-registry)" "$STAGE/kat-vm/bin/"

@@ -74,7 +74,7 @@ setsid "$BIN/docker-registry" serve registry.yml > registry.log 2>&1 < /dev/null
 until_ok 30 curl -sf http://127.0.0.1:5000/v2/ || { echo "registry did not start"; cat registry.log; exit 1; }
 
 # The runtime's lifecycle suite (create, limits, OOM, fork bomb, stop, remove leaving no
-# cgroup...) as tester, twice: with the cgroup filesystem in a Delegate=yes scope of
+# cgroup...) as tester, twice, then the escape suite: with the cgroup filesystem in a Delegate=yes scope of
 # tester's systemd (the delegated v2 subtree), and as transient systemd scopes.
 s_runtime_v2() {
   local t=$HERE/tests ok=0
@@ -91,6 +91,17 @@ s_runtime_v2() {
     env "${env[@]}" KAT_TEST_CGROUP_MANAGER=systemd "$t/lifecycle" --test-threads 1 > rt-systemd.log 2>&1 \
     || { grep -v "^\s*[0-9]*:\|at /" rt-systemd.log | tail -40; ok=1; }
   grep -E "^test |test result" rt-systemd.log | sed 's/^/   /'
+  # The escape suite on the delegated v2 subtree. Its workloads each need a slice of
+  # 65,536 ids: tester gets 16 (the image gives it one).
+  if ! grep -q '^tester:100000:1048576$' /etc/subuid; then
+    sudo sed -i '/^tester:/d' /etc/subuid /etc/subgid
+    echo 'tester:100000:1048576' | sudo tee -a /etc/subuid /etc/subgid >/dev/null
+  fi
+  log "escape attempts (workload and exec), delegated cgroup v2"
+  systemd-run --user --scope -p Delegate=yes --quiet -- \
+    env "${env[@]}" KAT_TEST_PROBE_DIR="$HERE/probe" KAT_TEST_CGROUP_MANAGER=cgroupfs "$t/escape" --test-threads 1 > rt-escape.log 2>&1 \
+    || { grep -v "^\s*[0-9]*:\|at /" rt-escape.log | tail -40; ok=1; }
+  grep -E "^test |test result|ticks" rt-escape.log | sed 's/^/   /'
   # The tests remove their scopes; the empty kat.slice of tester goes too.
   systemctl --user stop kat.slice 2>/dev/null || true
   return $ok
