@@ -10,6 +10,8 @@ source scripts/install-deps.sh
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
+echo "==> cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -q -- -D warnings
 echo "==> test fixtures: static kat-init, busybox image, loopback registry"
 source <(scripts/test-fixtures.sh)
 echo "==> cargo test --workspace"

@@ -53,7 +53,7 @@ impl MilliCpu {
 
 impl fmt::Display for MilliCpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 1000 == 0 {
+        if self.0.is_multiple_of(1000) {
             write!(f, "{}", self.0 / 1000)
         } else {
             write!(f, "{}m", self.0)
@@ -120,7 +120,7 @@ impl Bytes {
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (suffix, unit) in MEMORY_SUFFIXES.iter().take(6).rev() {
-            if self.0 != 0 && self.0 % unit == 0 {
+            if self.0 != 0 && self.0.is_multiple_of(*unit) {
                 return write!(f, "{}{}", self.0 / unit, suffix);
             }
         }

@@ -54,11 +54,11 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
         .known_nodes
         .iter()
         .filter(|n| {
-            !round
+            round
                 .view
                 .nodes
                 .get(*n)
-                .is_some_and(|e| e.registration.is_some())
+                .is_none_or(|e| e.registration.is_none())
         })
         .cloned()
         .collect();

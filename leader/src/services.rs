@@ -16,6 +16,7 @@
 //! - delete an old instance only while the healthy count stays at or above `replicas`, so
 //!   old instances go only once new ones are healthy;
 //! - unhealthy old instances go first; they hold no availability.
+//!
 //! A version that never becomes healthy leaves the old ones serving and, after
 //! `rollout_progress_deadline` without progress, the rollout is marked stalled.
 //!

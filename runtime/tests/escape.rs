@@ -436,7 +436,10 @@ async fn a_fork_bomb_and_a_memory_hog_do_not_starve_a_neighbour() {
     let hog_status = wait_state(&rt, "hog", ContainerState::Exited, Duration::from_secs(60)).await;
     assert!(hog_status.oom_killed, "{hog_status:?}");
     eprintln!("healthy workload: {alone} ticks alone, {beside} beside a fork bomb and a memory hog (3 s each)");
-    assert!(alone >= 3, "the healthy workload barely ran: {alone} ticks in 3 s");
+    assert!(
+        alone >= 3,
+        "the healthy workload barely ran: {alone} ticks in 3 s"
+    );
     assert!(
         beside * 2 >= alone,
         "the healthy workload slowed from {alone} to {beside} ticks per 3 s"

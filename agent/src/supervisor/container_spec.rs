@@ -41,22 +41,6 @@ fn hostname(instance_id: &str) -> String {
         .to_string()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn container_ids_are_dns_labels_and_distinct() {
-        assert_eq!(container_id("web-0badcafe", 3), "web-0badcafe-3");
-        let long = format!("{}-0badcafe", "a".repeat(63));
-        let other = format!("{}-0badcafd", "a".repeat(63));
-        let id = container_id(&long, 12);
-        assert!(id.len() <= 63 && id.ends_with("-12"), "{id}");
-        assert_ne!(id, container_id(&other, 12));
-        assert_eq!(hostname(&long).len(), 63);
-    }
-}
-
 pub fn create_options(
     record: &InstanceRecord,
     bundle: &WorkloadBundle,
@@ -118,5 +102,21 @@ pub fn create_options(
         dns_servers: vec![],
         dns_search: vec![],
         log: LogConfig::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_are_dns_labels_and_distinct() {
+        assert_eq!(container_id("web-0badcafe", 3), "web-0badcafe-3");
+        let long = format!("{}-0badcafe", "a".repeat(63));
+        let other = format!("{}-0badcafd", "a".repeat(63));
+        let id = container_id(&long, 12);
+        assert!(id.len() <= 63 && id.ends_with("-12"), "{id}");
+        assert_ne!(id, container_id(&other, 12));
+        assert_eq!(hostname(&long).len(), 63);
     }
 }
