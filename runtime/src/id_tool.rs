@@ -34,8 +34,8 @@ pub enum IdTask {
         count: u32,
         to: (u32, u32),
     },
-    /// This one entry gets `owner`.
-    Own { path: PathBuf, owner: (u32, u32) },
+    /// These entries (not what is below them) get `owner`.
+    Own { paths: Vec<PathBuf>, owner: (u32, u32) },
     /// Removes the tree.
     Remove { path: PathBuf },
 }
@@ -112,7 +112,14 @@ pub fn run(program: &Path, range: &NodeIdRange, task: &IdTask) -> Result<()> {
 fn failed(task: &IdTask, message: String) -> RuntimeError {
     let what = match task {
         IdTask::Shift { path, .. } => format!("giving {} to a workload's ids", path.display()),
-        IdTask::Own { path, .. } => format!("giving {} to a workload's root", path.display()),
+        IdTask::Own { paths, .. } => format!(
+            "giving {} to a workload's root",
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         IdTask::Remove { path } => format!("removing {}", path.display()),
     };
     RuntimeError::Container {
@@ -158,8 +165,8 @@ fn translate(
             count: *count,
             to: (uid(to.0)?, gid(to.1)?),
         },
-        IdTask::Own { path, owner } => IdTask::Own {
-            path: path.clone(),
+        IdTask::Own { paths, owner } => IdTask::Own {
+            paths: paths.clone(),
             owner: (uid(owner.0)?, gid(owner.1)?),
         },
         IdTask::Remove { path } => IdTask::Remove { path: path.clone() },
@@ -202,10 +209,10 @@ fn perform(task: &IdTask) -> std::result::Result<(), String> {
             }
             Ok(())
         }
-        IdTask::Own { path, owner } => {
+        IdTask::Own { paths, owner } => paths.iter().try_for_each(|path| {
             std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1))
                 .map_err(|e| format!("chown {}: {e}", path.display()))
-        }
+        }),
         IdTask::Remove { path } => crate::image::layer::make_writable_and_remove(path)
             .map_err(|e| format!("{}: {e}", path.display())),
     }
@@ -281,7 +288,7 @@ mod tests {
             }
         );
         let bad = IdTask::Own {
-            path: "/x".into(),
+            paths: vec!["/x".into()],
             owner: (0, 0),
         };
         assert!(

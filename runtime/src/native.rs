@@ -496,14 +496,6 @@ impl NativeRuntime {
                 )
             },
         )?;
-        // A workload's own volume directories belong to its root.
-        for v in options.volumes.iter().filter(|v| v.owned_by_container) {
-            self.id_task(IdTask::Own {
-                path: v.source.clone(),
-                owner: host_root,
-            })
-            .await?;
-        }
         fs::write(
             etc.join("hosts"),
             spec::hosts_file(&hostname, &options.hosts),
@@ -525,16 +517,37 @@ impl NativeRuntime {
             }
             fs::set_permissions(&upper, fs::Permissions::from_mode(0o755))
                 .context(|| format!("chmod {}", upper.display()))?;
-            for d in [&rootfs, &upper, &work] {
+            // The overlay's directories and the workload's own volumes belong to its
+            // root: one task, so an unprivileged agent starts one helper per create.
+            let mut paths = vec![rootfs.clone(), upper.clone(), work.clone()];
+            paths.extend(
+                options
+                    .volumes
+                    .iter()
+                    .filter(|v| v.owned_by_container)
+                    .map(|v| v.source.clone()),
+            );
+            self.id_task(IdTask::Own {
+                paths,
+                owner: host_root,
+            })
+            .await?;
+            self.slot_rootfs(&record.id, &snapshot, slot).await?
+        } else {
+            self.shifted_copy(&snapshot, &rootfs, host_root).await?;
+            let volumes: Vec<PathBuf> = options
+                .volumes
+                .iter()
+                .filter(|v| v.owned_by_container)
+                .map(|v| v.source.clone())
+                .collect();
+            if !volumes.is_empty() {
                 self.id_task(IdTask::Own {
-                    path: d.clone(),
+                    paths: volumes,
                     owner: host_root,
                 })
                 .await?;
             }
-            self.slot_rootfs(&record.id, &snapshot, slot).await?
-        } else {
-            self.shifted_copy(&snapshot, &rootfs, host_root).await?;
             rootfs.clone()
         };
         let cgroups_path = self.cgroups.container_path(&options.id);
