@@ -35,7 +35,10 @@ pub enum IdTask {
         to: (u32, u32),
     },
     /// These entries (not what is below them) get `owner`.
-    Own { paths: Vec<PathBuf>, owner: (u32, u32) },
+    Own {
+        paths: Vec<PathBuf>,
+        owner: (u32, u32),
+    },
     /// Removes the tree.
     Remove { path: PathBuf },
 }
