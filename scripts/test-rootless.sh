@@ -3,7 +3,8 @@
 # kat-agent runs in production: a user with a subuid/subgid range, newuidmap/newgidmap,
 # and (on cgroup v1/hybrid hosts like CI) cgroup directories root created and handed over
 # once, as `kat-agent setup` does. Needs root to create the user; run scripts/test-fixtures.sh
-# first (scripts/test.sh does both).
+# first (scripts/test.sh does both). KAT_ROOTLESS_ONLY=NAME runs only the test binaries whose
+# name starts with NAME (e.g. `survival`), and not the end-to-end test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -50,6 +51,9 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])')
+if [ -n "${KAT_ROOTLESS_ONLY:-}" ]; then
+  mapfile -t bins < <(printf '%s\n' "${bins[@]}" | grep "/${KAT_ROOTLESS_ONLY}[^/]*$" || true)
+fi
 [ ${#bins[@]} -gt 0 ] || { echo "no test binaries found" >&2; exit 1; }
 status=0
 for bin in "${bins[@]}"; do
@@ -61,6 +65,7 @@ for bin in "${bins[@]}"; do
     "$bin" --test-threads 2) || status=1
 done
 
+[ -z "${KAT_ROOTLESS_ONLY:-}" ] || exit $status
 # The one-node end-to-end test again, with the agent as a user `kat-agent setup` prepared.
 AGENT_USER=kat-e2e
 SETUP=(--user "$AGENT_USER" --prefix /tmp/kat-e2e-setup/prefix --config-dir /tmp/kat-e2e-setup/etc
