@@ -297,8 +297,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
 
     // API.
     let token_sha256 = stored_token_hash(&*store).await?;
-    let events =
-        kat_leader::events::EventLog::open(&*store, kat_leader::events::DEFAULT_CAPACITY).await?;
+    let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
     let state = Arc::new(ApiState {
         store: store.clone(),
         events,

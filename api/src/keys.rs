@@ -69,6 +69,15 @@ pub fn workload_archives(ns: &str, name: &str) -> String {
     format!("/kat/workloads/archive/{ns}/{name}/")
 }
 
+/// The template of one generation's instances, by its hash: immutable, kept while an
+/// instance or a rollback target uses it (see `crate::template`).
+pub fn template(ns: &str, name: &str, hash: &str) -> String {
+    format!("/kat/workloads/templates/{ns}/{name}/{hash}")
+}
+pub fn all_templates() -> &'static str {
+    "/kat/workloads/templates/"
+}
+
 pub fn all_instances() -> &'static str {
     "/kat/instances/"
 }
@@ -101,9 +110,10 @@ pub fn job_run(ns: &str, workload: &str, run_id: &str) -> String {
     format!("/kat/jobs/runs/{ns}/{workload}/{run_id}")
 }
 
-/// Events sort by key: a zero-padded sequence number keeps them in order.
-pub fn event(sequence: u64) -> String {
-    format!("/kat/events/{sequence:020}")
+/// An event: the writer's clock in microseconds (fixed-width hex, so events sort by time),
+/// then the writer's random id, so writers never collide (see `kat_leader::events`).
+pub fn event(micros: u64, writer: u64) -> String {
+    format!("/kat/events/{micros:016x}-{writer:016x}")
 }
 
 /// A key of the schema, parsed. Keys KAT does not know parse to `None`.
@@ -140,6 +150,11 @@ pub enum Key<'a> {
     Namespace {
         name: &'a str,
     },
+    Template {
+        ns: &'a str,
+        name: &'a str,
+        hash: &'a str,
+    },
     Event,
 }
 
@@ -152,6 +167,7 @@ pub fn parse(key: &str) -> Option<Key<'_>> {
             Key::WorkloadManifest { ns, name, file }
         }
         ["workloads", "status", ns, name] => Key::WorkloadStatus { ns, name },
+        ["workloads", "templates", ns, name, hash] => Key::Template { ns, name, hash },
         ["nodes", "registration", node] => Key::NodeRegistration { node },
         ["nodes", "status", node] => Key::NodeStatus { node },
         ["instances", node, id] => Key::Instance { node, id },
@@ -221,7 +237,15 @@ mod tests {
             })
         );
         assert_eq!(parse(&namespace("a")), Some(Key::Namespace { name: "a" }));
-        assert_eq!(parse(&event(7)), Some(Key::Event));
+        assert_eq!(parse(&event(7, 9)), Some(Key::Event));
+        assert_eq!(
+            parse(&template("ns", "w", "ab12")),
+            Some(Key::Template {
+                ns: "ns",
+                name: "w",
+                hash: "ab12"
+            })
+        );
         assert_eq!(parse(&workload_archive("ns", "w", 1, "f")), None);
         assert_eq!(parse("/other/x"), None);
     }
@@ -229,6 +253,7 @@ mod tests {
     #[test]
     fn archive_and_event_keys_sort_numerically() {
         assert!(workload_archive("d", "w", 9, "f") < workload_archive("d", "w", 10, "f"));
-        assert!(event(99) < event(100));
+        assert!(event(99, u64::MAX) < event(100, 0));
+        assert!(event(0xff, 0) < event(0x100, 0));
     }
 }

@@ -24,11 +24,13 @@ pub mod namespace;
 pub mod quadlet;
 pub mod quantity;
 pub mod report;
+pub mod template;
 pub mod wire;
 pub mod workload;
 
 pub use quadlet::{parse_cluster, parse_file, Kind, Quadlet, WorkloadBundle, API_VERSION};
 pub use report::{Finding, InvalidQuadlet, Report};
+pub use template::Template;
 
 #[cfg(test)]
 mod round_trip_tests;

@@ -122,7 +122,11 @@ impl VirtualLoadBalancer {
         let mut seen = BTreeSet::new();
         let mut names = BTreeSet::new();
         for (i, p) in self.spec.ports.iter().enumerate() {
-            let mut ps = s.field(&format!("ports[{i}]"));
+            let port_name = p
+                .name
+                .clone()
+                .unwrap_or_else(|| p.container_port.to_string());
+            let mut ps = s.item("ports", i, "port", &port_name);
             if !(1..=65535).contains(&p.container_port) {
                 ps.error(
                     "containerPort",

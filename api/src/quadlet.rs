@@ -9,8 +9,6 @@
 use std::collections::BTreeMap;
 
 use serde::de::DeserializeOwned;
-use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::build_definition::BuildDefinition;
 use crate::cluster::ClusterConfiguration;
@@ -18,6 +16,7 @@ use crate::job::JobDefinition;
 use crate::load_balancer::VirtualLoadBalancer;
 use crate::namespace::Namespace;
 use crate::report::{InvalidQuadlet, Report};
+use crate::template::Template;
 use crate::workload::{Workload, WorkloadType};
 
 pub const API_VERSION: &str = "kat.dws.rip/v1alpha1";
@@ -205,19 +204,38 @@ fn parse_file_with_kind(
             return (None, None);
         }
     };
-    let quadlet = match kind {
-        Kind::Workload => typed(file, text, report).map(Quadlet::Workload),
-        Kind::VirtualLoadBalancer => typed(file, text, report).map(Quadlet::VirtualLoadBalancer),
-        Kind::JobDefinition => typed(file, text, report).map(Quadlet::JobDefinition),
-        Kind::BuildDefinition => typed(file, text, report).map(Quadlet::BuildDefinition),
-        Kind::Namespace => typed(file, text, report).map(Quadlet::Namespace),
-        Kind::ClusterConfiguration => typed(file, text, report).map(Quadlet::ClusterConfiguration),
+    fn read<T: DeserializeOwned>(
+        file: &str,
+        text: &str,
+        report: &mut Report,
+        wrap: fn(T) -> Quadlet,
+    ) -> (Option<Quadlet>, Vec<String>) {
+        let (value, unjudged) = typed(file, text, report);
+        (value.map(wrap), unjudged)
+    }
+    let (quadlet, unjudged) = match kind {
+        Kind::Workload => read(file, text, report, Quadlet::Workload),
+        Kind::VirtualLoadBalancer => read(file, text, report, Quadlet::VirtualLoadBalancer),
+        Kind::JobDefinition => read(file, text, report, Quadlet::JobDefinition),
+        Kind::BuildDefinition => read(file, text, report, Quadlet::BuildDefinition),
+        Kind::Namespace => read(file, text, report, Quadlet::Namespace),
+        Kind::ClusterConfiguration => read(file, text, report, Quadlet::ClusterConfiguration),
     };
     let Some(quadlet) = quadlet else {
         return (Some(kind), None);
     };
+    let structural = report.findings().len();
+    validate_quadlet(file, &quadlet, report);
+    // Findings about values the parser mended would be about what the user did not write.
+    report.retain_from(structural, |f| {
+        !unjudged.iter().any(|p| is_below(&f.path, p))
+    });
+    (Some(kind), Some(quadlet))
+}
+
+fn validate_quadlet(file: &str, quadlet: &Quadlet, report: &mut Report) {
     let mut scope = report.at(file);
-    match &quadlet {
+    match quadlet {
         Quadlet::Workload(q) => q.validate(&mut scope),
         Quadlet::VirtualLoadBalancer(q) => q.validate(&mut scope),
         Quadlet::JobDefinition(q) => q.validate(&mut scope),
@@ -225,7 +243,6 @@ fn parse_file_with_kind(
         Quadlet::Namespace(q) => q.validate(&mut scope),
         Quadlet::ClusterConfiguration(q) => q.validate(&mut scope),
     }
-    (Some(kind), Some(quadlet))
 }
 
 fn yaml_repr(v: &serde_yaml::Value) -> String {
@@ -234,19 +251,186 @@ fn yaml_repr(v: &serde_yaml::Value) -> String {
         .unwrap_or_else(|_| "value".into())
 }
 
-/// Strict typed deserialization; the first structural error is reported with its field path.
-fn typed<T: DeserializeOwned>(file: &str, text: &str, report: &mut Report) -> Option<T> {
+/// Most structural findings reported for one file.
+const MAX_STRUCTURAL_FINDINGS: usize = 50;
+
+/// Strict typed deserialization, reporting every structural error with its field path.
+///
+/// serde stops at the first error, so after one the document is mended and read again, until
+/// it reads or cannot be mended: an unknown enum value is replaced by a valid one, any other
+/// bad field is set aside (removed; a list item is emptied, so later indices stay what the
+/// user wrote). A "missing field" that only a set-aside caused is not reported; its parent is
+/// set aside instead. When the document reads, the value is returned so that the semantic
+/// rules run too (the report already makes the file invalid), and the returned paths say
+/// where their findings would be about mended values and must be dropped.
+fn typed<T: DeserializeOwned>(
+    file: &str,
+    text: &str,
+    report: &mut Report,
+) -> (Option<T>, Vec<String>) {
+    // The first error from the text itself, so it carries its line and column.
     let de = serde_yaml::Deserializer::from_str(text);
-    match serde_path_to_error::deserialize::<_, T>(de) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let path = e.path().to_string();
-            let path = if path == "." { String::new() } else { path };
-            let message = strip_path_prefix(&e.inner().to_string(), &path);
-            report.push(file, &path, message);
-            None
+    let first = match serde_path_to_error::deserialize::<_, T>(de) {
+        Ok(v) => return (Some(v), Vec::new()),
+        Err(e) => e,
+    };
+    let Ok(mut doc) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+        report_structural(file, &first, report);
+        return (None, Vec::new());
+    };
+    let mut mended: Vec<Vec<Segment>> = Vec::new();
+    let mut unjudged: Vec<String> = Vec::new();
+    let mut error = first;
+    for _ in 0..MAX_STRUCTURAL_FINDINGS {
+        let path = segments(error.path());
+        let message = error.inner().to_string();
+        // An emptied list item missing its fields, or a parent missing the field set aside.
+        let caused_by_us = mended.contains(&path)
+            || missing_field(&message).is_some_and(|field| {
+                let mut child = path.clone();
+                child.push(Segment::Key(field));
+                mended.contains(&child)
+            });
+        if !caused_by_us {
+            report_structural(file, &error, report);
+        }
+        let fixed = match first_expected_variant(&message) {
+            Some(variant) if !caused_by_us => {
+                // The rest of the enclosing object is judged against a value the user did
+                // not write: no findings there.
+                unjudged.push(render(&path[..path.len().saturating_sub(1)]));
+                replace(&mut doc, &path, serde_yaml::Value::String(variant))
+            }
+            _ => {
+                unjudged.push(render(&path));
+                remove(&mut doc, &path)
+            }
+        };
+        if path.is_empty() || !fixed {
+            return (None, unjudged);
+        }
+        mended.push(path);
+        error = match serde_path_to_error::deserialize::<_, T>(doc.clone()) {
+            Ok(v) => return (Some(v), unjudged),
+            Err(e) => e,
+        };
+    }
+    (None, unjudged)
+}
+
+/// The first value an "unknown variant `x`, expected one of `A`, `B`" message offers.
+fn first_expected_variant(message: &str) -> Option<String> {
+    if !message.contains("unknown variant") {
+        return None;
+    }
+    let rest = message.split("expected ").nth(1)?;
+    let rest = rest.strip_prefix("one of ").unwrap_or(rest);
+    let variant = rest.strip_prefix('`')?.split('`').next()?;
+    (!variant.is_empty()).then(|| variant.to_string())
+}
+
+/// A path as findings spell it: `spec.ports[1].protocol`.
+fn render(path: &[Segment]) -> String {
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            Segment::Key(k) if out.is_empty() => out.push_str(k),
+            Segment::Key(k) => {
+                out.push('.');
+                out.push_str(k);
+            }
+            Segment::Index(i) => out.push_str(&format!("[{i}]")),
         }
     }
+    out
+}
+
+/// Whether `path` is `prefix` or below it.
+fn is_below(path: &str, prefix: &str) -> bool {
+    prefix.is_empty()
+        || path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+}
+
+fn report_structural(
+    file: &str,
+    e: &serde_path_to_error::Error<serde_yaml::Error>,
+    report: &mut Report,
+) {
+    let path = e.path().to_string();
+    let path = if path == "." { String::new() } else { path };
+    let message = strip_path_prefix(&e.inner().to_string(), &path);
+    report.push(file, &path, message);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+fn segments(path: &serde_path_to_error::Path) -> Vec<Segment> {
+    use serde_path_to_error::Segment as S;
+    path.iter()
+        .filter_map(|s| match s {
+            S::Map { key } => Some(Segment::Key(key.clone())),
+            S::Seq { index } => Some(Segment::Index(*index)),
+            S::Enum { .. } | S::Unknown => None,
+        })
+        .collect()
+}
+
+/// The field a "missing field `x`" message names.
+fn missing_field(message: &str) -> Option<String> {
+    let rest = message.split("missing field `").nth(1)?;
+    Some(rest.split('`').next()?.to_string())
+}
+
+/// Set aside the value at `path`: a mapping entry is removed; a list item is replaced by an
+/// empty mapping, not removed, so the indices of the items after it stay what the user wrote.
+fn remove(doc: &mut serde_yaml::Value, path: &[Segment]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let Some(at) = walk(doc, parents) else {
+        return false;
+    };
+    match (last, at) {
+        (Segment::Key(k), serde_yaml::Value::Mapping(m)) => m.remove(k.as_str()).is_some(),
+        (Segment::Index(i), serde_yaml::Value::Sequence(s)) => match s.get_mut(*i) {
+            Some(v) if v.as_mapping().is_none_or(|m| !m.is_empty()) => {
+                *v = serde_yaml::Value::Mapping(Default::default());
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Put `value` at `path`, which must exist.
+fn replace(doc: &mut serde_yaml::Value, path: &[Segment], value: serde_yaml::Value) -> bool {
+    match walk(doc, path) {
+        Some(v) if *v != value => {
+            *v = value;
+            true
+        }
+        _ => false,
+    }
+}
+
+fn walk<'v>(doc: &'v mut serde_yaml::Value, path: &[Segment]) -> Option<&'v mut serde_yaml::Value> {
+    let mut at = doc;
+    for seg in path {
+        at = match (seg, at) {
+            (Segment::Key(k), serde_yaml::Value::Mapping(m)) => m.get_mut(k.as_str())?,
+            (Segment::Index(i), serde_yaml::Value::Sequence(s)) => s.get_mut(*i)?,
+            _ => return None,
+        };
+    }
+    Some(at)
 }
 
 /// serde_yaml prefixes some messages with the path (or its parent's); do not say it twice.
@@ -413,34 +597,25 @@ impl WorkloadBundle {
         report.into_result(bundle)
     }
 
-    /// A hash of what an instance runs: the spec without `replicas` and `updateStrategy`, so
+    /// The typed desired state, as apply stores it (see [`crate::template`]).
+    pub fn template(&self) -> Template {
+        Template {
+            workload: self.workload.clone(),
+            load_balancer: self.load_balancer.clone(),
+            job: self.job.clone(),
+            build: self.build.clone(),
+        }
+    }
+
+    /// The hash of what an instance runs: the spec without `replicas` and `updateStrategy`, so
     /// scaling or changing the strategy does not replace running instances.
     pub fn template_hash(&self) -> String {
-        let mut template = self.clone();
-        template.workload.spec.replicas = None;
-        template.workload.spec.update_strategy = None;
-        template.spec_hash()
+        self.template().for_instances().hash()
     }
 
     /// A hash of the parsed desired state. Comments and formatting do not change it, so a
     /// re-apply of the same spec does not roll the workload.
     pub fn spec_hash(&self) -> String {
-        #[derive(Serialize)]
-        struct Canonical<'a> {
-            workload: &'a Workload,
-            load_balancer: &'a Option<VirtualLoadBalancer>,
-            job: &'a Option<JobDefinition>,
-            build: &'a Option<BuildDefinition>,
-        }
-        let canonical = Canonical {
-            workload: &self.workload,
-            load_balancer: &self.load_balancer,
-            job: &self.job,
-            build: &self.build,
-        };
-        // Serializing plain data structs to a Vec cannot fail.
-        let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
-        let digest = Sha256::digest(&bytes);
-        digest.iter().map(|b| format!("{b:02x}")).collect()
+        self.template().hash()
     }
 }

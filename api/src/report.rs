@@ -1,9 +1,12 @@
 //! Validation findings.
 //!
 //! A user who applies a Quadlet directory wants to see *every* problem at once, each pointing at
-//! the file and the field, with the value found and what was expected. Parsing stops at the
-//! first structural error of a file (serde cannot go on past a type error), but every semantic
-//! rule runs and adds to one [`Report`], and every file of a bundle is checked.
+//! the file and the field, with the value found and what was expected. A structural error (a
+//! string where a number goes, an unknown enum value) does not stop the others: the parser
+//! reports it, sets the field aside and reads the file again (see `quadlet::typed`), so the
+//! semantic rules still run and add to the same [`Report`], and every file of a bundle is
+//! checked. A finding about a named item of a list (a volume, a port, a toleration) names the
+//! item as well as its index.
 
 use std::fmt;
 
@@ -59,6 +62,15 @@ impl Report {
         &self.findings
     }
 
+    /// Keep the findings from index `start` on only where `keep` holds.
+    pub fn retain_from(&mut self, start: usize, keep: impl Fn(&Finding) -> bool) {
+        let mut i = 0;
+        self.findings.retain(|f| {
+            i += 1;
+            i <= start || keep(f)
+        });
+    }
+
     /// `Ok(value)` when nothing was found, else the report as an error.
     pub fn into_result<T>(self, value: T) -> Result<T, InvalidQuadlet> {
         if self.is_empty() {
@@ -74,6 +86,7 @@ impl Report {
             report: self,
             file,
             base: String::new(),
+            item: None,
         }
     }
 }
@@ -100,6 +113,8 @@ pub struct Scope<'a> {
     report: &'a mut Report,
     file: &'a str,
     base: String,
+    /// The named list item this scope is in (`volume "data"`), said after each message.
+    item: Option<String>,
 }
 
 impl Scope<'_> {
@@ -110,18 +125,45 @@ impl Scope<'_> {
             report: self.report,
             file: self.file,
             base,
+            item: self.item.clone(),
+        }
+    }
+
+    /// A child scope for item `index` of the list `list`, which users know by its name:
+    /// findings end `(in {what} "{name}")` (an empty name is left out).
+    pub fn item(&mut self, list: &str, index: usize, what: &str, name: &str) -> Scope<'_> {
+        let base = join(&self.base, &format!("{list}[{index}]"));
+        Scope {
+            report: self.report,
+            file: self.file,
+            base,
+            item: (!name.is_empty()).then(|| format!("{what} {name:?}")),
         }
     }
 
     /// Record a problem with the field `name` below this scope.
     pub fn error(&mut self, name: &str, message: impl Into<String>) {
         let path = join(&self.base, name);
+        // A finding about the item's name (or key) already quotes it.
+        let message = if matches!(name, "name" | "key") {
+            message.into()
+        } else {
+            self.labelled(message.into())
+        };
         self.report.push(self.file, &path, message);
     }
 
     /// Record a problem with this scope's own field.
     pub fn error_here(&mut self, message: impl Into<String>) {
+        let message = self.labelled(message.into());
         self.report.push(self.file, &self.base.clone(), message);
+    }
+
+    fn labelled(&self, message: String) -> String {
+        match &self.item {
+            Some(item) => format!("{message} (in {item})"),
+            None => message,
+        }
     }
 }
 

@@ -79,7 +79,14 @@ pub struct WorkloadMeta {
     pub spec_hash: String,
     /// What instances run; instances with another template hash are old versions.
     pub template_hash: String,
+    /// The instance template of the generation before, while it differs: kept for rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_template_hash: Option<String>,
     pub workload_type: crate::workload::WorkloadType,
+    /// The whole desired state, typed and validated at apply (what the controllers run on).
+    /// Absent only in records written before it existed; such a workload is re-applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired: Option<crate::template::Template>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -483,7 +483,7 @@ impl WorkloadSpec {
         validate_labels(&self.node_selector, &mut s.field("nodeSelector"));
 
         for (i, t) in self.tolerations.iter().enumerate() {
-            let mut ts = s.field(&format!("tolerations[{i}]"));
+            let mut ts = s.item("tolerations", i, "toleration", &t.key);
             if t.key.is_empty() && t.operator == TolerationOperator::Equal {
                 ts.error("key", "is required with operator Equal");
             } else if !t.key.is_empty() {
@@ -612,7 +612,7 @@ pub fn image_reference_problem(image: &str) -> Option<String> {
 fn validate_volumes(volumes: &[Volume], s: &mut Scope<'_>) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for (i, v) in volumes.iter().enumerate() {
-        let mut vs = s.field(&format!("volumes[{i}]"));
+        let mut vs = s.item("volumes", i, "volume", &v.name);
         if let Some(p) = dns_label_problem(&v.name) {
             vs.error("name", p);
         }
@@ -668,7 +668,7 @@ impl Container {
         }
         let mut mount_paths = BTreeSet::new();
         for (i, m) in self.volume_mounts.iter().enumerate() {
-            let mut ms = s.field(&format!("volumeMounts[{i}]"));
+            let mut ms = s.item("volumeMounts", i, "mount of", &m.name);
             if !volumes.contains(&m.name) {
                 let known = if volumes.is_empty() {
                     "no volumes are declared in spec.volumes".to_string()

@@ -688,7 +688,7 @@ fn selector_and_toleration_rules() {
     );
     assert_finding(
         &service_with("spec.tolerations.0.operator", Some("Equal")),
-        "spec.tolerations[0].value: is required with operator Equal",
+        "spec.tolerations[0].value: is required with operator Equal (in toleration \"gpu\")",
     );
     assert_finding(
         &service_with("spec.tolerations.0.value", Some("x")),
@@ -776,7 +776,7 @@ fn lb_with(path: &str, value: Option<&str>) -> Vec<String> {
 fn port_rules() {
     assert_finding(
         &lb_with("spec.ports.0.containerPort", Some("0")),
-        "VirtualLoadBalancer.kat: spec.ports[0].containerPort: 0 is not a port (expected 1-65535)",
+        "VirtualLoadBalancer.kat: spec.ports[0].containerPort: 0 is not a port (expected 1-65535) (in port \"http\")",
     );
     assert_finding(
         &lb_with("spec.ports.0.containerPort", Some("70000")),
@@ -1023,4 +1023,65 @@ fn spec_hash_ignores_formatting_but_not_content() {
     )]))
     .unwrap();
     assert_ne!(a.spec_hash(), c.spec_hash());
+}
+
+#[test]
+fn every_finding_of_a_file_at_once_whatever_its_kind() {
+    // A bad name (semantic), a bad restart condition (an unknown enum value), a string where
+    // a number goes, a missing replicas (semantic), a bad port in the load balancer, and a
+    // volume with a bad host path: all reported in one run.
+    let mut w = yaml(WORKLOAD);
+    set(&mut w, "metadata.name", Some(yaml("Bad_Name")));
+    set(
+        &mut w,
+        "spec.restartPolicy.condition",
+        Some(yaml("Sometimes")),
+    );
+    set(
+        &mut w,
+        "spec.restartPolicy.maxRestarts",
+        Some(yaml("three")),
+    );
+    set(&mut w, "spec.replicas", None);
+    set(
+        &mut w,
+        "spec.volumes.1.hostMount.hostPath",
+        Some(yaml("relative/dir")),
+    );
+    let mut lb = yaml(LB);
+    set(&mut lb, "spec.ports.0.containerPort", Some(yaml("70000")));
+    set(&mut lb, "spec.ports.1.protocol", Some(yaml("SCTP")));
+    let found = findings(&[("workload.kat", &w), ("VirtualLoadBalancer.kat", &lb)]);
+    assert_finding(&found, "workload.kat: metadata.name:");
+    assert_finding(
+        &found,
+        "workload.kat: spec.restartPolicy.condition: unknown variant \"Sometimes\"",
+    );
+    assert_finding(
+        &found,
+        "workload.kat: spec.restartPolicy.maxRestarts: invalid type: string \"three\"",
+    );
+    assert_finding(&found, "workload.kat: spec.replicas:");
+    // Named items are named as well as indexed.
+    assert_finding(&found, "(in volume \"config\")");
+    assert_finding(
+        &found,
+        "70000 is not a port (expected 1-65535) (in port \"http\")",
+    );
+    assert_finding(
+        &found,
+        "VirtualLoadBalancer.kat: spec.ports[1].protocol: unknown variant \"SCTP\"",
+    );
+    // Setting a field aside never invents a "missing field" finding of its own.
+    assert!(
+        !found.iter().any(|f| f.contains("missing field `condition`")
+            || f.contains("missing field \"condition\"")),
+        "{found:#?}"
+    );
+    // And the consequence in the other file: the ingress names a port no longer declared.
+    assert_finding(
+        &found,
+        "spec.ingress[1].servicePort: 8080 is not a port declared",
+    );
+    assert_eq!(found.len(), 8, "{found:#?}");
 }

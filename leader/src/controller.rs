@@ -111,7 +111,7 @@ pub struct WorkloadCtx {
     pub has_health_check: bool,
     /// Creation time in minutes since the epoch, from the workload's metadata.
     pub created_minute: Option<u64>,
-    pub bundle: Arc<kat_api::WorkloadBundle>,
+    pub desired: Arc<kat_api::Template>,
 }
 
 impl WorkloadCtx {
@@ -369,7 +369,7 @@ impl Leader {
         clock: Clock,
         fence: Option<Compare>,
     ) -> Result<Self> {
-        let events = EventLog::open(&*store, config.event_capacity).await?;
+        let events = EventLog::new(config.event_capacity);
         let (view, watch) = load(&*store, clock.now()).await?;
         let rng = StdRng::seed_from_u64(config.seed);
         Ok(Leader {
@@ -426,7 +426,6 @@ impl Leader {
     /// One reconcile round.
     pub async fn sync(&mut self) -> Result<RoundReport> {
         self.catch_up().await?;
-        self.view.refresh_bundles();
         let plan = self.decide();
         self.commit(plan).await
     }
@@ -485,6 +484,31 @@ impl Leader {
                 round.plan.groups.push(ops);
             }
         }
+        // Templates no instance and no rollback target uses. Only those written before the
+        // newest revision taken in: the metadata written with a template (same transaction)
+        // has then been seen, so a template is never taken for unused before its workload's
+        // new generation is.
+        let mut used: HashSet<(&str, &str, &str)> = HashSet::new();
+        for e in view.workloads.values() {
+            if let Some(m) = &e.meta {
+                used.insert((&e.namespace, &e.name, &m.template_hash));
+                if let Some(p) = &m.previous_template_hash {
+                    used.insert((&e.namespace, &e.name, p));
+                }
+            }
+        }
+        for r in view.instances.values() {
+            used.insert((&r.namespace, &r.workload, &r.spec_hash));
+        }
+        let unused = view
+            .templates
+            .iter()
+            .filter(|((ns, name, hash), revision)| {
+                **revision < view.latest
+                    && !used.contains(&(ns.as_str(), name.as_str(), hash.as_str()))
+            })
+            .map(|((ns, name, hash), _)| vec![TxnOp::delete(keys::template(ns, name, hash))]);
+        round.plan.groups.extend(unused);
         memory.statuses.retain(|k, _| live.contains(k.as_str()));
         round.plan
     }
@@ -502,6 +526,9 @@ impl Leader {
         let budget = MAX_TXN_OPS - self.fence.is_some() as usize;
         for batch in batch_groups(groups, budget) {
             self.commit_batch(batch, &mut report).await?;
+        }
+        if let Err(e) = self.events.maintain(&*self.store).await {
+            tracing::warn!(error = %e, "cannot trim the event log; retrying next round");
         }
         Ok(report)
     }
@@ -667,8 +694,8 @@ fn sched_nodes(view: &ClusterView, ready: &HashMap<String, bool>) -> Vec<SchedNo
 
 fn workload_ctx(entry: &crate::view::WorkloadEntry) -> Option<WorkloadCtx> {
     let meta = entry.meta.as_ref()?;
-    let bundle = entry.bundle.clone()?;
-    let spec = &bundle.workload.spec;
+    let desired = entry.desired.clone()?;
+    let spec = &desired.workload.spec;
     let parsed = spec
         .container
         .resources
@@ -698,7 +725,7 @@ fn workload_ctx(entry: &crate::view::WorkloadEntry) -> Option<WorkloadCtx> {
             .resources
             .as_ref()
             .and_then(|r| r.gpu.clone()),
-        has_health_check: bundle
+        has_health_check: desired
             .load_balancer
             .as_ref()
             .is_some_and(|lb| lb.spec.health_check.is_some()),
@@ -706,6 +733,6 @@ fn workload_ctx(entry: &crate::view::WorkloadEntry) -> Option<WorkloadCtx> {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_secs() / 60),
-        bundle: bundle.clone(),
+        desired: desired.clone(),
     })
 }

@@ -1,59 +1,125 @@
 //! The capped event log in etcd (RFC 001 §9.3).
 //!
-//! Events are keys `/kat/events/{sequence}`; the writer of event `n` deletes event
-//! `n - capacity` in the same transaction, so the log never grows past its capacity and
-//! needs no separate clean-up. Readers list or watch the prefix and filter.
+//! Any number of writers, in any number of processes on any nodes, record events at once:
+//! the API of every node, the leader, the agents. So an event's key is not a shared counter
+//! but an id ordered by time and unique per writer: `/kat/events/{nanos}-{writer}`, where
+//! `nanos` is the writer's wall clock in nanoseconds since the epoch (16 hex digits, so the
+//! keys sort by time), strictly increasing per writer, and `writer` a random 64-bit id drawn
+//! when the log is opened. Two writers never produce the same key, a writer never reuses one
+//! after a restart (a new id), and a listing, sorted by key, is in time order.
+//!
+//! An event is written in the same transaction as the change it reports (callers add
+//! [`EventLog::ops`] to their own). Without a shared counter a writer cannot know which event
+//! is the oldest, so the cap is kept apart from the writes: readers never see more than the
+//! newest `capacity` events ([`list`]), and [`EventLog::maintain`], which the leader runs every
+//! round, deletes the older ones once its own writes since the last trim reach a twentieth of
+//! the capacity or 30 seconds have passed. Between two trims the store holds at most the
+//! events written since the last one beyond the cap.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kat_api::keys;
 use kat_api::wire::{Event, EventType, ObjectReference};
-use kat_store::{Result, StateStore, TxnOp};
+use kat_store::{Result, StateStore, Txn, TxnOp};
 
 pub const DEFAULT_CAPACITY: u64 = 1000;
 
-/// Allocates sequence numbers; shared by everything in the leader process that records events.
+/// Most keys deleted in one trimming transaction (etcd's default `--max-txn-ops` is 128).
+const TRIM_BATCH: usize = 100;
+
+/// Allocates event keys for one writer; clones share it.
 #[derive(Clone)]
 pub struct EventLog {
     inner: Arc<Mutex<State>>,
-}
-
-struct State {
-    next: u64,
+    writer: u64,
     capacity: u64,
 }
 
+struct State {
+    /// The nanosecond of the last key, so the next one is later even if the clock is not.
+    last_nanos: u64,
+    /// Events allocated since the last trim.
+    since_trim: u64,
+    last_trim: Option<Instant>,
+}
+
+/// Trim at least this often while events are written anywhere.
+const TRIM_EVERY: Duration = Duration::from_secs(30);
+
 impl EventLog {
-    /// Continue after the newest event in the store.
-    pub async fn open(store: &dyn StateStore, capacity: u64) -> Result<Self> {
-        let listing = store.list(keys::EVENTS).await?;
-        let next = listing
-            .kvs
-            .iter()
-            .filter_map(|kv| kv.key.strip_prefix(keys::EVENTS)?.parse::<u64>().ok())
-            .max()
-            .map_or(0, |n| n + 1);
-        Ok(EventLog {
+    /// A new writer keeping at most `capacity` events. Nothing is read: its keys never collide
+    /// with other writers' or with its own before a restart (a new writer id).
+    pub fn new(capacity: u64) -> Self {
+        EventLog {
             inner: Arc::new(Mutex::new(State {
-                next,
-                capacity: capacity.max(1),
+                last_nanos: 0,
+                since_trim: 0,
+                last_trim: None,
             })),
-        })
+            writer: rand::random(),
+            capacity: capacity.max(1),
+        }
     }
 
-    /// The writes that record `event` (and drop the oldest beyond capacity).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The write that records `event`.
     pub fn ops(&self, event: &Event) -> Vec<TxnOp> {
-        let mut state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let seq = state.next;
-        state.next += 1;
-        let mut ops = vec![TxnOp::put(
-            keys::event(seq),
-            serde_json::to_vec(event).unwrap_or_default(),
-        )];
-        if seq >= state.capacity {
-            ops.push(TxnOp::delete(keys::event(seq - state.capacity)));
+        // u64 nanoseconds since 1970 last until 2554.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let nanos = {
+            let mut state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            state.last_nanos = now.max(state.last_nanos + 1);
+            state.since_trim += 1;
+            state.last_nanos
+        };
+        let value = match serde_json::to_vec(event) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "an event could not be encoded; dropped");
+                return Vec::new();
+            }
+        };
+        vec![TxnOp::put(keys::event(nanos, self.writer), value)]
+    }
+
+    /// Delete the events older than the newest `capacity`. Safe beside other writers and other
+    /// trimmers: a key deleted twice is deleted once, and a newer event is never older than
+    /// the ones kept.
+    pub async fn trim(&self, store: &dyn StateStore) -> Result<usize> {
+        {
+            let mut state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            state.since_trim = 0;
+            state.last_trim = Some(Instant::now());
         }
-        ops
+        let listing = store.list(keys::EVENTS).await?;
+        let excess = listing.kvs.len().saturating_sub(self.capacity as usize);
+        let mut oldest: Vec<&str> = listing.kvs.iter().map(|kv| kv.key.as_str()).collect();
+        oldest.sort_unstable();
+        for batch in oldest[..excess].chunks(TRIM_BATCH) {
+            let ops: Vec<TxnOp> = batch.iter().map(|k| TxnOp::delete(k.to_string())).collect();
+            store.txn(Txn::new().and_then(ops)).await?;
+        }
+        Ok(excess)
+    }
+
+    /// Trim when it is due: this writer wrote a twentieth of the capacity since the last
+    /// trim, or [`TRIM_EVERY`] has passed (other writers' events count then).
+    pub async fn maintain(&self, store: &dyn StateStore) -> Result<usize> {
+        let due = {
+            let state = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            state.since_trim >= (self.capacity / 20).max(1)
+                || state.last_trim.is_none_or(|t| t.elapsed() >= TRIM_EVERY)
+        };
+        if !due {
+            return Ok(0);
+        }
+        self.trim(store).await
     }
 }
 
@@ -143,11 +209,17 @@ pub async fn watch(
     Ok(rx)
 }
 
-/// Events in the store that match `filter`, oldest first.
-pub async fn list(store: &dyn StateStore, filter: &EventFilter) -> Result<Vec<Event>> {
+/// The newest `capacity` events in the store that match `filter`, oldest first.
+pub async fn list(
+    store: &dyn StateStore,
+    filter: &EventFilter,
+    capacity: u64,
+) -> Result<Vec<Event>> {
     let listing = store.list(keys::EVENTS).await?;
-    Ok(listing
-        .kvs
+    let mut kvs: Vec<_> = listing.kvs.iter().collect();
+    kvs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    let newest = kvs.len().saturating_sub(capacity as usize);
+    Ok(kvs[newest..]
         .iter()
         .filter_map(|kv| serde_json::from_slice::<Event>(&kv.value).ok())
         .filter(|e| filter.matches(e))

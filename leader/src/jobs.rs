@@ -28,7 +28,7 @@ use crate::controller::{Memory, Round, WorkloadCtx};
 
 pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
     let spec = w
-        .bundle
+        .desired
         .job
         .as_ref()
         .map(|j| j.spec.clone())

@@ -159,7 +159,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
 /// Delete records on NotReady nodes and records of failed instances; return the rest.
 pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&'a InstanceRecord> {
     let replaces_ended =
-        w.bundle.workload.spec.restart_policy.condition == RestartCondition::Always;
+        w.desired.workload.spec.restart_policy.condition == RestartCondition::Always;
     let mut kept = Vec::new();
     for r in round.instances_of(&w.key) {
         if !round.node_ready(&r.node) {

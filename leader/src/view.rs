@@ -12,7 +12,7 @@ use kat_api::keys::{self, Key};
 use kat_api::wire::{
     InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration, WorkloadMeta,
 };
-use kat_api::WorkloadBundle;
+use kat_api::Template;
 use kat_store::{Revision, TxnOp};
 use tokio::time::Instant;
 
@@ -21,10 +21,11 @@ pub struct WorkloadEntry {
     pub namespace: String,
     pub name: String,
     pub meta: Option<WorkloadMeta>,
-    pub files: BTreeMap<String, Vec<u8>>,
-    /// Parsed from `files` once `meta` is present; `None` while incomplete or invalid.
-    pub bundle: Option<Arc<WorkloadBundle>>,
-    dirty: bool,
+    /// The typed desired state from `meta` (validated at apply; never parsed from files here).
+    /// `None` for a record written before apply stored it.
+    pub desired: Option<Arc<Template>>,
+    /// The store revision `meta` was written at.
+    pub meta_revision: Revision,
 }
 
 impl WorkloadEntry {
@@ -49,6 +50,12 @@ pub struct ClusterView {
     pub instances: BTreeMap<String, InstanceRecord>,
     /// Job runs by workload key, then run id.
     pub job_runs: BTreeMap<String, BTreeMap<String, JobRun>>,
+    /// Stored instance templates, (namespace, workload, hash), and the revision each was
+    /// written at.
+    pub templates: BTreeMap<(String, String, String), Revision>,
+    /// The newest revision taken in. Watch events come in revision order, so everything
+    /// written at an older revision (a whole transaction) has been taken in too.
+    pub latest: Revision,
     revisions: HashMap<String, Revision>,
 }
 
@@ -59,27 +66,41 @@ impl ClusterView {
             return; // an older event for a key we already wrote through
         }
         self.revisions.insert(key.to_string(), revision);
+        self.latest = self.latest.max(revision);
         let Some(parsed) = keys::parse(key) else {
             return;
         };
         match parsed {
-            Key::WorkloadMeta { ns, name } => {
-                let entry = self.workload_entry(ns, name);
-                entry.meta = value.and_then(decode);
-                entry.dirty = true;
-                if entry.meta.is_none() && entry.files.is_empty() {
+            Key::WorkloadMeta { ns, name } => match value.and_then(decode::<WorkloadMeta>) {
+                Some(meta) => {
+                    let desired = meta.desired.clone().map(Arc::new);
+                    if desired.is_none() {
+                        tracing::warn!(
+                            workload = %format!("{ns}/{name}"),
+                            "the workload's record has no typed spec (written by an older version); apply it again"
+                        );
+                    }
+                    self.workloads.insert(
+                        format!("{ns}/{name}"),
+                        WorkloadEntry {
+                            namespace: ns.to_string(),
+                            name: name.to_string(),
+                            meta: Some(meta),
+                            desired,
+                            meta_revision: revision,
+                        },
+                    );
+                }
+                None => {
                     self.workloads.remove(&format!("{ns}/{name}"));
                 }
-            }
-            Key::WorkloadManifest { ns, name, file } => {
-                let entry = self.workload_entry(ns, name);
-                match value {
-                    Some(v) => entry.files.insert(file.to_string(), v.to_vec()),
-                    None => entry.files.remove(file),
-                };
-                entry.dirty = true;
-                if entry.meta.is_none() && entry.files.is_empty() {
-                    self.workloads.remove(&format!("{ns}/{name}"));
+            },
+            Key::Template { ns, name, hash } => {
+                let id = (ns.to_string(), name.to_string(), hash.to_string());
+                if value.is_some() {
+                    self.templates.insert(id, revision);
+                } else {
+                    self.templates.remove(&id);
                 }
             }
             Key::NodeRegistration { node } => {
@@ -122,7 +143,10 @@ impl ClusterView {
                     }
                 }
             }
-            Key::WorkloadStatus { .. } | Key::Namespace { .. } | Key::Event => {}
+            Key::WorkloadManifest { .. }
+            | Key::WorkloadStatus { .. }
+            | Key::Namespace { .. }
+            | Key::Event => {}
         }
     }
 
@@ -137,19 +161,6 @@ impl ClusterView {
         }
     }
 
-    fn workload_entry(&mut self, ns: &str, name: &str) -> &mut WorkloadEntry {
-        self.workloads
-            .entry(format!("{ns}/{name}"))
-            .or_insert_with(|| WorkloadEntry {
-                namespace: ns.to_string(),
-                name: name.to_string(),
-                meta: None,
-                files: BTreeMap::new(),
-                bundle: None,
-                dirty: true,
-            })
-    }
-
     fn forget_node_if_empty(&mut self, node: &str) {
         if self
             .nodes
@@ -157,21 +168,6 @@ impl ClusterView {
             .is_some_and(|n| n.registration.is_none() && n.heartbeat.is_none())
         {
             self.nodes.remove(node);
-        }
-    }
-
-    /// Re-parse workloads whose files changed. A workload whose stored files do not parse
-    /// (they were validated on apply, so this means a partial write) keeps no bundle and is
-    /// left alone until it does.
-    pub fn refresh_bundles(&mut self) {
-        for entry in self.workloads.values_mut().filter(|e| e.dirty) {
-            entry.dirty = false;
-            entry.bundle = match &entry.meta {
-                Some(_) if !entry.files.is_empty() => WorkloadBundle::parse(entry.files.clone())
-                    .ok()
-                    .map(Arc::new),
-                _ => None,
-            };
         }
     }
 

@@ -7,6 +7,10 @@
 //! makes no new generation. Every generation's files are archived (the last
 //! [`ARCHIVE_GENERATIONS`]); `rollback` re-applies the previous generation's files as a new
 //! generation, so the workload's update strategy governs the way back.
+//!
+//! Apply is where Quadlet files are parsed and validated, once: it stores the typed desired
+//! state in the metadata and the generation's instance template under its hash (see
+//! `kat_api::template`), which the controllers and the agents read instead of the files.
 
 use std::collections::BTreeMap;
 
@@ -77,6 +81,10 @@ pub async fn apply(
         }
     }
     let generation = previous.as_ref().map_or(1, |p| p.metadata.generation + 1);
+    // Parsed and validated once, here: everything downstream reads these typed records.
+    let desired = bundle.template();
+    let template = desired.for_instances();
+    let template_hash = template.hash();
     let meta = WorkloadMeta {
         metadata: ObjectMeta {
             name: name.clone(),
@@ -94,8 +102,14 @@ pub async fn apply(
             labels: BTreeMap::new(),
         },
         spec_hash,
-        template_hash: bundle.template_hash(),
+        template_hash: template_hash.clone(),
+        previous_template_hash: match &previous {
+            Some(p) if p.template_hash != template_hash => Some(p.template_hash.clone()),
+            Some(p) => p.previous_template_hash.clone(),
+            None => None,
+        },
         workload_type: bundle.workload.spec.workload_type,
+        desired: Some(desired),
     };
     let mut ops = Vec::new();
     let old_files = store.list(&keys::workload_manifests(ns, name)).await?;
@@ -115,6 +129,11 @@ pub async fn apply(
             bytes.clone(),
         ));
     }
+    // Immutable: the same hash is the same template, so rewriting it changes nothing.
+    ops.push(TxnOp::put(
+        keys::template(ns, name, &template_hash),
+        serde_json::to_vec(&template).unwrap_or_default(),
+    ));
     ops.push(TxnOp::put(
         meta_key.clone(),
         serde_json::to_vec(&meta).unwrap_or_default(),

@@ -13,7 +13,7 @@ async fn record(store: &dyn StateStore, log: &EventLog, e: kat_api::wire::Event)
 #[tokio::test]
 async fn capped_filtered_and_watchable() {
     let store: Arc<dyn StateStore> = Arc::new(MemStore::new());
-    let log = EventLog::open(&*store, 10).await.unwrap();
+    let log = EventLog::new(10);
     let start = store.list("/kat/events/").await.unwrap().revision + 1;
     let mut all = events::watch(&*store, EventFilter::default(), start)
         .await
@@ -50,7 +50,7 @@ async fn capped_filtered_and_watchable() {
         )
         .await;
     }
-    let kept = events::list(&*store, &EventFilter::default())
+    let kept = events::list(&*store, &EventFilter::default(), 10)
         .await
         .unwrap();
     assert_eq!(kept.len(), 10, "capped at its capacity");
@@ -67,6 +67,7 @@ async fn capped_filtered_and_watchable() {
             resource_type: Some("node".into()),
             ..Default::default()
         },
+        10,
     )
     .await
     .unwrap();
@@ -81,6 +82,7 @@ async fn capped_filtered_and_watchable() {
             name: Some("web".into()),
             ..Default::default()
         },
+        10,
     )
     .await
     .unwrap();
@@ -99,7 +101,7 @@ async fn capped_filtered_and_watchable() {
     assert_eq!(web_only.recv().await.unwrap().message, "event 1");
 
     // A new writer continues the sequence instead of overwriting.
-    let log2 = EventLog::open(&*store, 10).await.unwrap();
+    let log2 = EventLog::new(10);
     record(
         &*store,
         &log2,
@@ -112,7 +114,7 @@ async fn capped_filtered_and_watchable() {
         ),
     )
     .await;
-    let kept = events::list(&*store, &EventFilter::default())
+    let kept = events::list(&*store, &EventFilter::default(), 10)
         .await
         .unwrap();
     assert_eq!(kept.len(), 10);

@@ -48,7 +48,7 @@ pub fn service(name: &str, replicas: u32, image: &str, extra: &str) -> String {
 pub const HEALTH_CHECK: &str = "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{containerPort: 8080}]\n  healthCheck:\n    exec: {command: [/bin/check]}\n";
 
 pub async fn events(c: &SimCluster) -> Vec<kat_api::wire::Event> {
-    kat_leader::events::list(&*c.store, &Default::default())
+    kat_leader::events::list(&*c.store, &Default::default(), config().event_capacity)
         .await
         .unwrap()
 }

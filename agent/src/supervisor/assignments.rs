@@ -1,30 +1,36 @@
-//! What this node must run: its instance records from etcd, with each one's Quadlet files,
-//! and the local copy that survives a reboot.
+//! What this node must run: its instance records from etcd, with each one's template, and the
+//! local copy that survives a reboot.
 //!
-//! A task lists `/kat/instances/{node}/`, fetches the files of each record's generation (from
-//! the archive, so an old instance in a rolling update keeps its old spec) and then follows a
-//! watch from the listing's revision. Every change produces a full snapshot for the
+//! A task lists `/kat/instances/{node}/`, fetches the template each record names by hash (typed
+//! and validated at apply, immutable, kept by the leader while an instance uses it, so an old
+//! instance in a rolling update keeps its old spec) and then follows a watch from the
+//! listing's revision. A template that is gone or does not match its hash is never replaced
+//! by something else: the instance gets no template, the supervisor fails it with the reason,
+//! and a `TemplateMissing` warning event says so. Every change produces a full snapshot for the
 //! supervisor and rewrites `assignments.json` atomically. When the store cannot be reached
 //! at start-up the snapshot comes from that file, so a rebooted node brings its workloads
 //! back while etcd or the leader is still down; once the store answers, its listing wins and
 //! the supervisor converges to it (adopting containers by instance id, so no duplicates).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kat_api::keys;
-use kat_api::wire::InstanceRecord;
+use kat_api::wire::{EventType, InstanceRecord};
+use kat_api::Template;
+use kat_leader::events::EventLog;
 use kat_store::{EventKind, StateStore, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-/// One assigned instance and the files of the generation it runs.
+/// One assigned instance and the template it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     pub record: InstanceRecord,
-    pub files: BTreeMap<String, String>,
+    /// `Err` says why there is none (the instance is then failed, never run from another spec).
+    pub template: Result<Arc<Template>, String>,
 }
 
 pub type Snapshot = BTreeMap<String, Assignment>;
@@ -40,7 +46,11 @@ pub struct Feed {
     store: Arc<dyn StateStore>,
     node: String,
     copy_path: PathBuf,
-    files_cache: HashMap<(String, String, u64), BTreeMap<String, String>>,
+    /// Templates are immutable: fetched once per (namespace, workload, hash).
+    templates: HashMap<(String, String, String), Arc<Template>>,
+    /// Instances whose missing template was already reported.
+    reported_missing: HashSet<String>,
+    events: EventLog,
 }
 
 impl Feed {
@@ -49,7 +59,9 @@ impl Feed {
             store,
             node: node.to_string(),
             copy_path: state_dir.join("assignments.json"),
-            files_cache: HashMap::new(),
+            templates: HashMap::new(),
+            reported_missing: HashSet::new(),
+            events: EventLog::new(kat_leader::events::DEFAULT_CAPACITY),
         }
     }
 
@@ -150,21 +162,27 @@ impl Feed {
         records: &BTreeMap<String, InstanceRecord>,
     ) -> Result<(), kat_store::StoreError> {
         let mut snapshot = Snapshot::new();
+        let mut missing = Vec::new();
         for (id, record) in records {
-            let files = self.files_of(record).await?;
+            let template = self.template_of(record).await?;
+            if template.is_err() && !self.reported_missing.contains(id) {
+                missing.push(record);
+            }
             snapshot.insert(
                 id.clone(),
                 Assignment {
                     record: record.clone(),
-                    files,
+                    template,
                 },
             );
         }
-        self.files_cache.retain(|(ns, name, generation), _| {
+        self.report_missing(&missing, &snapshot).await;
+        self.templates.retain(|(ns, name, hash), _| {
             records
                 .values()
-                .any(|r| &r.namespace == ns && &r.workload == name && r.generation == *generation)
+                .any(|r| &r.namespace == ns && &r.workload == name && &r.spec_hash == hash)
         });
+        self.reported_missing.retain(|id| records.contains_key(id));
         if let Err(e) = self.save_copy(&snapshot) {
             tracing::warn!(error = %e, path = %self.copy_path.display(), "cannot write the local copy of assignments");
         }
@@ -172,44 +190,78 @@ impl Feed {
         Ok(())
     }
 
-    /// The Quadlet files of `record`'s generation: archived copy first, current files else.
-    async fn files_of(
+    /// The template `record` names, checked against its hash.
+    async fn template_of(
         &mut self,
         record: &InstanceRecord,
-    ) -> Result<BTreeMap<String, String>, kat_store::StoreError> {
-        let key = (
+    ) -> Result<Result<Arc<Template>, String>, kat_store::StoreError> {
+        let id = (
             record.namespace.clone(),
             record.workload.clone(),
-            record.generation,
+            record.spec_hash.clone(),
         );
-        if let Some(files) = self.files_cache.get(&key) {
-            return Ok(files.clone());
+        if let Some(t) = self.templates.get(&id) {
+            return Ok(Ok(t.clone()));
         }
-        let archive = format!(
-            "{}{:020}/",
-            keys::workload_archives(&record.namespace, &record.workload),
-            record.generation
-        );
-        let mut listing = self.store.list(&archive).await?;
-        let mut prefix = archive;
-        if listing.kvs.is_empty() {
-            prefix = keys::workload_manifests(&record.namespace, &record.workload);
-            listing = self.store.list(&prefix).await?;
+        let key = keys::template(&record.namespace, &record.workload, &record.spec_hash);
+        let Some(kv) = self.store.get(&key).await? else {
+            return Ok(Err(format!(
+                "template {} of {}/{} (generation {}) is gone; the instance cannot run: apply the workload again or roll it back",
+                short(&record.spec_hash),
+                record.namespace,
+                record.workload,
+                record.generation
+            )));
+        };
+        let template = match serde_json::from_slice::<Template>(&kv.value) {
+            Ok(t) if t.hash() == record.spec_hash => Arc::new(t),
+            Ok(_) => {
+                return Ok(Err(format!(
+                    "template {} of {}/{} does not match its hash; the instance cannot run",
+                    short(&record.spec_hash),
+                    record.namespace,
+                    record.workload
+                )))
+            }
+            Err(e) => {
+                return Ok(Err(format!(
+                    "template {} of {}/{} does not decode ({e}); the instance cannot run",
+                    short(&record.spec_hash),
+                    record.namespace,
+                    record.workload
+                )))
+            }
+        };
+        self.templates.insert(id, template.clone());
+        Ok(Ok(template))
+    }
+
+    /// One `TemplateMissing` warning per instance whose template is unusable.
+    async fn report_missing(&mut self, missing: &[&InstanceRecord], snapshot: &Snapshot) {
+        if missing.is_empty() {
+            return;
         }
-        let files: BTreeMap<String, String> = listing
-            .kvs
-            .into_iter()
-            .map(|kv| {
-                (
-                    kv.key[prefix.len()..].to_string(),
-                    String::from_utf8_lossy(&kv.value).into_owned(),
-                )
-            })
-            .collect();
-        if !files.is_empty() {
-            self.files_cache.insert(key, files.clone());
+        let mut ops = Vec::new();
+        for r in missing {
+            let reason = match snapshot.get(&r.instance_id).map(|a| &a.template) {
+                Some(Err(reason)) => reason.clone(),
+                _ => continue,
+            };
+            tracing::warn!(instance = %r.instance_id, "{reason}");
+            ops.extend(self.events.ops(&kat_leader::events::event(
+                kat_api::wire::rfc3339(std::time::SystemTime::now()),
+                EventType::Warning,
+                "TemplateMissing",
+                kat_leader::events::workload_ref(&r.namespace, &r.workload),
+                format!("instance {}: {reason}", r.instance_id),
+            )));
         }
-        Ok(files)
+        match self.store.txn(kat_store::Txn::new().and_then(ops)).await {
+            Ok(_) => self
+                .reported_missing
+                .extend(missing.iter().map(|r| r.instance_id.clone())),
+            Err(e) => tracing::warn!(error = %e, "cannot record TemplateMissing events; retrying"),
+        }
     }
 
     fn save_copy(&self, snapshot: &Snapshot) -> std::io::Result<()> {
@@ -239,5 +291,178 @@ fn read_copy(path: &Path) -> Option<Snapshot> {
             tracing::warn!(error = %e, path = %path.display(), "the local copy of assignments is unreadable; ignoring it");
             None
         }
+    }
+}
+
+/// The first 12 characters of a hash, as `katcall` shows them.
+fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use kat_leader::sim::{SimCluster, SimNode};
+    use kat_leader::LeaderConfig;
+    use kat_store::MemStore;
+
+    use super::*;
+
+    fn service(image: &str) -> String {
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: web\nspec:\n  type: Service\n  replicas: 2\n  source:\n    image: {image}\n  restartPolicy:\n    condition: Always\n  container:\n    resources:\n      requests: {{cpu: 500m, memory: 256Mi}}\n"
+        )
+    }
+
+    /// The first snapshot a fresh feed publishes for `node`, as an agent starting up gets it.
+    async fn first_snapshot(store: Arc<dyn StateStore>, node: &str) -> Snapshot {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = watch::channel(None);
+        let feed = tokio::spawn(Feed::new(store, node, dir.path()).run(tx));
+        let snapshot = loop {
+            rx.changed().await.expect("the feed publishes");
+            if let Some((Source::Store, s)) = rx.borrow_and_update().clone() {
+                break s;
+            }
+        };
+        feed.abort();
+        snapshot
+    }
+
+    /// Templates in the store, by (workload, hash).
+    async fn stored_templates(store: &dyn StateStore) -> BTreeSet<String> {
+        let listing = store.list(keys::all_templates()).await.unwrap();
+        listing
+            .kvs
+            .iter()
+            .map(|kv| kv.key.rsplit('/').next().unwrap().to_string())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_returning_node_runs_exactly_the_template_of_each_instance() {
+        let store: Arc<dyn StateStore> = Arc::new(MemStore::new());
+        let config = LeaderConfig {
+            node_loss_timeout: Duration::from_secs(3600),
+            seed: 7,
+            ..LeaderConfig::default()
+        };
+        let nodes = vec![
+            SimNode::new("node-1", 4000, 8 << 30),
+            SimNode::new("node-2", 4000, 8 << 30),
+        ];
+        let mut c = SimCluster::start(store.clone(), nodes, config, true)
+            .await
+            .unwrap();
+        let mut image_of_generation = BTreeMap::new();
+        let applied = c.apply(&[("workload.kat", &service("web:0"))]).await;
+        image_of_generation.insert(applied.generation, "web:0".to_string());
+        c.run_until(30, |c| c.healthy_of("web") == 2).await.unwrap();
+        assert_eq!(c.healthy_of("web"), 2);
+        let on_node_2: Vec<String> = c
+            .node("node-2")
+            .live()
+            .map(|r| r.instance_id.clone())
+            .collect();
+        assert_eq!(on_node_2.len(), 1, "one replica per node");
+
+        // node-2 stops; 12 updates go by (more than the 10 archived generations).
+        c.node("node-2").partitioned = true;
+        for i in 1..=12 {
+            let image = format!("web:{i}");
+            let applied = c.apply(&[("workload.kat", &service(&image))]).await;
+            image_of_generation.insert(applied.generation, image);
+            c.tick().await.unwrap();
+        }
+        c.run_until(60, |c| {
+            c.live_of("web")
+                .iter()
+                .filter(|r| r.node == "node-1")
+                .count()
+                == 1
+                && c.healthy_of("web") >= 1
+                && c.live_of("web")
+                    .iter()
+                    .any(|r| r.node == "node-1" && r.generation == 13)
+        })
+        .await
+        .unwrap();
+        // A few quiet rounds: unused templates go.
+        for _ in 0..3 {
+            c.tick().await.unwrap();
+        }
+
+        // node-2 starts again: each node's feed gives every instance exactly its template.
+        let mut generations = BTreeSet::new();
+        for node in ["node-1", "node-2"] {
+            let snapshot = first_snapshot(store.clone(), node).await;
+            for (id, a) in &snapshot {
+                let template = a
+                    .template
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("{id} on {node}: {e}"));
+                assert_eq!(template.hash(), a.record.spec_hash, "{id}");
+                assert_eq!(
+                    template.workload.spec.source.image.as_deref(),
+                    Some(image_of_generation[&a.record.generation].as_str()),
+                    "{id} on {node} runs the image of its generation {}",
+                    a.record.generation
+                );
+                generations.insert(a.record.generation);
+            }
+        }
+        assert!(
+            generations.contains(&1),
+            "node-2 still holds its generation-1 instance, whose files left the archive: {generations:?}"
+        );
+
+        // Exactly the templates in use are kept: the current one, the one before (rollback),
+        // and those instances name.
+        let listing = store.list(keys::all_instances()).await.unwrap();
+        let mut used: BTreeSet<String> = listing
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(&kv.value).ok())
+            .map(|r| r.spec_hash)
+            .collect();
+        let meta: kat_api::wire::WorkloadMeta = serde_json::from_slice(
+            &store
+                .get(&keys::workload_meta("default", "web"))
+                .await
+                .unwrap()
+                .unwrap()
+                .value,
+        )
+        .unwrap();
+        used.insert(meta.template_hash.clone());
+        used.extend(meta.previous_template_hash.clone());
+        assert_eq!(stored_templates(&*store).await, used);
+        assert!(used.len() < 13, "unused templates were removed");
+
+        // A template that is gone is an error and an event, never another spec.
+        let old = listing
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(&kv.value).ok())
+            .find(|r| r.node == "node-2")
+            .unwrap();
+        store
+            .delete(&keys::template("default", "web", &old.spec_hash))
+            .await
+            .unwrap();
+        let snapshot = first_snapshot(store.clone(), "node-2").await;
+        let reason = snapshot[&old.instance_id].template.clone().unwrap_err();
+        assert!(reason.contains("is gone"), "{reason}");
+        let events = kat_leader::events::list(&*store, &Default::default(), 1000)
+            .await
+            .unwrap();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason == "TemplateMissing" && e.message.contains(&old.instance_id)),
+            "a TemplateMissing event"
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use kat_api::wire::InstanceRecord;
-use kat_api::WorkloadBundle;
+use kat_api::Template;
 use kat_runtime::{CreateOptions, LogConfig, Resources, VolumeMount};
 
 /// Labels that tie a container to its instance; adoption after an agent restart reads them.
@@ -43,12 +43,12 @@ fn hostname(instance_id: &str) -> String {
 
 pub fn create_options(
     record: &InstanceRecord,
-    bundle: &WorkloadBundle,
+    template: &Template,
     image: &str,
     attempt: u32,
     volume_paths: &BTreeMap<String, PathBuf>,
 ) -> CreateOptions {
-    let spec = &bundle.workload.spec;
+    let spec = &template.workload.spec;
     let c = &spec.container;
     let mut env: BTreeMap<String, String> = BTreeMap::from([
         ("KAT_INSTANCE_ID".to_string(), record.instance_id.clone()),

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use kat_api::wire::{rfc3339, Health, InstanceState, InstanceStatus};
 use kat_api::workload::WorkloadType;
-use kat_api::WorkloadBundle;
+use kat_api::Template;
 use kat_runtime::{ContainerRuntime, ContainerState, ContainerStatus, ExecOptions, RuntimeError};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -63,7 +63,7 @@ enum Phase {
 
 struct Tracked {
     assignment: Assignment,
-    bundle: Result<Arc<WorkloadBundle>, String>,
+    template: Result<Arc<Template>, String>,
     attempt: u32,
     phase: Phase,
     restart: RestartTracker,
@@ -74,17 +74,9 @@ struct Tracked {
 
 impl Tracked {
     fn new(assignment: Assignment, node: &str) -> Self {
-        let bundle = WorkloadBundle::parse(
-            assignment
-                .files
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
-                .collect(),
-        )
-        .map(Arc::new)
-        .map_err(|e| e.to_string());
+        let template = assignment.template.clone();
         let record = &assignment.record;
-        let restart = match &bundle {
+        let restart = match &template {
             Ok(b) => RestartTracker::new(
                 &b.workload.spec.restart_policy,
                 record.workload_type == WorkloadType::Job,
@@ -116,7 +108,7 @@ impl Tracked {
         };
         Tracked {
             assignment,
-            bundle,
+            template,
             attempt: 0,
             phase: Phase::Start(Instant::now()),
             restart,
@@ -131,7 +123,7 @@ impl Tracked {
     }
 
     fn health_check(&self) -> Option<&kat_api::load_balancer::HealthCheck> {
-        let b = self.bundle.as_ref().ok()?;
+        let b = self.template.as_ref().ok()?;
         b.load_balancer.as_ref()?.spec.health_check.as_ref()
     }
 }
@@ -388,10 +380,11 @@ impl Supervisor {
     }
 
     async fn create_container(&self, t: &Tracked) -> Result<ContainerStatus, StartError> {
-        let bundle = t.bundle.as_ref().map_err(|e| {
-            StartError::Failed(format!("the workload's Quadlet files do not parse: {e}"))
-        })?;
-        let spec = &bundle.workload.spec;
+        let template = t
+            .template
+            .as_ref()
+            .map_err(|e| StartError::Failed(e.clone()))?;
+        let spec = &template.workload.spec;
         let image = spec.source.image.as_deref().ok_or_else(|| {
             StartError::Failed(
                 "source.git builds are not supported by this agent yet; set source.image".into(),
@@ -411,7 +404,7 @@ impl Supervisor {
             .map_err(|e| StartError::NotReady(e.to_string()))?;
             paths.insert(v.name.clone(), path);
         }
-        let mut options = create_options(record, bundle, image, t.attempt, &paths);
+        let mut options = create_options(record, template, image, t.attempt, &paths);
         options.resources.pids_limit = self.config.pids_limit;
         // A leftover container of this attempt (e.g. created just before an agent crash).
         if self.runtime.status(&options.id).await.is_ok() {

@@ -43,8 +43,11 @@ pub async fn list(
         namespace: q.namespace,
     };
     let listing = state.store.list(keys::EVENTS).await?;
-    let mut matching: Vec<Event> = listing
-        .kvs
+    // Keys sort by time; readers never see more than the cap (see `crate::events`).
+    let mut kvs: Vec<_> = listing.kvs.iter().collect();
+    kvs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    let newest = kvs.len().saturating_sub(state.events.capacity() as usize);
+    let mut matching: Vec<Event> = kvs[newest..]
         .iter()
         .filter_map(|kv| serde_json::from_slice::<Event>(&kv.value).ok())
         .filter(|e| filter.matches(e))
