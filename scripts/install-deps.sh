@@ -23,6 +23,9 @@ command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# promtool checks that /metrics is valid exposition text (the Prometheus server itself is not
+# started: without systemd as PID 1 nothing starts it, and on systemd hosts it is stopped below).
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -36,6 +39,10 @@ fi
 # Likewise its registry (with auth, on :5000): the tests start their own on loopback.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet docker-registry 2>/dev/null; then
     need_root systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
+# And the Prometheus server that comes with promtool (it would listen on :9090).
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+    need_root systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -364,10 +364,7 @@ async fn first_state(
     cluster: &ClusterConfiguration,
     token: &str,
 ) -> Result<()> {
-    let hash: String = http::token_sha256(token)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = hex::encode(http::token_sha256(token));
     let puts = [
         (
             keys::CLUSTER_UID,
@@ -413,7 +410,7 @@ fn write_client_config(path: &Path, config: &ClientConfig) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    pki::write_secret(path, &serde_yaml::to_string(config)?)
+    pki::write_secret(path, &yaml_serde::to_string(config)?)
 }
 
 /// Campaign for leadership; while leading, run the controllers. Forever.

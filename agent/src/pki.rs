@@ -101,7 +101,7 @@ impl Pki {
         let mut raw = [0u8; 32];
         rand::RngCore::try_fill_bytes(&mut rand::rngs::OsRng, &mut raw)
             .context("reading random bytes for the admin token")?;
-        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let token = hex::encode(raw);
 
         std::fs::write(&f.ca, ca_cert.pem())
             .with_context(|| format!("cannot write {}", f.ca.display()))?;

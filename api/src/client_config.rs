@@ -34,7 +34,7 @@ impl ClientConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        serde_yaml::from_slice(&bytes).map_err(|e| ClientConfigError::Invalid {
+        yaml_serde::from_slice(&bytes).map_err(|e| ClientConfigError::Invalid {
             path: path.to_path_buf(),
             message: e.to_string(),
         })

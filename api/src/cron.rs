@@ -3,6 +3,11 @@
 //! The classic five fields (minute, hour, day of month, month, day of week) with `*`, lists,
 //! ranges, steps and month/day names, plus the `@hourly`-style macros. Parsed into bit sets so
 //! the job controller can ask whether a minute matches without re-parsing.
+//!
+//! Why not a cron crate (`croner`, `cron`): they compute on `chrono` date-times and their
+//! errors do not name the field; the job controller counts in whole minutes since the epoch
+//! under a simulated clock, and `katcall validate` says which field is wrong. This file is
+//! small, UTC only, and tested against Vixie cron's rules (day-of-month/day-of-week union).
 
 use std::fmt;
 

@@ -126,7 +126,7 @@ fn parse_file_with_kind(
         report.push(file, "", "is not UTF-8 text (expected a YAML file)");
         return (None, None);
     };
-    let value: serde_yaml::Value = match serde_yaml::from_str(text) {
+    let value: yaml_serde::Value = match yaml_serde::from_str(text) {
         Ok(v) => v,
         Err(e) => {
             report.push(file, "", format!("is not valid YAML: {e}"));
@@ -245,8 +245,8 @@ fn validate_quadlet(file: &str, quadlet: &Quadlet, report: &mut Report) {
     }
 }
 
-fn yaml_repr(v: &serde_yaml::Value) -> String {
-    serde_yaml::to_string(v)
+fn yaml_repr(v: &yaml_serde::Value) -> String {
+    yaml_serde::to_string(v)
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "value".into())
 }
@@ -269,12 +269,12 @@ fn typed<T: DeserializeOwned>(
     report: &mut Report,
 ) -> (Option<T>, Vec<String>) {
     // The first error from the text itself, so it carries its line and column.
-    let de = serde_yaml::Deserializer::from_str(text);
+    let de = yaml_serde::Deserializer::from_str(text);
     let first = match serde_path_to_error::deserialize::<_, T>(de) {
         Ok(v) => return (Some(v), Vec::new()),
         Err(e) => e,
     };
-    let Ok(mut doc) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+    let Ok(mut doc) = yaml_serde::from_str::<yaml_serde::Value>(text) else {
         report_structural(file, &first, report);
         return (None, Vec::new());
     };
@@ -299,7 +299,7 @@ fn typed<T: DeserializeOwned>(
                 // The rest of the enclosing object is judged against a value the user did
                 // not write: no findings there.
                 unjudged.push(render(&path[..path.len().saturating_sub(1)]));
-                replace(&mut doc, &path, serde_yaml::Value::String(variant))
+                replace(&mut doc, &path, yaml_serde::Value::String(variant))
             }
             _ => {
                 unjudged.push(render(&path));
@@ -356,7 +356,7 @@ fn is_below(path: &str, prefix: &str) -> bool {
 
 fn report_structural(
     file: &str,
-    e: &serde_path_to_error::Error<serde_yaml::Error>,
+    e: &serde_path_to_error::Error<yaml_serde::Error>,
     report: &mut Report,
 ) {
     let path = e.path().to_string();
@@ -390,7 +390,7 @@ fn missing_field(message: &str) -> Option<String> {
 
 /// Set aside the value at `path`: a mapping entry is removed; a list item is replaced by an
 /// empty mapping, not removed, so the indices of the items after it stay what the user wrote.
-fn remove(doc: &mut serde_yaml::Value, path: &[Segment]) -> bool {
+fn remove(doc: &mut yaml_serde::Value, path: &[Segment]) -> bool {
     let Some((last, parents)) = path.split_last() else {
         return false;
     };
@@ -398,10 +398,10 @@ fn remove(doc: &mut serde_yaml::Value, path: &[Segment]) -> bool {
         return false;
     };
     match (last, at) {
-        (Segment::Key(k), serde_yaml::Value::Mapping(m)) => m.remove(k.as_str()).is_some(),
-        (Segment::Index(i), serde_yaml::Value::Sequence(s)) => match s.get_mut(*i) {
+        (Segment::Key(k), yaml_serde::Value::Mapping(m)) => m.remove(k.as_str()).is_some(),
+        (Segment::Index(i), yaml_serde::Value::Sequence(s)) => match s.get_mut(*i) {
             Some(v) if v.as_mapping().is_none_or(|m| !m.is_empty()) => {
-                *v = serde_yaml::Value::Mapping(Default::default());
+                *v = yaml_serde::Value::Mapping(Default::default());
                 true
             }
             _ => false,
@@ -411,7 +411,7 @@ fn remove(doc: &mut serde_yaml::Value, path: &[Segment]) -> bool {
 }
 
 /// Put `value` at `path`, which must exist.
-fn replace(doc: &mut serde_yaml::Value, path: &[Segment], value: serde_yaml::Value) -> bool {
+fn replace(doc: &mut yaml_serde::Value, path: &[Segment], value: yaml_serde::Value) -> bool {
     match walk(doc, path) {
         Some(v) if *v != value => {
             *v = value;
@@ -421,19 +421,19 @@ fn replace(doc: &mut serde_yaml::Value, path: &[Segment], value: serde_yaml::Val
     }
 }
 
-fn walk<'v>(doc: &'v mut serde_yaml::Value, path: &[Segment]) -> Option<&'v mut serde_yaml::Value> {
+fn walk<'v>(doc: &'v mut yaml_serde::Value, path: &[Segment]) -> Option<&'v mut yaml_serde::Value> {
     let mut at = doc;
     for seg in path {
         at = match (seg, at) {
-            (Segment::Key(k), serde_yaml::Value::Mapping(m)) => m.get_mut(k.as_str())?,
-            (Segment::Index(i), serde_yaml::Value::Sequence(s)) => s.get_mut(*i)?,
+            (Segment::Key(k), yaml_serde::Value::Mapping(m)) => m.get_mut(k.as_str())?,
+            (Segment::Index(i), yaml_serde::Value::Sequence(s)) => s.get_mut(*i)?,
             _ => return None,
         };
     }
     Some(at)
 }
 
-/// serde_yaml prefixes some messages with the path (or its parent's); do not say it twice.
+/// yaml_serde prefixes some messages with the path (or its parent's); do not say it twice.
 fn strip_path_prefix(message: &str, path: &str) -> String {
     let message = match message.split_once(": ") {
         Some((head, rest)) if !head.is_empty() && path.starts_with(head) => rest,

@@ -13,9 +13,9 @@ fn round_trip<T>(value: &T) -> Result<(), TestCaseError>
 where
     T: serde::Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
 {
-    let yaml = serde_yaml::to_string(value).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let yaml = yaml_serde::to_string(value).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let from_yaml: T =
-        serde_yaml::from_str(&yaml).map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
+        yaml_serde::from_str(&yaml).map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
     prop_assert_eq!(&from_yaml, value, "YAML:\n{}", yaml);
     let json = serde_json::to_string(value).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let from_json: T =

@@ -43,7 +43,6 @@ impl Template {
     pub fn hash(&self) -> String {
         // Serializing plain data structs to a Vec cannot fail.
         let bytes = serde_json::to_vec(self).unwrap_or_default();
-        let digest = Sha256::digest(&bytes);
-        digest.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(Sha256::digest(&bytes))
     }
 }

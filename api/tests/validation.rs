@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use kat_api::{parse_cluster, WorkloadBundle};
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 const WORKLOAD: &str = r#"
 apiVersion: kat.dws.rip/v1alpha1
@@ -122,7 +122,7 @@ spec:
 "#;
 
 fn yaml(s: &str) -> Value {
-    serde_yaml::from_str(s).unwrap()
+    yaml_serde::from_str(s).unwrap()
 }
 
 /// Set (or with `Value::Null` as value and `remove`, delete) a dotted path such as
@@ -160,7 +160,7 @@ fn files(list: &[(&str, &Value)]) -> BTreeMap<String, Vec<u8>> {
         .map(|(n, v)| {
             (
                 n.to_string(),
-                serde_yaml::to_string(v).unwrap().into_bytes(),
+                yaml_serde::to_string(v).unwrap().into_bytes(),
             )
         })
         .collect()
@@ -367,7 +367,7 @@ fn unknown_fields_are_errors() {
     );
     let mut c = yaml(CLUSTER);
     set(&mut c, "spec.apiport", Some(yaml("1")));
-    let err = parse_cluster("cluster.kat", serde_yaml::to_string(&c).unwrap().as_bytes())
+    let err = parse_cluster("cluster.kat", yaml_serde::to_string(&c).unwrap().as_bytes())
         .unwrap_err()
         .to_string();
     assert!(
@@ -968,7 +968,7 @@ fn malformed_files() {
 fn cluster_with(path: &str, value: &str) -> String {
     let mut c = yaml(CLUSTER);
     set(&mut c, path, Some(yaml(value)));
-    match parse_cluster("cluster.kat", serde_yaml::to_string(&c).unwrap().as_bytes()) {
+    match parse_cluster("cluster.kat", yaml_serde::to_string(&c).unwrap().as_bytes()) {
         Ok(_) => String::new(),
         Err(e) => e.to_string(),
     }

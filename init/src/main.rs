@@ -162,6 +162,11 @@ fn run(options: Options) -> Result<u8, String> {
                 let _ = nix::unistd::dup2(out_w.as_raw_fd(), 1);
                 let _ = nix::unistd::dup2(err_w.as_raw_fd(), 2);
             }
+            // The workload starts with every signal at its default action. Rust's runtime
+            // ignores SIGPIPE in kat-init, and an ignored signal stays ignored across exec:
+            // `producer | consumer` would then spin on EPIPE after the consumer dies (an
+            // OOM-killed `tail` left `head` running forever) instead of ending.
+            reset_signal_dispositions();
             let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old_mask), None);
             let err = execvp(&program, &argv).unwrap_err();
             let message = format!(
@@ -327,6 +332,46 @@ fn read_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<usize, Errno> {
         match nix::unistd::read(fd.as_raw_fd() as RawFd, buf) {
             Err(Errno::EINTR) => continue,
             other => return other,
+        }
+    }
+}
+
+/// Every catchable signal back to its default action (async-signal-safe: only sigaction).
+fn reset_signal_dispositions() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for signal in Signal::iterator() {
+        if !matches!(signal, Signal::SIGKILL | Signal::SIGSTOP) {
+            // SAFETY: installing SIG_DFL runs no handler code.
+            let _ = unsafe { sigaction(signal, &default) };
+        }
+    }
+    // The real-time signals too, 32 and 33 included, which glibc's sigaction() refuses
+    // (its threads use them; this child has none): straight to the kernel. Its struct is
+    // handler, flags, restorer, mask on every architecture KAT builds for.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    let default = KernelSigaction {
+        handler: 0, // SIG_DFL
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for signo in 32..=64 {
+        // SAFETY: a valid struct for SIG_DFL; the kernel copies it; no old action is read.
+        unsafe {
+            nix::libc::syscall(
+                nix::libc::SYS_rt_sigaction,
+                signo,
+                &default as *const KernelSigaction,
+                std::ptr::null_mut::<KernelSigaction>(),
+                8usize,
+            );
         }
     }
 }

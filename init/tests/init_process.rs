@@ -97,6 +97,36 @@ fn seccomp_default_filters_the_workload() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("unshare=0"));
 }
 
+/// Rust ignores SIGPIPE in kat-init itself; the workload must not inherit that, or a pipeline
+/// whose reader dies spins on EPIPE forever instead of ending.
+#[test]
+fn the_workload_starts_with_default_signal_dispositions() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_logged(
+        dir.path(),
+        &[],
+        "grep -E '^Sig(Ign|Blk):' /proc/self/status; yes | head -c 1 >/dev/null; echo done",
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let texts: Vec<String> = records(dir.path()).into_iter().map(|r| r.2).collect();
+    assert!(
+        texts.iter().any(|t| t == "SigIgn:\t0000000000000000"),
+        "ignored signals inherited: {texts:?}"
+    );
+    assert!(
+        texts.iter().any(|t| t == "SigBlk:\t0000000000000000"),
+        "blocked signals inherited: {texts:?}"
+    );
+    // `yes` dies of SIGPIPE when head is done, so the pipeline ends.
+    assert!(texts.iter().any(|t| t == "done"), "{texts:?}");
+}
+
 #[test]
 fn missing_executable_exits_127_and_says_why() {
     let dir = tempfile::tempdir().unwrap();

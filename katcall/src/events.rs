@@ -64,7 +64,7 @@ pub async fn run(client: &Client, filter: Filter, watch: bool, format: Format) -
     Client::json_lines(resp, |e: Event| {
         match format {
             Format::Json => println!("{}", serde_json::to_string(&e)?),
-            Format::Yaml => print!("---\n{}", serde_yaml::to_string(&e)?),
+            Format::Yaml => print!("---\n{}", yaml_serde::to_string(&e)?),
             _ => println!("{}", row(&e).join("  ")),
         }
         Ok(())

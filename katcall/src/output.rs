@@ -18,7 +18,7 @@ pub enum Format {
 pub fn structured<T: Serialize>(format: Format, value: &T) -> Result<bool> {
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        Format::Yaml => print!("{}", serde_yaml::to_string(value)?),
+        Format::Yaml => print!("{}", yaml_serde::to_string(value)?),
         Format::Table | Format::Wide => return Ok(false),
     }
     Ok(true)

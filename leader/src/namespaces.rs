@@ -48,6 +48,21 @@ pub async fn list(store: &dyn StateStore) -> Result<Vec<NamespaceObject>, Namesp
         .collect())
 }
 
+/// A new namespace's record.
+pub fn record(clock: &Clock, name: &str) -> NamespaceObject {
+    NamespaceObject {
+        metadata: ObjectMeta {
+            name: name.into(),
+            namespace: None,
+            uid: format!("{:032x}", rand::random::<u128>()),
+            generation: 1,
+            resource_version: 0,
+            creation_timestamp: clock.rfc3339(),
+            labels: Default::default(),
+        },
+    }
+}
+
 /// Create `name`; with `exist_ok`, an existing namespace is not an error (init, apply).
 pub async fn create(
     store: &dyn StateStore,
@@ -62,17 +77,7 @@ pub async fn create(
         });
     }
     let key = keys::namespace(name);
-    let ns = NamespaceObject {
-        metadata: ObjectMeta {
-            name: name.into(),
-            namespace: None,
-            uid: format!("{:032x}", rand::random::<u128>()),
-            generation: 1,
-            resource_version: 0,
-            creation_timestamp: clock.rfc3339(),
-            labels: Default::default(),
-        },
-    };
+    let ns = record(clock, name);
     let txn = Txn::new()
         .when([Compare::absent(&key)])
         .and_then([TxnOp::put(

@@ -15,12 +15,14 @@
 use std::collections::BTreeMap;
 
 use kat_api::keys;
+use kat_api::namespace::SYSTEM_NAMESPACES;
 use kat_api::wire::{EventType, ObjectMeta, WorkloadMeta};
 use kat_api::WorkloadBundle;
 use kat_store::{Compare, StateStore, StoreError, Txn, TxnOp};
 
 use crate::clock::Clock;
 use crate::events::{event, workload_ref, EventLog};
+use crate::namespaces;
 
 pub const ARCHIVE_GENERATIONS: u64 = 10;
 
@@ -41,6 +43,8 @@ pub enum WorkloadError {
         generation: u64,
         message: String,
     },
+    #[error("namespace {0} not found (create it with `katcall create namespace {0}`, or add a namespace.kat to the workload)")]
+    NamespaceNotFound(String),
     #[error("workload {0}/{1} was changed concurrently; retry")]
     Conflict(String, String),
     #[error(transparent)]
@@ -112,6 +116,22 @@ pub async fn apply(
         desired: Some(desired),
     };
     let mut ops = Vec::new();
+    // The namespace must exist when the workload is written, or be created with it (a bundle
+    // with a namespace.kat; the system namespaces always exist): one transaction, so a
+    // refused apply leaves no namespace behind and a concurrent delete cannot orphan it.
+    let ns_key = keys::namespace(ns);
+    let mut guards = Vec::new();
+    match store.get(&ns_key).await? {
+        Some(kv) => guards.push(Compare::mod_revision_is(ns_key, kv.mod_revision)),
+        None if bundle.namespace.is_some() || SYSTEM_NAMESPACES.contains(&ns.as_str()) => {
+            ops.push(TxnOp::put(
+                ns_key.clone(),
+                serde_json::to_vec(&namespaces::record(clock, ns)).unwrap_or_default(),
+            ));
+            guards.push(Compare::absent(ns_key));
+        }
+        None => return Err(WorkloadError::NamespaceNotFound(ns.clone())),
+    }
     let old_files = store.list(&keys::workload_manifests(ns, name)).await?;
     for kv in &old_files.kvs {
         let file = kv.key.rsplit('/').next().unwrap_or_default();
@@ -161,11 +181,11 @@ pub async fn apply(
         workload_ref(ns, name),
         message,
     )));
-    let guard = match &current {
+    guards.push(match &current {
         Some(kv) => Compare::mod_revision_is(meta_key, kv.mod_revision),
         None => Compare::absent(meta_key),
-    };
-    let committed = store.txn(Txn::new().when([guard]).and_then(ops)).await?;
+    });
+    let committed = store.txn(Txn::new().when(guards).and_then(ops)).await?;
     if !committed.succeeded {
         return Err(WorkloadError::Conflict(ns.clone(), name.clone()));
     }

@@ -158,7 +158,7 @@ proptest! {
             prop_assert_eq!(c.healthy_of("web"), replicas as usize);
             let new_replicas = second_replicas.unwrap_or(replicas);
             c.apply(&[("workload.kat", &service("web", new_replicas, "web:2", &strategy)), ("lb.kat", HEALTH_CHECK)]).await;
-            let max_surge = kat_api::workload::MaxSurge::parse(&serde_yaml::from_str(&surge).unwrap()).unwrap();
+            let max_surge = kat_api::workload::MaxSurge::parse(&yaml_serde::from_str(&surge).unwrap()).unwrap();
             let budget = |r: u32| max_surge.absolute(r) as usize;
             // During the change both the old and the new count bound the total.
             let ceiling = replicas.max(new_replicas) as usize + budget(replicas).max(budget(new_replicas));

@@ -1181,27 +1181,12 @@ impl NativeRuntime {
 }
 
 /// Whether `path` is an ELF executable that needs a program interpreter (a dynamic loader).
+/// Anything that is not ELF is left to fail at exec with its own error.
 fn is_dynamic_elf(path: &Path) -> bool {
     let Ok(bytes) = fs::read(path) else {
         return false;
     };
-    // 64-bit little-endian ELF only; anything else is left to fail at exec with its own error.
-    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
-        return false;
-    }
-    let u16_at = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]) as usize;
-    let u64_at = |o: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&bytes[o..o + 8]);
-        u64::from_le_bytes(b) as usize
-    };
-    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
-    (0..phnum).any(|i| {
-        let at = phoff + i * phentsize;
-        // PT_INTERP = 3
-        at + 4 <= bytes.len()
-            && u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) == 3
-    })
+    goblin::elf::Elf::parse(&bytes).is_ok_and(|elf| elf.interpreter.is_some())
 }
 
 #[cfg(test)]

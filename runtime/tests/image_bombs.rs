@@ -477,11 +477,7 @@ fn write_layout(dir: &Path, layers: &[Vec<u8>]) -> Vec<String> {
 
 fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
-    let d = sha2::Sha256::digest(bytes);
-    format!(
-        "sha256:{}",
-        d.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    )
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
 
 fn store_in(dir: &Path, limits: UnpackLimits, timeouts: PullTimeouts) -> ImageStore {

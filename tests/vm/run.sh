@@ -10,7 +10,9 @@
 #   bomb), agent-restart (containers survive, re-adopted), reboot (workloads back, logs
 #   intact), uninstall (nothing left).
 # Prints one PASS/FAIL line per scenario; exits non-zero if any failed.
-# Env: KAT_VM_KEEP=1 leaves the VM running afterwards; VM_* as in ../shared/vm/run-in-vm.sh.
+# Env: KAT_VM_KEEP=1 leaves the VM running afterwards; KAT_VM_SCENARIOS="setup cluster-up
+# limits" runs only those (setup first when any later one is named); VM_* as in
+# ../shared/vm/run-in-vm.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -48,6 +50,7 @@ cp target/release/kat-agent target/release/katcall "$KAT_INIT" "$(command -v etc
    "$(command -v docker-registry)" "$STAGE/kat-vm/bin/"
 cp -a target/kat-fixtures/registry/. "$STAGE/kat-vm/registry/"
 cp tests/vm/scenarios.sh "$STAGE/kat-vm/"
+echo "${KAT_VM_SCENARIOS:-}" > "$STAGE/kat-vm/only"
 
 echo "==> booting the VM and running the scenarios (software emulation: minutes)"
 t0=$SECONDS

@@ -12,7 +12,12 @@ log() { echo "   $*"; }
 result() {
   if [ "$2" = 0 ]; then results+=("PASS $1"); echo "PASS $1"; else results+=("FAIL $1"); echo "FAIL $1"; failed=1; fi
 }
-scenario() { local name=$1; shift; echo "== $name"; "$@"; result "$name" $?; }
+ONLY=$(cat "$HERE/only" 2>/dev/null || true)
+scenario() {
+  local name=$1; shift
+  if [ -n "$ONLY" ] && ! grep -qw -- "$name" <<<"$ONLY"; then echo "== $name (skipped)"; return; fi
+  echo "== $name"; "$@"; result "$name" $?
+}
 # Polls COMMAND until it succeeds, for up to $1 seconds.
 until_ok() { local t=$1; shift; local end=$((SECONDS + t)); until "$@" >/dev/null 2>&1; do
   [ $SECONDS -lt $end ] || return 1; sleep 2; done; }
@@ -237,7 +242,7 @@ s_uninstall() {
 
 scenario runtime-v2 s_runtime_v2
 scenario setup s_setup
-if [ "${results[-1]}" = "PASS setup" ]; then
+if [ "${results[-1]:-}" = "PASS setup" ]; then
   scenario cluster-up s_cluster_up
   scenario limits s_limits
   scenario agent-restart s_agent_restart

@@ -57,7 +57,9 @@ impl From<StoreError> for ApiError {
 impl From<WorkloadError> for ApiError {
     fn from(e: WorkloadError) -> Self {
         let code = match &e {
-            WorkloadError::NotFound(..) => ErrorCode::NotFound,
+            WorkloadError::NotFound(..) | WorkloadError::NamespaceNotFound(..) => {
+                ErrorCode::NotFound
+            }
             WorkloadError::NoPreviousGeneration { .. } | WorkloadError::Conflict(..) => {
                 ErrorCode::Conflict
             }

@@ -92,7 +92,7 @@ pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResp
         }
     }
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics.render(&counts),
     ))
 }

@@ -125,18 +125,23 @@ async fn find_record(
     name: &str,
     id: &str,
 ) -> Result<InstanceRecord, ApiError> {
-    let listing = state.store.list(keys::all_instances()).await?;
-    listing
-        .kvs
-        .iter()
-        .filter(|kv| kv.key.ends_with(&format!("/{id}")))
-        .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(&kv.value).ok())
-        .find(|r| r.namespace == ns && r.workload == name && r.instance_id == id)
-        .ok_or_else(|| {
-            ApiError::not_found(format!(
-                "instance {id} of workload {ns}/{name} not found (see `katcall get instances -n {ns}`)"
-            ))
-        })
+    // Records live under their node; a cluster has a handful of nodes and many instances, so
+    // one read per node, not a listing of every instance.
+    let nodes = state.store.list(keys::node_registrations()).await?;
+    for kv in &nodes.kvs {
+        let node = &kv.key[keys::node_registrations().len()..];
+        let Some(found) = state.store.get(&keys::instance(node, id)).await? else {
+            continue;
+        };
+        if let Ok(r) = serde_json::from_slice::<InstanceRecord>(&found.value) {
+            if r.namespace == ns && r.workload == name {
+                return Ok(r);
+            }
+        }
+    }
+    Err(ApiError::not_found(format!(
+        "instance {id} of workload {ns}/{name} not found (see `katcall get instances -n {ns}`)"
+    )))
 }
 
 #[derive(Debug, Deserialize)]

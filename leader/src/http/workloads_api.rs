@@ -132,12 +132,8 @@ async fn parse_bundle(
             }
         }
     }
-    // A bundle may carry its namespace.kat; otherwise the namespace must exist.
-    if parsed.namespace.is_some() {
-        namespaces::create(&*state.store, &state.clock, ns, true).await?;
-    } else {
-        namespaces::get(&*state.store, ns).await?;
-    }
+    // The namespace is checked (or, with a namespace.kat, created) by `workloads::apply`, in
+    // the transaction that writes the workload: a refused request stores nothing.
     Ok(parsed)
 }
 

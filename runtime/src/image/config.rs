@@ -94,11 +94,7 @@ pub fn node_architecture() -> &'static str {
 /// `sha256:<hex>` of some bytes.
 pub fn sha256_digest(bytes: &[u8]) -> String {
     use sha2::Digest;
-    format!("sha256:{}", hex(&sha2::Sha256::digest(bytes)))
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
 
 /// The hex part of a `sha256:` digest, checked so it is safe as a file name.

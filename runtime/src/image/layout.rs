@@ -130,7 +130,7 @@ pub async fn import(store: &ImageStore, dir: &Path, reference: &str) -> Result<I
                 let mut file = std::fs::File::open(&check)?;
                 let mut hasher = sha2::Sha256::new();
                 std::io::copy(&mut file, &mut hasher)?;
-                Ok(format!("sha256:{}", super::config::hex(&hasher.finalize())))
+                Ok(format!("sha256:{}", hex::encode(hasher.finalize())))
             })
             .await
             .map_err(|e| bad(dir, e.to_string()))?

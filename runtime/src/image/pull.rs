@@ -21,7 +21,7 @@ use oci_client::{Client, Reference};
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 
-use super::config::{digest_hex, hex, ConfigFile};
+use super::config::{digest_hex, ConfigFile};
 use super::limits::{Budget, PullTimeouts, MAX_JSON_BLOB};
 use super::store::ImageStore;
 use crate::error::{IoContext, Result, RuntimeError};
@@ -364,7 +364,7 @@ impl Fetch<'_> {
                 format!("the registry sent {received} of the {size} bytes its descriptor declares"),
             ));
         }
-        let actual = format!("sha256:{}", hex(&hasher.finalize()));
+        let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
         if actual != desc.digest {
             return Err(RuntimeError::DigestMismatch {
                 what: format!(

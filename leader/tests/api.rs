@@ -1,0 +1,154 @@
+//! The HTTP API in process, on `MemStore`: a request that fails changes nothing stored.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use kat_leader::http::{self, ApiState, ClientAddr, NoInstanceAccess};
+use kat_leader::Clock;
+use kat_store::{MemStore, StateStore};
+use tower::ServiceExt;
+
+const TOKEN: &str = "test-token";
+
+const CLUSTER: &str = "apiVersion: kat.dws.rip/v1alpha1\nkind: ClusterConfiguration\nmetadata: {name: test}\nspec:\n  clusterCIDR: 10.100.0.0/16\n  serviceCIDR: 10.200.0.0/16\n";
+
+fn workload(ns: &str, name: &str, host_path: &str) -> String {
+    format!(
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  type: Service\n  replicas: 1\n  source: {{image: busybox}}\n  restartPolicy: {{condition: Always}}\n  container:\n    volumeMounts: [{{name: data, mountPath: /data}}]\n  volumes:\n    - name: data\n      hostMount: {{hostPath: {host_path}, ensureType: DirectoryOrCreate}}\n"
+    )
+}
+
+fn namespace(ns: &str) -> String {
+    format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Namespace\nmetadata: {{name: {ns}}}\n")
+}
+
+fn bundle(files: &[(&str, String)]) -> Vec<u8> {
+    let files: BTreeMap<String, Vec<u8>> = files
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.clone().into_bytes()))
+        .collect();
+    kat_api::bundle::pack(&files)
+}
+
+struct Api {
+    store: Arc<dyn StateStore>,
+    router: axum::Router,
+}
+
+impl Api {
+    fn new() -> Api {
+        let store: Arc<dyn StateStore> = Arc::new(MemStore::new());
+        let state = Arc::new(ApiState {
+            store: store.clone(),
+            events: kat_leader::events::EventLog::new(1000),
+            clock: Clock::system(),
+            cluster: kat_api::parse_cluster("cluster.kat", CLUSTER.as_bytes()).unwrap(),
+            token_sha256: http::token_sha256(TOKEN),
+            access: Arc::new(NoInstanceAccess),
+            metrics: Default::default(),
+            limiter: http::default_rate_limiter(),
+            bundle_limits: Default::default(),
+        });
+        let router =
+            http::router(state).layer(axum::Extension(ClientAddr(IpAddr::V4(Ipv4Addr::LOCALHOST))));
+        Api { store, router }
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/gzip")
+            .body(Body::from(body))
+            .unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Every key and value in the store.
+    async fn dump(&self) -> BTreeMap<String, Vec<u8>> {
+        let listing = self.store.list("/").await.unwrap();
+        listing
+            .kvs
+            .into_iter()
+            .map(|kv| (kv.key, kv.value))
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_refused_request_stores_nothing_not_even_its_namespace() {
+    let api = Api::new();
+    let before = api.dump().await;
+
+    // A bundle that carries its namespace.kat but whose hostMount is outside the allow-list.
+    let refused = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/etc")),
+    ]);
+    let (status, body) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", refused.clone())
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body.contains("spec.volumes[0].hostMount.hostPath"),
+        "{body}"
+    );
+    assert_eq!(api.dump().await, before, "nothing stored");
+
+    // An update of a workload that does not exist, with a namespace.kat: 404, nothing stored.
+    let update = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/srv/web")),
+    ]);
+    let (status, body) = api
+        .send(
+            Method::PUT,
+            "/v1alpha1/n/team/workloads/web",
+            update.clone(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(api.dump().await, before, "nothing stored");
+
+    // A name that does not match the path, and a namespace that does not exist.
+    let (status, _) = api
+        .send(
+            Method::PUT,
+            "/v1alpha1/n/team/workloads/other",
+            update.clone(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let no_ns = bundle(&[("workload.kat", workload("team", "web", "/srv/web"))]);
+    let (status, body) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", no_ns.clone())
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("namespace team not found"), "{body}");
+    assert_eq!(api.dump().await, before, "nothing stored");
+
+    // The valid bundle creates the namespace and the workload together.
+    let (status, body) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", update)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let after = api.dump().await;
+    assert!(after.contains_key("/kat/namespaces/team"));
+    assert!(after.contains_key("/kat/workloads/desired/team/web/meta"));
+
+    // A second create of the same workload is a conflict that changes nothing.
+    let (status, _) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", no_ns)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(api.dump().await, after);
+}
