@@ -49,6 +49,20 @@ pub struct ExecHandle {
 }
 
 impl ExecHandle {
+    /// A handle with no process behind it, whose `wait` gives what `exit` receives (the fake
+    /// runtime's probes). `pid` is 0, so `kill_tree` does nothing.
+    #[cfg(feature = "fake")]
+    pub fn finished(exit: tokio::sync::oneshot::Receiver<i32>) -> Self {
+        ExecHandle {
+            pid: 0,
+            stdin: None,
+            stdout: None,
+            stderr: None,
+            pty: None,
+            exit,
+        }
+    }
+
     /// Waits for the process; its exit code, or 128+signal.
     pub async fn wait(&mut self) -> Result<i32> {
         (&mut self.exit).await.map_err(|_| RuntimeError::Container {
@@ -64,6 +78,10 @@ impl ExecHandle {
         use nix::sys::signal::{kill, Signal};
         use nix::unistd::Pid;
         let pid = self.pid;
+        // Never kill(0) or kill(-1): those are our own group and every process we may signal.
+        if pid <= 0 {
+            return;
+        }
         let children =
             std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
         for child in children

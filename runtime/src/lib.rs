@@ -7,7 +7,8 @@
 //! - [`cgroups`]: what the host offers and each container's cgroup;
 //! - [`logs`]: the log format kat-init writes, and streaming it;
 //! - [`exec`]: commands inside running containers, with a TTY;
-//! - [`create_helper`]: libcontainer's create in a single-threaded process of its own.
+//! - [`create_helper`]: libcontainer's create in a single-threaded process of its own;
+//! - `fake` (feature `fake`): a runtime without a kernel, for tests of what drives one.
 //!
 //! `docs/runtime.md` describes what every container gets and what is enforced.
 
@@ -16,6 +17,8 @@ pub mod cgroups;
 pub mod create_helper;
 pub mod error;
 pub mod exec;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod id_slices;
 pub mod id_tool;
 pub mod idmap;

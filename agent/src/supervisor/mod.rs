@@ -16,6 +16,8 @@ pub mod assignments;
 pub mod container_spec;
 pub mod health;
 pub mod restart;
+#[cfg(test)]
+mod tests;
 pub mod volumes;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -1,0 +1,385 @@
+//! The supervisor on the fake runtime under tokio's paused clock: restart backoff, MaxCount,
+//! health probes, adoption after an agent restart, deletion with its grace period, and a slow
+//! pull that delays nobody else.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kat_api::wire::{Health, InstanceRecord, InstanceState, InstanceStatus};
+use kat_api::WorkloadBundle;
+use kat_runtime::fake::{Call, FakeRuntime, Run};
+use kat_runtime::ContainerRuntime;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::assignments::{Assignment, Snapshot, Source};
+use super::container_spec::{container_id, LABEL_ATTEMPT, LABEL_INSTANCE};
+use super::{Supervisor, SupervisorConfig};
+
+const GRACE: Duration = Duration::from_secs(10);
+
+/// A workload's instance template, parsed from YAML as apply would.
+fn assignment(
+    workload: &str,
+    instance: &str,
+    image: &str,
+    restart: &str,
+    lb: Option<&str>,
+) -> Assignment {
+    let yaml = format!(
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {workload}}}\nspec:\n  type: Service\n  replicas: 1\n  source: {{image: {image}}}\n  restartPolicy: {restart}\n  container: {{command: [/bin/app]}}\n"
+    );
+    let mut files = BTreeMap::from([("workload.kat".to_string(), yaml.into_bytes())]);
+    if let Some(lb) = lb {
+        files.insert(
+            "VirtualLoadBalancer.kat".to_string(),
+            lb.as_bytes().to_vec(),
+        );
+    }
+    let bundle = WorkloadBundle::parse(files).unwrap_or_else(|e| panic!("{e}"));
+    let template = bundle.template().for_instances();
+    Assignment {
+        record: InstanceRecord {
+            instance_id: instance.to_string(),
+            namespace: "default".into(),
+            workload: workload.to_string(),
+            node: "n1".into(),
+            generation: 1,
+            spec_hash: template.hash(),
+            workload_type: bundle.workload.spec.workload_type,
+            requests: Default::default(),
+            job_run: None,
+            created_at: "2026-11-23T00:00:00Z".into(),
+        },
+        template: Ok(Arc::new(template)),
+    }
+}
+
+const HEALTH: &str = "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{containerPort: 8080}]\n  healthCheck:\n    exec: {command: [/bin/check]}\n    initialDelaySeconds: 2\n    periodSeconds: 5\n    failureThreshold: 2\n";
+
+struct Node {
+    runtime: Arc<FakeRuntime>,
+    feed: watch::Sender<Option<(Source, Snapshot)>>,
+    statuses: watch::Receiver<Vec<InstanceStatus>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
+    let config = SupervisorConfig {
+        node: "n1".into(),
+        volume_base: std::env::temp_dir().join("kat-fake-volumes"),
+        host_mounts: Default::default(),
+        stop_grace: GRACE,
+        pids_limit: 1024,
+    };
+    let (status_tx, statuses) = watch::channel(Vec::new());
+    let (feed, feed_rx) = watch::channel(Some((Source::Store, snap(snapshot))));
+    let rt: Arc<dyn ContainerRuntime> = runtime.clone();
+    let task = tokio::spawn(Supervisor::new(config, rt, status_tx).run(feed_rx));
+    Node {
+        runtime,
+        feed,
+        statuses,
+        task,
+    }
+}
+
+fn snap(list: &[Assignment]) -> Snapshot {
+    list.iter()
+        .map(|a| (a.record.instance_id.clone(), a.clone()))
+        .collect()
+}
+
+impl Node {
+    fn status(&self, instance: &str) -> Option<InstanceStatus> {
+        self.statuses
+            .borrow()
+            .iter()
+            .find(|s| s.instance_id == instance)
+            .cloned()
+    }
+
+    /// Advance the paused clock until `cond` holds (checked every 100 ms), at most `limit`.
+    async fn until(&self, limit: Duration, mut cond: impl FnMut(&Node) -> bool) -> Duration {
+        let started = Instant::now();
+        while !cond(self) {
+            assert!(
+                started.elapsed() < limit,
+                "not within {limit:?}: {:#?}",
+                self.statuses.borrow()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        started.elapsed()
+    }
+
+    fn creates(&self, instance: &str) -> Vec<Instant> {
+        self.runtime
+            .journal()
+            .into_iter()
+            .filter_map(|(at, c)| match c {
+                Call::Create(id) if id.starts_with(instance) => Some(at),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn state_is(instance: &'static str, state: InstanceState) -> impl FnMut(&Node) -> bool {
+    move |n| n.status(instance).is_some_and(|s| s.state == state)
+}
+
+fn runtime_with(
+    run: impl Fn(&kat_runtime::CreateOptions) -> Run + Send + Sync + 'static,
+) -> Arc<FakeRuntime> {
+    let rt = FakeRuntime::new(run, |_| 0);
+    rt.add_image("app:1");
+    rt
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashing_instance_restarts_with_a_doubling_backoff() {
+    let rt = runtime_with(|_| Run::exits(Duration::from_secs(1), 1));
+    let node = start(
+        rt,
+        &[assignment(
+            "crash",
+            "crash-1",
+            "app:1",
+            "{condition: Always}",
+            None,
+        )],
+    );
+    node.until(Duration::from_secs(120), |n| {
+        n.creates("crash-1").len() >= 6
+    })
+    .await;
+    let creates = node.creates("crash-1");
+    // Each run lasts 1 s; the waits between an exit and the next create double from 0.5 s
+    // (the supervisor notices an exit within its 1 s poll).
+    let gaps: Vec<f64> = creates
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() - 1.0)
+        .collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let backoff = 0.5 * f64::from(1u32 << i);
+        assert!(
+            *gap >= backoff - 0.01 && *gap <= backoff + 1.2,
+            "wait {i} was {gap:.2} s, expected {backoff} s (+ the poll): {gaps:?}"
+        );
+    }
+    let status = node.status("crash-1").unwrap();
+    assert!(status.restarts >= 5, "{status:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_count_ends_failed_after_its_restarts() {
+    let rt = runtime_with(|_| Run::exits(Duration::from_secs(1), 3));
+    let node = start(
+        rt,
+        &[assignment(
+            "few",
+            "few-1",
+            "app:1",
+            "{condition: MaxCount, maxRestarts: 2}",
+            None,
+        )],
+    );
+    node.until(
+        Duration::from_secs(60),
+        state_is("few-1", InstanceState::Failed),
+    )
+    .await;
+    // A first run and two restarts, then no more.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(node.creates("few-1").len(), 3);
+    let status = node.status("few-1").unwrap();
+    assert_eq!(status.restarts, 2);
+    assert_eq!(status.exit_code, Some(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn probes_make_an_instance_healthy_then_unhealthy() {
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let probe_result = healthy.clone();
+    let rt = FakeRuntime::new(
+        |_| Run::forever(),
+        move |_| {
+            if probe_result.load(std::sync::atomic::Ordering::SeqCst) {
+                0
+            } else {
+                1
+            }
+        },
+    );
+    rt.add_image("app:1");
+    let node = start(
+        rt,
+        &[assignment(
+            "web",
+            "web-1",
+            "app:1",
+            "{condition: Always}",
+            Some(HEALTH),
+        )],
+    );
+    let took = node
+        .until(Duration::from_secs(30), |n| {
+            n.status("web-1")
+                .is_some_and(|s| s.health == Health::Healthy)
+        })
+        .await;
+    assert!(
+        took >= Duration::from_secs(2),
+        "healthy before the initial delay: {took:?}"
+    );
+    healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+    let took = node
+        .until(Duration::from_secs(30), |n| {
+            n.status("web-1")
+                .is_some_and(|s| s.health == Health::Unhealthy)
+        })
+        .await;
+    // Two failures, five seconds apart.
+    assert!(
+        took >= Duration::from_secs(5) && took <= Duration::from_secs(11),
+        "{took:?}"
+    );
+    // Health does not restart the container.
+    assert_eq!(node.creates("web-1").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_adopts_running_containers_instead_of_duplicating_them() {
+    let rt = runtime_with(|_| Run::forever());
+    let a = assignment("web", "web-1", "app:1", "{condition: Always}", None);
+    // What an earlier agent left: attempt 3 running, attempts 2 (kept for its logs) and 0.
+    for attempt in [0u32, 2, 3] {
+        rt.add_running(kat_runtime::CreateOptions {
+            id: container_id("web-1", attempt),
+            namespace: "default".into(),
+            workload: "web".into(),
+            image: "app:1".into(),
+            labels: BTreeMap::from([
+                (LABEL_INSTANCE.to_string(), "web-1".to_string()),
+                (LABEL_ATTEMPT.to_string(), attempt.to_string()),
+            ]),
+            ..Default::default()
+        });
+    }
+    let node = start(rt.clone(), &[a]);
+    node.until(
+        Duration::from_secs(10),
+        state_is("web-1", InstanceState::Running),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        node.creates("web-1").is_empty(),
+        "adopted, not created: {:?}",
+        rt.journal()
+    );
+    assert_eq!(node.status("web-1").unwrap().restarts, 3);
+    // Only the stale attempt 0 went; 3 runs, 2 keeps its logs.
+    assert_eq!(
+        rt.containers(),
+        vec![container_id("web-1", 2), container_id("web-1", 3)]
+    );
+    // A container of an instance no longer assigned here is removed once the store answers.
+    let rt2 = runtime_with(|_| Run::forever());
+    rt2.add_running(kat_runtime::CreateOptions {
+        id: container_id("gone-1", 0),
+        labels: BTreeMap::from([(LABEL_INSTANCE.to_string(), "gone-1".to_string())]),
+        ..Default::default()
+    });
+    let node2 = start(rt2.clone(), &[]);
+    node2
+        .until(Duration::from_secs(10), |_| rt2.containers().is_empty())
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_instance_gets_its_grace_period_then_goes() {
+    let rt = runtime_with(|_| Run {
+        stops_on_term: false,
+        ..Run::forever()
+    });
+    let a = assignment("web", "web-1", "app:1", "{condition: Always}", None);
+    let node = start(rt.clone(), &[a]);
+    node.until(
+        Duration::from_secs(10),
+        state_is("web-1", InstanceState::Running),
+    )
+    .await;
+    let deleted = Instant::now();
+    node.feed
+        .send(Some((Source::Store, Snapshot::new())))
+        .unwrap();
+    node.until(
+        Duration::from_secs(5),
+        state_is("web-1", InstanceState::Stopping),
+    )
+    .await;
+    node.until(Duration::from_secs(30), |n| n.status("web-1").is_none())
+        .await;
+    let gone = Instant::now() - deleted;
+    assert!(
+        gone >= GRACE && gone < GRACE + Duration::from_secs(2),
+        "a container that ignores SIGTERM is killed after the grace period: {gone:?}"
+    );
+    assert!(rt.journal().iter().any(|(_, c)| *c
+        == Call::Stop {
+            id: container_id("web-1", 0),
+            grace: GRACE
+        }));
+    assert!(rt.containers().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_pull_delays_no_other_instance() {
+    let rt = runtime_with(|o| {
+        if o.workload == "crash" {
+            Run::exits(Duration::from_secs(1), 1)
+        } else {
+            Run::forever()
+        }
+    });
+    rt.set_pull_time("slow:1", Duration::from_secs(3600));
+    let node = start(
+        rt.clone(),
+        &[
+            assignment("big", "big-1", "slow:1", "{condition: Always}", None),
+            assignment("web", "web-1", "app:1", "{condition: Always}", None),
+            assignment("crash", "crash-1", "app:1", "{condition: Always}", None),
+        ],
+    );
+    node.until(
+        Duration::from_secs(5),
+        state_is("web-1", InstanceState::Running),
+    )
+    .await;
+    node.until(Duration::from_secs(20), |n| n.creates("crash-1").len() >= 4)
+        .await;
+    let big = node.status("big-1").unwrap();
+    assert_eq!(big.state, InstanceState::Pending);
+    assert!(big.reason.unwrap_or_default().contains("pulling slow:1"));
+    // The pull ends an hour later and the instance starts then.
+    node.until(
+        Duration::from_secs(3700),
+        state_is("big-1", InstanceState::Running),
+    )
+    .await;
+    let pulls = rt
+        .journal()
+        .iter()
+        .filter(|(_, c)| matches!(c, Call::Pull(r) if r == "slow:1"))
+        .count();
+    assert_eq!(pulls, 1, "one pull, not one per retry");
+}

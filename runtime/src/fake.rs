@@ -1,0 +1,362 @@
+//! A [`ContainerRuntime`] without a kernel, for unit tests of what drives a runtime (the
+//! node supervisor) under tokio's paused clock. Enabled by the `fake` feature.
+//!
+//! Containers are records that run, by the clock, for as long as their [`Run`] says, then
+//! exit with its code. Pulls take the time set per reference. A health probe (`exec`) exits
+//! with the code the probe function gives for the container. Everything the runtime is asked
+//! to do is kept in a journal the test can read.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::{
+    logs, CgroupMode, ContainerRuntime, ContainerState, ContainerStatus, CreateOptions, ExecHandle,
+    ExecOptions, ImageSummary, LogOptions, NodeCapabilities, Result, RootfsMode, RuntimeError,
+};
+
+/// How a created container behaves once started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// Exit after this long; `None` runs until stopped.
+    pub exits_after: Option<Duration>,
+    pub exit_code: i32,
+    pub oom_killed: bool,
+    /// Whether SIGTERM ends it; if not, stop waits the whole grace period.
+    pub stops_on_term: bool,
+}
+
+impl Run {
+    pub fn forever() -> Run {
+        Run {
+            exits_after: None,
+            exit_code: 0,
+            oom_killed: false,
+            stops_on_term: true,
+        }
+    }
+
+    pub fn exits(after: Duration, code: i32) -> Run {
+        Run {
+            exits_after: Some(after),
+            exit_code: code,
+            ..Run::forever()
+        }
+    }
+}
+
+/// What the runtime was asked to do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    Pull(String),
+    Create(String),
+    Start(String),
+    Stop { id: String, grace: Duration },
+    Remove(String),
+    Exec(String),
+}
+
+type RunFn = dyn Fn(&CreateOptions) -> Run + Send + Sync;
+type ProbeFn = dyn Fn(&str) -> i32 + Send + Sync;
+
+struct Container {
+    options: CreateOptions,
+    run: Run,
+    started: Option<Instant>,
+    /// (when, exit code, signal) once it ended.
+    ended: Option<(Instant, i32, Option<i32>)>,
+}
+
+struct State {
+    containers: BTreeMap<String, Container>,
+    images: BTreeSet<String>,
+    pull_time: HashMap<String, Duration>,
+    journal: Vec<(Instant, Call)>,
+}
+
+pub struct FakeRuntime {
+    state: Mutex<State>,
+    run: Box<RunFn>,
+    probe: Box<ProbeFn>,
+    capabilities: NodeCapabilities,
+}
+
+impl FakeRuntime {
+    /// Containers behave as `run` says; probes exit as `probe` says for a container id.
+    pub fn new(
+        run: impl Fn(&CreateOptions) -> Run + Send + Sync + 'static,
+        probe: impl Fn(&str) -> i32 + Send + Sync + 'static,
+    ) -> Arc<FakeRuntime> {
+        Arc::new(FakeRuntime {
+            state: Mutex::new(State {
+                containers: BTreeMap::new(),
+                images: BTreeSet::new(),
+                pull_time: HashMap::new(),
+                journal: Vec::new(),
+            }),
+            run: Box::new(run),
+            probe: Box::new(probe),
+            capabilities: NodeCapabilities {
+                rootless: true,
+                cgroup_mode: CgroupMode::None,
+                memory_limit: false,
+                cpu_limit: false,
+                pids_limit: false,
+                rootfs: RootfsMode::Copy,
+                uid_map: vec![],
+                seccomp: false,
+                notes: vec!["fake runtime".into()],
+            },
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An image already in the store.
+    pub fn add_image(&self, reference: &str) {
+        self.lock().images.insert(normalized(reference));
+    }
+
+    /// Pulling `reference` takes this long (default: no time).
+    pub fn set_pull_time(&self, reference: &str, took: Duration) {
+        self.lock().pull_time.insert(normalized(reference), took);
+    }
+
+    /// A container left running by an earlier agent (for adoption).
+    pub fn add_running(&self, options: CreateOptions) {
+        let run = (self.run)(&options);
+        let id = options.id.clone();
+        self.lock().containers.insert(
+            id,
+            Container {
+                options,
+                run,
+                started: Some(Instant::now()),
+                ended: None,
+            },
+        );
+    }
+
+    /// Everything asked so far, with the (paused) clock's time.
+    pub fn journal(&self) -> Vec<(Instant, Call)> {
+        self.lock().journal.clone()
+    }
+
+    /// Ids of the containers that exist, running or not.
+    pub fn containers(&self) -> Vec<String> {
+        self.lock().containers.keys().cloned().collect()
+    }
+
+    fn record(&self, call: Call) {
+        self.lock().journal.push((Instant::now(), call));
+    }
+}
+
+fn normalized(reference: &str) -> String {
+    crate::image::normalize_reference(reference).unwrap_or_else(|_| reference.to_string())
+}
+
+fn not_found(id: &str) -> RuntimeError {
+    RuntimeError::ContainerNotFound(id.to_string())
+}
+
+impl Container {
+    /// Settle an exit that the clock has reached.
+    fn settle(&mut self, now: Instant) {
+        if self.ended.is_some() {
+            return;
+        }
+        if let (Some(started), Some(after)) = (self.started, self.run.exits_after) {
+            if now >= started + after {
+                self.ended = Some((started + after, self.run.exit_code, None));
+            }
+        }
+    }
+
+    fn status(&self) -> ContainerStatus {
+        let (state, exit_code, signal) = match (self.started, self.ended) {
+            (_, Some((_, code, signal))) => (ContainerState::Exited, Some(code), signal),
+            (Some(_), None) => (ContainerState::Running, None, None),
+            (None, None) => (ContainerState::Created, None, None),
+        };
+        ContainerStatus {
+            id: self.options.id.clone(),
+            namespace: self.options.namespace.clone(),
+            workload: self.options.workload.clone(),
+            image: self.options.image.clone(),
+            image_id: String::new(),
+            state,
+            pid: None,
+            exit_code,
+            signal,
+            oom_killed: self.ended.is_some() && self.run.oom_killed,
+            created_at: Some(SystemTime::now()),
+            started_at: None,
+            finished_at: None,
+            labels: self.options.labels.clone(),
+            warnings: vec![],
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ContainerRuntime for FakeRuntime {
+    fn capabilities(&self) -> &NodeCapabilities {
+        &self.capabilities
+    }
+
+    async fn pull_image(
+        &self,
+        reference: &str,
+        _progress: Option<crate::image::ProgressSender>,
+    ) -> Result<ImageSummary> {
+        self.record(Call::Pull(reference.to_string()));
+        let key = normalized(reference);
+        let took = self.lock().pull_time.get(&key).copied().unwrap_or_default();
+        tokio::time::sleep(took).await;
+        self.lock().images.insert(key.clone());
+        Ok(summary(&key))
+    }
+
+    async fn import_image(&self, _layout: &Path, reference: &str) -> Result<ImageSummary> {
+        self.add_image(reference);
+        Ok(summary(&normalized(reference)))
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageSummary>> {
+        Ok(self.lock().images.iter().map(|r| summary(r)).collect())
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<u64> {
+        self.lock().images.remove(&normalized(reference));
+        Ok(0)
+    }
+
+    async fn prune_images(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {
+        self.record(Call::Create(options.id.clone()));
+        let run = (self.run)(options);
+        let container = Container {
+            options: options.clone(),
+            run,
+            started: None,
+            ended: None,
+        };
+        let status = container.status();
+        let mut state = self.lock();
+        if state.containers.contains_key(&options.id) {
+            return Err(RuntimeError::InvalidOption {
+                field: "id".into(),
+                reason: format!("container {} exists", options.id),
+            });
+        }
+        state.containers.insert(options.id.clone(), container);
+        Ok(status)
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        self.record(Call::Start(id.to_string()));
+        let mut state = self.lock();
+        let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        c.started = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus> {
+        self.record(Call::Stop {
+            id: id.to_string(),
+            grace,
+        });
+        let stops_on_term = {
+            let mut state = self.lock();
+            let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+            c.settle(Instant::now());
+            c.ended.is_some() || c.run.stops_on_term
+        };
+        if !stops_on_term {
+            tokio::time::sleep(grace).await;
+        }
+        let mut state = self.lock();
+        let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        c.settle(Instant::now());
+        if c.ended.is_none() {
+            let signal = if stops_on_term { 15 } else { 9 };
+            c.ended = Some((Instant::now(), 128 + signal, Some(signal)));
+        }
+        Ok(c.status())
+    }
+
+    async fn remove(&self, id: &str, _force: bool) -> Result<()> {
+        self.record(Call::Remove(id.to_string()));
+        self.lock()
+            .containers
+            .remove(id)
+            .map(|_| ())
+            .ok_or_else(|| not_found(id))
+    }
+
+    async fn status(&self, id: &str) -> Result<ContainerStatus> {
+        let mut state = self.lock();
+        let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        c.settle(Instant::now());
+        Ok(c.status())
+    }
+
+    async fn list(&self) -> Result<Vec<ContainerStatus>> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        Ok(state
+            .containers
+            .values_mut()
+            .map(|c| {
+                c.settle(now);
+                c.status()
+            })
+            .collect())
+    }
+
+    async fn logs(&self, id: &str, _options: LogOptions) -> Result<logs::LogReceiver> {
+        if !self.lock().containers.contains_key(id) {
+            return Err(not_found(id));
+        }
+        let (_tx, rx) = tokio::sync::mpsc::channel(1);
+        Ok(rx)
+    }
+
+    async fn exec(&self, id: &str, _options: ExecOptions) -> Result<ExecHandle> {
+        self.record(Call::Exec(id.to_string()));
+        let running = {
+            let mut state = self.lock();
+            let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+            c.settle(Instant::now());
+            c.started.is_some() && c.ended.is_none()
+        };
+        if !running {
+            return Err(RuntimeError::Container {
+                context: format!("exec in {id}"),
+                message: "the container is not running".into(),
+            });
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = tx.send((self.probe)(id));
+        Ok(ExecHandle::finished(rx))
+    }
+}
+
+fn summary(reference: &str) -> ImageSummary {
+    ImageSummary {
+        id: format!("sha256:{}", hex::encode(reference.as_bytes())),
+        references: vec![reference.to_string()],
+        manifest_digest: String::new(),
+        layers: vec![],
+        size: 0,
+    }
+}
