@@ -294,6 +294,14 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         endpoint.clone(),
         metrics.clone(),
     ));
+    // etcd's health and restarts, for /metrics.
+    let (probe, etcd_metrics) = (etcd.health_probe(), metrics.clone());
+    tasks.spawn(async move {
+        loop {
+            etcd_metrics.set_etcd(probe.is_healthy().await, u64::from(probe.restarts()));
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    });
 
     // API.
     let token_sha256 = stored_token_hash(&*store).await?;
@@ -433,6 +441,7 @@ async fn leader_role(
             }
         };
         tracing::info!("this node leads the cluster");
+        metrics.set_leader(true);
         if let Err(e) = store
             .put(
                 keys::LEADER_ENDPOINT,
@@ -467,6 +476,7 @@ async fn leader_role(
             }
             Err(e) => tracing::warn!(error = %e, "cannot start the leader"),
         }
+        metrics.set_leader(false);
         let _ = leadership.resign().await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

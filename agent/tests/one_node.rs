@@ -668,7 +668,10 @@ fn one_node_cluster_end_to_end() {
     assert_eq!(code, 200);
     assert!(
         metrics.contains("kat_api_request_duration_seconds_bucket")
-            && metrics.contains("kat_instances{state=\"Running\"}"),
+            && metrics.contains("kat_instances{state=\"Running\"}")
+            && metrics.contains("kat_is_leader 1")
+            && metrics.contains("kat_etcd_up 1")
+            && metrics.contains("kat_scheduling_attempts_total{result=\"scheduled\",reason=\"\"}"),
         "{metrics}"
     );
 

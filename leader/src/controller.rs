@@ -10,7 +10,7 @@
 //! missed event or a leader restart only delays convergence, never breaks it. Tests drive
 //! `sync` step by step under simulated time; production calls [`Leader::run`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +77,10 @@ impl LeaderConfig {
 pub struct Plan {
     pub groups: Vec<Vec<TxnOp>>,
     pub events: Vec<Event>,
+    /// Instances placed this round.
+    pub scheduled: usize,
+    /// Instances that could not be placed this round, by [`Unschedulable::reason_label`].
+    pub unschedulable: BTreeMap<&'static str, usize>,
 }
 
 /// What leader remembers between rounds; all of it can be rebuilt from the store (a new
@@ -261,6 +265,7 @@ impl<'a> Round<'a> {
         for r in created {
             self.plan.groups.push(vec![Self::put_instance_op(r)]);
         }
+        self.plan.scheduled += created.len();
         let placements: Vec<String> = created
             .iter()
             .map(|r| format!("{} on {}", r.instance_id, r.node))
@@ -324,6 +329,11 @@ impl<'a> Round<'a> {
             memory.pending_reason.remove(&w.key);
             return None;
         };
+        *self
+            .plan
+            .unschedulable
+            .entry(why.reason_label())
+            .or_default() += missing as usize;
         let message = format!("{missing} instance(s) Pending: {why}");
         if memory.pending_reason.get(&w.key) != Some(&message) {
             self.event(
@@ -353,11 +363,13 @@ pub struct Leader {
 }
 
 /// What one round did, for tests, metrics and benchmarks.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RoundReport {
     pub writes: usize,
     pub transactions: usize,
     pub events: usize,
+    pub scheduled: usize,
+    pub unschedulable: BTreeMap<&'static str, usize>,
 }
 
 impl Leader {
@@ -521,6 +533,8 @@ impl Leader {
         }
         let mut report = RoundReport {
             events: plan.events.len(),
+            scheduled: plan.scheduled,
+            unschedulable: plan.unschedulable,
             ..Default::default()
         };
         let budget = MAX_TXN_OPS - self.fence.is_some() as usize;
@@ -560,6 +574,9 @@ impl Leader {
             let result = self.sync().await;
             if let Some(m) = &self.metrics {
                 m.observe_reconcile(started.elapsed());
+                if let Ok(report) = &result {
+                    m.observe_scheduling(report.scheduled, &report.unschedulable);
+                }
             }
             if let Err(e) = result {
                 if !leadership.is_leader() {

@@ -98,6 +98,30 @@ pub struct Unschedulable {
     pub excluded: BTreeMap<Exclusion, usize>,
 }
 
+impl Exclusion {
+    /// A stable, low-cardinality name for metrics labels.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Exclusion::NotReady => "not_ready",
+            Exclusion::NodeSelector => "node_selector",
+            Exclusion::Taint(_) => "taint",
+            Exclusion::Gpu => "gpu",
+            Exclusion::InsufficientCpu => "insufficient_cpu",
+            Exclusion::InsufficientMemory => "insufficient_memory",
+        }
+    }
+}
+
+impl Unschedulable {
+    /// Why, in one label: the filter that excluded the most nodes (`no_nodes` without any).
+    pub fn reason_label(&self) -> &'static str {
+        self.excluded
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map_or("no_nodes", |(why, _)| why.label())
+    }
+}
+
 impl fmt::Display for Unschedulable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "0/{} nodes available", self.total_nodes)?;

@@ -34,6 +34,13 @@ async fn unschedulable_instances_stay_pending_with_the_reason() {
         .replace("memory: 256Mi", "memory: 5Gi")
         .replace("memory: 512Mi", "memory: 6Gi");
     c.apply(&[("workload.kat", &w)]).await;
+    // The first round places three and cannot place the fourth, for /metrics.
+    let report = c.tick().await.unwrap();
+    assert_eq!(report.scheduled, 3);
+    assert_eq!(
+        report.unschedulable,
+        std::collections::BTreeMap::from([("insufficient_memory", 1)])
+    );
     c.run_until(5, |_| false).await.unwrap();
     assert_eq!(c.live_of("big").len(), 3);
     let s = status(&c, "big").await;

@@ -159,6 +159,24 @@ impl EtcdServerConfig {
     }
 }
 
+/// Health and restarts of a supervised etcd, for metrics.
+#[derive(Clone)]
+pub struct EtcdHealth {
+    shared: Arc<Mutex<Shared>>,
+    client_url: String,
+}
+
+impl EtcdHealth {
+    pub fn restarts(&self) -> u32 {
+        self.shared.lock().map(|s| s.restarts).unwrap_or(0)
+    }
+
+    /// Whether `/health` reports healthy right now.
+    pub async fn is_healthy(&self) -> bool {
+        health(&self.client_url).await
+    }
+}
+
 /// A running, supervised etcd.
 pub struct EtcdServer {
     config: EtcdServerConfig,
@@ -218,6 +236,14 @@ impl EtcdServer {
     /// How many times etcd was restarted after dying.
     pub fn restarts(&self) -> u32 {
         self.shared.lock().map(|s| s.restarts).unwrap_or(0)
+    }
+
+    /// A handle that reports this etcd's health and restarts from another task.
+    pub fn health_probe(&self) -> EtcdHealth {
+        EtcdHealth {
+            shared: self.shared.clone(),
+            client_url: self.config.client_url.clone(),
+        }
     }
 
     /// Whether `/health` reports healthy right now.

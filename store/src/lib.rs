@@ -18,7 +18,7 @@ mod types;
 
 pub use election::{campaign, current_leader, Leadership};
 pub use etcd::EtcdStore;
-pub use etcd_server::{EtcdServer, EtcdServerConfig, EtcdServerError};
+pub use etcd_server::{EtcdHealth, EtcdServer, EtcdServerConfig, EtcdServerError};
 pub use mem::MemStore;
 pub use types::*;
 
