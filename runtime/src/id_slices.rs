@@ -25,6 +25,9 @@ struct Entry {
     last_used: u64,
 }
 
+/// `last_used` only orders reclaiming among workloads without containers: kept to the hour.
+const LAST_USED_GRANULARITY_SECS: u64 = 3600;
+
 /// The slice table of one node (`id-slices.json` in the runtime root).
 #[derive(Debug)]
 pub struct IdSlices {
@@ -66,18 +69,25 @@ impl IdSlices {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let slot = match self.entries.get(key) {
-            Some(e) if e.slot < self.slots => e.slot,
-            _ => self.allocate(key, &in_use)?,
+        let (slot, fresh) = match self.entries.get(key) {
+            Some(e) if e.slot < self.slots => (
+                e.slot,
+                now.saturating_sub(e.last_used) < LAST_USED_GRANULARITY_SECS,
+            ),
+            _ => (self.allocate(key, &in_use)?, false),
         };
-        self.entries.insert(
-            key.to_string(),
-            Entry {
-                slot,
-                last_used: now,
-            },
-        );
-        self.save()?;
+        // Every create comes here: write (and fsync) only when something that matters
+        // changed, not to move `last_used` by seconds.
+        if !fresh {
+            self.entries.insert(
+                key.to_string(),
+                Entry {
+                    slot,
+                    last_used: now,
+                },
+            );
+            self.save()?;
+        }
         Ok(slot)
     }
 
@@ -148,6 +158,12 @@ mod tests {
         // b has no containers left: c gets its slot.
         let c = t.acquire("default/c", |k| k != "default/b").unwrap();
         assert_eq!(c, b);
+        // Using a known slot again writes nothing (every create acquires; no fsync each time).
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(t.acquire("default/a", |_| true).unwrap(), a);
+        assert!(!path.exists(), "the table was rewritten for nothing");
+        t.acquire("default/d", |k| k != "default/a").unwrap();
+        assert!(path.exists(), "a new allocation is saved");
         // A corrupt table is an error naming the file, not a silent reset.
         std::fs::write(&path, "{not json").unwrap();
         let err = IdSlices::load(&path, 2).unwrap_err();
