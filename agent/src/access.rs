@@ -204,9 +204,18 @@ impl InstanceAccess for LocalAccess {
                 }
             }
         });
-        // Exit: after the process ends and its output is drained.
+        // Exit: after the process ends and its output is drained. A client that goes away
+        // (its connection closed, so the session's output is dropped) takes the process and
+        // everything it started with it: an exec never outlives its `katcall`.
         tokio::spawn(async move {
-            let code = handle.wait().await.unwrap_or(-1);
+            let code = tokio::select! {
+                code = handle.wait() => code.unwrap_or(-1),
+                () = out_tx.closed() => {
+                    tracing::info!(pid = handle.pid, "exec client gone; killing its process tree");
+                    handle.kill_tree();
+                    handle.wait().await.unwrap_or(-1)
+                }
+            };
             drop(handle);
             for r in readers {
                 let _ = tokio::time::timeout(Duration::from_secs(2), r).await;

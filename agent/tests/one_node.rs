@@ -679,6 +679,7 @@ fn one_node_cluster_end_to_end() {
     // reads its stdin, do not slow the API, the heartbeats or the leader.
     let id = second.iter().next().cloned().expect("an instance");
     never_stalls(&c, &id);
+    an_exec_ends_with_its_client(&c, &id);
 
     // kill -9 of the agent, then a restart: no duplicate containers, no lost log lines.
     c.apply(
@@ -1107,4 +1108,51 @@ fn never_stalls(c: &Cluster, instance: &str) {
         accepted >> 10,
         section.elapsed()
     );
+}
+
+/// Host pids whose command line is exactly `args`.
+fn pids_running(args: &[&str]) -> Vec<i32> {
+    let wanted: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            (std::fs::read(e.path().join("cmdline")).ok()? == wanted).then_some(pid)
+        })
+        .collect()
+}
+
+/// `katcall exec` killed (a closed laptop, a dropped link): the process it started inside
+/// the container goes too, instead of running on unseen.
+fn an_exec_ends_with_its_client(c: &Cluster, instance: &str) {
+    let marker = ["sleep", "3072"];
+    let mut exec = Command::new(bin("katcall"))
+        .args(["exec", &format!("web/{instance}"), "--"])
+        .args(marker)
+        .env("KAT_CONFIG", c.path("katcall.yaml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("katcall exec");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pids_running(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "the exec'd sleep never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = exec.kill();
+    let _ = exec.wait();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pids_running(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the exec'd process outlived its client by 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -287,14 +287,15 @@ where
         }
     };
     let ExecSession { input, mut output } = session;
-    // Client → session.
-    let pump_in = tokio::spawn(async move {
+    // Client → session. Ends `true` when the client is gone (its side of the connection
+    // closed: katcall never half-closes, it sends CloseStdin frames).
+    let mut pump_in = tokio::spawn(async move {
         loop {
             loop {
                 let frame = match decoder.next_frame() {
                     Ok(Some(f)) => f,
                     Ok(None) => break,
-                    Err(_) => return,
+                    Err(_) => return false,
                 };
                 let msg = match frame {
                     Frame::Stdin(bytes) => ExecInput::Stdin(bytes),
@@ -303,20 +304,33 @@ where
                     _ => continue,
                 };
                 if input.send(msg).await.is_err() {
-                    return;
+                    return false;
                 }
             }
             match reader.read(&mut buf).await {
                 Ok(0) | Err(_) => {
                     let _ = input.send(ExecInput::CloseStdin).await;
-                    return;
+                    return true;
                 }
                 Ok(n) => decoder.push(&buf[..n]),
             }
         }
     });
-    // Session → client.
-    while let Some(out) = output.recv().await {
+    // Session → client, until the process exits or the client goes; dropping `output` then
+    // tells the node to kill the process tree (an exec never outlives its client).
+    let mut listening = true;
+    loop {
+        let out = tokio::select! {
+            out = output.recv() => out,
+            gone = &mut pump_in, if listening => {
+                listening = false;
+                if gone.unwrap_or(true) {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        let Some(out) = out else { break };
         let (frame, last) = match out {
             ExecOutput::Stdout(b) => (Frame::Stdout(b), false),
             ExecOutput::Stderr(b) => (Frame::Stderr(b), false),
