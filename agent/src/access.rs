@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kat_api::wire::{ExecRequest, InstanceRecord, LogLine};
-use kat_leader::http::{AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery};
+use kat_apiserver::http::{
+    AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery,
+};
 use kat_runtime::{ContainerRuntime, ExecOptions, LogOptions, LogStream};
 use tokio::sync::mpsc;
 

@@ -19,7 +19,8 @@ use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
 use kat_api::wire::rfc3339;
-use kat_leader::http::{self, ApiState};
+use kat_apiserver::http::{self, ApiState};
+use kat_apiserver::Service;
 use kat_leader::metrics::Metrics;
 use kat_leader::{namespaces, node_admin, Clock, Leader, LeaderConfig};
 use kat_runtime::image::RegistryConfig;
@@ -307,10 +308,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let token_sha256 = stored_token_hash(&*store).await?;
     let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
     let state = Arc::new(ApiState {
-        store: store.clone(),
-        events,
-        clock,
-        cluster: cluster.clone(),
+        service: Service::new(store.clone(), events, clock, cluster.clone()),
         token_sha256,
         access: Arc::new(LocalAccess {
             node: node.clone(),
@@ -318,7 +316,6 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         }),
         metrics,
         limiter: http::default_rate_limiter(),
-        bundle_limits: Default::default(),
     });
     let bind = SocketAddr::new(options.api_bind, cluster.spec.api_port as u16);
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| {

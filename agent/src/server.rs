@@ -18,7 +18,7 @@
 //!   neither tasks nor memory grow with a flood of connections.
 //!
 //! Requests themselves are bounded elsewhere: the per-client rate limit, the token check
-//! before any body is read, and body size limits (`kat_leader::http`).
+//! before any body is read, and body size limits (`kat_apiserver::http`).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -33,7 +33,7 @@ use axum::middleware::Next;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kat_leader::http::ClientAddr;
+use kat_apiserver::http::ClientAddr;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};

@@ -27,10 +27,12 @@ pub mod report;
 pub mod template;
 pub mod wire;
 pub mod workload;
+pub mod workload_key;
 
 pub use quadlet::{parse_cluster, parse_file, Kind, Quadlet, WorkloadBundle, API_VERSION};
 pub use report::{Finding, InvalidQuadlet, Report};
 pub use template::Template;
+pub use workload_key::WorkloadKey;
 
 #[cfg(test)]
 mod round_trip_tests;

@@ -379,6 +379,13 @@ pub struct InstanceRecord {
     pub created_at: String,
 }
 
+impl InstanceRecord {
+    /// The workload this instance belongs to.
+    pub fn workload_key(&self) -> crate::WorkloadKey {
+        crate::WorkloadKey::new(&self.namespace, &self.workload)
+    }
+}
+
 /// A node's static registration plus what administrators set on it (labels, taints, drain).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

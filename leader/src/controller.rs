@@ -21,6 +21,7 @@ use kat_api::wire::{
     ResourceList, WorkloadStatus,
 };
 use kat_api::workload::{GpuRequest, MaxSurge, Toleration, UpdateStrategyType, WorkloadType};
+use kat_api::WorkloadKey;
 use kat_store::{
     batch_groups, Compare, Leadership, Result, StateStore, StoreError, Txn, TxnOp, WatchOptions,
     WatchStream, MAX_TXN_OPS,
@@ -89,18 +90,16 @@ pub struct Plan {
 pub struct Memory {
     pub ready: HashMap<String, bool>,
     pub known_nodes: HashSet<String>,
-    pub rollouts: HashMap<String, services::RolloutTracker>,
-    pub simultaneous_since: HashMap<String, Instant>,
-    pub pending_reason: HashMap<String, String>,
-    pub statuses: HashMap<String, WorkloadStatus>,
-    pub first_seen: HashMap<String, u64>,
+    pub rollouts: HashMap<WorkloadKey, services::RolloutTracker>,
+    pub simultaneous_since: HashMap<WorkloadKey, Instant>,
+    pub pending_reason: HashMap<WorkloadKey, String>,
+    pub statuses: HashMap<WorkloadKey, WorkloadStatus>,
+    pub first_seen: HashMap<WorkloadKey, u64>,
 }
 
 /// What the controllers need to know about a workload, extracted once per round.
 pub struct WorkloadCtx {
-    pub key: String,
-    pub namespace: String,
-    pub name: String,
+    pub key: WorkloadKey,
     pub generation: u64,
     pub spec_hash: String,
     pub template_hash: String,
@@ -130,7 +129,7 @@ impl WorkloadCtx {
     }
 
     pub fn object(&self) -> ObjectReference {
-        events::workload_ref(&self.namespace, &self.name)
+        events::workload_ref(&self.key.namespace, &self.key.name)
     }
 }
 
@@ -146,9 +145,9 @@ pub struct Round<'a> {
     pub loads: Vec<NodeLoad>,
     pub ready: HashMap<String, bool>,
     pub reported: HashMap<&'a str, (&'a str, &'a InstanceStatus)>,
-    pub by_workload: HashMap<String, Vec<&'a InstanceRecord>>,
+    pub by_workload: HashMap<WorkloadKey, Vec<&'a InstanceRecord>>,
     /// Instances nodes still report whose records are gone, per workload: still running.
-    pub terminating: HashMap<String, u32>,
+    pub terminating: HashMap<WorkloadKey, u32>,
     pub plan: Plan,
     pub rng: &'a mut StdRng,
     new_ids: HashSet<String>,
@@ -169,7 +168,7 @@ impl<'a> Round<'a> {
         })
     }
 
-    pub fn instances_of(&self, workload: &str) -> Vec<&'a InstanceRecord> {
+    pub fn instances_of(&self, workload: &WorkloadKey) -> Vec<&'a InstanceRecord> {
         self.by_workload.get(workload).cloned().unwrap_or_default()
     }
 
@@ -205,11 +204,11 @@ impl<'a> Round<'a> {
         node: usize,
         job_run: Option<&str>,
     ) -> InstanceRecord {
-        let id = self.new_id(&w.name);
+        let id = self.new_id(&w.key.name);
         let record = InstanceRecord {
             instance_id: id,
-            namespace: w.namespace.clone(),
-            workload: w.name.clone(),
+            namespace: w.key.namespace.clone(),
+            workload: w.key.name.clone(),
             node: self.nodes[node].name.clone(),
             generation: w.generation,
             spec_hash: w.template_hash.clone(),
@@ -281,10 +280,7 @@ impl<'a> Round<'a> {
     /// Delete an instance record (its node stops the container) and release its resources.
     pub fn delete_instance(&mut self, record: &InstanceRecord) {
         if let Some(&i) = self.node_index.get(&record.node) {
-            self.loads[i].remove(
-                &format!("{}/{}", record.namespace, record.workload),
-                &record.requests,
-            );
+            self.loads[i].remove(&record.workload_key(), &record.requests);
         }
         self.plan
             .groups
@@ -456,7 +452,7 @@ impl Leader {
         nodes::reconcile(&mut round, memory);
         let workloads: Vec<WorkloadCtx> =
             view.workloads.values().filter_map(workload_ctx).collect();
-        let live: HashSet<&str> = workloads.iter().map(|w| w.key.as_str()).collect();
+        let live: HashSet<&WorkloadKey> = workloads.iter().map(|w| &w.key).collect();
         for w in &workloads {
             let status = match w.workload_type {
                 WorkloadType::Service => services::reconcile(&mut round, memory, w),
@@ -465,7 +461,7 @@ impl Leader {
             };
             if memory.statuses.get(&w.key) != Some(&status) {
                 let op = TxnOp::put(
-                    keys::workload_status(&w.namespace, &w.name),
+                    keys::workload_status(&w.key.namespace, &w.key.name),
                     serde_json::to_vec(&status).unwrap_or_default(),
                 );
                 round.plan.groups.push(vec![op]);
@@ -474,13 +470,13 @@ impl Leader {
         }
         // Instances and runs of workloads that no longer exist. A workload whose files are
         // mid-update (meta present, bundle not parsed yet) keeps its instances.
-        let exists = |key: &str| {
+        let exists = |key: &WorkloadKey| {
             live.contains(key) || view.workloads.get(key).is_some_and(|e| e.meta.is_some())
         };
         let orphans: Vec<&InstanceRecord> = view
             .instances
             .values()
-            .filter(|r| !exists(&format!("{}/{}", r.namespace, r.workload)))
+            .filter(|r| !exists(&r.workload_key()))
             .collect();
         for r in orphans {
             round.delete_instance(r);
@@ -503,9 +499,9 @@ impl Leader {
         let mut used: HashSet<(&str, &str, &str)> = HashSet::new();
         for e in view.workloads.values() {
             if let Some(m) = &e.meta {
-                used.insert((&e.namespace, &e.name, &m.template_hash));
+                used.insert((&e.key.namespace, &e.key.name, &m.template_hash));
                 if let Some(p) = &m.previous_template_hash {
-                    used.insert((&e.namespace, &e.name, p));
+                    used.insert((&e.key.namespace, &e.key.name, p));
                 }
             }
         }
@@ -521,7 +517,7 @@ impl Leader {
             })
             .map(|((ns, name, hash), _)| vec![TxnOp::delete(keys::template(ns, name, hash))]);
         round.plan.groups.extend(unused);
-        memory.statuses.retain(|k, _| live.contains(k.as_str()));
+        memory.statuses.retain(|k, _| live.contains(k));
         round.plan
     }
 
@@ -623,14 +619,11 @@ fn build_round<'a>(
     now: Instant,
 ) -> Round<'a> {
     let reported = view.reported();
-    let mut by_workload: HashMap<String, Vec<&InstanceRecord>> = HashMap::new();
+    let mut by_workload: HashMap<WorkloadKey, Vec<&InstanceRecord>> = HashMap::new();
     for r in view.instances.values() {
-        by_workload
-            .entry(format!("{}/{}", r.namespace, r.workload))
-            .or_default()
-            .push(r);
+        by_workload.entry(r.workload_key()).or_default().push(r);
     }
-    let mut terminating: HashMap<String, u32> = HashMap::new();
+    let mut terminating: HashMap<WorkloadKey, u32> = HashMap::new();
     for (id, (_, s)) in &reported {
         let alive = !matches!(
             s.state,
@@ -641,7 +634,7 @@ fn build_round<'a>(
         );
         if alive && !view.instances.contains_key(*id) {
             *terminating
-                .entry(format!("{}/{}", s.namespace, s.workload))
+                .entry(WorkloadKey::new(&s.namespace, &s.workload))
                 .or_default() += 1;
         }
     }
@@ -654,7 +647,7 @@ fn build_round<'a>(
     let mut loads = vec![NodeLoad::default(); nodes.len()];
     for r in view.instances.values() {
         if let Some(&i) = node_index.get(&r.node) {
-            loads[i].add(&format!("{}/{}", r.namespace, r.workload), &r.requests);
+            loads[i].add(&r.workload_key(), &r.requests);
         }
     }
     Round {
@@ -720,9 +713,7 @@ fn workload_ctx(entry: &crate::view::WorkloadEntry) -> Option<WorkloadCtx> {
         .map(|r| r.parsed())
         .unwrap_or_default();
     Some(WorkloadCtx {
-        key: entry.key(),
-        namespace: entry.namespace.clone(),
-        name: entry.name.clone(),
+        key: entry.key.clone(),
         generation: meta.metadata.generation,
         spec_hash: meta.spec_hash.clone(),
         template_hash: meta.template_hash.clone(),

@@ -215,13 +215,25 @@ pub async fn list(
     filter: &EventFilter,
     capacity: u64,
 ) -> Result<Vec<Event>> {
+    Ok(list_at(store, filter, capacity).await?.0)
+}
+
+/// As [`list`], with the store revision of the listing: [`watch`] from the next revision
+/// continues it without a gap or a repeat.
+pub async fn list_at(
+    store: &dyn StateStore,
+    filter: &EventFilter,
+    capacity: u64,
+) -> Result<(Vec<Event>, i64)> {
     let listing = store.list(keys::EVENTS).await?;
+    // Keys sort by time; readers never see more than the cap, even before a trim.
     let mut kvs: Vec<_> = listing.kvs.iter().collect();
     kvs.sort_unstable_by(|a, b| a.key.cmp(&b.key));
     let newest = kvs.len().saturating_sub(capacity as usize);
-    Ok(kvs[newest..]
+    let events = kvs[newest..]
         .iter()
         .filter_map(|kv| serde_json::from_slice::<Event>(&kv.value).ok())
         .filter(|e| filter.matches(e))
-        .collect())
+        .collect();
+    Ok((events, listing.revision))
 }

@@ -88,8 +88,8 @@ fn new_run(
 ) -> JobRun {
     JobRun {
         run_id,
-        namespace: w.namespace.clone(),
-        workload: w.name.clone(),
+        namespace: w.key.namespace.clone(),
+        workload: w.key.name.clone(),
         generation: w.generation,
         state: JobRunState::Active,
         reason: None,
@@ -350,8 +350,8 @@ fn prune_history(round: &mut Round<'_>, w: &WorkloadCtx, runs: &mut BTreeMap<Str
     let excess = finished.len().saturating_sub(round.config.job_history);
     for id in finished.into_iter().take(excess) {
         round.plan.groups.push(vec![TxnOp::delete(keys::job_run(
-            &w.namespace,
-            &w.name,
+            &w.key.namespace,
+            &w.key.name,
             &id,
         ))]);
         runs.remove(&id);

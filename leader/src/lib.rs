@@ -6,8 +6,10 @@
 //! - [`services`], [`daemons`], [`jobs`], [`nodes`]: the per-kind controllers;
 //! - [`workloads`], [`node_admin`]: the desired-state writes the API makes;
 //! - [`events`]: the capped event log;
-//! - [`http`]: the HTTP API (axum), with [`metrics`] and [`namespaces`];
+//! - [`metrics`]: the control plane's Prometheus families; [`namespaces`]: namespace records;
 //! - [`sim`]: simulated nodes for deterministic tests and benchmarks.
+//!
+//! The HTTP API that drives these writes lives in `kat-apiserver`, over its own service layer.
 //!
 //! Everything here runs on any `StateStore`: tests and simulations use `MemStore` under
 //! simulated time; production uses etcd.
@@ -16,7 +18,6 @@ pub mod clock;
 pub mod controller;
 pub mod daemons;
 pub mod events;
-pub mod http;
 pub mod jobs;
 pub mod metrics;
 pub mod namespaces;

@@ -15,6 +15,7 @@ use std::fmt;
 
 use kat_api::wire::{GpuInfo, ResourceList, Taint};
 use kat_api::workload::{GpuDriver, GpuRequest, TaintEffect, Toleration, TolerationOperator};
+use kat_api::WorkloadKey;
 use rand::Rng;
 
 /// A node as the scheduler sees it.
@@ -33,18 +34,18 @@ pub struct SchedNode {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeLoad {
     pub requested: ResourceList,
-    /// Instances per workload (`namespace/name`), for spreading.
-    pub per_workload: HashMap<String, u32>,
+    /// Instances per workload, for spreading.
+    pub per_workload: HashMap<WorkloadKey, u32>,
 }
 
 impl NodeLoad {
-    pub fn add(&mut self, workload: &str, r: &ResourceList) {
+    pub fn add(&mut self, workload: &WorkloadKey, r: &ResourceList) {
         self.requested.cpu_millis += r.cpu_millis;
         self.requested.memory_bytes += r.memory_bytes;
-        *self.per_workload.entry(workload.to_string()).or_default() += 1;
+        *self.per_workload.entry(workload.clone()).or_default() += 1;
     }
 
-    pub fn remove(&mut self, workload: &str, r: &ResourceList) {
+    pub fn remove(&mut self, workload: &WorkloadKey, r: &ResourceList) {
         self.requested.cpu_millis = self.requested.cpu_millis.saturating_sub(r.cpu_millis);
         self.requested.memory_bytes = self.requested.memory_bytes.saturating_sub(r.memory_bytes);
         if let Some(n) = self.per_workload.get_mut(workload) {
@@ -60,7 +61,7 @@ impl NodeLoad {
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     /// `namespace/name`.
-    pub workload: &'a str,
+    pub workload: &'a WorkloadKey,
     pub requests: ResourceList,
     pub node_selector: &'a BTreeMap<String, String>,
     pub tolerations: &'a [Toleration],

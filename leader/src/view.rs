@@ -12,26 +12,19 @@ use kat_api::keys::{self, Key};
 use kat_api::wire::{
     InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration, WorkloadMeta,
 };
-use kat_api::Template;
+use kat_api::{Template, WorkloadKey};
 use kat_store::{Revision, TxnOp};
 use tokio::time::Instant;
 
 #[derive(Debug, Clone)]
 pub struct WorkloadEntry {
-    pub namespace: String,
-    pub name: String,
+    pub key: WorkloadKey,
     pub meta: Option<WorkloadMeta>,
     /// The typed desired state from `meta` (validated at apply; never parsed from files here).
     /// `None` for a record written before apply stored it.
     pub desired: Option<Arc<Template>>,
     /// The store revision `meta` was written at.
     pub meta_revision: Revision,
-}
-
-impl WorkloadEntry {
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -44,12 +37,12 @@ pub struct NodeEntry {
 
 #[derive(Default)]
 pub struct ClusterView {
-    pub workloads: BTreeMap<String, WorkloadEntry>,
+    pub workloads: BTreeMap<WorkloadKey, WorkloadEntry>,
     pub nodes: BTreeMap<String, NodeEntry>,
     /// Instance records by instance id.
     pub instances: BTreeMap<String, InstanceRecord>,
-    /// Job runs by workload key, then run id.
-    pub job_runs: BTreeMap<String, BTreeMap<String, JobRun>>,
+    /// Job runs by workload, then run id.
+    pub job_runs: BTreeMap<WorkloadKey, BTreeMap<String, JobRun>>,
     /// Stored instance templates, (namespace, workload, hash), and the revision each was
     /// written at.
     pub templates: BTreeMap<(String, String, String), Revision>,
@@ -73,18 +66,18 @@ impl ClusterView {
         match parsed {
             Key::WorkloadMeta { ns, name } => match value.and_then(decode::<WorkloadMeta>) {
                 Some(meta) => {
+                    let key = WorkloadKey::new(ns, name);
                     let desired = meta.desired.clone().map(Arc::new);
                     if desired.is_none() {
                         tracing::warn!(
-                            workload = %format!("{ns}/{name}"),
+                            workload = %key,
                             "the workload's record has no typed spec (written by an older version); apply it again"
                         );
                     }
                     self.workloads.insert(
-                        format!("{ns}/{name}"),
+                        key.clone(),
                         WorkloadEntry {
-                            namespace: ns.to_string(),
-                            name: name.to_string(),
+                            key,
                             meta: Some(meta),
                             desired,
                             meta_revision: revision,
@@ -92,7 +85,7 @@ impl ClusterView {
                     );
                 }
                 None => {
-                    self.workloads.remove(&format!("{ns}/{name}"));
+                    self.workloads.remove(&WorkloadKey::new(ns, name));
                 }
             },
             Key::Template { ns, name, hash } => {
@@ -125,7 +118,7 @@ impl ClusterView {
                 }
             },
             Key::JobRun { ns, name, run } => {
-                let workload = format!("{ns}/{name}");
+                let workload = WorkloadKey::new(ns, name);
                 match value.and_then(decode::<JobRun>) {
                     Some(r) => {
                         self.job_runs

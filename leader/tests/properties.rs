@@ -108,7 +108,8 @@ proptest! {
         let (nodes, loads): (Vec<SchedNode>, Vec<NodeLoad>) = nodes.into_iter().unzip();
         let tolerations: Vec<Toleration> = tolerate.iter().map(|k| Toleration { key: k.to_string(), operator: TolerationOperator::Exists, value: None, effect: None }).collect();
         let gpu_req = gpu.map(|v| GpuRequest { driver: Some(GpuDriver::Nvidia), min_vram_mb: Some(v) });
-        let req = Request { workload: "ns/w", requests: ResourceList { cpu_millis: cpu, memory_bytes: mem_gi * GI, pids: 0 }, node_selector: &selector, tolerations: &tolerations, gpu: gpu_req.as_ref() };
+        let workload = kat_api::WorkloadKey::new("ns", "w");
+        let req = Request { workload: &workload, requests: ResourceList { cpu_millis: cpu, memory_bytes: mem_gi * GI, pids: 0 }, node_selector: &selector, tolerations: &tolerations, gpu: gpu_req.as_ref() };
         let passes = |i: usize| scheduler::static_exclusion(&nodes[i], &req).is_none() && scheduler::resource_exclusion(&nodes[i], &loads[i], &req).is_none();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         match scheduler::place(&nodes, &loads, &req, &mut rng) {

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kat_api::WorkloadKey;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError};
@@ -33,7 +34,7 @@ const LAST_USED_GRANULARITY_SECS: u64 = 3600;
 pub struct IdSlices {
     path: PathBuf,
     slots: u32,
-    entries: BTreeMap<String, Entry>,
+    entries: BTreeMap<WorkloadKey, Entry>,
 }
 
 impl IdSlices {
@@ -62,9 +63,13 @@ impl IdSlices {
         })
     }
 
-    /// The slot of `key` (namespace/workload), allocating one if needed. `in_use` says
-    /// whether a workload still has containers on the node.
-    pub fn acquire(&mut self, key: &str, in_use: impl Fn(&str) -> bool) -> Result<u32> {
+    /// The slot of `key`, allocating one if needed. `in_use` says whether a workload still
+    /// has containers on the node.
+    pub fn acquire(
+        &mut self,
+        key: &WorkloadKey,
+        in_use: impl Fn(&WorkloadKey) -> bool,
+    ) -> Result<u32> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -80,7 +85,7 @@ impl IdSlices {
         // changed, not to move `last_used` by seconds.
         if !fresh {
             self.entries.insert(
-                key.to_string(),
+                key.clone(),
                 Entry {
                     slot,
                     last_used: now,
@@ -91,7 +96,11 @@ impl IdSlices {
         Ok(slot)
     }
 
-    fn allocate(&mut self, key: &str, in_use: &impl Fn(&str) -> bool) -> Result<u32> {
+    fn allocate(
+        &mut self,
+        key: &WorkloadKey,
+        in_use: &impl Fn(&WorkloadKey) -> bool,
+    ) -> Result<u32> {
         let taken: std::collections::BTreeSet<u32> =
             self.entries.values().map(|e| e.slot).collect();
         if let Some(free) = (0..self.slots).find(|s| !taken.contains(s)) {
@@ -100,7 +109,7 @@ impl IdSlices {
         let reclaim = self
             .entries
             .iter()
-            .filter(|(k, e)| k.as_str() != key && e.slot < self.slots && !in_use(k))
+            .filter(|(k, e)| *k != key && e.slot < self.slots && !in_use(k))
             .min_by_key(|(_, e)| e.last_used)
             .map(|(k, e)| (k.clone(), e.slot));
         match reclaim {
@@ -137,32 +146,36 @@ impl IdSlices {
 mod tests {
     use super::*;
 
+    fn k(name: &str) -> WorkloadKey {
+        WorkloadKey::new("default", name)
+    }
+
     #[test]
     fn slots_are_stable_distinct_and_reclaimed_only_when_free() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("id-slices.json");
         let mut t = IdSlices::load(&path, 2).unwrap();
-        let a = t.acquire("default/a", |_| true).unwrap();
-        let b = t.acquire("default/b", |_| true).unwrap();
+        let a = t.acquire(&k("a"), |_| true).unwrap();
+        let b = t.acquire(&k("b"), |_| true).unwrap();
         assert_ne!(a, b);
-        assert_eq!(t.acquire("default/a", |_| true).unwrap(), a);
+        assert_eq!(t.acquire(&k("a"), |_| true).unwrap(), a);
         // Stable across a restart of the agent.
         let mut t = IdSlices::load(&path, 2).unwrap();
-        assert_eq!(t.acquire("default/b", |_| true).unwrap(), b);
+        assert_eq!(t.acquire(&k("b"), |_| true).unwrap(), b);
         // Full, and everyone has containers: a clear error.
-        let err = t.acquire("default/c", |_| true).unwrap_err();
+        let err = t.acquire(&k("c"), |_| true).unwrap_err();
         assert!(
             err.to_string().contains("larger subuid/subgid range"),
             "{err}"
         );
         // b has no containers left: c gets its slot.
-        let c = t.acquire("default/c", |k| k != "default/b").unwrap();
+        let c = t.acquire(&k("c"), |w| *w != k("b")).unwrap();
         assert_eq!(c, b);
         // Using a known slot again writes nothing (every create acquires; no fsync each time).
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(t.acquire("default/a", |_| true).unwrap(), a);
+        assert_eq!(t.acquire(&k("a"), |_| true).unwrap(), a);
         assert!(!path.exists(), "the table was rewritten for nothing");
-        t.acquire("default/d", |k| k != "default/a").unwrap();
+        t.acquire(&k("d"), |w| *w != k("a")).unwrap();
         assert!(path.exists(), "a new allocation is saved");
         // A corrupt table is an error naming the file, not a silent reset.
         std::fs::write(&path, "{not json").unwrap();

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use kat_api::WorkloadKey;
 use libcontainer::container::{Container, ContainerStatus as LcStatus};
 use libcontainer::signal::Signal as LcSignal;
 use serde::{Deserialize, Serialize};
@@ -673,7 +674,7 @@ impl NativeRuntime {
                 field: "userns".into(),
                 reason: e.clone(),
             })?;
-        let key = format!("{}/{}", options.namespace, options.workload);
+        let key = WorkloadKey::new(&options.namespace, &options.workload);
         let mut guard = self
             .slices
             .lock()
@@ -695,15 +696,15 @@ impl NativeRuntime {
         })
     }
 
-    /// `namespace/workload` of every container on the node.
-    fn workloads_with_containers(&self) -> HashSet<String> {
+    /// The workload of every container on the node.
+    fn workloads_with_containers(&self) -> HashSet<WorkloadKey> {
         let dir = self.config.root.join("containers");
         fs::read_dir(&dir)
             .into_iter()
             .flatten()
             .flatten()
             .filter_map(|e| self.read_meta(&e.file_name().to_string_lossy()).ok())
-            .map(|m| format!("{}/{}", m.options.namespace, m.options.workload))
+            .map(|m| WorkloadKey::new(&m.options.namespace, &m.options.workload))
             .collect()
     }
 

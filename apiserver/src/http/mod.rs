@@ -1,4 +1,4 @@
-//! The leader's HTTP API (RFC 001 §8), as an axum [`Router`].
+//! The HTTP API (RFC 001 §8), as an axum [`Router`] over the [`Service`] layer.
 //!
 //! Every route but `/healthz` needs the admin bearer token; the token is checked against its
 //! SHA-256 in the store, in constant time. Each request passes one middleware that applies
@@ -9,12 +9,12 @@
 //! node that runs an instance; they go through [`InstanceAccess`], which the agent implements.
 
 mod error;
-mod events_api;
-mod namespaces_api;
-mod nodes_api;
+mod events;
+mod namespaces;
+mod nodes;
 mod rate_limit;
 mod streams;
-mod workloads_api;
+mod workloads;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -26,10 +26,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use kat_api::bundle::BundleLimits;
-use kat_api::cluster::ClusterConfiguration;
 use kat_api::wire::ErrorCode;
-use kat_store::StateStore;
+use kat_leader::metrics::Metrics;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -39,26 +37,20 @@ pub use streams::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
 };
 
-use crate::clock::Clock;
-use crate::events::EventLog;
-use crate::metrics::Metrics;
+use crate::service::Service;
 
 /// The address a connection came from, set by the server on every request.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub IpAddr);
 
-/// Everything the handlers share.
+/// Everything the handlers share: the service layer and what only HTTP needs.
 pub struct ApiState {
-    pub store: Arc<dyn StateStore>,
-    pub events: EventLog,
-    pub clock: Clock,
-    pub cluster: ClusterConfiguration,
+    pub service: Service,
     /// SHA-256 of the admin token.
     pub token_sha256: [u8; 32],
     pub access: Arc<dyn InstanceAccess>,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
-    pub bundle_limits: BundleLimits,
 }
 
 pub fn token_sha256(token: &str) -> [u8; 32] {
@@ -69,30 +61,24 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let v1 = Router::new()
         .route(
             "/namespaces",
-            get(namespaces_api::list).post(namespaces_api::create),
+            get(namespaces::list).post(namespaces::create),
         )
         .route(
             "/namespaces/:ns",
-            get(namespaces_api::get).delete(namespaces_api::delete),
+            get(namespaces::get).delete(namespaces::delete),
         )
         .route(
             "/n/:ns/workloads",
-            get(workloads_api::list).post(workloads_api::create),
+            get(workloads::list).post(workloads::create),
         )
         .route(
             "/n/:ns/workloads/:name",
-            get(workloads_api::get)
-                .put(workloads_api::update)
-                .delete(workloads_api::delete),
+            get(workloads::get)
+                .put(workloads::update)
+                .delete(workloads::delete),
         )
-        .route(
-            "/n/:ns/workloads/:name/files/:file",
-            get(workloads_api::file),
-        )
-        .route(
-            "/n/:ns/workloads/:name/rollback",
-            post(workloads_api::rollback),
-        )
+        .route("/n/:ns/workloads/:name/files/:file", get(workloads::file))
+        .route("/n/:ns/workloads/:name/rollback", post(workloads::rollback))
         .route(
             "/n/:ns/workloads/:name/instances/:id/logs",
             get(streams::logs),
@@ -101,19 +87,19 @@ pub fn router(state: Arc<ApiState>) -> Router {
             "/n/:ns/workloads/:name/instances/:id/exec",
             get(streams::exec).post(streams::exec),
         )
-        .route("/nodes", get(nodes_api::list))
-        .route("/nodes/:name", get(nodes_api::get))
-        .route("/nodes/:name/status", post(nodes_api::heartbeat))
-        .route("/nodes/:name/taints", put(nodes_api::set_taints))
-        .route("/nodes/:name/labels", put(nodes_api::set_labels))
-        .route("/nodes/:name/drain", post(nodes_api::drain))
-        .route("/nodes/:name/uncordon", post(nodes_api::uncordon))
-        .route("/events", get(events_api::list))
-        .route("/config/cluster", get(events_api::cluster_config));
+        .route("/nodes", get(nodes::list))
+        .route("/nodes/:name", get(nodes::get))
+        .route("/nodes/:name/status", post(nodes::heartbeat))
+        .route("/nodes/:name/taints", put(nodes::set_taints))
+        .route("/nodes/:name/labels", put(nodes::set_labels))
+        .route("/nodes/:name/drain", post(nodes::drain))
+        .route("/nodes/:name/uncordon", post(nodes::uncordon))
+        .route("/events", get(events::list))
+        .route("/config/cluster", get(events::cluster_config));
     Router::new()
         .nest("/v1alpha1", v1)
         .route("/healthz", get(healthz))
-        .route("/metrics", get(events_api::metrics))
+        .route("/metrics", get(events::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))

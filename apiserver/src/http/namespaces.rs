@@ -9,17 +9,16 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{read_body, ApiError, ApiState};
-use crate::namespaces;
 
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(namespaces::list(&*state.store).await?))
+    Ok(Json(state.service.namespaces().await?))
 }
 
 pub async fn get(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(namespaces::get(&*state.store, &ns).await?))
+    Ok(Json(state.service.namespace(&ns).await?))
 }
 
 #[derive(Deserialize)]
@@ -44,7 +43,10 @@ pub async fn create(
             "namespace body: {e} (expected {{\"metadata\": {{\"name\": \"NAME\"}}}})"
         ))
     })?;
-    let ns = namespaces::create(&*state.store, &state.clock, &parsed.metadata.name, false).await?;
+    let ns = state
+        .service
+        .create_namespace(&parsed.metadata.name)
+        .await?;
     Ok((StatusCode::CREATED, Json(ns)))
 }
 
@@ -52,6 +54,6 @@ pub async fn delete(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    namespaces::delete(&*state.store, &ns).await?;
+    state.service.delete_namespace(&ns).await?;
     Ok(Json(serde_json::json!({"deleted": ns})))
 }

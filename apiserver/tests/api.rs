@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use kat_leader::http::{self, ApiState, ClientAddr, NoInstanceAccess};
+use kat_apiserver::http::{self, ApiState, ClientAddr, NoInstanceAccess};
+use kat_apiserver::Service;
 use kat_leader::Clock;
 use kat_store::{MemStore, StateStore};
 use tower::ServiceExt;
@@ -42,15 +43,16 @@ impl Api {
     fn new() -> Api {
         let store: Arc<dyn StateStore> = Arc::new(MemStore::new());
         let state = Arc::new(ApiState {
-            store: store.clone(),
-            events: kat_leader::events::EventLog::new(1000),
-            clock: Clock::system(),
-            cluster: kat_api::parse_cluster("cluster.kat", CLUSTER.as_bytes()).unwrap(),
+            service: Service::new(
+                store.clone(),
+                kat_leader::events::EventLog::new(1000),
+                Clock::system(),
+                kat_api::parse_cluster("cluster.kat", CLUSTER.as_bytes()).unwrap(),
+            ),
             token_sha256: http::token_sha256(TOKEN),
             access: Arc::new(NoInstanceAccess),
             metrics: Default::default(),
             limiter: http::default_rate_limiter(),
-            bundle_limits: Default::default(),
         });
         let router =
             http::router(state).layer(axum::Extension(ClientAddr(IpAddr::V4(Ipv4Addr::LOCALHOST))));

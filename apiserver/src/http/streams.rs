@@ -1,6 +1,6 @@
 //! Logs and exec: streams from the node that runs an instance.
 //!
-//! The leader finds the instance's record and hands the stream to [`InstanceAccess`]. On a
+//! The service layer finds the instance's record and hands the stream to [`InstanceAccess`]. On a
 //! one-node cluster the agent implements it with its own runtime; with more nodes it will
 //! proxy to the owning agent. Logs are JSON lines ([`LogLine`]); exec runs over an HTTP
 //! upgrade with the framing of [`kat_api::exec_stream`].
@@ -14,8 +14,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 use kat_api::exec_stream::{Decoder, Frame};
-use kat_api::keys;
 use kat_api::wire::{ErrorCode, ExecRequest, InstanceRecord, LogLine};
+use kat_api::WorkloadKey;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -118,32 +118,6 @@ impl InstanceAccess for NoInstanceAccess {
     }
 }
 
-/// The record of instance `id` of `ns/name`.
-async fn find_record(
-    state: &ApiState,
-    ns: &str,
-    name: &str,
-    id: &str,
-) -> Result<InstanceRecord, ApiError> {
-    // Records live under their node; a cluster has a handful of nodes and many instances, so
-    // one read per node, not a listing of every instance.
-    let nodes = state.store.list(keys::node_registrations()).await?;
-    for kv in &nodes.kvs {
-        let node = &kv.key[keys::node_registrations().len()..];
-        let Some(found) = state.store.get(&keys::instance(node, id)).await? else {
-            continue;
-        };
-        if let Ok(r) = serde_json::from_slice::<InstanceRecord>(&found.value) {
-            if r.namespace == ns && r.workload == name {
-                return Ok(r);
-            }
-        }
-    }
-    Err(ApiError::not_found(format!(
-        "instance {id} of workload {ns}/{name} not found (see `katcall get instances -n {ns}`)"
-    )))
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogsParams {
@@ -180,9 +154,12 @@ pub async fn logs(
     let since = p
         .since
         .as_deref()
-        .map(|s| parse_since(s, state.clock.wall()))
+        .map(|s| parse_since(s, state.service.clock.wall()))
         .transpose()?;
-    let record = find_record(&state, &ns, &name, &id).await?;
+    let record = state
+        .service
+        .instance(&WorkloadKey::new(ns, name), &id)
+        .await?;
     let rx = state
         .access
         .logs(
@@ -213,7 +190,10 @@ pub async fn exec(
             "exec needs `Connection: upgrade` and `Upgrade: {EXEC_PROTOCOL}` (use `katcall exec`)"
         )));
     }
-    let record = find_record(&state, &ns, &name, &id).await?;
+    let record = state
+        .service
+        .instance(&WorkloadKey::new(ns, name), &id)
+        .await?;
     let on_upgrade = hyper::upgrade::on(&mut req);
     let access = state.access.clone();
     tokio::spawn(async move {

@@ -1,0 +1,62 @@
+//! `/v1alpha1/events`, `/v1alpha1/config/cluster` and `/metrics`.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kat_leader::events::EventFilter;
+use serde::Deserialize;
+
+use super::{ApiError, ApiState};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EventsQuery {
+    resource_type: Option<String>,
+    resource_name: Option<String>,
+    namespace: Option<String>,
+    /// Newest events to return (default 100).
+    limit: Option<usize>,
+    /// Keep the response open and stream new events as JSON lines.
+    #[serde(default)]
+    watch: bool,
+}
+
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{e} (expected resourceType, resourceName, namespace, limit, watch)"
+        ))
+    })?;
+    let filter = EventFilter {
+        resource_type: q.resource_type,
+        name: q.resource_name,
+        namespace: q.namespace,
+    };
+    let limit = q.limit.unwrap_or(100);
+    if q.watch {
+        let rx = state.service.watch_events(filter, limit).await?;
+        Ok(super::ndjson_body(rx))
+    } else {
+        Ok(Json(state.service.events(&filter, limit).await?).into_response())
+    }
+}
+
+pub async fn cluster_config(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
+    // cluster.kat holds no secrets; the token and keys live elsewhere.
+    Json(state.service.cluster.clone())
+}
+
+pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
+    let counts = state.service.instance_counts().await?;
+    Ok((
+        [(header::CONTENT_TYPE, kat_leader::metrics::CONTENT_TYPE)],
+        state.metrics.render(&counts),
+    ))
+}

@@ -1,0 +1,78 @@
+//! `/v1alpha1/n/{ns}/workloads`: bundles in, metadata and status out.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use kat_api::WorkloadKey;
+
+use super::{read_body, ApiError, ApiState};
+
+pub async fn list(
+    State(state): State<Arc<ApiState>>,
+    Path(ns): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.workloads(&ns).await?))
+}
+
+pub async fn get(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(
+        state.service.workload(&WorkloadKey::new(ns, name)).await?,
+    ))
+}
+
+async fn bundle_body(state: &ApiState, req: Request) -> Result<Vec<u8>, ApiError> {
+    let limit = state.service.bundle_limits.max_compressed_bytes;
+    Ok(read_body(req, limit).await?.to_vec())
+}
+
+pub async fn create(
+    State(state): State<Arc<ApiState>>,
+    Path(ns): Path<String>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = bundle_body(&state, req).await?;
+    let created = state.service.create_workload(&ns, body).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+pub async fn update(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = bundle_body(&state, req).await?;
+    let key = WorkloadKey::new(ns, name);
+    Ok(Json(state.service.update_workload(&key, body).await?))
+}
+
+pub async fn delete(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let key = WorkloadKey::new(ns, name);
+    state.service.delete_workload(&key).await?;
+    Ok(Json(serde_json::json!({"deleted": key})))
+}
+
+pub async fn rollback(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let key = WorkloadKey::new(ns, name);
+    Ok(Json(state.service.rollback_workload(&key).await?))
+}
+
+pub async fn file(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name, file)): Path<(String, String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let key = WorkloadKey::new(ns, name);
+    let bytes = state.service.workload_file(&key, &file).await?;
+    Ok(([(header::CONTENT_TYPE, "application/yaml")], bytes))
+}

@@ -1,0 +1,15 @@
+//! KAT's HTTP API: the front end of the cluster's state.
+//!
+//! - [`service`]: typed operations (workloads, namespaces, nodes, events, instances) over the
+//!   state store and the leader's desired-state writes, free of HTTP;
+//! - [`http`]: the axum router: authentication, rate limits, audit, metrics, and handlers
+//!   that only translate between HTTP and the service layer; logs and exec streams.
+//!
+//! Dependencies flow `kat-api` ← `kat-store` ← `kat-leader` ← `kat-apiserver` ← `kat-agent`:
+//! the controllers know nothing of HTTP, and the agent serves this router over rustls.
+
+pub mod http;
+pub mod service;
+
+pub use http::{router, ApiState, ClientAddr};
+pub use service::Service;

@@ -1,0 +1,138 @@
+//! The service layer: the API's operations on cluster state, typed and free of HTTP.
+//!
+//! Handlers in [`crate::http`] translate requests into calls here and results into
+//! responses; everything that reads or writes the store lives here (reads) or in the
+//! leader's desired-state writes (`kat_leader::{workloads, namespaces, node_admin}`). A
+//! second front end (the agent's own API, a dashboard) calls the same [`Service`].
+//!
+//! Every operation validates completely before it writes, and writes in one transaction, so
+//! a refused request leaves the store as it was.
+
+mod events;
+mod instances;
+mod namespaces;
+mod nodes;
+mod workloads;
+
+use std::sync::Arc;
+
+use kat_api::bundle::BundleLimits;
+use kat_api::cluster::ClusterConfiguration;
+use kat_api::wire::ErrorCode;
+use kat_leader::events::EventLog;
+use kat_leader::namespaces::NamespaceError;
+use kat_leader::node_admin::NodeAdminError;
+use kat_leader::workloads::WorkloadError;
+use kat_leader::Clock;
+use kat_store::{StateStore, StoreError};
+
+pub use nodes::node_object;
+
+/// What the API's operations share: the store and the cluster's settings.
+pub struct Service {
+    pub store: Arc<dyn StateStore>,
+    pub events: EventLog,
+    pub clock: Clock,
+    pub cluster: ClusterConfiguration,
+    pub bundle_limits: BundleLimits,
+}
+
+impl Service {
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        events: EventLog,
+        clock: Clock,
+        cluster: ClusterConfiguration,
+    ) -> Self {
+        Service {
+            store,
+            events,
+            clock,
+            cluster,
+            bundle_limits: BundleLimits::default(),
+        }
+    }
+}
+
+/// Why an operation failed: a wire error code and a message that says what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Error {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::BadRequest, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        tracing::warn!(error = %e, "store error in an API operation");
+        Error::new(
+            ErrorCode::Unavailable,
+            format!("the cluster store is unavailable: {e}; retry shortly"),
+        )
+    }
+}
+
+impl From<WorkloadError> for Error {
+    fn from(e: WorkloadError) -> Self {
+        let code = match &e {
+            WorkloadError::NotFound(..) | WorkloadError::NamespaceNotFound(..) => {
+                ErrorCode::NotFound
+            }
+            WorkloadError::NoPreviousGeneration { .. } | WorkloadError::Conflict(..) => {
+                ErrorCode::Conflict
+            }
+            WorkloadError::CorruptArchive { .. } => ErrorCode::Internal,
+            WorkloadError::Store(s) => return store_message(s),
+        };
+        Error::new(code, e.to_string())
+    }
+}
+
+impl From<NamespaceError> for Error {
+    fn from(e: NamespaceError) -> Self {
+        let code = match &e {
+            NamespaceError::InvalidName { .. } => ErrorCode::BadRequest,
+            NamespaceError::Exists(_)
+            | NamespaceError::NotEmpty(..)
+            | NamespaceError::System(_) => ErrorCode::Conflict,
+            NamespaceError::NotFound(_) => ErrorCode::NotFound,
+            NamespaceError::Store(s) => return store_message(s),
+        };
+        Error::new(code, e.to_string())
+    }
+}
+
+impl From<NodeAdminError> for Error {
+    fn from(e: NodeAdminError) -> Self {
+        let code = match &e {
+            NodeAdminError::NotFound(_) => ErrorCode::NotFound,
+            NodeAdminError::Corrupt(..) => ErrorCode::Internal,
+            NodeAdminError::Store(s) => return store_message(s),
+        };
+        Error::new(code, e.to_string())
+    }
+}
+
+/// Store errors are not `Clone`; a wrapped one answers with its message.
+fn store_message(e: &StoreError) -> Error {
+    Error::from(StoreError::InvalidRequest(e.to_string()))
+}

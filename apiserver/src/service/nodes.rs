@@ -1,0 +1,127 @@
+//! Nodes: registration and last heartbeat read together; heartbeats in; what administrators set.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use kat_api::keys;
+use kat_api::wire::{Node, NodeHeartbeat, NodeRegistration, NodeState, ObjectMeta, Taint};
+use kat_leader::node_admin;
+
+use super::{Error, Result, Service};
+
+/// The API's view of a node: registration, last heartbeat, and a state from the heartbeat's age.
+pub fn node_object(
+    reg: Option<NodeRegistration>,
+    hb: Option<NodeHeartbeat>,
+    name: &str,
+    node_loss_timeout: Duration,
+    now: SystemTime,
+) -> Node {
+    let fresh = hb.as_ref().is_some_and(|hb| {
+        humantime::parse_rfc3339(&hb.timestamp)
+            .ok()
+            .and_then(|t| now.duration_since(t).ok().or(Some(Duration::ZERO)))
+            .is_some_and(|age| age <= node_loss_timeout)
+    });
+    let draining = reg.as_ref().is_some_and(|r| r.draining);
+    let state = match (fresh, draining) {
+        (false, _) => NodeState::NotReady,
+        (true, true) => NodeState::Draining,
+        (true, false) => NodeState::Ready,
+    };
+    let reg = reg.unwrap_or(NodeRegistration {
+        name: name.into(),
+        addresses: vec![],
+        labels: BTreeMap::new(),
+        taints: vec![],
+        draining: false,
+    });
+    Node {
+        metadata: ObjectMeta {
+            name: name.into(),
+            labels: reg.labels,
+            ..Default::default()
+        },
+        state,
+        addresses: reg.addresses,
+        capacity: hb.as_ref().map(|h| h.capacity).unwrap_or_default(),
+        allocatable: hb.as_ref().map(|h| h.allocatable).unwrap_or_default(),
+        gpus: hb.as_ref().map(|h| h.gpus.clone()).unwrap_or_default(),
+        taints: reg.taints,
+        last_heartbeat: hb.map(|h| h.timestamp),
+    }
+}
+
+impl Service {
+    /// Every node the store knows of, by name.
+    pub async fn nodes(&self) -> Result<BTreeMap<String, Node>> {
+        let regs = self.store.list(keys::node_registrations()).await?;
+        let hbs = self.store.list(keys::node_statuses()).await?;
+        let mut parts: BTreeMap<String, (Option<NodeRegistration>, Option<NodeHeartbeat>)> =
+            BTreeMap::new();
+        for kv in &regs.kvs {
+            let name = kv.key[keys::node_registrations().len()..].to_string();
+            parts.entry(name).or_default().0 = serde_json::from_slice(&kv.value).ok();
+        }
+        for kv in &hbs.kvs {
+            let name = kv.key[keys::node_statuses().len()..].to_string();
+            parts.entry(name).or_default().1 = serde_json::from_slice(&kv.value).ok();
+        }
+        let timeout = Duration::from_secs(self.cluster.spec.node_loss_timeout_seconds as u64);
+        let now = self.clock.wall();
+        Ok(parts
+            .into_iter()
+            .map(|(name, (reg, hb))| {
+                let node = node_object(reg, hb, &name, timeout, now);
+                (name, node)
+            })
+            .collect())
+    }
+
+    pub async fn node(&self, name: &str) -> Result<Node> {
+        self.nodes().await?.remove(name).ok_or_else(|| {
+            Error::not_found(format!("node {name} not found (see `katcall get nodes`)"))
+        })
+    }
+
+    /// Record node `name`'s heartbeat (agents on other nodes; the local agent writes directly).
+    pub async fn record_heartbeat(&self, name: &str, hb: NodeHeartbeat) -> Result<()> {
+        if hb.node != name {
+            return Err(Error::bad_request(format!(
+                "heartbeat body: node: is {:?} but the path names node {name:?}",
+                hb.node
+            )));
+        }
+        let value = serde_json::to_vec(&hb)
+            .map_err(|e| Error::bad_request(format!("heartbeat body: {e}")))?;
+        self.store
+            .put(&keys::node_status(name), value, None)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn set_node_taints(
+        &self,
+        name: &str,
+        taints: Vec<Taint>,
+    ) -> Result<NodeRegistration> {
+        Ok(node_admin::set_taints(&*self.store, &self.events, &self.clock, name, taints).await?)
+    }
+
+    /// `None` removes a label.
+    pub async fn set_node_labels(
+        &self,
+        name: &str,
+        changes: BTreeMap<String, Option<String>>,
+    ) -> Result<NodeRegistration> {
+        Ok(node_admin::set_labels(&*self.store, &self.events, &self.clock, name, changes).await?)
+    }
+
+    pub async fn drain_node(&self, name: &str) -> Result<NodeRegistration> {
+        Ok(node_admin::drain(&*self.store, &self.events, &self.clock, name).await?)
+    }
+
+    pub async fn uncordon_node(&self, name: &str) -> Result<NodeRegistration> {
+        Ok(node_admin::uncordon(&*self.store, &self.events, &self.clock, name).await?)
+    }
+}

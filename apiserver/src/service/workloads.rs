@@ -1,0 +1,207 @@
+//! Workloads: bundles in (checked completely before anything is written), objects out.
+
+use std::collections::BTreeMap;
+
+use kat_api::wire::{ErrorCode, WorkloadMeta, WorkloadObject, WorkloadStatus};
+use kat_api::{bundle, keys, WorkloadBundle, WorkloadKey};
+use kat_leader::{namespaces, workloads};
+
+use super::{Error, Result, Service};
+
+impl Service {
+    /// Every workload of namespace `ns`, with its status.
+    pub async fn workloads(&self, ns: &str) -> Result<Vec<WorkloadObject>> {
+        namespaces::get(&*self.store, ns).await?;
+        let desired = self.store.list(&keys::workloads_desired(ns)).await?;
+        let statuses = self.store.list(&keys::workload_statuses(ns)).await?;
+        let mut by_name: BTreeMap<String, WorkloadStatus> = statuses
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let name = kv.key.rsplit('/').next()?.to_string();
+                Some((name, serde_json::from_slice(&kv.value).ok()?))
+            })
+            .collect();
+        Ok(desired
+            .kvs
+            .iter()
+            .filter(|kv| kv.key.ends_with("/meta"))
+            .filter_map(|kv| {
+                let meta: WorkloadMeta = serde_json::from_slice(&kv.value).ok()?;
+                let status = by_name.remove(&meta.metadata.name).unwrap_or_default();
+                Some(object(meta, kv.mod_revision, status))
+            })
+            .collect())
+    }
+
+    /// One workload with its status.
+    pub async fn workload(&self, key: &WorkloadKey) -> Result<WorkloadObject> {
+        let kv = self
+            .store
+            .get(&keys::workload_meta(&key.namespace, &key.name))
+            .await?
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "workload {key} not found (see `katcall get workloads -n {}`)",
+                    key.namespace
+                ))
+            })?;
+        let meta: WorkloadMeta = serde_json::from_slice(&kv.value).map_err(|e| {
+            Error::new(
+                ErrorCode::Internal,
+                format!("workload {key} metadata is corrupt: {e}"),
+            )
+        })?;
+        let status = match self
+            .store
+            .get(&keys::workload_status(&key.namespace, &key.name))
+            .await?
+        {
+            Some(s) => serde_json::from_slice(&s.value).unwrap_or_default(),
+            None => WorkloadStatus::default(),
+        };
+        Ok(object(meta, kv.mod_revision, status))
+    }
+
+    async fn exists(&self, key: &WorkloadKey) -> Result<bool> {
+        Ok(self
+            .store
+            .get(&keys::workload_meta(&key.namespace, &key.name))
+            .await?
+            .is_some())
+    }
+
+    /// Create a workload from a bundle (`.tar.gz`) for namespace `ns`.
+    pub async fn create_workload(&self, ns: &str, body: Vec<u8>) -> Result<WorkloadObject> {
+        let bundle = self.check_bundle(ns, None, body).await?;
+        let key = WorkloadKey::new(ns, &bundle.workload.metadata.name);
+        if self.exists(&key).await? {
+            return Err(Error::new(
+                ErrorCode::Conflict,
+                format!(
+                    "workload {key} already exists; update it with PUT (`katcall apply` does this)"
+                ),
+            ));
+        }
+        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        self.workload(&key).await
+    }
+
+    /// Replace an existing workload's bundle: a new generation.
+    pub async fn update_workload(
+        &self,
+        key: &WorkloadKey,
+        body: Vec<u8>,
+    ) -> Result<WorkloadObject> {
+        let bundle = self
+            .check_bundle(&key.namespace, Some(&key.name), body)
+            .await?;
+        if !self.exists(key).await? {
+            return Err(Error::not_found(format!(
+                "workload {key} not found; create it with POST (`katcall apply` does this)"
+            )));
+        }
+        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        self.workload(key).await
+    }
+
+    pub async fn delete_workload(&self, key: &WorkloadKey) -> Result<()> {
+        workloads::delete(
+            &*self.store,
+            &self.events,
+            &self.clock,
+            &key.namespace,
+            &key.name,
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn rollback_workload(&self, key: &WorkloadKey) -> Result<WorkloadObject> {
+        workloads::rollback(
+            &*self.store,
+            &self.events,
+            &self.clock,
+            &key.namespace,
+            &key.name,
+        )
+        .await?;
+        self.workload(key).await
+    }
+
+    /// One file of a workload's current bundle, as stored.
+    pub async fn workload_file(&self, key: &WorkloadKey, file: &str) -> Result<Vec<u8>> {
+        let kv = self
+            .store
+            .get(&keys::workload_manifest(&key.namespace, &key.name, file))
+            .await?
+            .ok_or_else(|| Error::not_found(format!("workload {key} has no file {file:?}")))?;
+        Ok(kv.value)
+    }
+
+    /// Unpack and validate a bundle for `ns` (and `name`, on update): archive safety, every
+    /// file, the cross-file rules and the cluster's hostMount allow-list. The namespace is
+    /// checked (or, with a namespace.kat, created) by `workloads::apply`, in the transaction
+    /// that writes the workload.
+    async fn check_bundle(
+        &self,
+        ns: &str,
+        name: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<WorkloadBundle> {
+        let limits = self.bundle_limits;
+        // Decompressing and parsing a bundle is CPU work: off the async threads.
+        let parsed = tokio::task::spawn_blocking(move || {
+            let files = bundle::unpack(&body, &limits)
+                .map_err(|e| Error::bad_request(format!("bundle: {e}")))?;
+            WorkloadBundle::parse(files)
+                .map_err(|e| Error::new(ErrorCode::InvalidQuadlet, e.to_string()))
+        })
+        .await
+        .map_err(|e| Error::new(ErrorCode::Internal, format!("checking the bundle: {e}")))??;
+        let meta = &parsed.workload.metadata;
+        if meta.namespace != ns {
+            return Err(Error::new(
+                ErrorCode::InvalidQuadlet,
+                format!(
+                    "workload.kat: metadata.namespace: is {:?} but the request is for namespace {ns:?}",
+                    meta.namespace
+                ),
+            ));
+        }
+        if let Some(name) = name {
+            if meta.name != name {
+                return Err(Error::new(
+                    ErrorCode::InvalidQuadlet,
+                    format!(
+                        "workload.kat: metadata.name: is {:?} but the request is for workload {name:?}",
+                        meta.name
+                    ),
+                ));
+            }
+        }
+        let policy = self.cluster.spec.host_mount_policy();
+        for (i, volume) in parsed.workload.spec.volumes.iter().enumerate() {
+            if let Some(host) = &volume.host_mount {
+                if let Some(problem) = policy.problem(std::path::Path::new(&host.host_path)) {
+                    return Err(Error::new(
+                        ErrorCode::InvalidQuadlet,
+                        format!("workload.kat: spec.volumes[{i}].hostMount.hostPath: {problem}"),
+                    ));
+                }
+            }
+        }
+        Ok(parsed)
+    }
+}
+
+fn object(meta: WorkloadMeta, revision: i64, status: WorkloadStatus) -> WorkloadObject {
+    let mut metadata = meta.metadata;
+    metadata.resource_version = revision;
+    WorkloadObject {
+        metadata,
+        spec_hash: meta.spec_hash,
+        workload_type: meta.workload_type,
+        status,
+    }
+}
