@@ -1,5 +1,6 @@
-//! Heartbeats: this node's capacity, allocatable and every instance's state, written to its
-//! status key every `agentTickSeconds` and at once (debounced) when an instance changes.
+//! Heartbeats: this node's capacity, allocatable and usage, and every instance's state and
+//! usage, written to its status key every `agentTickSeconds` and at once (debounced) when an
+//! instance changes.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -8,6 +9,8 @@ use kat_api::keys;
 use kat_api::wire::{rfc3339, InstanceStatus, NodeHeartbeat, ResourceList};
 use kat_store::StateStore;
 use tokio::sync::watch;
+
+use crate::usage::UsageMeter;
 
 /// What the host has: CPUs, memory and the pid limit.
 pub fn capacity() -> ResourceList {
@@ -48,11 +51,13 @@ pub async fn run(
     node: String,
     tick: Duration,
     mut statuses: watch::Receiver<Vec<InstanceStatus>>,
+    mut meter: UsageMeter,
 ) {
     let capacity = capacity();
     let allocatable = allocatable(capacity);
     loop {
-        let instances = statuses.borrow_and_update().clone();
+        let mut instances = statuses.borrow_and_update().clone();
+        let usage = meter.measure(&mut instances).await;
         let hb = NodeHeartbeat {
             node: node.clone(),
             timestamp: rfc3339(SystemTime::now()),
@@ -60,6 +65,7 @@ pub async fn run(
             allocatable,
             gpus: vec![],
             instances,
+            usage: Some(usage),
         };
         if let Err(e) = store
             .put(

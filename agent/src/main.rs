@@ -20,6 +20,7 @@ mod sd_notify;
 mod server;
 mod setup;
 mod supervisor;
+mod usage;
 
 use std::net::IpAddr;
 use std::path::PathBuf;

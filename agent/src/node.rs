@@ -37,6 +37,7 @@ use crate::pki::{self, Pki};
 use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
 use crate::supervisor::{Supervisor, SupervisorConfig};
+use crate::usage::UsageMeter;
 
 /// Options shared by `init` and `run`.
 #[derive(Debug, Clone)]
@@ -281,7 +282,14 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     .await?;
 
     tasks.spawn(Feed::new(store.clone(), &node, &layout.agent()).run(feed_tx));
-    tasks.spawn(heartbeat::run(store.clone(), node.clone(), tick, status_rx));
+    let meter = UsageMeter::new(runtime.clone(), layout.root.clone());
+    tasks.spawn(heartbeat::run(
+        store.clone(),
+        node.clone(),
+        tick,
+        status_rx,
+        meter,
+    ));
 
     // Leader role.
     let metrics = Arc::new(Metrics::default());

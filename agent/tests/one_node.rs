@@ -675,6 +675,49 @@ fn one_node_cluster_end_to_end() {
         "{metrics}"
     );
 
+    // What the node and its running instances use, from /proc and their cgroups: in
+    // `/metrics` and in `katcall top`.
+    c.wait("usage in the heartbeats", Duration::from_secs(30), |c| {
+        let instances: serde_json::Value =
+            serde_json::from_str(&c.katcall_ok(&["top", "instances", "-A", "-o", "json"]))
+                .unwrap_or_default();
+        instances.as_array().is_some_and(|list| {
+            list.iter().any(|i| {
+                i["usage"]["memoryBytes"].as_u64().is_some_and(|m| m > 0)
+                    && i["usage"]["pids"].as_u64().is_some_and(|p| p >= 1)
+            })
+        })
+    });
+    let nodes: serde_json::Value =
+        serde_json::from_str(&c.katcall_ok(&["top", "nodes", "-o", "json"])).expect("json");
+    let usage = &nodes[0]["usage"];
+    assert!(
+        usage["memoryBytes"].as_u64().is_some_and(|m| m > 0)
+            && usage["pids"].as_u64().is_some_and(|p| p > 0)
+            && usage["diskBytes"].as_u64().is_some_and(|d| d > 0),
+        "{nodes}"
+    );
+    let table = c.katcall_ok(&["top", "instances"]);
+    assert!(
+        table.starts_with("WORKLOAD") && table.contains("Mi"),
+        "{table}"
+    );
+    let (_, metrics) = c.curl(&[
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        &c.url("/metrics"),
+    ]);
+    for family in [
+        "kat_node_cpu_usage_millicores{node=",
+        "kat_node_memory_used_bytes{node=",
+        "kat_node_disk_used_bytes{node=",
+        "kat_instance_memory_bytes{namespace=\"default\"",
+        "kat_instance_pids{namespace=\"default\"",
+        "kat_instance_restarts{namespace=\"default\"",
+    ] {
+        assert!(metrics.contains(family), "{family} missing:\n{metrics}");
+    }
+
     // A node that never stalls: idle and half-open connections, and an exec that never
     // reads its stdin, do not slow the API, the heartbeats or the leader.
     let id = second.iter().next().cloned().expect("an instance");

@@ -144,6 +144,9 @@ pub struct InstanceStatus {
     /// Limits the node could not enforce, said out loud.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What the running container uses, read from its cgroup at the last heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -208,6 +211,23 @@ pub struct ResourceList {
     pub pids: u64,
 }
 
+/// Resources in use, measured by a node at a heartbeat: for an instance from its container's
+/// cgroup, for a node from the kernel's totals (`/proc`) and the data directory's file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// CPU time used per second over the last measuring interval, in millicores (1000 = one
+    /// core busy all the time).
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub pids: u64,
+    /// Nodes only: bytes used and in all on the file system of the agent's data directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_total_bytes: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuInfo {
@@ -240,6 +260,9 @@ pub struct Node {
     pub taints: Vec<Taint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<String>,
+    /// What the node used at its last heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 /// `POST /nodes/{name}/status`: what an agent reports every tick.
@@ -254,6 +277,8 @@ pub struct NodeHeartbeat {
     pub gpus: Vec<GpuInfo>,
     #[serde(default)]
     pub instances: Vec<InstanceStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -349,6 +374,7 @@ mod tests {
             started_at: Some(rfc3339(std::time::UNIX_EPOCH)),
             finished_at: None,
             warnings: vec![],
+            usage: None,
         };
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["instanceID"], "web-abc");

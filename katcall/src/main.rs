@@ -4,6 +4,7 @@
 //! - [`workloads`]: apply, get, describe, delete, rollback;
 //! - [`streams`]: logs and exec;
 //! - [`events`], [`nodes`]: the event log; drain, taints, labels;
+//! - [`top`]: what nodes and instances use;
 //! - [`validate`]: offline checks of Quadlet files, exactly as the leader makes them.
 
 mod client;
@@ -12,6 +13,7 @@ mod nodes;
 mod output;
 mod streams;
 mod terminal;
+mod top;
 mod validate;
 mod workloads;
 
@@ -132,6 +134,24 @@ enum Command {
         /// Only events about objects with this name.
         #[arg(long = "for-name", value_name = "NAME")]
         name: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Show what nodes or running instances use: CPU, memory, disk, pids (from their cgroups,
+    /// as of each node's last heartbeat).
+    Top {
+        #[arg(value_parser = ["nodes", "node", "instances", "instance", "inst"])]
+        what: String,
+        #[arg(
+            short = 'n',
+            long,
+            default_value = "default",
+            conflicts_with = "all_namespaces"
+        )]
+        namespace: String,
+        /// Instances of every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
@@ -298,6 +318,18 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             };
             events::run(&client, filter, watch, output).await?
         }
+        Command::Top {
+            what,
+            namespace,
+            all_namespaces,
+            output,
+        } => match what.as_str() {
+            "nodes" | "node" => top::nodes(&client, output).await?,
+            _ => {
+                let ns = (!all_namespaces).then_some(namespace.as_str());
+                top::instances(&client, ns, output).await?
+            }
+        },
         Command::Drain { node } => nodes::drain(&client, &node, false).await?,
         Command::Uncordon { node } => nodes::drain(&client, &node, true).await?,
         Command::Taint { node, taints } => nodes::taint(&client, &node, &taints).await?,

@@ -287,12 +287,17 @@ impl<'a> Round<'a> {
             .push(vec![Self::delete_instance_op(record)]);
     }
 
-    /// Status entries for `records`, as reported or as just assigned.
+    /// Status entries for `records`, as reported or as just assigned. Without usage: it
+    /// changes at every heartbeat and would rewrite every workload's status each time (usage
+    /// is read from the heartbeats themselves: `/metrics`, `katcall top`).
     pub fn instance_statuses(&self, records: &[&InstanceRecord]) -> Vec<InstanceStatus> {
         records
             .iter()
             .map(|r| match self.status_of(&r.instance_id) {
-                Some(s) => s.clone(),
+                Some(s) => InstanceStatus {
+                    usage: None,
+                    ..s.clone()
+                },
                 None => InstanceStatus {
                     instance_id: r.instance_id.clone(),
                     namespace: r.namespace.clone(),
@@ -308,6 +313,7 @@ impl<'a> Round<'a> {
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],
+                    usage: None,
                 },
             })
             .collect()

@@ -1,9 +1,12 @@
 //! Prometheus metrics of a node's control plane, through `prometheus-client`: API requests by
 //! route and code, reconcile rounds, scheduling attempts by result and reason, leadership
-//! changes, etcd's health, and instances by state.
+//! changes, etcd's health, instances by state, and what every node and instance uses (CPU,
+//! memory, disk, pids, restarts).
 //!
-//! The histograms live in a registry for the life of the process. Instance counts are not kept
-//! here; `/metrics` computes them from the store when scraped and sets the gauge family then.
+//! The histograms and counters live in a registry for the life of the process. What the
+//! heartbeats say (instance states, usage) is not kept here: `/metrics` reads the nodes' last
+//! heartbeats when scraped and sets those gauge families then, so a node or instance that is
+//! gone is gone from the next scrape.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -15,6 +18,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use kat_api::wire::NodeHeartbeat;
 
 /// Upper bounds of the latency buckets, in seconds.
 const BUCKETS: [f64; 12] = [
@@ -34,6 +39,19 @@ struct RequestLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    namespace: String,
+    workload: String,
+    instance: String,
+    node: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,7 +76,16 @@ pub struct Metrics {
     is_leader: Gauge,
     etcd_up: Gauge,
     etcd_restarts: Gauge,
-    /// Rendering sets the instance gauges, then encodes: one scrape at a time.
+    node_cpu: Family<NodeLabels, Gauge>,
+    node_memory: Family<NodeLabels, Gauge>,
+    node_disk_used: Family<NodeLabels, Gauge>,
+    node_disk_size: Family<NodeLabels, Gauge>,
+    node_tasks: Family<NodeLabels, Gauge>,
+    instance_cpu: Family<InstanceLabels, Gauge>,
+    instance_memory: Family<InstanceLabels, Gauge>,
+    instance_pids: Family<InstanceLabels, Gauge>,
+    instance_restarts: Family<InstanceLabels, Gauge>,
+    /// Rendering sets the heartbeat gauges, then encodes: one scrape at a time.
     render: Mutex<()>,
 }
 
@@ -121,6 +148,49 @@ impl Default for Metrics {
             "Times the agent restarted the etcd it supervises",
             etcd_restarts.clone(),
         );
+        let mut gauge = |name: &str, help: &str| {
+            let family = Family::<NodeLabels, Gauge>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let node_cpu = gauge(
+            "kat_node_cpu_usage_millicores",
+            "CPU a node used over its last heartbeat interval (1000 = one core)",
+        );
+        let node_memory = gauge(
+            "kat_node_memory_used_bytes",
+            "Memory in use on a node (MemTotal - MemAvailable)",
+        );
+        let node_disk_used = gauge(
+            "kat_node_disk_used_bytes",
+            "Bytes used on the file system of a node's data directory",
+        );
+        let node_disk_size = gauge(
+            "kat_node_disk_size_bytes",
+            "Size of the file system of a node's data directory",
+        );
+        let node_tasks = gauge("kat_node_tasks", "Processes and threads on a node");
+        let mut gauge = |name: &str, help: &str| {
+            let family = Family::<InstanceLabels, Gauge>::default();
+            registry.register(name, help, family.clone());
+            family
+        };
+        let instance_cpu = gauge(
+            "kat_instance_cpu_usage_millicores",
+            "CPU a running instance used over its node's last heartbeat interval, from its cgroup",
+        );
+        let instance_memory = gauge(
+            "kat_instance_memory_bytes",
+            "Memory charged to a running instance's cgroup",
+        );
+        let instance_pids = gauge(
+            "kat_instance_pids",
+            "Processes and threads in a running instance's cgroup",
+        );
+        let instance_restarts = gauge(
+            "kat_instance_restarts",
+            "Times an instance's container was restarted on its node",
+        );
         Metrics {
             registry,
             api,
@@ -131,6 +201,15 @@ impl Default for Metrics {
             is_leader,
             etcd_up,
             etcd_restarts,
+            node_cpu,
+            node_memory,
+            node_disk_used,
+            node_disk_size,
+            node_tasks,
+            instance_cpu,
+            instance_memory,
+            instance_pids,
+            instance_restarts,
             render: Mutex::new(()),
         }
     }
@@ -186,22 +265,78 @@ impl Metrics {
             .set(i64::try_from(restarts).unwrap_or(i64::MAX));
     }
 
-    /// The OpenMetrics text exposition, with `instances` (state → count) as a gauge.
-    pub fn render(&self, instances: &BTreeMap<String, u64>) -> String {
+    /// The exposition, with the gauges the nodes' last heartbeats give: instances by state,
+    /// and what each node and running instance uses.
+    pub fn render(&self, heartbeats: &[NodeHeartbeat]) -> String {
         let _one_at_a_time = self.render.lock().unwrap_or_else(|p| p.into_inner());
+        for family in [
+            &self.node_cpu,
+            &self.node_memory,
+            &self.node_disk_used,
+            &self.node_disk_size,
+            &self.node_tasks,
+        ] {
+            family.clear();
+        }
+        for family in [
+            &self.instance_cpu,
+            &self.instance_memory,
+            &self.instance_pids,
+            &self.instance_restarts,
+        ] {
+            family.clear();
+        }
         self.instances.clear();
-        for (state, n) in instances {
-            self.instances
-                .get_or_create(&StateLabels {
-                    state: state.clone(),
-                })
-                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        let mut by_state: BTreeMap<String, u64> = BTreeMap::new();
+        for hb in heartbeats {
+            if let Some(u) = hb.usage {
+                let node = NodeLabels {
+                    node: hb.node.clone(),
+                };
+                set(&self.node_cpu, &node, u.cpu_millis);
+                set(&self.node_memory, &node, u.memory_bytes);
+                set(&self.node_tasks, &node, u.pids);
+                if let (Some(used), Some(size)) = (u.disk_bytes, u.disk_total_bytes) {
+                    set(&self.node_disk_used, &node, used);
+                    set(&self.node_disk_size, &node, size);
+                }
+            }
+            for i in &hb.instances {
+                *by_state.entry(format!("{:?}", i.state)).or_default() += 1;
+                if i.namespace.is_empty() {
+                    continue; // a leftover container being removed: nothing to label it with
+                }
+                let labels = InstanceLabels {
+                    namespace: i.namespace.clone(),
+                    workload: i.workload.clone(),
+                    instance: i.instance_id.clone(),
+                    node: hb.node.clone(),
+                };
+                set(&self.instance_restarts, &labels, u64::from(i.restarts));
+                if let Some(u) = i.usage {
+                    set(&self.instance_cpu, &labels, u.cpu_millis);
+                    set(&self.instance_memory, &labels, u.memory_bytes);
+                    set(&self.instance_pids, &labels, u.pids);
+                }
+            }
+        }
+        for (state, n) in by_state {
+            set(&self.instances, &StateLabels { state }, n);
         }
         let mut open_metrics = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry);
         prometheus_text(&open_metrics)
     }
+}
+
+fn set<L>(family: &Family<L, Gauge>, labels: &L, value: u64)
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    family
+        .get_or_create(labels)
+        .set(i64::try_from(value).unwrap_or(i64::MAX));
 }
 
 /// OpenMetrics (what `prometheus-client` writes) to Prometheus' text format 0.0.4, which
@@ -233,6 +368,46 @@ fn prometheus_text(open_metrics: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kat_api::wire::{Health, InstanceState, InstanceStatus, Usage};
+
+    fn instance(id: &str, state: InstanceState, usage: Option<Usage>) -> InstanceStatus {
+        InstanceStatus {
+            instance_id: id.into(),
+            namespace: "default".into(),
+            workload: "web".into(),
+            node: Some("n1".into()),
+            generation: 1,
+            state,
+            health: Health::Unknown,
+            restarts: 2,
+            exit_code: None,
+            reason: None,
+            ip: None,
+            started_at: None,
+            finished_at: None,
+            warnings: vec![],
+            usage,
+        }
+    }
+
+    /// One node's heartbeat with instances in `states` (state, how many).
+    fn heartbeat(node: &str, states: &[(InstanceState, usize)]) -> NodeHeartbeat {
+        let mut instances = Vec::new();
+        for (state, n) in states {
+            for k in 0..*n {
+                instances.push(instance(&format!("web-{state:?}-{k}"), *state, None));
+            }
+        }
+        NodeHeartbeat {
+            node: node.into(),
+            timestamp: "2026-11-23T00:00:00Z".into(),
+            capacity: Default::default(),
+            allocatable: Default::default(),
+            gpus: vec![],
+            instances,
+            usage: None,
+        }
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative_and_rendered() {
@@ -240,7 +415,7 @@ mod tests {
         m.observe_request("GET", "/healthz", 200, Duration::from_millis(3));
         m.observe_request("GET", "/healthz", 200, Duration::from_millis(300));
         m.observe_reconcile(Duration::from_millis(1));
-        let text = m.render(&BTreeMap::from([("Running".to_string(), 2)]));
+        let text = m.render(&[heartbeat("n1", &[(InstanceState::Running, 2)])]);
         assert!(text.contains(
             "kat_api_request_duration_seconds_bucket{le=\"0.005\",method=\"GET\",route=\"/healthz\",code=\"200\"} 1"
         ));
@@ -250,7 +425,7 @@ mod tests {
         assert!(text.contains("kat_reconcile_duration_seconds_count 1"));
         assert!(text.contains("kat_instances{state=\"Running\"} 2"));
         // A state gone since the last scrape is gone from the output.
-        let text = m.render(&BTreeMap::from([("Failed".to_string(), 1)]));
+        let text = m.render(&[heartbeat("n1", &[(InstanceState::Failed, 1)])]);
         assert!(!text.contains("state=\"Running\""), "{text}");
         assert!(text.contains("kat_instances{state=\"Failed\"} 1"));
     }
@@ -267,7 +442,7 @@ mod tests {
         m.set_leader(true);
         m.set_leader(false);
         m.set_etcd(true, 2);
-        let text = m.render(&BTreeMap::new());
+        let text = m.render(&[]);
         for line in [
             "kat_scheduling_attempts_total{result=\"scheduled\",reason=\"\"} 3",
             "kat_scheduling_attempts_total{result=\"unschedulable\",reason=\"insufficient_memory\"} 2",
@@ -279,6 +454,52 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing:\n{text}");
         }
+    }
+
+    #[test]
+    fn node_and_instance_usage_come_from_the_heartbeats() {
+        let m = Metrics::default();
+        let mut hb = heartbeat("n1", &[]);
+        hb.usage = Some(Usage {
+            cpu_millis: 1500,
+            memory_bytes: 2 << 30,
+            pids: 412,
+            disk_bytes: Some(7),
+            disk_total_bytes: Some(10),
+        });
+        hb.instances.push(instance(
+            "web-a",
+            InstanceState::Running,
+            Some(Usage {
+                cpu_millis: 250,
+                memory_bytes: 64 << 20,
+                pids: 3,
+                disk_bytes: None,
+                disk_total_bytes: None,
+            }),
+        ));
+        hb.instances
+            .push(instance("web-b", InstanceState::Failed, None));
+        let text = m.render(&[hb]);
+        let labels = "namespace=\"default\",workload=\"web\",instance=\"web-a\",node=\"n1\"";
+        for line in [
+            "kat_node_cpu_usage_millicores{node=\"n1\"} 1500".to_string(),
+            format!("kat_node_memory_used_bytes{{node=\"n1\"}} {}", 2u64 << 30),
+            "kat_node_tasks{node=\"n1\"} 412".to_string(),
+            "kat_node_disk_used_bytes{node=\"n1\"} 7".to_string(),
+            "kat_node_disk_size_bytes{node=\"n1\"} 10".to_string(),
+            format!("kat_instance_cpu_usage_millicores{{{labels}}} 250"),
+            format!("kat_instance_memory_bytes{{{labels}}} {}", 64u64 << 20),
+            format!("kat_instance_pids{{{labels}}} 3"),
+            format!("kat_instance_restarts{{{labels}}} 2"),
+            "kat_instance_restarts{namespace=\"default\",workload=\"web\",instance=\"web-b\",node=\"n1\"} 2".to_string(),
+        ] {
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+        // A failed instance has no usage; a node gone since is gone from the next scrape.
+        assert!(!text.contains("kat_instance_cpu_usage_millicores{namespace=\"default\",workload=\"web\",instance=\"web-b\""));
+        let text = m.render(&[]);
+        assert!(!text.contains("node=\"n1\""), "{text}");
     }
 
     /// The exposition passes `promtool check metrics` (Debian's prometheus package, installed
@@ -294,10 +515,25 @@ mod tests {
             Duration::from_millis(7),
         );
         m.observe_reconcile(Duration::from_millis(2));
-        let text = m.render(&BTreeMap::from([
-            ("Running".to_string(), 3),
-            ("Pending".to_string(), 1),
-        ]));
+        let mut hb = heartbeat(
+            "n1",
+            &[(InstanceState::Running, 3), (InstanceState::Pending, 1)],
+        );
+        hb.usage = Some(Usage {
+            cpu_millis: 1200,
+            memory_bytes: 1 << 30,
+            pids: 300,
+            disk_bytes: Some(5 << 30),
+            disk_total_bytes: Some(20 << 30),
+        });
+        hb.instances[0].usage = Some(Usage {
+            cpu_millis: 250,
+            memory_bytes: 64 << 20,
+            pids: 3,
+            disk_bytes: None,
+            disk_total_bytes: None,
+        });
+        let text = m.render(&[hb]);
         let mut child = std::process::Command::new("promtool")
             .args(["check", "metrics"])
             .stdin(std::process::Stdio::piped())

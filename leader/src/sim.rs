@@ -188,8 +188,10 @@ impl SimNode {
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],
+                    usage: None,
                 })
                 .collect(),
+            usage: None,
         }
     }
 

@@ -20,7 +20,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result};
-use crate::types::{CgroupManager, CgroupMode};
+use crate::types::{CgroupManager, CgroupMode, ContainerUsage};
 
 /// The v1 controllers libcontainer joins; an unprivileged agent needs a parent in each.
 const V1_CONTROLLERS: [&str; 12] = [
@@ -238,6 +238,38 @@ impl Cgroups {
             }
         }
         false
+    }
+
+    /// What the container's cgroup uses now, from whichever files this hierarchy has: v2's
+    /// `cpu.stat` (usage_usec), `memory.current`, `pids.current`; v1's `cpuacct.usage` (ns),
+    /// `memory.usage_in_bytes`, `pids.current`. `None` when the container has no cgroup.
+    pub fn usage(&self, id: &str) -> Option<ContainerUsage> {
+        let dirs: Vec<PathBuf> = self.dirs(id).into_iter().filter(|d| d.is_dir()).collect();
+        if dirs.is_empty() {
+            return None;
+        }
+        let number = |file: &str| -> Option<u64> {
+            dirs.iter()
+                .find_map(|d| fs::read_to_string(d.join(file)).ok())
+                .and_then(|t| t.trim().parse().ok())
+        };
+        let cpu_usec = dirs
+            .iter()
+            .find_map(|d| fs::read_to_string(d.join("cpu.stat")).ok())
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("usage_usec "))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .or_else(|| number("cpuacct.usage").map(|ns| ns / 1000))
+            .unwrap_or(0);
+        Some(ContainerUsage {
+            cpu_usec,
+            memory_bytes: number("memory.current")
+                .or_else(|| number("memory.usage_in_bytes"))
+                .unwrap_or(0),
+            pids: number("pids.current").unwrap_or(0),
+        })
     }
 
     /// Whether KAT writes the limits itself instead of libcontainer: an unprivileged agent on

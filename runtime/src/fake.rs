@@ -14,8 +14,9 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::{
-    logs, CgroupMode, ContainerRuntime, ContainerState, ContainerStatus, CreateOptions, ExecHandle,
-    ExecOptions, ImageSummary, LogOptions, NodeCapabilities, Result, RootfsMode, RuntimeError,
+    logs, CgroupMode, ContainerRuntime, ContainerState, ContainerStatus, ContainerUsage,
+    CreateOptions, ExecHandle, ExecOptions, ImageSummary, LogOptions, NodeCapabilities, Result,
+    RootfsMode, RuntimeError,
 };
 
 /// How a created container behaves once started.
@@ -27,6 +28,10 @@ pub struct Run {
     pub oom_killed: bool,
     /// Whether SIGTERM ends it; if not, stop waits the whole grace period.
     pub stops_on_term: bool,
+    /// While it runs: CPU busy (millicores, so usage grows with the clock), memory, pids.
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub pids: u64,
 }
 
 impl Run {
@@ -36,6 +41,9 @@ impl Run {
             exit_code: 0,
             oom_killed: false,
             stops_on_term: true,
+            cpu_millis: 0,
+            memory_bytes: 0,
+            pids: 0,
         }
     }
 
@@ -308,6 +316,24 @@ impl ContainerRuntime for FakeRuntime {
         let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
         c.settle(Instant::now());
         Ok(c.status())
+    }
+
+    async fn usage(&self, id: &str) -> Result<ContainerUsage> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
+        c.settle(now);
+        let Some(started) = c.started else {
+            return Ok(ContainerUsage::default());
+        };
+        let until = c.ended.map_or(now, |(when, ..)| when);
+        let running = c.ended.is_none();
+        let micros = until.duration_since(started).as_micros() as u64;
+        Ok(ContainerUsage {
+            cpu_usec: micros.saturating_mul(c.run.cpu_millis) / 1000,
+            memory_bytes: if running { c.run.memory_bytes } else { 0 },
+            pids: if running { c.run.pids } else { 0 },
+        })
     }
 
     async fn list(&self) -> Result<Vec<ContainerStatus>> {

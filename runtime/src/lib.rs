@@ -75,6 +75,8 @@ pub trait ContainerRuntime: Send + Sync {
     /// Removes the container, its cgroup, rootfs and logs. `force` stops it first.
     async fn remove(&self, id: &str, force: bool) -> Result<()>;
     async fn status(&self, id: &str) -> Result<ContainerStatus>;
+    /// What the container uses now (its cgroup); zeros where the node has no cgroups.
+    async fn usage(&self, id: &str) -> Result<ContainerUsage>;
     /// Every container on this node, found from on-disk state.
     async fn list(&self) -> Result<Vec<ContainerStatus>>;
     async fn logs(&self, id: &str, options: LogOptions) -> Result<logs::LogReceiver>;

@@ -1112,6 +1112,18 @@ impl ContainerRuntime for NativeRuntime {
         Ok(self.status_of(id, meta))
     }
 
+    async fn usage(&self, id: &str) -> Result<ContainerUsage> {
+        check_id(id)?;
+        if !self.dir(id).exists() {
+            return Err(RuntimeError::ContainerNotFound(id.to_string()));
+        }
+        let cgroups = self.cgroups.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || cgroups.usage(&id).unwrap_or_default())
+            .await
+            .map_err(|e| lc_error("reading the container's cgroup", e.to_string()))
+    }
+
     async fn list(&self) -> Result<Vec<ContainerStatus>> {
         let dir = self.config.root.join("containers");
         let mut out = Vec::new();

@@ -176,6 +176,18 @@ pub enum PullProgress {
     },
 }
 
+/// What a container's cgroup says it uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerUsage {
+    /// CPU time used since the container started, in microseconds (a counter: the rate is
+    /// the difference of two readings over the time between them).
+    pub cpu_usec: u64,
+    /// Memory charged to the cgroup (page cache included, as the memory limit counts it).
+    pub memory_bytes: u64,
+    pub pids: u64,
+}
+
 /// Which log records to return.
 #[derive(Clone, Debug, Default)]
 pub struct LogOptions {

@@ -360,6 +360,37 @@ async fn cpu_and_pids_limits_reach_the_cgroup_and_stop_a_fork_bomb() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_read_from_the_container_cgroup() {
+    let (rt, _dir, f) = ready_runtime().await;
+    let o = options(
+        "busy",
+        &image(&f),
+        "sleep 60 & sleep 60 & echo up; while :; do :; done",
+    );
+    rt.create(&o).await.unwrap();
+    rt.start("busy").await.unwrap();
+    wait_log(&rt, "busy", "up").await;
+    let first = rt.usage("busy").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = rt.usage("busy").await.unwrap();
+    if rt.capabilities().cgroup_mode == kat_runtime::CgroupMode::None {
+        assert_eq!(second, Default::default());
+    } else {
+        // A shell spinning on one core: well over a fifth of a core over that second.
+        let busy = second.cpu_usec.saturating_sub(first.cpu_usec);
+        assert!(busy > 200_000, "{first:?} then {second:?}");
+        // kat-init, the shell and two sleeps.
+        assert!(second.pids >= 4, "{second:?}");
+        assert!(second.memory_bytes > 0, "{second:?}");
+    }
+    assert!(matches!(
+        rt.usage("no-such-container").await,
+        Err(kat_runtime::RuntimeError::ContainerNotFound(_))
+    ));
+    rt.remove("busy", true).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remove_leaves_no_cgroup_mount_directory_or_process() {
     let (rt, _dir, f) = ready_runtime().await;
     rt.create(&options("gone", &image(&f), "sleep 1000 & sleep 1000"))

@@ -34,7 +34,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use assignments::{Assignment, Snapshot, Source};
-use container_spec::{container_id, create_options, LABEL_ATTEMPT, LABEL_INSTANCE};
+pub use container_spec::LABEL_INSTANCE;
+use container_spec::{container_id, create_options, LABEL_ATTEMPT};
 use health::HealthTracker;
 use restart::{Decision, Exit, RestartTracker};
 
@@ -107,6 +108,7 @@ impl Tracked {
             started_at: None,
             finished_at: None,
             warnings: vec![],
+            usage: None,
         };
         Tracked {
             assignment,
@@ -293,6 +295,7 @@ impl Supervisor {
                         started_at: None,
                         finished_at: None,
                         warnings: vec![],
+                        usage: None,
                     };
                     self.stop_later(status, found.into_iter().map(|(_, c)| c).collect());
                 }

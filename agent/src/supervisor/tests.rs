@@ -383,3 +383,37 @@ async fn a_slow_pull_delays_no_other_instance() {
         .count();
     assert_eq!(pulls, 1, "one pull, not one per retry");
 }
+
+#[tokio::test(start_paused = true)]
+async fn running_instances_report_what_their_cgroups_use() {
+    let rt = runtime_with(|_| Run {
+        cpu_millis: 250,
+        memory_bytes: 64 << 20,
+        pids: 3,
+        ..Run::forever()
+    });
+    let a = assignment("web", "web-1", "app:1", "{condition: Always}", None);
+    let node = start(rt.clone(), &[a]);
+    node.until(
+        Duration::from_secs(10),
+        state_is("web-1", InstanceState::Running),
+    )
+    .await;
+    let mut meter = crate::usage::UsageMeter::new(rt.clone(), std::env::temp_dir());
+    let mut first = node.statuses.borrow().clone();
+    meter.measure(&mut first).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut statuses = node.statuses.borrow().clone();
+    let host = meter.measure(&mut statuses).await;
+    let usage = statuses[0].usage.expect("a running instance has a usage");
+    // A quarter of a core over the 5 s between the readings.
+    assert_eq!(usage.cpu_millis, 250);
+    assert_eq!((usage.memory_bytes, usage.pids), (64 << 20, 3));
+    assert!(host.memory_bytes > 0 && host.pids > 0, "{host:?}");
+    assert!(host.disk_bytes.is_some() && host.disk_total_bytes.is_some());
+    // An instance that is not running reports none.
+    let mut stopped = statuses.clone();
+    stopped[0].state = InstanceState::Failed;
+    meter.measure(&mut stopped).await;
+    assert_eq!(stopped[0].usage, None);
+}

@@ -54,9 +54,9 @@ pub async fn cluster_config(State(state): State<Arc<ApiState>>) -> impl IntoResp
 }
 
 pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
-    let counts = state.service.instance_counts().await?;
+    let heartbeats = state.service.heartbeats().await?;
     Ok((
         [(header::CONTENT_TYPE, kat_leader::metrics::CONTENT_TYPE)],
-        state.metrics.render(&counts),
+        state.metrics.render(&heartbeats),
     ))
 }

@@ -1,4 +1,5 @@
-//! `/v1alpha1/n/{ns}/workloads`: bundles in, metadata and status out.
+//! `/v1alpha1/n/{ns}/workloads`: bundles in, metadata and status out; and the instances
+//! nodes report (`/v1alpha1/n/{ns}/instances`, `/v1alpha1/instances`).
 
 use std::sync::Arc;
 
@@ -75,4 +76,17 @@ pub async fn file(
     let key = WorkloadKey::new(ns, name);
     let bytes = state.service.workload_file(&key, &file).await?;
     Ok(([(header::CONTENT_TYPE, "application/yaml")], bytes))
+}
+
+pub async fn instances(
+    State(state): State<Arc<ApiState>>,
+    Path(ns): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.reported_instances(Some(&ns)).await?))
+}
+
+pub async fn all_instances(
+    State(state): State<Arc<ApiState>>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.reported_instances(None).await?))
 }

@@ -1,6 +1,4 @@
-//! Events (list and watch) and what `/metrics` reads from heartbeats.
-
-use std::collections::BTreeMap;
+//! Events (list and watch) and the nodes' heartbeats that `/metrics` and `top` read.
 
 use kat_api::keys;
 use kat_api::wire::{Event, NodeHeartbeat};
@@ -45,17 +43,16 @@ impl Service {
         Ok(rx)
     }
 
-    /// Instances by state (`Running`, `Failed`, …) as the nodes last reported them.
-    pub async fn instance_counts(&self) -> Result<BTreeMap<String, u64>> {
-        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
-        for kv in self.store.list(keys::node_statuses()).await?.kvs {
-            if let Ok(hb) = serde_json::from_slice::<NodeHeartbeat>(&kv.value) {
-                for i in hb.instances {
-                    *counts.entry(format!("{:?}", i.state)).or_default() += 1;
-                }
-            }
-        }
-        Ok(counts)
+    /// Every node's last heartbeat: instance states and what nodes and instances use.
+    pub async fn heartbeats(&self) -> Result<Vec<NodeHeartbeat>> {
+        Ok(self
+            .store
+            .list(keys::node_statuses())
+            .await?
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect())
     }
 }
 

@@ -48,6 +48,7 @@ pub fn node_object(
         allocatable: hb.as_ref().map(|h| h.allocatable).unwrap_or_default(),
         gpus: hb.as_ref().map(|h| h.gpus.clone()).unwrap_or_default(),
         taints: reg.taints,
+        usage: hb.as_ref().and_then(|h| h.usage),
         last_heartbeat: hb.map(|h| h.timestamp),
     }
 }
