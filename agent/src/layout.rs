@@ -26,6 +26,10 @@ pub struct NodeIdentity {
     pub cluster_name: String,
     pub advertise_address: String,
     pub initialized_at: String,
+    /// A node that joined as an etcd peer: the member list it was given (etcd's
+    /// `--initial-cluster`, read only while its etcd data directory is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_initial_cluster: Option<String>,
 }
 
 impl Layout {

@@ -12,10 +12,10 @@
 
 mod access;
 mod heartbeat;
+mod join;
 mod layout;
 mod malloc;
 mod node;
-mod pki;
 mod sd_notify;
 mod server;
 mod setup;
@@ -47,6 +47,25 @@ enum Command {
         /// The ClusterConfiguration file.
         #[arg(long, value_name = "FILE")]
         config: PathBuf,
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Join an existing cluster (the command `kat-agent init` printed), then run the node.
+    /// Resumes a node that has already joined.
+    Join {
+        /// API address of a node of the cluster's etcd quorum.
+        #[arg(long, value_name = "HOST:PORT")]
+        leader_api: String,
+        /// A join token (`katjoin.…`): printed by `kat-agent init`, or `katcall create join-token`.
+        #[arg(long, env = "KAT_JOIN_TOKEN", value_name = "TOKEN")]
+        token: String,
+        /// The cluster CA's fingerprint (`sha256:…`) that `kat-agent init` printed: the
+        /// cluster is checked against it before anything is sent.
+        #[arg(long, value_name = "sha256:HEX")]
+        ca_pin: String,
+        /// Become a member of the etcd quorum (1, 3 or 5 members; see docs/operations.md).
+        #[arg(long)]
+        etcd_peer: bool,
         #[command(flatten)]
         node: NodeArgs,
     },
@@ -145,6 +164,7 @@ impl NodeArgs {
                 max_bytes: self.image_max_unpacked_bytes,
                 max_entries: self.image_max_entries,
             },
+            first_join_token: None,
             cgroup_manager: match self.cgroup_manager {
                 CgroupManagerArg::Auto => kat_runtime::CgroupManager::Auto,
                 CgroupManagerArg::Systemd => kat_runtime::CgroupManager::Systemd,
@@ -184,6 +204,21 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Init { config, node } => runtime.block_on(node::init(&config, node.options())),
+        Command::Join {
+            leader_api,
+            token,
+            ca_pin,
+            etcd_peer,
+            node,
+        } => runtime.block_on(join::join(
+            join::JoinOptions {
+                leader_api,
+                token,
+                ca_pin,
+                etcd_peer,
+            },
+            node.options(),
+        )),
         Command::Run { node } => runtime.block_on(node::run(node.options())),
         Command::Setup(args) => setup::run(args),
         Command::Completion { shell } => {

@@ -26,14 +26,15 @@ use kat_leader::{namespaces, node_admin, Clock, Leader, LeaderConfig};
 use kat_runtime::image::RegistryConfig;
 use kat_runtime::{ContainerRuntime, NativeConfig, NativeRuntime};
 use kat_store::{
-    campaign, Compare, EtcdServer, EtcdServerConfig, EtcdStore, StateStore, Txn, TxnOp,
+    campaign, Compare, EtcdServer, EtcdServerConfig, EtcdStore, EtcdTls, StateStore, Txn,
+    TxnOp,
 };
 use tokio::sync::watch;
 
 use crate::access::LocalAccess;
 use crate::heartbeat;
 use crate::layout::{Layout, NodeIdentity};
-use crate::pki::{self, Pki};
+use kat_pki::{self as pki, Authority, JoinToken, Pki};
 use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
 use crate::supervisor::{Supervisor, SupervisorConfig};
@@ -56,6 +57,8 @@ pub struct NodeOptions {
     pub pids_limit: u64,
     pub seccomp: bool,
     pub image_limits: kat_runtime::image::UnpackLimits,
+    /// Set by `init`: the first join token, stored and printed once the store is up.
+    pub first_join_token: Option<JoinToken>,
 }
 
 fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
@@ -103,6 +106,7 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
         cluster_name: cluster.metadata.name.clone(),
         advertise_address: advertise.to_string(),
         initialized_at: rfc3339(SystemTime::now()),
+        etcd_initial_cluster: None,
     };
     // Written last: its presence means the node is initialized.
     kat_runtime::state_file::write_atomic(
@@ -116,6 +120,8 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
         layout.root.display(),
         cluster.metadata.name
     );
+    let mut options = options;
+    options.first_join_token = Some(JoinToken::generate()?);
     run(options).await
 }
 
@@ -136,13 +142,13 @@ fn ensure_root_subids() -> Result<()> {
     Ok(())
 }
 
-fn set_mode(path: &Path, mode: u32) -> Result<()> {
+pub fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot set the mode of {}", path.display()))
 }
 
-fn node_name(options: &NodeOptions) -> Result<String> {
+pub fn node_name(options: &NodeOptions) -> Result<String> {
     let name = match &options.node_name {
         Some(n) => n.clone(),
         None => nix::unistd::gethostname()
@@ -243,8 +249,19 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         let _ = feed_tx.send(Some((Source::LocalCopy, copy)));
     }
 
-    let mut etcd_config =
-        EtcdServerConfig::from_cluster(&cluster.spec, &node, "127.0.0.1", &layout.root);
+    let etcd_tls = EtcdTls {
+        ca_file: pki.ca_file.clone(),
+        cert_file: pki.cert_file.clone(),
+        key_file: pki.key_file.clone(),
+    };
+    let mut etcd_config = EtcdServerConfig::from_cluster(
+        &cluster.spec,
+        &node,
+        &url_host(&identity.advertise_address),
+        &layout.root,
+        etcd_tls.clone(),
+    );
+    etcd_config.join = identity.etcd_initial_cluster.clone();
     if let Some(bin) = options
         .etcd_binary
         .clone()
@@ -263,13 +280,31 @@ pub async fn run(options: NodeOptions) -> Result<()> {
             }
         }
     };
-    let store: Arc<dyn StateStore> = Arc::new(
-        EtcdStore::connect(&[etcd.client_url().to_string()])
-            .await
-            .context("connecting to etcd")?,
-    );
+    if let Some(initial) = &identity.etcd_initial_cluster {
+        wait_for_promotion(initial, &node, &cluster, &etcd_tls).await?;
+    }
+    let etcd_store = EtcdStore::connect(&[etcd.client_url().to_string()], Some(&etcd_tls))
+        .await
+        .context("connecting to etcd")?;
+    let store: Arc<dyn StateStore> = Arc::new(etcd_store.clone());
+    // Learners (nodes that joined the quorum) become voting members once they caught up.
+    let promoter = etcd_store.clone();
+    tasks.spawn(async move {
+        loop {
+            match promoter.promote_learners().await {
+                Ok(names) if !names.is_empty() => {
+                    tracing::info!(?names, "promoted etcd learners to voting members")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "promoting etcd learners"),
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
     let clock = Clock::system();
-    first_state(&*store, &cluster, &pki.token).await?;
+    if let Some(token) = &pki.token {
+        first_state(&*store, &cluster, token).await?;
+    }
     for ns in kat_api::namespace::SYSTEM_NAMESPACES {
         namespaces::create(&*store, &clock, ns, true).await?;
     }
@@ -316,7 +351,10 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let token_sha256 = stored_token_hash(&*store).await?;
     let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
     let state = Arc::new(ApiState {
-        service: Service::new(store.clone(), events, clock, cluster.clone()),
+        service: Service {
+            admission: admission(&layout, &etcd_store)?,
+            ..Service::new(store.clone(), events, clock, cluster.clone())
+        },
         token_sha256,
         access: Arc::new(LocalAccess {
             node: node.clone(),
@@ -329,22 +367,27 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| {
         format!("cannot listen on {bind} (apiPort in cluster.kat; is another agent running?)")
     })?;
-    let tls = server::tls_config(&pki.server_cert_pem, &pki.server_key_pem)?;
+    let tls = server::tls_config(&pki.node_cert_pem, &pki.node_key_pem)?;
     tasks.spawn(server::serve(listener, tls, http::router(state)));
 
+    if let Some(token) = &options.first_join_token {
+        announce_join_token(&state.service, token, &endpoint).await?;
+    }
     let client_path = options
         .client_config
         .clone()
         .unwrap_or_else(ClientConfig::default_path);
-    write_client_config(
-        &client_path,
-        &ClientConfig {
-            endpoint: format!("https://127.0.0.1:{}", cluster.spec.api_port),
-            cluster_name: cluster.metadata.name.clone(),
-            ca_certificate: pki.ca_pem.clone(),
-            token: pki.token.clone(),
-        },
-    )?;
+    if let Some(token) = &pki.token {
+        write_client_config(
+            &client_path,
+            &ClientConfig {
+                endpoint: format!("https://127.0.0.1:{}", cluster.spec.api_port),
+                cluster_name: cluster.metadata.name.clone(),
+                ca_certificate: pki.ca_pem.clone(),
+                token: token.clone(),
+            },
+        )?;
+    }
     eprintln!("kat-agent: node {node} is up; API at {endpoint}");
     crate::sd_notify::notify(&format!(
         "READY=1\nSTATUS=node {node} is up; API at {endpoint}"
@@ -485,4 +528,106 @@ async fn leader_role(
         let _ = leadership.resign().await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// An IP as the host part of a URL (IPv6 in brackets).
+fn url_host(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    }
+}
+
+/// The client URLs of etcd members, from an `--initial-cluster` list (`name=https://IP:PEER`),
+/// with the cluster's client port.
+fn member_client_urls(initial: &str, client_port: u32) -> Vec<(String, String)> {
+    initial
+        .split(',')
+        .filter_map(|m| {
+            let (name, peer) = m.split_once('=')?;
+            let (host, _) = peer.rsplit_once(':')?;
+            Some((name.to_string(), format!("{host}:{client_port}")))
+        })
+        .collect()
+}
+
+/// A node that joined the quorum as a learner serves no client until it is promoted: wait
+/// for that, asking the other members (the leader promotes learners once they caught up).
+async fn wait_for_promotion(
+    initial: &str,
+    node: &str,
+    cluster: &ClusterConfiguration,
+    tls: &EtcdTls,
+) -> Result<()> {
+    let others: Vec<String> = member_client_urls(initial, cluster.spec.etcd_client_port)
+        .into_iter()
+        .filter(|(name, _)| name != node)
+        .map(|(_, url)| url)
+        .collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    let mut said = false;
+    loop {
+        let members = match EtcdStore::connect(&others, Some(tls)).await {
+            Ok(s) => s.members().await.map_err(anyhow::Error::from),
+            Err(e) => Err(anyhow::Error::from(e)),
+        };
+        match members {
+            Ok(list) => {
+                if list.iter().any(|(name, _, learner)| name == node && !learner) {
+                    return Ok(());
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "asking the other etcd members about this node"),
+        }
+        if !said {
+            eprintln!("kat-agent: waiting for this node's etcd member to catch up and be promoted");
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A node holding the CA's key admits others (join tokens, `/v1alpha1/join`).
+fn admission(layout: &Layout, etcd: &EtcdStore) -> Result<Option<kat_apiserver::service::Admission>> {
+    if !layout.pki().join("ca.key").exists() {
+        return Ok(None);
+    }
+    Ok(Some(kat_apiserver::service::Admission {
+        authority: Arc::new(Authority::load(&layout.pki())?),
+        etcd: Some(etcd.clone()),
+    }))
+}
+
+/// Store the first join token and say how to add a node.
+async fn announce_join_token(service: &Service, token: &JoinToken, endpoint: &str) -> Result<()> {
+    let record = kat_api::wire::JoinTokenRecord {
+        id: token.id.clone(),
+        secret_sha256: token.secret_sha256(),
+        created_at: rfc3339(SystemTime::now()),
+        expires_at: rfc3339(SystemTime::now() + Duration::from_secs(24 * 3600)),
+        used_by: vec![],
+    };
+    service
+        .store
+        .put(
+            &keys::join_token(&token.id),
+            serde_json::to_vec(&record)?,
+            None,
+        )
+        .await
+        .context("storing the first join token")?;
+    let ca = service
+        .admission
+        .as_ref()
+        .map(|a| a.authority.ca_pem())
+        .context("the node that ran init holds the CA")?;
+    let api = endpoint.trim_start_matches("https://");
+    eprintln!(
+        "kat-agent: to add a node (token valid 24 h; `katcall create join-token` makes more):\n  kat-agent join --leader-api {api} --token {token} --ca-pin {} --advertise-address IP --etcd-peer",
+        pki::ca_pin(&ca)?
+    );
+    Ok(())
 }

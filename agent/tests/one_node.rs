@@ -30,6 +30,7 @@ use serde_json::Value;
 struct Cluster {
     dir: tempfile::TempDir,
     api_port: u16,
+    etcd_port: u16,
     agent: Option<Child>,
     registry: String,
     init: PathBuf,
@@ -84,6 +85,7 @@ impl Cluster {
             assert!(status.success(), "chown of the test directory to {user}");
         }
         let api_port = free_port();
+        let etcd_port = free_port();
         let cluster = format!(
             "apiVersion: kat.dws.rip/v1alpha1
 kind: ClusterConfiguration
@@ -99,7 +101,7 @@ spec:
   nodeLossTimeoutSeconds: 30
   volumeBasePath: {}
 ",
-            free_port(),
+            etcd_port,
             free_port(),
             dir.path().join("volumes").display()
         );
@@ -107,6 +109,7 @@ spec:
         let mut c = Cluster {
             dir,
             api_port,
+            etcd_port,
             agent: None,
             registry: var("KAT_TEST_REGISTRY"),
             init: PathBuf::from(var("KAT_INIT")),
@@ -660,6 +663,22 @@ fn one_node_cluster_end_to_end() {
     assert_eq!(code, 401);
     let (code, _) = c.curl(&[&c.url("/healthz")]);
     assert_eq!(code, 200);
+    // etcd speaks only mutual TLS with certificates from the cluster CA, loopback included.
+    let etcd = format!("https://127.0.0.1:{}/health", c.etcd_port);
+    let (code, body) = c.curl(&["--max-time", "5", &etcd]);
+    assert!(code == 0 && !body.contains("health"), "etcd answered without a client certificate: {code} {body}");
+    let (_, body) = c.curl(&["--max-time", "5", &etcd.replace("https://", "http://")]);
+    assert!(!body.contains("\"health\""), "etcd answered plain HTTP: {body}");
+    let (code, body) = c.curl(&[
+        "--max-time",
+        "5",
+        "--cert",
+        &c.path("data/pki/node.crt"),
+        "--key",
+        &c.path("data/pki/node.key"),
+        &etcd,
+    ]);
+    assert!(code == 200 && body.contains("\"health\":\"true\""), "{code} {body}");
     let (code, metrics) = c.curl(&[
         "-H",
         &format!("Authorization: Bearer {token}"),

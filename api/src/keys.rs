@@ -24,6 +24,14 @@ pub fn namespaces() -> &'static str {
     "/kat/namespaces/"
 }
 
+/// Join tokens by id: the SHA-256 of the secret, when it expires (`JoinTokenRecord`).
+pub fn join_token(id: &str) -> String {
+    format!("/kat/join_tokens/{id}")
+}
+pub fn join_tokens() -> &'static str {
+    "/kat/join_tokens/"
+}
+
 pub fn node_registration(node: &str) -> String {
     format!("/kat/nodes/registration/{node}")
 }

@@ -265,6 +265,78 @@ pub struct Node {
     pub usage: Option<Usage>,
 }
 
+/// A join token as stored: never the secret, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenRecord {
+    pub id: String,
+    pub secret_sha256: String,
+    pub created_at: String,
+    pub expires_at: String,
+    /// Nodes admitted with it (a token admits any number until it expires or is deleted).
+    #[serde(default)]
+    pub used_by: Vec<String>,
+}
+
+/// A join token as listed (`katcall get join-tokens`): no hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenInfo {
+    pub id: String,
+    pub created_at: String,
+    pub expires_at: String,
+    #[serde(default)]
+    pub used_by: Vec<String>,
+}
+
+/// `POST /join-tokens`: a new token; `token` is shown this once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewJoinToken {
+    pub token: String,
+    pub id: String,
+    pub expires_at: String,
+    /// `sha256:…` of the cluster CA, for `kat-agent join --ca-pin`.
+    pub ca_pin: String,
+}
+
+/// `POST /join`: a node asking to join, authenticated by its join token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinRequest {
+    pub token: String,
+    pub node_name: String,
+    /// PKCS#10 request (PEM) for the node's own key; only its public key is used.
+    pub csr: String,
+    /// The address other nodes reach this one at.
+    pub address: String,
+    /// Become a member of the etcd quorum.
+    #[serde(default)]
+    pub etcd_peer: bool,
+}
+
+/// The answer to a join: the node's certificate, the CA, the cluster's configuration and, for
+/// an etcd peer, how to start its etcd member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinResponse {
+    pub certificate: String,
+    pub ca: String,
+    /// `cluster.kat` as the cluster was initialized with.
+    pub cluster_config: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdJoin>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdJoin {
+    /// etcd's `--initial-cluster`: every member's `name=peerURL`, this node included.
+    pub initial_cluster: String,
+    /// The CA's key (PEM): quorum members can admit nodes when they lead.
+    pub ca_key: String,
+}
+
 /// `POST /nodes/{name}/status`: what an agent reports every tick.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -9,6 +9,7 @@
 
 mod client;
 mod events;
+mod join_tokens;
 mod nodes;
 mod output;
 mod streams;
@@ -49,7 +50,7 @@ enum Command {
     },
     /// List workloads, instances, nodes or namespaces.
     Get {
-        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns"])]
+        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns", "join-tokens", "join-token"])]
         what: String,
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
@@ -68,7 +69,7 @@ enum Command {
     },
     /// Delete a workload; its containers stop with their grace period.
     Delete {
-        #[arg(value_parser = ["workload"])]
+        #[arg(value_parser = ["workload", "join-token"])]
         kind: String,
         name: String,
         #[arg(short = 'n', long, default_value = "default")]
@@ -83,11 +84,18 @@ enum Command {
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
-    /// Create a namespace.
+    /// Create a namespace, or a join token for new nodes.
     Create {
-        #[arg(value_parser = ["namespace"])]
+        #[arg(value_parser = ["namespace", "join-token"])]
         kind: String,
-        name: String,
+        /// The namespace's name (join tokens have none).
+        #[arg(required_if_eq("kind", "namespace"))]
+        name: Option<String>,
+        /// How long a join token is valid.
+        #[arg(long, default_value = "24h")]
+        ttl: String,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
     },
     /// Print an instance's output.
     Logs {
@@ -251,6 +259,9 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
     let client = client::Client::from_config(config)?;
     match command {
         Command::Apply { dir, output } => workloads::apply(&client, &dir, output).await?,
+        Command::Get { what, output, .. } if what.starts_with("join-token") => {
+            join_tokens::list(&client, output).await?
+        }
         Command::Get {
             what,
             namespace,
@@ -266,10 +277,16 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             workloads::describe(&client, &name, &ns, output).await?
         }
         Command::Delete {
-            name, namespace, ..
+            kind,
+            name,
+            namespace,
         } => {
-            let (name, ns) = split_name(&name, &namespace);
-            workloads::delete(&client, &name, &ns).await?
+            if kind == "join-token" {
+                join_tokens::delete(&client, &name).await?
+            } else {
+                let (name, ns) = split_name(&name, &namespace);
+                workloads::delete(&client, &name, &ns).await?
+            }
         }
         Command::Rollback {
             name, namespace, ..
@@ -277,7 +294,16 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             let (name, ns) = split_name(&name, &namespace);
             workloads::rollback(&client, &name, &ns).await?
         }
-        Command::Create { name, .. } => workloads::create_namespace(&client, &name).await?,
+        Command::Create {
+            kind,
+            name,
+            ttl,
+            output,
+        } => match (kind.as_str(), name) {
+            ("join-token", _) => join_tokens::create(&client, &ttl, output).await?,
+            (_, Some(name)) => workloads::create_namespace(&client, &name).await?,
+            (_, None) => anyhow::bail!("create namespace: NAME is required"),
+        },
         Command::Logs {
             target,
             follow,

@@ -86,7 +86,7 @@ async fn main() {
     let etcd_config = EtcdServerConfig::loopback("scale", dir.path()).expect("free ports");
     let server = EtcdServer::start(etcd_config).await.expect("start etcd");
     let etcd: Arc<dyn StateStore> = Arc::new(
-        EtcdStore::connect(&[server.client_url().to_string()])
+        EtcdStore::connect(&[server.client_url().to_string()], None)
             .await
             .expect("connect"),
     );

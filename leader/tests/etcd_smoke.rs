@@ -16,7 +16,7 @@ async fn etcd(dir: &std::path::Path) -> (EtcdServer, Arc<dyn StateStore>) {
     let server = EtcdServer::start(EtcdServerConfig::loopback("smoke", dir).unwrap())
         .await
         .expect("start etcd");
-    let store = EtcdStore::connect(&[server.client_url().to_string()])
+    let store = EtcdStore::connect(&[server.client_url().to_string()], None)
         .await
         .unwrap();
     (server, Arc::new(store))

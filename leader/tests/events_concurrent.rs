@@ -36,7 +36,7 @@ async fn second_process_writer() {
     let Ok(endpoint) = std::env::var(ENDPOINT_VAR) else {
         return;
     };
-    let store: Arc<dyn StateStore> = Arc::new(EtcdStore::connect(&[endpoint]).await.unwrap());
+    let store: Arc<dyn StateStore> = Arc::new(EtcdStore::connect(&[endpoint], None).await.unwrap());
     let log = EventLog::new(1000);
     write(store, log, "process", 1000 - 2 * PER_WRITER).await;
 }
@@ -52,7 +52,7 @@ async fn three_concurrent_writers_lose_nothing_and_list_in_order() {
         .expect("start etcd (apt-get install etcd-server)");
     let endpoint = server.client_url().to_string();
     let store: Arc<dyn StateStore> = Arc::new(
-        EtcdStore::connect(std::slice::from_ref(&endpoint))
+        EtcdStore::connect(std::slice::from_ref(&endpoint), None)
             .await
             .unwrap(),
     );

@@ -114,7 +114,7 @@ async fn main() {
     let config = EtcdServerConfig::loopback("bench", dir.path()).expect("free ports");
     let server = EtcdServer::start(config).await.expect("start etcd");
     let etcd: Arc<dyn StateStore> = Arc::new(
-        EtcdStore::connect(&[server.client_url().to_string()])
+        EtcdStore::connect(&[server.client_url().to_string()], None)
             .await
             .expect("connect"),
     );

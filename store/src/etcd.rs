@@ -12,22 +12,27 @@ use etcd_client as ec;
 use tokio::sync::mpsc;
 
 use crate::types::*;
-use crate::StateStore;
+use crate::{EtcdTls, StateStore};
 
 #[derive(Clone)]
 pub struct EtcdStore {
     client: ec::Client,
     endpoints: Vec<String>,
+    tls: Option<EtcdTls>,
 }
 
 impl EtcdStore {
-    /// Connect to etcd at `endpoints` (e.g. `http://127.0.0.1:2379`).
-    pub async fn connect(endpoints: &[String]) -> Result<Self> {
-        let options = ec::ConnectOptions::new()
+    /// Connect to etcd at `endpoints` (e.g. `https://127.0.0.1:2379`), with this node's TLS
+    /// identity where etcd requires one (KAT's always does; plain `http://` is for tests).
+    pub async fn connect(endpoints: &[String], tls: Option<&EtcdTls>) -> Result<Self> {
+        let mut options = ec::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(10))
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5))
             .with_keep_alive_while_idle(true);
+        if let Some(tls) = tls {
+            options = options.with_tls(tls.client_options()?);
+        }
         let client = ec::Client::connect(endpoints, Some(options))
             .await
             .map_err(|e| {
@@ -39,7 +44,72 @@ impl EtcdStore {
         Ok(EtcdStore {
             client,
             endpoints: endpoints.to_vec(),
+            tls: tls.cloned(),
         })
+    }
+
+    /// The TLS identity this store connected with, to open more connections like it.
+    pub fn tls(&self) -> Option<&EtcdTls> {
+        self.tls.as_ref()
+    }
+
+    /// Add a learner member `name` at `peer_url` (a learner does not count towards the
+    /// quorum until it is promoted, so a node that never starts its etcd cannot stall the
+    /// cluster). Returns the `--initial-cluster` the new member starts with. Idempotent: a
+    /// retried join for the same peer URL gets the same answer. Unstarted members left by
+    /// joins that never finished are removed first (they would block every later one).
+    pub async fn add_learner(&self, name: &str, peer_url: &str) -> Result<String> {
+        let mut c = self.client.clone();
+        let list = c.member_list().await.map_err(map_err)?;
+        let mut ours = false;
+        for m in list.members() {
+            let same = m.peer_urls().iter().any(|u| u == peer_url);
+            ours |= same;
+            if !same && m.name().is_empty() {
+                tracing::warn!(id = m.id(), urls = ?m.peer_urls(), "removing an etcd member that never started");
+                c.member_remove(m.id()).await.map_err(map_err)?;
+            }
+        }
+        if !ours {
+            c.member_add([peer_url], Some(ec::MemberAddOptions::new().with_is_learner()))
+                .await
+                .map_err(map_err)?;
+        }
+        let list = c.member_list().await.map_err(map_err)?;
+        let mut parts = Vec::new();
+        for m in list.members() {
+            let member = if m.name().is_empty() { name } else { m.name() };
+            for u in m.peer_urls() {
+                parts.push(format!("{member}={u}"));
+            }
+        }
+        Ok(parts.join(","))
+    }
+
+    /// Promote every learner that has caught up; returns the names promoted. A learner still
+    /// catching up is left for the next call.
+    pub async fn promote_learners(&self) -> Result<Vec<String>> {
+        let mut c = self.client.clone();
+        let list = c.member_list().await.map_err(map_err)?;
+        let mut promoted = Vec::new();
+        for m in list.members().iter().filter(|m| m.is_learner() && !m.name().is_empty()) {
+            match c.member_promote(m.id()).await {
+                Ok(_) => promoted.push(m.name().to_string()),
+                Err(e) => tracing::debug!(member = m.name(), error = %e, "learner not promoted yet"),
+            }
+        }
+        Ok(promoted)
+    }
+
+    /// The voting members and learners, as `(name, peer URLs, is_learner)`.
+    pub async fn members(&self) -> Result<Vec<(String, Vec<String>, bool)>> {
+        let mut c = self.client.clone();
+        let list = c.member_list().await.map_err(map_err)?;
+        Ok(list
+            .members()
+            .iter()
+            .map(|m| (m.name().to_string(), m.peer_urls().to_vec(), m.is_learner()))
+            .collect())
     }
 
     pub fn endpoints(&self) -> &[String] {

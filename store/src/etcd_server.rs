@@ -15,14 +15,16 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use etcd_client as ec;
 use kat_api::cluster::ClusterSpec;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use crate::EtcdTls;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdServerError {
@@ -59,21 +61,36 @@ pub struct EtcdServerConfig {
     pub log_file: PathBuf,
     pub start_timeout: Duration,
     pub stop_timeout: Duration,
+    /// Mutual TLS on the client and peer ports (KAT always; `None` only for tests and
+    /// benchmarks of the store itself).
+    pub tls: Option<EtcdTls>,
+    /// Joining an existing cluster: its `--initial-cluster` (every member's `name=peerURL`,
+    /// this one included). `None` starts a new one-member cluster. Either is read only when
+    /// the data directory is empty; afterwards etcd knows its members.
+    pub join: Option<String>,
 }
 
 impl EtcdServerConfig {
-    /// A single-member cluster on `ip` with the ports of `cluster.kat`, storing its data and log
-    /// under `state_dir` (`state_dir/etcd`, `state_dir/etcd.log`).
-    pub fn from_cluster(spec: &ClusterSpec, name: &str, ip: &str, state_dir: &Path) -> Self {
+    /// A single-member cluster on `ip` with the ports of `cluster.kat`, mutual TLS with
+    /// `tls`, storing its data and log under `state_dir` (`state_dir/etcd`, `etcd.log`).
+    pub fn from_cluster(
+        spec: &ClusterSpec,
+        name: &str,
+        ip: &str,
+        state_dir: &Path,
+        tls: EtcdTls,
+    ) -> Self {
         EtcdServerConfig {
             binary: PathBuf::from("etcd"),
             name: name.to_string(),
             data_dir: state_dir.join("etcd"),
-            client_url: format!("http://{ip}:{}", spec.etcd_client_port),
-            peer_url: format!("http://{ip}:{}", spec.etcd_peer_port),
+            client_url: format!("https://{ip}:{}", spec.etcd_client_port),
+            peer_url: format!("https://{ip}:{}", spec.etcd_peer_port),
             log_file: state_dir.join("etcd.log"),
             start_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(10),
+            tls: Some(tls),
+            join: None,
         }
     }
 
@@ -95,7 +112,33 @@ impl EtcdServerConfig {
             log_file: dir.join("etcd.log"),
             start_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(5),
+            tls: None,
+            join: None,
         })
+    }
+
+    /// As [`EtcdServerConfig::loopback`], with mutual TLS.
+    pub fn loopback_tls(name: &str, dir: &Path, tls: EtcdTls) -> std::io::Result<Self> {
+        let mut c = Self::loopback(name, dir)?;
+        c.client_url = c.client_url.replace("http://", "https://");
+        c.peer_url = c.peer_url.replace("http://", "https://");
+        c.tls = Some(tls);
+        Ok(c)
+    }
+
+    /// The advertised client URL, and loopback on the same port for the node's own agent.
+    fn listen_client_urls(&self) -> String {
+        let loopback = self
+            .client_url
+            .rsplit_once(':')
+            .map(|(scheme_host, port)| {
+                let scheme = scheme_host.split("://").next().unwrap_or("https");
+                format!("{scheme}://127.0.0.1:{port}")
+            });
+        match loopback {
+            Some(l) if l != self.client_url => format!("{},{l}", self.client_url),
+            _ => self.client_url.clone(),
+        }
     }
 
     fn command(&self) -> Result<Command, EtcdServerError> {
@@ -122,7 +165,7 @@ impl EtcdServerConfig {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--listen-client-urls")
-            .arg(&self.client_url)
+            .arg(self.listen_client_urls())
             .arg("--advertise-client-urls")
             .arg(&self.client_url)
             .arg("--listen-peer-urls")
@@ -130,9 +173,13 @@ impl EtcdServerConfig {
             .arg("--initial-advertise-peer-urls")
             .arg(&self.peer_url)
             .arg("--initial-cluster")
-            .arg(format!("{}={}", self.name, self.peer_url))
+            .arg(
+                self.join
+                    .clone()
+                    .unwrap_or_else(|| format!("{}={}", self.name, self.peer_url)),
+            )
             .arg("--initial-cluster-state")
-            .arg("new")
+            .arg(if self.join.is_some() { "existing" } else { "new" })
             .arg("--initial-cluster-token")
             .arg(format!("kat-{}", self.name))
             // Keep an hour of history for watchers that resume; older revisions are compacted.
@@ -140,6 +187,7 @@ impl EtcdServerConfig {
             .arg("periodic")
             .arg("--auto-compaction-retention")
             .arg("1h")
+            .args(self.tls.iter().flat_map(EtcdTls::server_args))
             .env(
                 "ETCD_UNSUPPORTED_ARCH",
                 std::env::consts::ARCH
@@ -164,6 +212,7 @@ impl EtcdServerConfig {
 pub struct EtcdHealth {
     shared: Arc<Mutex<Shared>>,
     client_url: String,
+    tls: Option<EtcdTls>,
 }
 
 impl EtcdHealth {
@@ -173,7 +222,7 @@ impl EtcdHealth {
 
     /// Whether `/health` reports healthy right now.
     pub async fn is_healthy(&self) -> bool {
-        health(&self.client_url).await
+        health(&self.client_url, self.tls.as_ref()).await
     }
 }
 
@@ -243,12 +292,13 @@ impl EtcdServer {
         EtcdHealth {
             shared: self.shared.clone(),
             client_url: self.config.client_url.clone(),
+            tls: self.config.tls.clone(),
         }
     }
 
     /// Whether `/health` reports healthy right now.
     pub async fn is_healthy(&self) -> bool {
-        health(&self.config.client_url).await
+        health(&self.config.client_url, self.config.tls.as_ref()).await
     }
 
     /// Wait until etcd is healthy again (e.g. after a restart), up to `timeout`.
@@ -293,7 +343,7 @@ async fn wait_healthy(config: &EtcdServerConfig, child: &mut Child) -> Result<()
                 log: config.log_file.clone(),
             });
         }
-        if health(&config.client_url).await {
+        if health(&config.client_url, config.tls.as_ref()).await {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -370,20 +420,18 @@ async fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.kill().await;
 }
 
-/// `GET {url}/health` over plain HTTP/1.0; true when etcd answers `"health":"true"`.
-async fn health(url: &str) -> bool {
-    let Some(authority) = url.strip_prefix("http://") else {
-        return false;
-    };
-    let authority = authority.trim_end_matches('/');
+/// Whether etcd at `url` serves a linearizable read within 2 s: it is up, reachable with
+/// this identity, and part of a quorum with a leader (what `etcdctl endpoint health` checks).
+async fn health(url: &str, tls: Option<&EtcdTls>) -> bool {
     let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(authority).await.ok()?;
-        let request = format!("GET /health HTTP/1.0\r\nHost: {authority}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut body = Vec::new();
-        stream.take(64 * 1024).read_to_end(&mut body).await.ok()?;
-        let text = String::from_utf8_lossy(&body);
-        Some(text.starts_with("HTTP/1.") && text.contains("\"health\":\"true\""))
+        let mut options = ec::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(2));
+        if let Some(tls) = tls {
+            options = options.with_tls(tls.client_options().ok()?);
+        }
+        let mut client = ec::Client::connect([url], Some(options)).await.ok()?;
+        client.get("/kat/health", None).await.ok().map(|_| true)
     };
     tokio::time::timeout(Duration::from_secs(2), attempt)
         .await

@@ -13,12 +13,14 @@
 pub mod election;
 pub mod etcd;
 pub mod etcd_server;
+pub mod etcd_tls;
 pub mod mem;
 mod types;
 
 pub use election::{campaign, current_leader, Leadership};
 pub use etcd::EtcdStore;
 pub use etcd_server::{EtcdHealth, EtcdServer, EtcdServerConfig, EtcdServerError};
+pub use etcd_tls::EtcdTls;
 pub use mem::MemStore;
 pub use types::*;
 

@@ -49,7 +49,7 @@ impl EtcdFixture {
         let server = EtcdServer::start(config)
             .await
             .expect("start etcd (apt-get install etcd-server)");
-        let store = EtcdStore::connect(&[server.client_url().to_string()])
+        let store = EtcdStore::connect(&[server.client_url().to_string()], None)
             .await
             .unwrap();
         EtcdFixture {
@@ -72,7 +72,7 @@ impl Fixture for EtcdFixture {
         Arc::new(self.store.clone())
     }
     async fn second_client(&self) -> Arc<dyn StateStore> {
-        Arc::new(EtcdStore::connect(self.store.endpoints()).await.unwrap())
+        Arc::new(EtcdStore::connect(self.store.endpoints(), self.store.tls()).await.unwrap())
     }
     async fn disrupt(&self) -> bool {
         let server = self.server.as_ref().unwrap();

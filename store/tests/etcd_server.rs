@@ -17,7 +17,7 @@ fn alive(pid: u32) -> bool {
 async fn restarts_after_sigkill_with_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let server = EtcdServer::start(config(dir.path())).await.unwrap();
-    let store = EtcdStore::connect(&[server.client_url().to_string()])
+    let store = EtcdStore::connect(&[server.client_url().to_string()], None)
         .await
         .unwrap();
     store
@@ -113,8 +113,13 @@ fn config_from_cluster_kat() {
         "node-1",
         "10.0.0.5",
         std::path::Path::new("/var/lib/kat"),
+        kat_store::EtcdTls {
+            ca_file: "/var/lib/kat/pki/ca.crt".into(),
+            cert_file: "/var/lib/kat/pki/node.crt".into(),
+            key_file: "/var/lib/kat/pki/node.key".into(),
+        },
     );
-    assert_eq!(c.client_url, "http://10.0.0.5:12379");
-    assert_eq!(c.peer_url, "http://10.0.0.5:12380");
+    assert_eq!(c.client_url, "https://10.0.0.5:12379");
+    assert_eq!(c.peer_url, "https://10.0.0.5:12380");
     assert_eq!(c.data_dir, std::path::Path::new("/var/lib/kat/etcd"));
 }

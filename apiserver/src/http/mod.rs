@@ -1,15 +1,16 @@
 //! The HTTP API (RFC 001 §8), as an axum [`Router`] over the [`Service`] layer.
 //!
-//! Every route but `/healthz` needs the admin bearer token; the token is checked against its
-//! SHA-256 in the store, in constant time. Each request passes one middleware that applies
-//! the per-client rate limit, checks the token, times the request for `/metrics` and writes
-//! an audit line for every mutating request. Errors are always `{"error","message"}`.
+//! Every route but `/healthz`, `/v1alpha1/join` and `/v1alpha1/ca` needs the admin bearer
+//! token; the token is checked against its SHA-256 in the store, in constant time. Each
+//! request passes one middleware that applies the per-client rate limit, checks the token,
+//! times the request for `/metrics` and writes an audit line for every mutating request. Errors are always `{"error","message"}`.
 //!
 //! The router is transport-free: `kat-agent` serves it over rustls. Logs and exec need the
 //! node that runs an instance; they go through [`InstanceAccess`], which the agent implements.
 
 mod error;
 mod events;
+mod join;
 mod namespaces;
 mod nodes;
 mod rate_limit;
@@ -97,6 +98,13 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/nodes/:name/drain", post(nodes::drain))
         .route("/nodes/:name/uncordon", post(nodes::uncordon))
         .route("/events", get(events::list))
+        .route(
+            "/join-tokens",
+            get(join::list_tokens).post(join::create_token),
+        )
+        .route("/join-tokens/:id", axum::routing::delete(join::delete_token))
+        .route("/join", post(join::join))
+        .route("/ca", get(join::ca))
         .route("/config/cluster", get(events::cluster_config));
     Router::new()
         .nest("/v1alpha1", v1)
@@ -130,6 +138,10 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
+/// Routes that need no bearer token: joining (authenticated by the join token in the body)
+/// and the public CA certificate.
+const PUBLIC_PATHS: [&str; 2] = ["/v1alpha1/join", "/v1alpha1/ca"];
+
 /// Rate limit, authentication, metrics and audit for every request.
 async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -145,6 +157,13 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
     let response = if path == "/healthz" {
         next.run(req).await
+    } else if PUBLIC_PATHS.contains(&path.as_str()) {
+        // No bearer token (a joining node has none), but rate-limited like the rest.
+        match state.limiter.check(client) {
+            Ok(()) => next.run(req).await,
+            Err(_) => ApiError::new(ErrorCode::RateLimited, "too many requests; retry shortly")
+                .into_response(),
+        }
     } else if let Err(retry_after) = state.limiter.check(client) {
         let mut r = ApiError::new(
             ErrorCode::RateLimited,

@@ -10,6 +10,7 @@
 
 mod events;
 mod instances;
+mod join;
 mod namespaces;
 mod nodes;
 mod workloads;
@@ -26,6 +27,7 @@ use kat_leader::workloads::WorkloadError;
 use kat_leader::Clock;
 use kat_store::{StateStore, StoreError};
 
+pub use join::Admission;
 pub use nodes::node_object;
 
 /// What the API's operations share: the store and the cluster's settings.
@@ -35,6 +37,8 @@ pub struct Service {
     pub clock: Clock,
     pub cluster: ClusterConfiguration,
     pub bundle_limits: BundleLimits,
+    /// Set on nodes that hold the CA's key: they admit nodes (`join`, join tokens).
+    pub admission: Option<Admission>,
 }
 
 impl Service {
@@ -50,6 +54,7 @@ impl Service {
             clock,
             cluster,
             bundle_limits: BundleLimits::default(),
+            admission: None,
         }
     }
 }

@@ -1,0 +1,406 @@
+//! Three KAT nodes on test hosts (network namespaces on a bridge, `tests/cluster/hosts.sh`),
+//! through the documented commands: `kat-agent init` on the first, `kat-agent join
+//! --etcd-peer` with the printed token and CA pin on the others; a 3-member etcd quorum under
+//! mutual TLS; bad joins refused with nothing written; a 6-replica Service spread 2/2/2; the
+//! leader's agent and etcd killed: a new leader within 10 s, the workloads intact, the dead
+//! node's instances rescheduled; the node back: nothing runs twice.
+//!
+//! Needs root (network namespaces), etcd, etcdctl, docker-registry and the fixtures of
+//! `scripts/test-fixtures.sh` (KAT_TEST_LAYOUT); `scripts/test.sh` provides all of them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const NODES: usize = 3;
+const API_PORT: u16 = 9115;
+
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join(name)
+}
+
+fn hosts_sh() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cluster/hosts.sh")
+}
+
+fn ip(i: usize) -> String {
+    format!("10.77.0.{}", 10 + i)
+}
+
+/// The test hosts and the registry on the bridge; everything goes in Drop, even on failure.
+struct Hosts {
+    prefix: String,
+    dir: tempfile::TempDir,
+    registry: Option<Child>,
+    registry_addr: String,
+    agents: BTreeMap<usize, Child>,
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for (_, mut a) in std::mem::take(&mut self.agents) {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        if let Some(mut r) = self.registry.take() {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+        let _ = Command::new(hosts_sh())
+            .args(["down", &self.prefix])
+            .status();
+        if std::thread::panicking() {
+            for i in 1..=NODES {
+                let log = self.dir.path().join(format!("n{i}.log"));
+                if let Ok(text) = std::fs::read_to_string(&log) {
+                    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                    eprintln!("--- n{i} agent log (last lines) ---");
+                    for l in tail.iter().rev() {
+                        eprintln!("{l}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Hosts {
+    fn up() -> Hosts {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the cluster test makes network namespaces: run it as root (scripts/test.sh does)"
+        );
+        let prefix = format!("kc{}", std::process::id() % 10_000);
+        let _ = Command::new(hosts_sh()).args(["down", &prefix]).status();
+        let ok = Command::new(hosts_sh())
+            .args(["up", &prefix, &NODES.to_string()])
+            .status()
+            .expect("hosts.sh");
+        assert!(ok.success(), "hosts.sh up failed");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut hosts = Hosts {
+            prefix,
+            dir,
+            registry: None,
+            registry_addr: String::new(),
+            agents: BTreeMap::new(),
+        };
+        hosts.start_registry();
+        hosts
+    }
+
+    /// The fixtures' registry storage, served on the bridge so every test host can pull.
+    fn start_registry(&mut self) {
+        let layout = std::env::var("KAT_TEST_LAYOUT").expect("KAT_TEST_LAYOUT (source the output of scripts/test-fixtures.sh)");
+        let storage = Path::new(&layout)
+            .parent()
+            .expect("fixtures dir")
+            .join("registry");
+        let port = {
+            let l = std::net::TcpListener::bind("10.77.0.1:0").expect("a free port on the bridge");
+            l.local_addr().unwrap().port()
+        };
+        self.registry_addr = format!("10.77.0.1:{port}");
+        let config = self.dir.path().join("registry.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\nhttp: {{addr: {}}}\n",
+                storage.display(),
+                self.registry_addr
+            ),
+        )
+        .unwrap();
+        self.registry = Some(
+            Command::new("docker-registry")
+                .args(["serve", &config.display().to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("docker-registry"),
+        );
+        wait("the registry on the bridge", Duration::from_secs(10), || {
+            std::net::TcpStream::connect(&self.registry_addr).is_ok()
+        });
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn ns(&self, i: usize) -> String {
+        format!("{}-n{i}", self.prefix)
+    }
+
+    fn data(&self, i: usize) -> PathBuf {
+        self.path(&format!("n{i}"))
+    }
+
+    /// `kat-agent ARGS` in host `i`'s namespace, with the node's usual options.
+    fn agent_command(&self, i: usize, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(i)])
+            .arg(bin("kat-agent"))
+            .args(args)
+            .args(["--data-dir", &self.data(i).display().to_string()])
+            .args(["--node-name", &format!("n{i}")])
+            .args(["--advertise-address", &ip(i)])
+            .args(["--client-config", &self.path(&format!("katcall-n{i}.yaml")).display().to_string()])
+            .args(["--insecure-registry", &self.registry_addr])
+            .args(["--stop-grace-seconds", "2"])
+            .args(["--cgroup-parent", &format!("/{}-n{i}", self.prefix)])
+            .env("KAT_INIT", std::env::var("KAT_INIT").expect("KAT_INIT"));
+        c
+    }
+
+    fn spawn(&mut self, i: usize, args: &[&str]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(&format!("n{i}.log")))
+            .unwrap();
+        let child = self
+            .agent_command(i, args)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start kat-agent");
+        self.agents.insert(i, child);
+    }
+
+    /// kill -9 of node `i`'s agent; its etcd (a child with a parent-death signal) goes too.
+    fn kill(&mut self, i: usize) {
+        if let Some(mut a) = self.agents.remove(&i) {
+            // `ip netns exec` execs the agent, so this is the agent's pid.
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+
+    /// katcall in host `i`'s namespace, with the admin config `init` wrote (its endpoint,
+    /// 127.0.0.1:apiPort, is that host's own API).
+    fn katcall(&self, i: usize, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns(i)])
+            .arg(bin("katcall"))
+            .args(args)
+            .env("KAT_CONFIG", self.path("katcall-n1.yaml"))
+            .stdin(Stdio::null())
+            .output()
+            .expect("katcall")
+    }
+
+    fn json(&self, i: usize, args: &[&str]) -> Value {
+        let out = self.katcall(i, args);
+        if !out.status.success() {
+            return Value::Null;
+        }
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn etcdctl(&self, i: usize, args: &[&str]) -> Output {
+        let pki = self.data(1).join("pki");
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &format!("https://{}:2379", ip(i))])
+            .args(["--cacert", &pki.join("ca.crt").display().to_string()])
+            .args(["--cert", &pki.join("node.crt").display().to_string()])
+            .args(["--key", &pki.join("node.key").display().to_string()])
+            .args(["--command-timeout", "3s"])
+            .args(args)
+            .output()
+            .expect("etcdctl (apt install etcd-client)")
+    }
+
+    fn leader(&self, via: usize) -> Option<String> {
+        let out = self.etcdctl(via, &["get", "--print-value-only", "/kat/config/leader_endpoint"]);
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !text.is_empty()).then_some(text)
+    }
+
+    fn ready_nodes(&self, via: usize) -> Vec<String> {
+        self.json(via, &["get", "nodes", "-o", "json"])
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .filter(|n| n["state"] == "Ready")
+                    .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Running instances of `workload` by node.
+    fn running(&self, via: usize, workload: &str) -> BTreeMap<String, usize> {
+        let mut by_node = BTreeMap::new();
+        if let Some(list) = self.json(via, &["get", "workload", "-o", "json"]).as_array() {
+            for w in list.iter().filter(|w| w["metadata"]["name"] == workload) {
+                for i in w["status"]["instances"].as_array().into_iter().flatten() {
+                    if i["state"] == "Running" {
+                        let node = i["node"].as_str().unwrap_or("?").to_string();
+                        *by_node.entry(node).or_default() += 1;
+                    }
+                }
+            }
+        }
+        by_node
+    }
+}
+
+fn wait(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        if ok() {
+            return started.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+fn cluster_kat() -> String {
+    "apiVersion: kat.dws.rip/v1alpha1
+kind: ClusterConfiguration
+metadata:
+  name: trio
+spec:
+  clusterCIDR: 10.100.0.0/16
+  serviceCIDR: 10.200.0.0/16
+  agentTickSeconds: 1
+  nodeLossTimeoutSeconds: 8
+"
+    .to_string()
+}
+
+/// The `kat-agent join …` line `init` printed: (token, CA pin).
+fn printed_join(log: &str) -> Option<(String, String)> {
+    let line = log.lines().find(|l| l.contains("kat-agent join --leader-api"))?;
+    let word_after = |flag: &str| {
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == flag)?;
+        words.next().map(str::to_string)
+    };
+    Some((word_after("--token")?, word_after("--ca-pin")?))
+}
+
+#[test]
+fn three_nodes_join_spread_and_survive_the_leader() {
+    let mut h = Hosts::up();
+    std::fs::write(h.path("cluster.kat"), cluster_kat()).unwrap();
+    let config = h.path("cluster.kat").display().to_string();
+    h.spawn(1, &["init", "--config", &config]);
+    wait("n1 to be Ready", Duration::from_secs(60), || {
+        h.ready_nodes(1) == ["n1"]
+    });
+    let log = std::fs::read_to_string(h.path("n1.log")).unwrap();
+    let (token, pin) = printed_join(&log).expect("init prints the join command");
+    let leader_api = format!("{}:{API_PORT}", ip(1));
+
+    // Refused joins write nothing: a wrong secret, a wrong CA pin, a malformed token.
+    let mut wrong_secret = token.clone();
+    wrong_secret.replace_range(wrong_secret.len() - 4.., "0000");
+    let bad_pin = format!("sha256:{}", "0".repeat(64));
+    for (tok, pin_arg, expect) in [
+        (wrong_secret.as_str(), pin.as_str(), "wrong secret"),
+        (token.as_str(), bad_pin.as_str(), "nothing was sent"),
+        ("katjoin.nope", pin.as_str(), "a join token looks like"),
+    ] {
+        let out = h
+            .agent_command(2, &["join", "--leader-api", &leader_api, "--token", tok, "--ca-pin", pin_arg, "--etcd-peer"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expect), "{expect}: {err}");
+        assert!(!h.data(2).join("identity.json").exists(), "a refused join wrote the identity");
+        assert!(!h.data(2).join("pki/node.key").exists(), "a refused join wrote a key");
+    }
+
+    // The two joins as the docs give them.
+    let started = Instant::now();
+    for i in 2..=NODES {
+        h.spawn(i, &["join", "--leader-api", &leader_api, "--token", &token, "--ca-pin", &pin, "--etcd-peer"]);
+    }
+    wait("3 Ready nodes", Duration::from_secs(120), || {
+        h.ready_nodes(1).len() == NODES
+    });
+    eprintln!("join of 2 nodes: {:.1} s", started.elapsed().as_secs_f64());
+
+    // A 3-member quorum, all voting, under mutual TLS.
+    wait("3 voting etcd members", Duration::from_secs(60), || {
+        let out = h.etcdctl(1, &["member", "list", "-w", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let members = v["members"].as_array().cloned().unwrap_or_default();
+        members.len() == NODES && members.iter().all(|m| m["isLearner"] != true)
+    });
+    let out = Command::new("curl")
+        .args(["-sk", "--max-time", "3", &format!("https://{}:2379/health", ip(2))])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("health"), "etcd answered a client without a certificate");
+
+    // A 6-replica Service spreads 2/2/2.
+    let app = h.path("app");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(
+        app.join("workload.kat"),
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: spread, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'while true; do sleep 1; done']\n",
+            h.registry_addr
+        ),
+    )
+    .unwrap();
+    let out = h.katcall(1, &["apply", "-f", &app.display().to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait("6 instances spread 2/2/2", Duration::from_secs(120), || {
+        let by_node = h.running(1, "spread");
+        by_node.len() == NODES && by_node.values().all(|n| *n == 2)
+    });
+
+    // Kill the leader's agent (and with it its etcd): a new leader within 10 s.
+    let before = h.leader(1).expect("a leader endpoint");
+    let dead = (1..=NODES)
+        .find(|i| before.contains(&ip(*i)))
+        .expect("the leader is one of the nodes");
+    let alive = (1..=NODES).find(|i| *i != dead).unwrap();
+    let killed = Instant::now();
+    h.kill(dead);
+    let failover = wait("a new leader", Duration::from_secs(10), || {
+        h.leader(alive).is_some_and(|l| l != before)
+    });
+    eprintln!("failover: {:.1} s", failover.as_secs_f64());
+    // Desired state intact, and the dead node's instances rescheduled after the timeout.
+    wait("6 running on the 2 live nodes", Duration::from_secs(60), || {
+        let by_node = h.running(alive, "spread");
+        by_node.values().sum::<usize>() == 6 && !by_node.contains_key(&format!("n{dead}"))
+    });
+    eprintln!("rescheduled after {:.1} s", killed.elapsed().as_secs_f64());
+
+    // The node comes back: it stops what was replaced elsewhere; nothing runs twice.
+    h.spawn(dead, &["run"]);
+    wait("3 Ready nodes again", Duration::from_secs(90), || {
+        h.ready_nodes(alive).len() == NODES
+    });
+    // What the nodes themselves report running (records or not): exactly 6, once the
+    // returning node has stopped its replaced instances.
+    let reported = |h: &Hosts| {
+        h.json(alive, &["top", "instances", "-o", "json"])
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .filter(|i| i["workload"] == "spread" && i["state"] == "Running")
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    wait("exactly 6 running on the nodes", Duration::from_secs(30), || reported(&h) == 6);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(reported(&h), 6, "an instance runs twice");
+    assert_eq!(h.running(alive, "spread").values().sum::<usize>(), 6);
+}

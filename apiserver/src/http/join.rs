@@ -1,0 +1,83 @@
+//! `/v1alpha1/join-tokens`, `/v1alpha1/join` and `/v1alpha1/ca`.
+//!
+//! `join` and `ca` need no bearer token: a joining node has only its join token, and the CA
+//! certificate is public (the joining node checks it against its pin before trusting it).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use kat_api::wire::JoinRequest;
+use serde::Deserialize;
+
+use super::{read_body, ApiError, ApiState};
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateBody {
+    /// How long the token is valid: `24h`, `30m`, `7d`.
+    #[serde(default)]
+    ttl: Option<String>,
+}
+
+pub async fn create_token(
+    State(state): State<Arc<ApiState>>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = read_body(req, 4096).await?;
+    let parsed: CreateBody = if body.is_empty() {
+        CreateBody { ttl: None }
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!("join token body: {e} (expected {{\"ttl\": \"24h\"}})"))
+        })?
+    };
+    let ttl = match parsed.ttl.as_deref() {
+        None => std::time::Duration::from_secs(24 * 3600),
+        Some(t) => humantime::parse_duration(t).map_err(|_| {
+            ApiError::bad_request(format!("ttl: {t:?} is not a duration (e.g. 24h, 30m, 7d)"))
+        })?,
+    };
+    let token = state.service.create_join_token(ttl).await?;
+    Ok((StatusCode::CREATED, Json(token)))
+}
+
+pub async fn list_tokens(
+    State(state): State<Arc<ApiState>>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.join_tokens().await?))
+}
+
+pub async fn delete_token(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    state.service.delete_join_token(&id).await?;
+    Ok(Json(serde_json::json!({"deleted": id})))
+}
+
+pub async fn join(
+    State(state): State<Arc<ApiState>>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = read_body(req, 64 * 1024).await?;
+    let request: JoinRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "join body: {e} (expected token, nodeName, csr, address, etcdPeer)"
+        ))
+    })?;
+    Ok(Json(state.service.join(request).await?))
+}
+
+/// The cluster CA certificate (PEM): public; what a joining node pins.
+pub async fn ca(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
+    let ca = state
+        .service
+        .admission
+        .as_ref()
+        .map(|a| a.authority.ca_pem())
+        .ok_or_else(|| ApiError::not_found("this node does not serve the CA; ask a node of the etcd quorum"))?;
+    Ok(([(header::CONTENT_TYPE, "application/x-pem-file")], ca))
+}

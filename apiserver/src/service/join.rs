@@ -1,0 +1,204 @@
+//! Admitting nodes: join tokens (create, list, delete) and the join itself.
+//!
+//! A join is authenticated by its token alone (the node has no certificate yet). Everything is
+//! checked before anything is written: the token (known, right secret, not expired), the node
+//! name (a DNS label, not the name of a node that is alive), the address, the request's
+//! signature. Then the CA signs the node's key with the name the token admitted, an etcd peer
+//! is added to the quorum as a learner (promoted by the leader once it has caught up), and the
+//! token records the node.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use kat_api::keys;
+use kat_api::wire::{
+    rfc3339, ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinTokenInfo, JoinTokenRecord,
+    NewJoinToken, NodeState,
+};
+use kat_pki::{Authority, JoinToken};
+use kat_store::EtcdStore;
+
+use super::{Error, Result, Service};
+
+/// What a node that admits others holds: the CA with its key, and (for etcd peers) a handle
+/// on the etcd cluster to add members to.
+pub struct Admission {
+    pub authority: Arc<Authority>,
+    pub etcd: Option<EtcdStore>,
+}
+
+fn unauthorized(message: impl Into<String>) -> Error {
+    Error::new(ErrorCode::Unauthorized, message)
+}
+
+impl Service {
+    fn admission(&self) -> Result<&Admission> {
+        self.admission.as_ref().ok_or_else(|| {
+            Error::new(
+                ErrorCode::Unavailable,
+                "this node does not hold the cluster CA's key, so it cannot admit nodes: ask a node of the etcd quorum (the one that ran `kat-agent init`, or one joined with --etcd-peer)",
+            )
+        })
+    }
+
+    /// A new join token valid for `ttl`. Its secret is in the answer only.
+    pub async fn create_join_token(&self, ttl: Duration) -> Result<NewJoinToken> {
+        let admission = self.admission()?;
+        if ttl.is_zero() || ttl > Duration::from_secs(365 * 24 * 3600) {
+            return Err(Error::bad_request(
+                "ttl: must be between 1s and 365d (e.g. 24h)",
+            ));
+        }
+        let token = JoinToken::generate()
+            .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+        let now = self.clock.wall();
+        let record = JoinTokenRecord {
+            id: token.id.clone(),
+            secret_sha256: token.secret_sha256(),
+            created_at: rfc3339(now),
+            expires_at: rfc3339(now + ttl),
+            used_by: vec![],
+        };
+        self.store
+            .put(
+                &keys::join_token(&token.id),
+                serde_json::to_vec(&record).unwrap_or_default(),
+                None,
+            )
+            .await?;
+        Ok(NewJoinToken {
+            token: token.to_string(),
+            id: token.id,
+            expires_at: record.expires_at,
+            ca_pin: kat_pki::ca_pin(&admission.authority.ca_pem())
+                .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?,
+        })
+    }
+
+    pub async fn join_tokens(&self) -> Result<Vec<JoinTokenInfo>> {
+        Ok(self
+            .store
+            .list(keys::join_tokens())
+            .await?
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<JoinTokenRecord>(&kv.value).ok())
+            .map(|r| JoinTokenInfo {
+                id: r.id,
+                created_at: r.created_at,
+                expires_at: r.expires_at,
+                used_by: r.used_by,
+            })
+            .collect())
+    }
+
+    pub async fn delete_join_token(&self, id: &str) -> Result<()> {
+        let key = keys::join_token(id);
+        if self.store.get(&key).await?.is_none() {
+            return Err(Error::not_found(format!(
+                "join token {id} not found (see `katcall get join-tokens`)"
+            )));
+        }
+        self.store.delete(&key).await?;
+        Ok(())
+    }
+
+    /// Admit a node: check everything, then sign, add the etcd member, record the use.
+    pub async fn join(&self, request: JoinRequest) -> Result<JoinResponse> {
+        let admission = self.admission()?;
+        let token = JoinToken::parse(&request.token).map_err(unauthorized)?;
+        let key = keys::join_token(&token.id);
+        let stored = self.store.get(&key).await?.ok_or_else(|| {
+            unauthorized(format!(
+                "join token {} is not known (deleted, or from another cluster); create one with `katcall create join-token`",
+                token.id
+            ))
+        })?;
+        let mut record: JoinTokenRecord = serde_json::from_slice(&stored.value)
+            .map_err(|e| Error::new(ErrorCode::Internal, format!("join token record: {e}")))?;
+        if !token.matches(&record.secret_sha256) {
+            tracing::warn!(token = %token.id, node = %request.node_name, "join refused: wrong secret");
+            return Err(unauthorized(format!(
+                "join token {}: wrong secret",
+                token.id
+            )));
+        }
+        let expires = humantime::parse_rfc3339_weak(&record.expires_at)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        if self.clock.wall() > expires {
+            return Err(unauthorized(format!(
+                "join token {} expired at {}; create a new one with `katcall create join-token`",
+                token.id, record.expires_at
+            )));
+        }
+        if let Some(problem) = kat_api::names::dns_label_problem(&request.node_name) {
+            return Err(Error::bad_request(format!("nodeName: {problem}")));
+        }
+        let address: IpAddr = request.address.parse().map_err(|_| {
+            Error::bad_request(format!(
+                "address: {:?} is not an IP address",
+                request.address
+            ))
+        })?;
+        if let Ok(existing) = self.node(&request.node_name).await {
+            if existing.state != NodeState::NotReady {
+                return Err(Error::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "node {} is already a live member of the cluster; pick another --node-name, or remove it first",
+                        request.node_name
+                    ),
+                ));
+            }
+        }
+        let certificate = admission
+            .authority
+            .sign_csr(&request.csr, &request.node_name, &[address])
+            .map_err(|e| Error::bad_request(format!("csr: {e:#}")))?;
+        let etcd = if request.etcd_peer {
+            let members = admission.etcd.as_ref().ok_or_else(|| {
+                Error::new(
+                    ErrorCode::Unavailable,
+                    "this node cannot add etcd members; join through a node of the quorum",
+                )
+            })?;
+            let peer_url = format!(
+                "https://{}:{}",
+                url_host(address),
+                self.cluster.spec.etcd_peer_port
+            );
+            let initial_cluster = members
+                .add_learner(&request.node_name, &peer_url)
+                .await?;
+            Some(EtcdJoin {
+                initial_cluster,
+                ca_key: admission.authority.key_pem(),
+            })
+        } else {
+            None
+        };
+        if !record.used_by.contains(&request.node_name) {
+            record.used_by.push(request.node_name.clone());
+            self.store
+                .put(&key, serde_json::to_vec(&record).unwrap_or_default(), None)
+                .await?;
+        }
+        tracing::info!(node = %request.node_name, %address, etcd_peer = request.etcd_peer, token = %token.id, "node admitted");
+        Ok(JoinResponse {
+            certificate,
+            ca: admission.authority.ca_pem(),
+            cluster_config: serde_json::to_string_pretty(&self.cluster)
+                .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?,
+            etcd,
+        })
+    }
+}
+
+/// An IP as the host part of a URL (IPv6 in brackets).
+fn url_host(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}

@@ -1,0 +1,397 @@
+//! The cluster's PKI and the admin token, made once by `kat-agent init`.
+//!
+//! An ECDSA P-256 CA signs one certificate per node (`node.crt`; CN = the node name; SANs: the
+//! node name, `localhost`, loopback and the advertised address; usable as TLS server and
+//! client). It serves the node's API and etcd's client and peer ports, and is the node's
+//! identity towards etcd (mutual TLS everywhere; see `kat_store::etcd_tls`). The admin token
+//! is 32 random bytes in hex; only its SHA-256 goes to etcd. Private keys and the token are
+//! written 0600 in `{data}/pki`.
+//!
+//! A node that joins makes its own key and sends a certificate signing request; the CA signs
+//! it with what *it* decides (the node name the join token admitted, the addresses it
+//! reported), never with what the request asks for, so a joining node cannot ask for a CA
+//! certificate or another node's name. The joining node checks the CA it is sent against
+//! the pin the operator gave it (`sha256:` of the CA certificate) before it sends anything.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use rcgen::{
+    BasicConstraints, Certificate, CertificateParams, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+};
+
+pub struct Pki {
+    pub ca_pem: String,
+    pub node_cert_pem: String,
+    pub node_key_pem: String,
+    /// The admin token: on the node that ran `init` only.
+    pub token: Option<String>,
+    /// Where the CA certificate, this node's certificate and its key are (etcd reads them).
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+/// Write `contents` to `path`, readable by its owner only (mode 0600).
+pub fn write_secret(path: &Path, contents: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(contents.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read {} (the data directory is incomplete; restore it or start over with a fresh --data-dir)",
+            path.display()
+        )
+    })
+}
+
+struct Files {
+    ca: PathBuf,
+    ca_key: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    token: PathBuf,
+}
+
+fn files(dir: &Path) -> Files {
+    Files {
+        ca: dir.join("ca.crt"),
+        ca_key: dir.join("ca.key"),
+        cert: dir.join("node.crt"),
+        key: dir.join("node.key"),
+        token: dir.join("admin.token"),
+    }
+}
+
+/// What a node certificate says: CN and DNS name the node, IP SANs loopback and `addresses`,
+/// usable as TLS server and client, not a CA, valid as long as the CA.
+fn node_params(node: &str, addresses: &[IpAddr]) -> Result<CertificateParams> {
+    let mut params = CertificateParams::new(vec![node.to_string(), "localhost".to_string()])
+        .context("node certificate names")?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, node);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.not_after = rcgen::date_time_ymd(2046, 1, 1);
+    let mut ips: Vec<IpAddr> = vec!["127.0.0.1".parse()?, "::1".parse()?];
+    ips.extend(addresses.iter().copied());
+    ips.dedup();
+    for ip in ips {
+        params.subject_alt_names.push(SanType::IpAddress(ip));
+    }
+    Ok(params)
+}
+
+/// The cluster CA with its private key: what signs node certificates.
+pub struct Authority {
+    cert: Certificate,
+    key: KeyPair,
+}
+
+impl Authority {
+    pub fn load(dir: &Path) -> Result<Authority> {
+        let f = files(dir);
+        let key = KeyPair::from_pem(&read(&f.ca_key)?).context("reading the CA key")?;
+        // rcgen signs with a `Certificate` as issuer: rebuild it from the CA's own fields and
+        // key (same subject and key, so what it signs verifies against the original CA).
+        let cert = CertificateParams::from_ca_cert_pem(&read(&f.ca)?)
+            .context("reading the CA certificate")?
+            .self_signed(&key)
+            .context("loading the CA")?;
+        Ok(Authority { cert, key })
+    }
+
+    /// A node certificate for the key in `csr_pem` (which must be signed by that key). Only
+    /// the public key is taken from the request: names, usages and lifetime are ours.
+    pub fn sign_csr(&self, csr_pem: &str, node: &str, addresses: &[IpAddr]) -> Result<String> {
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .context("the certificate signing request is not a valid, self-signed PKCS#10 request")?;
+        csr.params = node_params(node, addresses)?;
+        Ok(csr
+            .signed_by(&self.cert, &self.key)
+            .context("signing the node certificate")?
+            .pem())
+    }
+
+    /// The CA certificate, PEM.
+    pub fn ca_pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// The CA's private key, PEM: for nodes that join the etcd quorum (they can take the
+    /// cluster anyway, and any of them may lead and admit nodes).
+    pub fn key_pem(&self) -> String {
+        self.key.serialize_pem()
+    }
+
+    /// A node certificate for `node`'s own key pair.
+    fn issue(&self, node: &str, addresses: &[IpAddr], key: &KeyPair) -> Result<String> {
+        Ok(node_params(node, addresses)?
+            .signed_by(key, &self.cert, &self.key)
+            .context("signing the node certificate")?
+            .pem())
+    }
+}
+
+impl Pki {
+    /// Generate the CA, the server certificate and the token into `dir`.
+    pub fn generate(dir: &Path, cluster: &str, node: &str, addresses: &[IpAddr]) -> Result<Pki> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let f = files(dir);
+        let ca_key = KeyPair::generate().context("generating the CA key")?;
+        let mut ca = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("KAT cluster CA ({cluster})"));
+        ca.distinguished_name = dn;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        ca.not_after = rcgen::date_time_ymd(2046, 1, 1);
+        let ca_cert = ca.self_signed(&ca_key).context("self-signing the CA")?;
+
+        let key = KeyPair::generate().context("generating the node key")?;
+        let authority = Authority {
+            cert: ca_cert,
+            key: ca_key,
+        };
+        let cert = authority.issue(node, addresses, &key)?;
+
+        let mut raw = [0u8; 32];
+        rand::RngCore::try_fill_bytes(&mut rand::rngs::OsRng, &mut raw)
+            .context("reading random bytes for the admin token")?;
+        let token = hex::encode(raw);
+
+        std::fs::write(&f.ca, authority.cert.pem())
+            .with_context(|| format!("cannot write {}", f.ca.display()))?;
+        write_secret(&f.ca_key, &authority.key.serialize_pem())?;
+        std::fs::write(&f.cert, cert)
+            .with_context(|| format!("cannot write {}", f.cert.display()))?;
+        write_secret(&f.key, &key.serialize_pem())?;
+        write_secret(&f.token, &token)?;
+        Pki::load(dir)
+    }
+
+    pub fn load(dir: &Path) -> Result<Pki> {
+        let mut f = files(dir);
+        if !f.cert.exists() && dir.join("server.crt").exists() {
+            // A data directory from before node certificates: its API certificate has no
+            // extended key usage, so it serves as the node's client certificate too.
+            f.cert = dir.join("server.crt");
+            f.key = dir.join("server.key");
+        }
+        Ok(Pki {
+            ca_pem: read(&f.ca)?,
+            node_cert_pem: read(&f.cert)?,
+            node_key_pem: read(&f.key)?,
+            token: f
+                .token
+                .exists()
+                .then(|| read(&f.token).map(|t| t.trim().to_string()))
+                .transpose()?,
+            ca_file: f.ca,
+            cert_file: f.cert,
+            key_file: f.key,
+        })
+    }
+}
+
+/// `sha256:HEX` of the CA certificate (DER): what `kat-agent join --ca-pin` checks.
+pub fn ca_pin(ca_pem: &str) -> Result<String> {
+    let der = pem::parse(ca_pem).context("the CA certificate is not PEM")?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(der.contents()))
+    ))
+}
+
+/// Whether `pin` (as the operator typed it) names the CA `ca_pem`, compared in constant time.
+pub fn pin_matches(pin: &str, ca_pem: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    let Ok(ours) = ca_pin(ca_pem) else {
+        return false;
+    };
+    let theirs = pin.trim().to_ascii_lowercase();
+    ours.len() == theirs.len() && bool::from(ours.as_bytes().ct_eq(theirs.as_bytes()))
+}
+
+/// A new key pair for `node` and a certificate signing request for it (PEM each). The key
+/// never leaves the node.
+pub fn key_and_csr(node: &str) -> Result<(String, String)> {
+    let key = KeyPair::generate().context("generating the node key")?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name.push(DnType::CommonName, node);
+    let csr = params
+        .serialize_request(&key)
+        .context("making the certificate signing request")?;
+    Ok((
+        key.serialize_pem(),
+        csr.pem().context("encoding the certificate signing request")?,
+    ))
+}
+
+/// A join token: `katjoin.ID.SECRET`. The id (12 hex digits) names it in etcd and in
+/// `katcall get join-tokens`; only the secret's SHA-256 is stored.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    pub id: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "JoinToken({}, <secret>)", self.id)
+    }
+}
+
+impl std::fmt::Display for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "katjoin.{}.{}", self.id, self.secret)
+    }
+}
+
+impl JoinToken {
+    pub fn generate() -> Result<JoinToken> {
+        let mut raw = [0u8; 22];
+        rand::RngCore::try_fill_bytes(&mut rand::rngs::OsRng, &mut raw)
+            .context("reading random bytes for a join token")?;
+        Ok(JoinToken {
+            id: hex::encode(&raw[..6]),
+            secret: hex::encode(&raw[6..]),
+        })
+    }
+
+    /// Parse `katjoin.ID.SECRET`; the message says what a token looks like.
+    pub fn parse(text: &str) -> std::result::Result<JoinToken, String> {
+        let bad = || {
+            "a join token looks like katjoin.<12 hex digits>.<32 hex digits> (printed by `kat-agent init` and `katcall create join-token`)".to_string()
+        };
+        let mut parts = text.trim().split('.');
+        let (Some("katjoin"), Some(id), Some(secret), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let hex_of = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+        if !hex_of(id, 12) || !hex_of(secret, 32) {
+            return Err(bad());
+        }
+        Ok(JoinToken {
+            id: id.to_ascii_lowercase(),
+            secret: secret.to_ascii_lowercase(),
+        })
+    }
+
+    /// SHA-256 of the secret, hex: what is stored.
+    pub fn secret_sha256(&self) -> String {
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(self.secret.as_bytes()))
+    }
+
+    /// Whether this token's secret hashes to `stored` (constant time).
+    pub fn matches(&self, stored_sha256: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let ours = self.secret_sha256();
+        ours.len() == stored_sha256.len() && bool::from(ours.as_bytes().ct_eq(stored_sha256.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generates_and_reloads_with_private_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pki =
+            Pki::generate(dir.path(), "lab", "node-a", &["10.1.2.3".parse().unwrap()]).unwrap();
+        assert!(pki.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert_eq!(pki.token.as_ref().map(String::len), Some(64));
+        for secret in ["ca.key", "node.key", "admin.token"] {
+            let mode = std::fs::metadata(dir.path().join(secret))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{secret}");
+        }
+        let again = Pki::load(dir.path()).unwrap();
+        assert_eq!(again.token, pki.token);
+        assert_eq!(again.node_cert_pem, pki.node_cert_pem);
+    }
+
+    #[test]
+    fn a_csr_gets_our_names_not_its_own_and_the_pin_names_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::generate(dir.path(), "lab", "node-a", &[]).unwrap();
+        let ca = Authority::load(dir.path()).unwrap();
+        // A request that asks to be a CA named like the first node.
+        let key = KeyPair::generate().unwrap();
+        let mut greedy = CertificateParams::new(vec!["node-a".to_string()]).unwrap();
+        greedy.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        greedy.distinguished_name.push(DnType::CommonName, "node-a");
+        let csr = greedy.serialize_request(&key).unwrap().pem().unwrap();
+        let cert = ca
+            .sign_csr(&csr, "node-b", &["10.0.0.2".parse().unwrap()])
+            .unwrap();
+        let parsed = CertificateParams::from_ca_cert_pem(&cert).unwrap();
+        assert!(matches!(parsed.is_ca, IsCa::ExplicitNoCa | IsCa::NoCa), "{:?}", parsed.is_ca);
+        let cn = parsed.distinguished_name.get(&DnType::CommonName).cloned();
+        assert_eq!(cn, Some(rcgen::DnValue::Utf8String("node-b".into())));
+        assert!(parsed
+            .subject_alt_names
+            .contains(&SanType::IpAddress("10.0.0.2".parse().unwrap())));
+        assert!(!parsed
+            .subject_alt_names
+            .iter()
+            .any(|n| matches!(n, SanType::DnsName(d) if d.as_str() == "node-a")));
+        // Garbage is refused with a message.
+        assert!(ca.sign_csr("not a csr", "node-b", &[]).is_err());
+        // The pin.
+        let pin = ca_pin(&pki.ca_pem).unwrap();
+        assert!(pin.starts_with("sha256:") && pin.len() == 7 + 64, "{pin}");
+        assert!(pin_matches(&pin.to_uppercase().replace("SHA256", "sha256"), &pki.ca_pem));
+        let other = tempfile::tempdir().unwrap();
+        let other = Pki::generate(other.path(), "evil", "node-a", &[]).unwrap();
+        assert!(!pin_matches(&pin, &other.ca_pem));
+    }
+
+    #[test]
+    fn join_tokens_round_trip_and_bad_ones_are_explained() {
+        let t = JoinToken::generate().unwrap();
+        let text = t.to_string();
+        assert!(text.starts_with("katjoin."), "{text}");
+        assert_eq!(JoinToken::parse(&text), Ok(t.clone()));
+        assert!(t.matches(&t.secret_sha256()));
+        let mut wrong = t.clone();
+        wrong.secret = "0".repeat(32);
+        assert!(!wrong.matches(&t.secret_sha256()));
+        for bad in ["", "katjoin", "katjoin.abc.def", "other.0123456789ab.0123456789abcdef0123456789abcdef", "katjoin.0123456789ab.0123456789abcdef0123456789abcdeX"] {
+            let err = JoinToken::parse(bad).unwrap_err();
+            assert!(err.contains("katjoin.<12 hex digits>"), "{bad}: {err}");
+        }
+        assert!(!format!("{t:?}").contains(&t.secret));
+    }
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Test hosts on this machine: network namespaces joined by a bridge, one per node, each
+# with its own address. Root only (CI runs as root). Reused by the cluster and networking
+# tests and by bench/cluster.sh.
+#
+#   tests/cluster/hosts.sh up PREFIX N     bridge PREFIX-br at 10.77.0.1/24 and namespaces
+#                                          PREFIX-n1..N at 10.77.0.11.., loopback up in each
+#   tests/cluster/hosts.sh cut PREFIX I    take host I's link down (a partition)
+#   tests/cluster/hosts.sh heal PREFIX I   bring it back
+#   tests/cluster/hosts.sh down PREFIX     remove everything PREFIX made (safe to repeat)
+#
+# PREFIX is at most 6 characters (interface names are limited to 15).
+set -euo pipefail
+cmd=${1:?usage: hosts.sh up|cut|heal|down PREFIX [N|I]}
+prefix=${2:?PREFIX}
+[ ${#prefix} -le 6 ] || { echo "hosts.sh: PREFIX must be at most 6 characters" >&2; exit 2; }
+bridge="${prefix}-br"
+
+case "$cmd" in
+up)
+  n=${3:?N}
+  ip link add "$bridge" type bridge
+  ip addr add 10.77.0.1/24 dev "$bridge"
+  ip link set "$bridge" up
+  for i in $(seq "$n"); do
+    ns="${prefix}-n$i"
+    ip netns add "$ns"
+    ip link add "${prefix}-v$i" type veth peer name eth0 netns "$ns"
+    ip link set "${prefix}-v$i" master "$bridge" up
+    ip -n "$ns" addr add "10.77.0.$((10 + i))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" route add default via 10.77.0.1
+  done
+  ;;
+cut) ip link set "${prefix}-v${3:?I}" down ;;
+heal) ip link set "${prefix}-v${3:?I}" up ;;
+down)
+  for ns in $(ip netns list | awk '{print $1}' | grep "^${prefix}-n" || true); do
+    # Anything still running in the namespace goes with it.
+    for pid in $(ip netns pids "$ns" 2>/dev/null || true); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns delete "$ns" 2>/dev/null || true
+  done
+  ip link delete "$bridge" 2>/dev/null || true
+  ;;
+*) echo "hosts.sh: unknown command $cmd (up, cut, heal, down)" >&2; exit 2 ;;
+esac
