@@ -48,7 +48,9 @@ pub async fn join(join: JoinOptions, options: NodeOptions) -> Result<()> {
     }
     let node_name = node::node_name(&options)?;
     let advertise = options.advertise_address.ok_or_else(|| {
-        anyhow::anyhow!("--advertise-address: required to join (the address the other nodes reach this one at)")
+        anyhow::anyhow!(
+            "--advertise-address: required to join (the address the other nodes reach this one at)"
+        )
     })?;
     let base = format!("https://{}", join.leader_api.trim_end_matches('/'));
 
@@ -103,7 +105,9 @@ async fn fetch_ca(base: &str) -> Result<String> {
         .get(format!("{base}/v1alpha1/ca"))
         .send()
         .await
-        .with_context(|| format!("cannot reach {base} (is --leader-api right, and its apiPort open?)"))?;
+        .with_context(|| {
+            format!("cannot reach {base} (is --leader-api right, and its apiPort open?)")
+        })?;
     if !response.status().is_success() {
         bail!("{base} did not give its CA: {}", error_text(response).await);
     }
@@ -118,7 +122,10 @@ async fn send_join(base: &str, ca: &str, request: &JoinRequest) -> Result<JoinRe
         .await
         .with_context(|| format!("cannot reach {base}"))?;
     if !response.status().is_success() {
-        bail!("the cluster refused the join: {}", error_text(response).await);
+        bail!(
+            "the cluster refused the join: {}",
+            error_text(response).await
+        );
     }
     response.json().await.context("reading the join answer")
 }
@@ -138,10 +145,19 @@ fn write_files(
     node_name: &str,
     advertise: IpAddr,
 ) -> Result<()> {
-    let cluster = kat_api::parse_cluster("cluster.kat (from the cluster)", response.cluster_config.as_bytes())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    for dir in [layout.root.clone(), layout.pki(), layout.runtime(), layout.agent()] {
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let cluster = kat_api::parse_cluster(
+        "cluster.kat (from the cluster)",
+        response.cluster_config.as_bytes(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for dir in [
+        layout.root.clone(),
+        layout.pki(),
+        layout.runtime(),
+        layout.agent(),
+    ] {
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
     }
     node::set_mode(&layout.root, 0o711)?;
     node::set_mode(&layout.pki(), 0o700)?;

@@ -26,19 +26,18 @@ use kat_leader::{namespaces, node_admin, Clock, Leader, LeaderConfig};
 use kat_runtime::image::RegistryConfig;
 use kat_runtime::{ContainerRuntime, NativeConfig, NativeRuntime};
 use kat_store::{
-    campaign, Compare, EtcdServer, EtcdServerConfig, EtcdStore, EtcdTls, StateStore, Txn,
-    TxnOp,
+    campaign, Compare, EtcdServer, EtcdServerConfig, EtcdStore, EtcdTls, StateStore, Txn, TxnOp,
 };
 use tokio::sync::watch;
 
 use crate::access::LocalAccess;
 use crate::heartbeat;
 use crate::layout::{Layout, NodeIdentity};
-use kat_pki::{self as pki, Authority, JoinToken, Pki};
 use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
 use crate::supervisor::{Supervisor, SupervisorConfig};
 use crate::usage::UsageMeter;
+use kat_pki::{self as pki, Authority, JoinToken, Pki};
 
 /// Options shared by `init` and `run`.
 #[derive(Debug, Clone)]
@@ -368,7 +367,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         format!("cannot listen on {bind} (apiPort in cluster.kat; is another agent running?)")
     })?;
     let tls = server::tls_config(&pki.node_cert_pem, &pki.node_key_pem)?;
-    tasks.spawn(server::serve(listener, tls, http::router(state)));
+    tasks.spawn(server::serve(listener, tls, http::router(state.clone())));
 
     if let Some(token) = &options.first_join_token {
         announce_join_token(&state.service, token, &endpoint).await?;
@@ -576,7 +575,10 @@ async fn wait_for_promotion(
         };
         match members {
             Ok(list) => {
-                if list.iter().any(|(name, _, learner)| name == node && !learner) {
+                if list
+                    .iter()
+                    .any(|(name, _, learner)| name == node && !learner)
+                {
                     return Ok(());
                 }
             }
@@ -591,7 +593,10 @@ async fn wait_for_promotion(
 }
 
 /// A node holding the CA's key admits others (join tokens, `/v1alpha1/join`).
-fn admission(layout: &Layout, etcd: &EtcdStore) -> Result<Option<kat_apiserver::service::Admission>> {
+fn admission(
+    layout: &Layout,
+    etcd: &EtcdStore,
+) -> Result<Option<kat_apiserver::service::Admission>> {
     if !layout.pki().join("ca.key").exists() {
         return Ok(None);
     }

@@ -56,6 +56,18 @@ impl Drop for Hosts {
         let _ = Command::new(hosts_sh())
             .args(["down", &self.prefix])
             .status();
+        // Containers' overlay mounts under the nodes' data directories.
+        let dir = self.dir.path().display().to_string();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut points: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|m| m.starts_with(&dir))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        for p in points {
+            let _ = Command::new("umount").args(["-l", p]).status();
+        }
         if std::thread::panicking() {
             for i in 1..=NODES {
                 let log = self.dir.path().join(format!("n{i}.log"));
@@ -98,7 +110,8 @@ impl Hosts {
 
     /// The fixtures' registry storage, served on the bridge so every test host can pull.
     fn start_registry(&mut self) {
-        let layout = std::env::var("KAT_TEST_LAYOUT").expect("KAT_TEST_LAYOUT (source the output of scripts/test-fixtures.sh)");
+        let layout = std::env::var("KAT_TEST_LAYOUT")
+            .expect("KAT_TEST_LAYOUT (source the output of scripts/test-fixtures.sh)");
         let storage = Path::new(&layout)
             .parent()
             .expect("fixtures dir")
@@ -126,9 +139,11 @@ impl Hosts {
                 .spawn()
                 .expect("docker-registry"),
         );
-        wait("the registry on the bridge", Duration::from_secs(10), || {
-            std::net::TcpStream::connect(&self.registry_addr).is_ok()
-        });
+        wait(
+            "the registry on the bridge",
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(&self.registry_addr).is_ok(),
+        );
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -143,16 +158,29 @@ impl Hosts {
         self.path(&format!("n{i}"))
     }
 
+    /// `nsenter` into host `i`'s network namespace (not `ip netns exec`, which mounts a
+    /// fresh /sys and hides the cgroup hierarchies); it execs the program, keeping its pid.
+    fn in_ns(&self, i: usize) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.ns(i))).arg("--");
+        c
+    }
+
     /// `kat-agent ARGS` in host `i`'s namespace, with the node's usual options.
     fn agent_command(&self, i: usize, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns(i)])
-            .arg(bin("kat-agent"))
+        let mut c = self.in_ns(i);
+        c.arg(bin("kat-agent"))
             .args(args)
             .args(["--data-dir", &self.data(i).display().to_string()])
             .args(["--node-name", &format!("n{i}")])
             .args(["--advertise-address", &ip(i)])
-            .args(["--client-config", &self.path(&format!("katcall-n{i}.yaml")).display().to_string()])
+            .args([
+                "--client-config",
+                &self
+                    .path(&format!("katcall-n{i}.yaml"))
+                    .display()
+                    .to_string(),
+            ])
             .args(["--insecure-registry", &self.registry_addr])
             .args(["--stop-grace-seconds", "2"])
             .args(["--cgroup-parent", &format!("/{}-n{i}", self.prefix)])
@@ -178,7 +206,7 @@ impl Hosts {
     /// kill -9 of node `i`'s agent; its etcd (a child with a parent-death signal) goes too.
     fn kill(&mut self, i: usize) {
         if let Some(mut a) = self.agents.remove(&i) {
-            // `ip netns exec` execs the agent, so this is the agent's pid.
+            // nsenter execs the agent, so this is the agent's pid.
             let _ = a.kill();
             let _ = a.wait();
         }
@@ -187,8 +215,7 @@ impl Hosts {
     /// katcall in host `i`'s namespace, with the admin config `init` wrote (its endpoint,
     /// 127.0.0.1:apiPort, is that host's own API).
     fn katcall(&self, i: usize, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns(i)])
+        self.in_ns(i)
             .arg(bin("katcall"))
             .args(args)
             .env("KAT_CONFIG", self.path("katcall-n1.yaml"))
@@ -220,7 +247,10 @@ impl Hosts {
     }
 
     fn leader(&self, via: usize) -> Option<String> {
-        let out = self.etcdctl(via, &["get", "--print-value-only", "/kat/config/leader_endpoint"]);
+        let out = self.etcdctl(
+            via,
+            &["get", "--print-value-only", "/kat/config/leader_endpoint"],
+        );
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         (out.status.success() && !text.is_empty()).then_some(text)
     }
@@ -240,7 +270,10 @@ impl Hosts {
     /// Running instances of `workload` by node.
     fn running(&self, via: usize, workload: &str) -> BTreeMap<String, usize> {
         let mut by_node = BTreeMap::new();
-        if let Some(list) = self.json(via, &["get", "workload", "-o", "json"]).as_array() {
+        if let Some(list) = self
+            .json(via, &["get", "workload", "-o", "json"])
+            .as_array()
+        {
             for w in list.iter().filter(|w| w["metadata"]["name"] == workload) {
                 for i in w["status"]["instances"].as_array().into_iter().flatten() {
                     if i["state"] == "Running" {
@@ -281,7 +314,9 @@ spec:
 
 /// The `kat-agent join …` line `init` printed: (token, CA pin).
 fn printed_join(log: &str) -> Option<(String, String)> {
-    let line = log.lines().find(|l| l.contains("kat-agent join --leader-api"))?;
+    let line = log
+        .lines()
+        .find(|l| l.contains("kat-agent join --leader-api"))?;
     let word_after = |flag: &str| {
         let mut words = line.split_whitespace();
         words.find(|w| *w == flag)?;
@@ -313,19 +348,52 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         ("katjoin.nope", pin.as_str(), "a join token looks like"),
     ] {
         let out = h
-            .agent_command(2, &["join", "--leader-api", &leader_api, "--token", tok, "--ca-pin", pin_arg, "--etcd-peer"])
+            .agent_command(
+                2,
+                &[
+                    "join",
+                    "--leader-api",
+                    &leader_api,
+                    "--token",
+                    tok,
+                    "--ca-pin",
+                    pin_arg,
+                    "--etcd-peer",
+                ],
+            )
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(expect), "{expect}: {err}");
-        assert!(!h.data(2).join("identity.json").exists(), "a refused join wrote the identity");
-        assert!(!h.data(2).join("pki/node.key").exists(), "a refused join wrote a key");
+        assert!(
+            !out.status.success() && err.contains(expect),
+            "{expect}: {err}"
+        );
+        assert!(
+            !h.data(2).join("identity.json").exists(),
+            "a refused join wrote the identity"
+        );
+        assert!(
+            !h.data(2).join("pki/node.key").exists(),
+            "a refused join wrote a key"
+        );
     }
 
     // The two joins as the docs give them.
     let started = Instant::now();
     for i in 2..=NODES {
-        h.spawn(i, &["join", "--leader-api", &leader_api, "--token", &token, "--ca-pin", &pin, "--etcd-peer"]);
+        h.spawn(
+            i,
+            &[
+                "join",
+                "--leader-api",
+                &leader_api,
+                "--token",
+                &token,
+                "--ca-pin",
+                &pin,
+                "--etcd-peer",
+            ],
+        );
     }
     wait("3 Ready nodes", Duration::from_secs(120), || {
         h.ready_nodes(1).len() == NODES
@@ -340,10 +408,18 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         members.len() == NODES && members.iter().all(|m| m["isLearner"] != true)
     });
     let out = Command::new("curl")
-        .args(["-sk", "--max-time", "3", &format!("https://{}:2379/health", ip(2))])
+        .args([
+            "-sk",
+            "--max-time",
+            "3",
+            &format!("https://{}:2379/health", ip(2)),
+        ])
         .output()
         .unwrap();
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("health"), "etcd answered a client without a certificate");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("health"),
+        "etcd answered a client without a certificate"
+    );
 
     // A 6-replica Service spreads 2/2/2.
     let app = h.path("app");
@@ -357,7 +433,11 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     )
     .unwrap();
     let out = h.katcall(1, &["apply", "-f", &app.display().to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     wait("6 instances spread 2/2/2", Duration::from_secs(120), || {
         let by_node = h.running(1, "spread");
         by_node.len() == NODES && by_node.values().all(|n| *n == 2)
@@ -376,10 +456,14 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     });
     eprintln!("failover: {:.1} s", failover.as_secs_f64());
     // Desired state intact, and the dead node's instances rescheduled after the timeout.
-    wait("6 running on the 2 live nodes", Duration::from_secs(60), || {
-        let by_node = h.running(alive, "spread");
-        by_node.values().sum::<usize>() == 6 && !by_node.contains_key(&format!("n{dead}"))
-    });
+    wait(
+        "6 running on the 2 live nodes",
+        Duration::from_secs(60),
+        || {
+            let by_node = h.running(alive, "spread");
+            by_node.values().sum::<usize>() == 6 && !by_node.contains_key(&format!("n{dead}"))
+        },
+    );
     eprintln!("rescheduled after {:.1} s", killed.elapsed().as_secs_f64());
 
     // The node comes back: it stops what was replaced elsewhere; nothing runs twice.
@@ -399,7 +483,11 @@ fn three_nodes_join_spread_and_survive_the_leader() {
             })
             .unwrap_or(0)
     };
-    wait("exactly 6 running on the nodes", Duration::from_secs(30), || reported(&h) == 6);
+    wait(
+        "exactly 6 running on the nodes",
+        Duration::from_secs(30),
+        || reported(&h) == 6,
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(reported(&h), 6, "an instance runs twice");
     assert_eq!(h.running(alive, "spread").values().sum::<usize>(), 6);

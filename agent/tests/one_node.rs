@@ -666,9 +666,15 @@ fn one_node_cluster_end_to_end() {
     // etcd speaks only mutual TLS with certificates from the cluster CA, loopback included.
     let etcd = format!("https://127.0.0.1:{}/health", c.etcd_port);
     let (code, body) = c.curl(&["--max-time", "5", &etcd]);
-    assert!(code == 0 && !body.contains("health"), "etcd answered without a client certificate: {code} {body}");
+    assert!(
+        code == 0 && !body.contains("health"),
+        "etcd answered without a client certificate: {code} {body}"
+    );
     let (_, body) = c.curl(&["--max-time", "5", &etcd.replace("https://", "http://")]);
-    assert!(!body.contains("\"health\""), "etcd answered plain HTTP: {body}");
+    assert!(
+        !body.contains("\"health\""),
+        "etcd answered plain HTTP: {body}"
+    );
     let (code, body) = c.curl(&[
         "--max-time",
         "5",
@@ -678,7 +684,10 @@ fn one_node_cluster_end_to_end() {
         &c.path("data/pki/node.key"),
         &etcd,
     ]);
-    assert!(code == 200 && body.contains("\"health\":\"true\""), "{code} {body}");
+    assert!(
+        code == 200 && body.contains("\"health\":\"true\""),
+        "{code} {body}"
+    );
     let (code, metrics) = c.curl(&[
         "-H",
         &format!("Authorization: Bearer {token}"),

@@ -17,7 +17,10 @@ pub async fn create(client: &Client, ttl: &str, format: Format) -> Result<()> {
     if structured(format, &token)? {
         return Ok(());
     }
-    println!("join token {} (valid until {}):", token.id, token.expires_at);
+    println!(
+        "join token {} (valid until {}):",
+        token.id, token.expires_at
+    );
     println!("  {}", token.token);
     println!("on the new node:");
     println!(

@@ -125,8 +125,9 @@ impl Authority {
     /// A node certificate for the key in `csr_pem` (which must be signed by that key). Only
     /// the public key is taken from the request: names, usages and lifetime are ours.
     pub fn sign_csr(&self, csr_pem: &str, node: &str, addresses: &[IpAddr]) -> Result<String> {
-        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
-            .context("the certificate signing request is not a valid, self-signed PKCS#10 request")?;
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem).context(
+            "the certificate signing request is not a valid, self-signed PKCS#10 request",
+        )?;
         csr.params = node_params(node, addresses)?;
         Ok(csr
             .signed_by(&self.cert, &self.key)
@@ -249,7 +250,8 @@ pub fn key_and_csr(node: &str) -> Result<(String, String)> {
         .context("making the certificate signing request")?;
     Ok((
         key.serialize_pem(),
-        csr.pem().context("encoding the certificate signing request")?,
+        csr.pem()
+            .context("encoding the certificate signing request")?,
     ))
 }
 
@@ -307,14 +309,17 @@ impl JoinToken {
 
     /// SHA-256 of the secret, hex: what is stored.
     pub fn secret_sha256(&self) -> String {
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(self.secret.as_bytes()))
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+            self.secret.as_bytes(),
+        ))
     }
 
     /// Whether this token's secret hashes to `stored` (constant time).
     pub fn matches(&self, stored_sha256: &str) -> bool {
         use subtle::ConstantTimeEq;
         let ours = self.secret_sha256();
-        ours.len() == stored_sha256.len() && bool::from(ours.as_bytes().ct_eq(stored_sha256.as_bytes()))
+        ours.len() == stored_sha256.len()
+            && bool::from(ours.as_bytes().ct_eq(stored_sha256.as_bytes()))
     }
 }
 
@@ -347,17 +352,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::generate(dir.path(), "lab", "node-a", &[]).unwrap();
         let ca = Authority::load(dir.path()).unwrap();
-        // A request that asks to be a CA named like the first node.
+        // A request that asks to sign certificates, in the first node's name.
         let key = KeyPair::generate().unwrap();
         let mut greedy = CertificateParams::new(vec!["node-a".to_string()]).unwrap();
-        greedy.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        greedy.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         greedy.distinguished_name.push(DnType::CommonName, "node-a");
         let csr = greedy.serialize_request(&key).unwrap().pem().unwrap();
         let cert = ca
             .sign_csr(&csr, "node-b", &["10.0.0.2".parse().unwrap()])
             .unwrap();
         let parsed = CertificateParams::from_ca_cert_pem(&cert).unwrap();
-        assert!(matches!(parsed.is_ca, IsCa::ExplicitNoCa | IsCa::NoCa), "{:?}", parsed.is_ca);
+        assert!(
+            matches!(parsed.is_ca, IsCa::ExplicitNoCa | IsCa::NoCa),
+            "{:?}",
+            parsed.is_ca
+        );
+        assert!(!parsed.key_usages.contains(&KeyUsagePurpose::KeyCertSign));
         let cn = parsed.distinguished_name.get(&DnType::CommonName).cloned();
         assert_eq!(cn, Some(rcgen::DnValue::Utf8String("node-b".into())));
         assert!(parsed
@@ -372,7 +382,10 @@ mod tests {
         // The pin.
         let pin = ca_pin(&pki.ca_pem).unwrap();
         assert!(pin.starts_with("sha256:") && pin.len() == 7 + 64, "{pin}");
-        assert!(pin_matches(&pin.to_uppercase().replace("SHA256", "sha256"), &pki.ca_pem));
+        assert!(pin_matches(
+            &pin.to_uppercase().replace("SHA256", "sha256"),
+            &pki.ca_pem
+        ));
         let other = tempfile::tempdir().unwrap();
         let other = Pki::generate(other.path(), "evil", "node-a", &[]).unwrap();
         assert!(!pin_matches(&pin, &other.ca_pem));
@@ -388,7 +401,13 @@ mod tests {
         let mut wrong = t.clone();
         wrong.secret = "0".repeat(32);
         assert!(!wrong.matches(&t.secret_sha256()));
-        for bad in ["", "katjoin", "katjoin.abc.def", "other.0123456789ab.0123456789abcdef0123456789abcdef", "katjoin.0123456789ab.0123456789abcdef0123456789abcdeX"] {
+        for bad in [
+            "",
+            "katjoin",
+            "katjoin.abc.def",
+            "other.0123456789ab.0123456789abcdef0123456789abcdef",
+            "katjoin.0123456789ab.0123456789abcdef0123456789abcdeX",
+        ] {
             let err = JoinToken::parse(bad).unwrap_err();
             assert!(err.contains("katjoin.<12 hex digits>"), "{bad}: {err}");
         }

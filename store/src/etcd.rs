@@ -55,30 +55,50 @@ impl EtcdStore {
 
     /// Add a learner member `name` at `peer_url` (a learner does not count towards the
     /// quorum until it is promoted, so a node that never starts its etcd cannot stall the
-    /// cluster). Returns the `--initial-cluster` the new member starts with. Idempotent: a
-    /// retried join for the same peer URL gets the same answer. Unstarted members left by
-    /// joins that never finished are removed first (they would block every later one).
+    /// cluster). Returns the `--initial-cluster` the new member starts with: every member, as
+    /// etcd checks it (by peer URL; a member that has not started yet has no name and gets its
+    /// id). Idempotent: a retried join for the same peer URL gets the same answer.
     pub async fn add_learner(&self, name: &str, peer_url: &str) -> Result<String> {
         let mut c = self.client.clone();
         let list = c.member_list().await.map_err(map_err)?;
-        let mut ours = false;
-        for m in list.members() {
-            let same = m.peer_urls().iter().any(|u| u == peer_url);
-            ours |= same;
-            if !same && m.name().is_empty() {
-                tracing::warn!(id = m.id(), urls = ?m.peer_urls(), "removing an etcd member that never started");
-                c.member_remove(m.id()).await.map_err(map_err)?;
-            }
-        }
+        let ours = list
+            .members()
+            .iter()
+            .any(|m| m.peer_urls().iter().any(|u| u == peer_url));
         if !ours {
-            c.member_add([peer_url], Some(ec::MemberAddOptions::new().with_is_learner()))
-                .await
-                .map_err(map_err)?;
+            // etcd takes one learner at a time, and no change of membership until a member
+            // promoted a moment ago has been connected for a while: a join waits (up to a
+            // minute) for both.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let added = c
+                    .member_add(
+                        [peer_url],
+                        Some(ec::MemberAddOptions::new().with_is_learner()),
+                    )
+                    .await;
+                match added {
+                    Ok(_) => break,
+                    Err(e)
+                        if (e.to_string().contains("too many learner members")
+                            || e.to_string().contains("unhealthy cluster"))
+                            && tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => return Err(map_err(e)),
+                }
+            }
         }
         let list = c.member_list().await.map_err(map_err)?;
         let mut parts = Vec::new();
         for m in list.members() {
-            let member = if m.name().is_empty() { name } else { m.name() };
+            let is_new = m.peer_urls().iter().any(|u| u == peer_url);
+            let member = match m.name() {
+                _ if is_new => name.to_string(),
+                "" => format!("pending-{:x}", m.id()),
+                named => named.to_string(),
+            };
             for u in m.peer_urls() {
                 parts.push(format!("{member}={u}"));
             }
@@ -92,10 +112,16 @@ impl EtcdStore {
         let mut c = self.client.clone();
         let list = c.member_list().await.map_err(map_err)?;
         let mut promoted = Vec::new();
-        for m in list.members().iter().filter(|m| m.is_learner() && !m.name().is_empty()) {
+        for m in list
+            .members()
+            .iter()
+            .filter(|m| m.is_learner() && !m.name().is_empty())
+        {
             match c.member_promote(m.id()).await {
                 Ok(_) => promoted.push(m.name().to_string()),
-                Err(e) => tracing::debug!(member = m.name(), error = %e, "learner not promoted yet"),
+                Err(e) => {
+                    tracing::debug!(member = m.name(), error = %e, "learner not promoted yet")
+                }
             }
         }
         Ok(promoted)

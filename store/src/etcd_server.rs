@@ -128,13 +128,10 @@ impl EtcdServerConfig {
 
     /// The advertised client URL, and loopback on the same port for the node's own agent.
     fn listen_client_urls(&self) -> String {
-        let loopback = self
-            .client_url
-            .rsplit_once(':')
-            .map(|(scheme_host, port)| {
-                let scheme = scheme_host.split("://").next().unwrap_or("https");
-                format!("{scheme}://127.0.0.1:{port}")
-            });
+        let loopback = self.client_url.rsplit_once(':').map(|(scheme_host, port)| {
+            let scheme = scheme_host.split("://").next().unwrap_or("https");
+            format!("{scheme}://127.0.0.1:{port}")
+        });
         match loopback {
             Some(l) if l != self.client_url => format!("{},{l}", self.client_url),
             _ => self.client_url.clone(),
@@ -179,7 +176,11 @@ impl EtcdServerConfig {
                     .unwrap_or_else(|| format!("{}={}", self.name, self.peer_url)),
             )
             .arg("--initial-cluster-state")
-            .arg(if self.join.is_some() { "existing" } else { "new" })
+            .arg(if self.join.is_some() {
+                "existing"
+            } else {
+                "new"
+            })
             .arg("--initial-cluster-token")
             .arg(format!("kat-{}", self.name))
             // Keep an hour of history for watchers that resume; older revisions are compacted.

@@ -72,7 +72,11 @@ impl Fixture for EtcdFixture {
         Arc::new(self.store.clone())
     }
     async fn second_client(&self) -> Arc<dyn StateStore> {
-        Arc::new(EtcdStore::connect(self.store.endpoints(), self.store.tls()).await.unwrap())
+        Arc::new(
+            EtcdStore::connect(self.store.endpoints(), self.store.tls())
+                .await
+                .unwrap(),
+        )
     }
     async fn disrupt(&self) -> bool {
         let server = self.server.as_ref().unwrap();

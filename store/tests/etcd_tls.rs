@@ -62,7 +62,11 @@ async fn only_a_certificate_from_the_cluster_ca_gets_an_answer() {
     let dir = tempfile::tempdir().unwrap();
     let tls = pki(&dir.path().join("pki"), "node-1");
     let config = EtcdServerConfig::loopback_tls("node-1", dir.path(), tls.clone()).unwrap();
-    assert!(config.client_url.starts_with("https://"), "{}", config.client_url);
+    assert!(
+        config.client_url.starts_with("https://"),
+        "{}",
+        config.client_url
+    );
     let server = EtcdServer::start(config).await.unwrap();
     let url = server.client_url().to_string();
 
@@ -80,7 +84,10 @@ async fn only_a_certificate_from_the_cluster_ca_gets_an_answer() {
     let ca = std::fs::read(&tls.ca_file).unwrap();
     let no_cert = ec::TlsOptions::new().ca_certificate(ec::Certificate::from_pem(&ca));
     let refused = read_with(&url, Some(no_cert)).await;
-    assert!(refused.is_err(), "a client without a certificate was answered");
+    assert!(
+        refused.is_err(),
+        "a client without a certificate was answered"
+    );
 
     // A certificate from another CA: refused.
     let other = pki(&dir.path().join("other"), "intruder");
@@ -91,17 +98,31 @@ async fn only_a_certificate_from_the_cluster_ca_gets_an_answer() {
             std::fs::read(&other.key_file).unwrap(),
         ));
     let refused = read_with(&url, Some(intruder)).await;
-    assert!(refused.is_err(), "a certificate from another CA was answered");
+    assert!(
+        refused.is_err(),
+        "a certificate from another CA was answered"
+    );
 
     // Plain HTTP to the same port: nothing.
     let plain = url.replace("https://", "http://");
-    assert!(read_with(&plain, None).await.is_err(), "plain HTTP was answered");
+    assert!(
+        read_with(&plain, None).await.is_err(),
+        "plain HTTP was answered"
+    );
 
     // The peer port demands a certificate too.
     let peer = server.config().peer_url.replace("https://", "");
     let answered = tokio::task::spawn_blocking(move || {
         std::process::Command::new("curl")
-            .args(["-sk", "--max-time", "3", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args([
+                "-sk",
+                "--max-time",
+                "3",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
             .arg(format!("https://{peer}/members"))
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).to_string())

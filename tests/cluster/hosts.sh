@@ -36,6 +36,16 @@ up)
 cut) ip link set "${prefix}-v${3:?I}" down ;;
 heal) ip link set "${prefix}-v${3:?I}" up ;;
 down)
+  # Containers outlive their agents by design: kill what is left in the nodes' cgroups
+  # (agents started with --cgroup-parent /PREFIX-nI), then remove the cgroups.
+  for dir in /sys/fs/cgroup/*/"${prefix}"-n*; do
+    [ -d "$dir" ] || continue
+    find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  done
+  sleep 0.2
+  for dir in /sys/fs/cgroup/*/"${prefix}"-n*; do
+    [ -d "$dir" ] && find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
   for ns in $(ip netns list | awk '{print $1}' | grep "^${prefix}-n" || true); do
     # Anything still running in the namespace goes with it.
     for pid in $(ip netns pids "$ns" 2>/dev/null || true); do kill -9 "$pid" 2>/dev/null || true; done

@@ -31,7 +31,9 @@ pub async fn create_token(
         CreateBody { ttl: None }
     } else {
         serde_json::from_slice(&body).map_err(|e| {
-            ApiError::bad_request(format!("join token body: {e} (expected {{\"ttl\": \"24h\"}})"))
+            ApiError::bad_request(format!(
+                "join token body: {e} (expected {{\"ttl\": \"24h\"}})"
+            ))
         })?
     };
     let ttl = match parsed.ttl.as_deref() {
@@ -78,6 +80,8 @@ pub async fn ca(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse,
         .admission
         .as_ref()
         .map(|a| a.authority.ca_pem())
-        .ok_or_else(|| ApiError::not_found("this node does not serve the CA; ask a node of the etcd quorum"))?;
+        .ok_or_else(|| {
+            ApiError::not_found("this node does not serve the CA; ask a node of the etcd quorum")
+        })?;
     Ok(([(header::CONTENT_TYPE, "application/x-pem-file")], ca))
 }

@@ -102,7 +102,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
             "/join-tokens",
             get(join::list_tokens).post(join::create_token),
         )
-        .route("/join-tokens/:id", axum::routing::delete(join::delete_token))
+        .route(
+            "/join-tokens/:id",
+            axum::routing::delete(join::delete_token),
+        )
         .route("/join", post(join::join))
         .route("/ca", get(join::ca))
         .route("/config/cluster", get(events::cluster_config));

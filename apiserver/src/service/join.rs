@@ -50,8 +50,8 @@ impl Service {
                 "ttl: must be between 1s and 365d (e.g. 24h)",
             ));
         }
-        let token = JoinToken::generate()
-            .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+        let token =
+            JoinToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
         let now = self.clock.wall();
         let record = JoinTokenRecord {
             id: token.id.clone(),
@@ -124,8 +124,8 @@ impl Service {
                 token.id
             )));
         }
-        let expires = humantime::parse_rfc3339_weak(&record.expires_at)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let expires =
+            humantime::parse_rfc3339_weak(&record.expires_at).unwrap_or(SystemTime::UNIX_EPOCH);
         if self.clock.wall() > expires {
             return Err(unauthorized(format!(
                 "join token {} expired at {}; create a new one with `katcall create join-token`",
@@ -168,9 +168,7 @@ impl Service {
                 url_host(address),
                 self.cluster.spec.etcd_peer_port
             );
-            let initial_cluster = members
-                .add_learner(&request.node_name, &peer_url)
-                .await?;
+            let initial_cluster = members.add_learner(&request.node_name, &peer_url).await?;
             Some(EtcdJoin {
                 initial_cluster,
                 ca_key: admission.authority.key_pem(),
