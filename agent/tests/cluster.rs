@@ -325,9 +325,8 @@ fn printed_join(log: &str) -> Option<(String, String)> {
     Some((word_after("--token")?, word_after("--ca-pin")?))
 }
 
-#[test]
-fn three_nodes_join_spread_and_survive_the_leader() {
-    let mut h = Hosts::up();
+/// `kat-agent init` on n1: the (token, CA pin) it printed.
+fn init_first(h: &mut Hosts) -> (String, String) {
     std::fs::write(h.path("cluster.kat"), cluster_kat()).unwrap();
     let config = h.path("cluster.kat").display().to_string();
     h.spawn(1, &["init", "--config", &config]);
@@ -335,7 +334,109 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         h.ready_nodes(1) == ["n1"]
     });
     let log = std::fs::read_to_string(h.path("n1.log")).unwrap();
-    let (token, pin) = printed_join(&log).expect("init prints the join command");
+    printed_join(&log).expect("init prints the join command")
+}
+
+fn join_args<'a>(leader_api: &'a str, token: &'a str, pin: &'a str) -> [&'a str; 8] {
+    [
+        "join",
+        "--leader-api",
+        leader_api,
+        "--token",
+        token,
+        "--ca-pin",
+        pin,
+        "--etcd-peer",
+    ]
+}
+
+/// The other nodes join as etcd peers; returns how long until all are Ready and vote.
+fn join_others(h: &mut Hosts, token: &str, pin: &str) -> Duration {
+    let leader_api = format!("{}:{API_PORT}", ip(1));
+    let started = Instant::now();
+    for i in 2..=NODES {
+        h.spawn(i, &join_args(&leader_api, token, pin));
+    }
+    wait("3 Ready nodes", Duration::from_secs(120), || {
+        h.ready_nodes(1).len() == NODES
+    });
+    wait("3 voting etcd members", Duration::from_secs(60), || {
+        let out = h.etcdctl(1, &["member", "list", "-w", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let members = v["members"].as_array().cloned().unwrap_or_default();
+        members.len() == NODES && members.iter().all(|m| m["isLearner"] != true)
+    });
+    started.elapsed()
+}
+
+/// Apply a 6-replica Service `name` through node `via`; returns the time until all 6 run,
+/// 2 on each node.
+fn apply_spread(h: &Hosts, via: usize, name: &str) -> Duration {
+    let app = h.path(name);
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(
+        app.join("workload.kat"),
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'while true; do sleep 1; done']\n",
+            h.registry_addr
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = h.katcall(via, &["apply", "-f", &app.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut polls = 0;
+    loop {
+        let by_node = h.running(via, name);
+        if by_node.len() == NODES && by_node.values().all(|n| *n == 2) {
+            return started.elapsed();
+        }
+        polls += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "6 instances of {name} spread 2/2/2 not within 120 s (after {polls} looks): {by_node:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// kill -9 of the leader's agent (its etcd goes with it): (the dead node, a live one, the
+/// time until another node leads).
+fn kill_leader(h: &mut Hosts) -> (usize, usize, Duration) {
+    let before = (1..=NODES)
+        .find_map(|i| h.leader(i))
+        .expect("a leader endpoint");
+    let dead = (1..=NODES)
+        .find(|i| before.contains(&format!("//{}:", ip(*i))))
+        .expect("the leader is one of the nodes");
+    let alive = (1..=NODES).find(|i| *i != dead).unwrap();
+    h.kill(dead);
+    let failover = wait("a new leader", Duration::from_secs(10), || {
+        h.leader(alive).is_some_and(|l| l != before)
+    });
+    (dead, alive, failover)
+}
+
+/// Running instances of `workload` as the nodes themselves report them (records or not).
+fn reported_running(h: &Hosts, via: usize, workload: &str) -> usize {
+    h.json(via, &["top", "instances", "-o", "json"])
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .filter(|i| i["workload"] == workload && i["state"] == "Running")
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn three_nodes_join_spread_and_survive_the_leader() {
+    let mut h = Hosts::up();
+    let (token, pin) = init_first(&mut h);
     let leader_api = format!("{}:{API_PORT}", ip(1));
 
     // Refused joins write nothing: a wrong secret, a wrong CA pin, a malformed token.
@@ -348,19 +449,7 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         ("katjoin.nope", pin.as_str(), "a join token looks like"),
     ] {
         let out = h
-            .agent_command(
-                2,
-                &[
-                    "join",
-                    "--leader-api",
-                    &leader_api,
-                    "--token",
-                    tok,
-                    "--ca-pin",
-                    pin_arg,
-                    "--etcd-peer",
-                ],
-            )
+            .agent_command(2, &join_args(&leader_api, tok, pin_arg))
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -378,35 +467,9 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         );
     }
 
-    // The two joins as the docs give them.
-    let started = Instant::now();
-    for i in 2..=NODES {
-        h.spawn(
-            i,
-            &[
-                "join",
-                "--leader-api",
-                &leader_api,
-                "--token",
-                &token,
-                "--ca-pin",
-                &pin,
-                "--etcd-peer",
-            ],
-        );
-    }
-    wait("3 Ready nodes", Duration::from_secs(120), || {
-        h.ready_nodes(1).len() == NODES
-    });
-    eprintln!("join of 2 nodes: {:.1} s", started.elapsed().as_secs_f64());
-
-    // A 3-member quorum, all voting, under mutual TLS.
-    wait("3 voting etcd members", Duration::from_secs(60), || {
-        let out = h.etcdctl(1, &["member", "list", "-w", "json"]);
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        let members = v["members"].as_array().cloned().unwrap_or_default();
-        members.len() == NODES && members.iter().all(|m| m["isLearner"] != true)
-    });
+    // The two joins as the docs give them: a 3-member quorum, all voting, mutual TLS only.
+    let took = join_others(&mut h, &token, &pin);
+    eprintln!("join of 2 nodes: {:.1} s", took.as_secs_f64());
     let out = Command::new("curl")
         .args([
             "-sk",
@@ -422,38 +485,11 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     );
 
     // A 6-replica Service spreads 2/2/2.
-    let app = h.path("app");
-    std::fs::create_dir_all(&app).unwrap();
-    std::fs::write(
-        app.join("workload.kat"),
-        format!(
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: spread, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'while true; do sleep 1; done']\n",
-            h.registry_addr
-        ),
-    )
-    .unwrap();
-    let out = h.katcall(1, &["apply", "-f", &app.display().to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    wait("6 instances spread 2/2/2", Duration::from_secs(120), || {
-        let by_node = h.running(1, "spread");
-        by_node.len() == NODES && by_node.values().all(|n| *n == 2)
-    });
+    apply_spread(&h, 1, "spread");
 
     // Kill the leader's agent (and with it its etcd): a new leader within 10 s.
-    let before = h.leader(1).expect("a leader endpoint");
-    let dead = (1..=NODES)
-        .find(|i| before.contains(&ip(*i)))
-        .expect("the leader is one of the nodes");
-    let alive = (1..=NODES).find(|i| *i != dead).unwrap();
     let killed = Instant::now();
-    h.kill(dead);
-    let failover = wait("a new leader", Duration::from_secs(10), || {
-        h.leader(alive).is_some_and(|l| l != before)
-    });
+    let (dead, alive, failover) = kill_leader(&mut h);
     eprintln!("failover: {:.1} s", failover.as_secs_f64());
     // Desired state intact, and the dead node's instances rescheduled after the timeout.
     wait(
@@ -471,24 +507,80 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     wait("3 Ready nodes again", Duration::from_secs(90), || {
         h.ready_nodes(alive).len() == NODES
     });
-    // What the nodes themselves report running (records or not): exactly 6, once the
-    // returning node has stopped its replaced instances.
-    let reported = |h: &Hosts| {
-        h.json(alive, &["top", "instances", "-o", "json"])
-            .as_array()
-            .map(|l| {
-                l.iter()
-                    .filter(|i| i["workload"] == "spread" && i["state"] == "Running")
-                    .count()
-            })
-            .unwrap_or(0)
-    };
     wait(
         "exactly 6 running on the nodes",
         Duration::from_secs(30),
-        || reported(&h) == 6,
+        || reported_running(&h, alive, "spread") == 6,
+    );
+
+    // A node cut off from the others (its link down, the process alive): its instances are
+    // replaced elsewhere after the timeout; when the link is back, it stops its own copies.
+    let cut = (1..=NODES).find(|i| *i != alive).unwrap();
+    let other = (1..=NODES).find(|i| *i != cut).unwrap();
+    let hosts = |verb: &str| {
+        let ok = Command::new(hosts_sh())
+            .args([verb, &h.prefix, &cut.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "hosts.sh {verb}");
+    };
+    hosts("cut");
+    wait(
+        "the cut node's instances replaced",
+        Duration::from_secs(60),
+        || {
+            let by_node = h.running(other, "spread");
+            by_node.values().sum::<usize>() == 6 && !by_node.contains_key(&format!("n{cut}"))
+        },
+    );
+    hosts("heal");
+    wait("3 Ready nodes after the partition", Duration::from_secs(90), || {
+        h.ready_nodes(other).len() == NODES
+    });
+    wait(
+        "exactly 6 running after the partition",
+        Duration::from_secs(30),
+        || reported_running(&h, other, "spread") == 6,
     );
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(reported(&h), 6, "an instance runs twice");
-    assert_eq!(h.running(alive, "spread").values().sum::<usize>(), 6);
+    assert_eq!(reported_running(&h, other, "spread"), 6, "an instance runs twice");
+    assert_eq!(h.running(other, "spread").values().sum::<usize>(), 6);
+}
+
+/// `bench/cluster.sh`: join time, 5 leader failovers (each killed node restarted), and
+/// apply-to-running of a 6-replica Service across 3 nodes. Prints one line.
+#[test]
+#[ignore = "a benchmark: bench/cluster.sh runs it"]
+fn cluster_benchmark() {
+    let mut h = Hosts::up();
+    let (token, pin) = init_first(&mut h);
+    let join = join_others(&mut h, &token, &pin);
+    let mut failovers = Vec::new();
+    for round in 0..5 {
+        let (dead, alive, failover) = kill_leader(&mut h);
+        eprintln!("failover {}: {:.2} s", round + 1, failover.as_secs_f64());
+        failovers.push(failover);
+        h.spawn(dead, &["run"]);
+        wait("3 Ready nodes again", Duration::from_secs(90), || {
+            h.ready_nodes(alive).len() == NODES
+        });
+    }
+    let via = (1..=NODES).find(|i| h.leader(*i).is_some()).unwrap_or(1);
+    let mut applies: Vec<Duration> = (0..5)
+        .map(|k| {
+            let took = apply_spread(&h, via, &format!("bench{k}"));
+            eprintln!("apply to running {}: {} ms", k + 1, took.as_millis());
+            took
+        })
+        .collect();
+    failovers.sort();
+    applies.sort();
+    let ready = h.ready_nodes(via).len();
+    println!(
+        "cluster nodes_ready={ready} join_s={:.1} failover_p50_s={:.1} failover_max_s={:.1} apply_to_running_3nodes_p50_ms={}",
+        join.as_secs_f64(),
+        failovers[failovers.len() / 2].as_secs_f64(),
+        failovers[failovers.len() - 1].as_secs_f64(),
+        applies[applies.len() / 2].as_millis()
+    );
 }
