@@ -16,6 +16,7 @@ mod join;
 mod layout;
 mod malloc;
 mod node;
+mod remote_access;
 mod sd_notify;
 mod server;
 mod setup;

@@ -33,6 +33,7 @@ use tokio::sync::watch;
 use crate::access::LocalAccess;
 use crate::heartbeat;
 use crate::layout::{Layout, NodeIdentity};
+use crate::remote_access::ClusterAccess;
 use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
 use crate::supervisor::{Supervisor, SupervisorConfig};
@@ -248,10 +249,23 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         let _ = feed_tx.send(Some((Source::LocalCopy, copy)));
     }
 
+    // A node that holds the CA keeps the revocation list etcd checks (empty at first).
+    let authority = match layout.pki().join("ca.key").exists() {
+        true => Some(Arc::new(Authority::load(&layout.pki())?)),
+        false => None,
+    };
+    let crl_file = layout.pki().join("crl.pem");
+    if let Some(ca) = &authority {
+        if !crl_file.exists() {
+            kat_runtime::state_file::write_atomic(&crl_file, ca.crl(&[])?.as_bytes(), 0o644)
+                .with_context(|| format!("cannot write {}", crl_file.display()))?;
+        }
+    }
     let etcd_tls = EtcdTls {
         ca_file: pki.ca_file.clone(),
         cert_file: pki.cert_file.clone(),
         key_file: pki.key_file.clone(),
+        crl_file: authority.is_some().then(|| crl_file.clone()),
     };
     let mut etcd_config = EtcdServerConfig::from_cluster(
         &cluster.spec,
@@ -286,6 +300,16 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         .await
         .context("connecting to etcd")?;
     let store: Arc<dyn StateStore> = Arc::new(etcd_store.clone());
+    // This node's certificate serial, so that removing the node can revoke it.
+    if let Some(serial) = pki::serial_of(&pki.node_cert_pem) {
+        store
+            .put(&keys::node_certificate(&node), serial.into_bytes(), None)
+            .await
+            .context("recording this node's certificate")?;
+    }
+    if let Some(ca) = authority.clone() {
+        tasks.spawn(keep_revocation_list(store.clone(), ca, crl_file.clone()));
+    }
     // Learners (nodes that joined the quorum) become voting members once they caught up.
     let promoter = etcd_store.clone();
     tasks.spawn(async move {
@@ -351,13 +375,25 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
     let state = Arc::new(ApiState {
         service: Service {
-            admission: admission(&layout, &etcd_store)?,
+            admission: authority
+                .clone()
+                .map(|authority| kat_apiserver::service::Admission {
+                    node: node.clone(),
+                    authority,
+                    etcd: Some(etcd_store.clone()),
+                }),
             ..Service::new(store.clone(), events, clock, cluster.clone())
         },
         token_sha256,
-        access: Arc::new(LocalAccess {
-            node: node.clone(),
-            runtime: runtime.clone(),
+        access: Arc::new(ClusterAccess {
+            local: LocalAccess {
+                node: node.clone(),
+                runtime: runtime.clone(),
+            },
+            store: store.clone(),
+            api_port: cluster.spec.api_port,
+            client: ClusterAccess::client(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)
+                .context("the HTTPS client for other nodes")?,
         }),
         metrics,
         limiter: http::default_rate_limiter(),
@@ -366,7 +402,8 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| {
         format!("cannot listen on {bind} (apiPort in cluster.kat; is another agent running?)")
     })?;
-    let tls = server::tls_config(&pki.node_cert_pem, &pki.node_key_pem)?;
+    let tls =
+        server::tls_config_with_clients(&pki.node_cert_pem, &pki.node_key_pem, Some(&pki.ca_pem))?;
     tasks.spawn(server::serve(listener, tls, http::router(state.clone())));
 
     if let Some(token) = &options.first_join_token {
@@ -592,18 +629,41 @@ async fn wait_for_promotion(
     }
 }
 
-/// A node holding the CA's key admits others (join tokens, `/v1alpha1/join`).
-fn admission(
-    layout: &Layout,
-    etcd: &EtcdStore,
-) -> Result<Option<kat_apiserver::service::Admission>> {
-    if !layout.pki().join("ca.key").exists() {
-        return Ok(None);
+/// Rewrite the revocation list whenever the set of removed nodes changes (checked every 3 s);
+/// etcd reads it at every new connection.
+async fn keep_revocation_list(store: Arc<dyn StateStore>, ca: Arc<Authority>, path: PathBuf) {
+    let mut written: Option<Vec<String>> = None;
+    loop {
+        if let Ok(list) = store.list(keys::revoked_nodes()).await {
+            let mut serials: Vec<String> = list
+                .kvs
+                .iter()
+                .filter_map(|kv| {
+                    serde_json::from_slice::<kat_api::wire::RevokedNode>(&kv.value).ok()
+                })
+                .filter_map(|r| r.serial)
+                .collect();
+            serials.sort();
+            if written.as_ref() != Some(&serials) {
+                let crl = ca.crl(&serials);
+                let path2 = path.clone();
+                let wrote = tokio::task::spawn_blocking(move || {
+                    let crl = crl.map_err(|e| std::io::Error::other(e.to_string()))?;
+                    kat_runtime::state_file::write_atomic(&path2, crl.as_bytes(), 0o644)
+                })
+                .await;
+                match wrote {
+                    Ok(Ok(())) => {
+                        tracing::info!(revoked = serials.len(), "revocation list written");
+                        written = Some(serials);
+                    }
+                    Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the revocation list"),
+                    Err(e) => tracing::warn!(error = %e, "cannot write the revocation list"),
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    Ok(Some(kat_apiserver::service::Admission {
-        authority: Arc::new(Authority::load(&layout.pki())?),
-        etcd: Some(etcd.clone()),
-    }))
 }
 
 /// Store the first join token and say how to add a node.

@@ -33,7 +33,7 @@ use axum::middleware::Next;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kat_apiserver::http::ClientAddr;
+use kat_apiserver::http::{ClientAddr, ClientNode};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -83,17 +83,43 @@ impl Default for ServeLimits {
     }
 }
 
-pub fn tls_config(cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>> {
+/// The server's TLS; with `client_ca`, a client may also show a certificate from that CA (a
+/// node of the cluster: see [`ClientNode`]). Clients without one (katcall, with its bearer
+/// token) are still served; a certificate from any other CA ends the handshake.
+pub fn tls_config_with_clients(
+    cert_pem: &str,
+    key_pem: &str,
+    client_ca: Option<&str>,
+) -> Result<Arc<rustls::ServerConfig>> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
         .collect::<Result<_, _>>()
         .context("parsing the server certificate")?;
     let key =
         PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("parsing the server key")?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_no_client_auth()
+        .context("TLS protocol versions")?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots
+                    .add(cert.context("parsing the cluster CA")?)
+                    .context("the cluster CA")?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .context("the client certificate verifier")?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
         .with_single_cert(certs, key)
         .context("the server certificate and key do not match")?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -198,6 +224,13 @@ async fn connection(
             return;
         }
     };
+    // A client certificate (verified against the cluster CA by the handshake) names a node.
+    let node = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|cert| kat_pki::node_name_of(cert.as_ref()));
     // Set once hyper has parsed a complete request header and calls the router.
     let requested = Arc::new(AtomicBool::new(false));
     let seen = requested.clone();
@@ -208,7 +241,8 @@ async fn connection(
                 next.run(req)
             },
         ))
-        .layer(axum::Extension(ClientAddr(peer.ip())));
+        .layer(axum::Extension(ClientAddr(peer.ip())))
+        .layer(axum::Extension(ClientNode(node)));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -313,7 +347,8 @@ mod tests {
     /// (answers after 1.5 s) and `/echo` (streams the request body back as it arrives).
     async fn server(limits: ServeLimits) -> Server {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        let tls = tls_config(&cert.cert.pem(), &cert.key_pair.serialize_pem()).unwrap();
+        let tls = tls_config_with_clients(&cert.cert.pem(), &cert.key_pair.serialize_pem(), None)
+            .unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert.cert.der().clone()).unwrap();
         let client = rustls::ClientConfig::builder_with_provider(Arc::new(

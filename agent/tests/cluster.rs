@@ -377,7 +377,7 @@ fn apply_spread(h: &Hosts, via: usize, name: &str) -> Duration {
     std::fs::write(
         app.join("workload.kat"),
         format!(
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'while true; do sleep 1; done']\n",
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started; while true; do sleep 1; done']\n",
             h.registry_addr
         ),
     )
@@ -487,6 +487,64 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     // A 6-replica Service spreads 2/2/2.
     apply_spread(&h, 1, "spread");
 
+    // Logs and exec of an instance on every node, through n1's API (proxied to the node
+    // that runs it over mutual TLS), exit codes included.
+    let workloads = h.json(1, &["get", "workloads", "-o", "json"]);
+    let instances = workloads[0]["status"]["instances"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for node in 1..=NODES {
+        let id = instances
+            .iter()
+            .find(|i| i["node"] == format!("n{node}").as_str())
+            .and_then(|i| i["instanceID"].as_str())
+            .unwrap_or_else(|| panic!("an instance on n{node}: {instances:?}"))
+            .to_string();
+        let target = format!("spread/{id}");
+        wait(
+            &format!("logs of {target} through n1"),
+            Duration::from_secs(20),
+            || {
+                let out = h.katcall(1, &["logs", &target]);
+                String::from_utf8_lossy(&out.stdout).contains("started")
+            },
+        );
+        let out = h.katcall(
+            1,
+            &["exec", &target, "--", "sh", "-c", "echo from-$0; exit 7"],
+        );
+        assert_eq!(out.status.code(), Some(7), "exec on n{node}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("from-sh"),
+            "{out:?}"
+        );
+    }
+
+    // A node's certificate opens instance streams only: an admin route answers 401.
+    let n2 = h.data(2).join("pki");
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
+        .args(["--cacert", &n2.join("ca.crt").display().to_string()])
+        .args(["--cert", &n2.join("node.crt").display().to_string()])
+        .args(["--key", &n2.join("node.key").display().to_string()])
+        .arg(format!("https://{}:{API_PORT}/v1alpha1/nodes", ip(1)))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "401",
+        "a node certificate reached an admin route"
+    );
+
     // Kill the leader's agent (and with it its etcd): a new leader within 10 s.
     let killed = Instant::now();
     let (dead, alive, failover) = kill_leader(&mut h);
@@ -534,17 +592,92 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         },
     );
     hosts("heal");
-    wait("3 Ready nodes after the partition", Duration::from_secs(90), || {
-        h.ready_nodes(other).len() == NODES
-    });
+    wait(
+        "3 Ready nodes after the partition",
+        Duration::from_secs(90),
+        || h.ready_nodes(other).len() == NODES,
+    );
     wait(
         "exactly 6 running after the partition",
         Duration::from_secs(30),
         || reported_running(&h, other, "spread") == 6,
     );
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(reported_running(&h, other, "spread"), 6, "an instance runs twice");
+    assert_eq!(
+        reported_running(&h, other, "spread"),
+        6,
+        "an instance runs twice"
+    );
     assert_eq!(h.running(other, "spread").values().sum::<usize>(), 6);
+
+    // `katcall delete node`: the node leaves the quorum, its instances move, its certificate
+    // is refused by the API and (new connections) by etcd.
+    let gone = (1..=NODES).find(|i| *i != other).unwrap();
+    let out = h.katcall(other, &["delete", "node", &format!("n{gone}")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait(
+        "the removed node's instances moved",
+        Duration::from_secs(60),
+        || {
+            let by_node = h.running(other, "spread");
+            by_node.values().sum::<usize>() == 6 && !by_node.contains_key(&format!("n{gone}"))
+        },
+    );
+    let members = h.etcdctl(other, &["member", "list", "-w", "json"]);
+    let v: Value = serde_json::from_slice(&members.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        v["members"].as_array().map(Vec::len),
+        Some(NODES - 1),
+        "{v}"
+    );
+    let revoked = h.data(gone).join("pki");
+    let stream = format!(
+        "https://{}:{API_PORT}/v1alpha1/n/default/workloads/spread/instances/x/logs",
+        ip(other)
+    );
+    wait(
+        "the removed node's certificate refused by the API",
+        Duration::from_secs(10),
+        || {
+            let out = Command::new("curl")
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "--max-time",
+                    "5",
+                ])
+                .args(["--cacert", &revoked.join("ca.crt").display().to_string()])
+                .args(["--cert", &revoked.join("node.crt").display().to_string()])
+                .args(["--key", &revoked.join("node.key").display().to_string()])
+                .arg(&stream)
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout) == "401"
+        },
+    );
+    wait(
+        "the removed node's certificate refused by etcd",
+        Duration::from_secs(15),
+        || {
+            let out = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &format!("https://{}:2379", ip(other))])
+                .args(["--cacert", &revoked.join("ca.crt").display().to_string()])
+                .args(["--cert", &revoked.join("node.crt").display().to_string()])
+                .args(["--key", &revoked.join("node.key").display().to_string()])
+                .args(["--command-timeout", "3s", "get", "/kat/schema_version"])
+                .output()
+                .unwrap();
+            !out.status.success()
+        },
+    );
 }
 
 /// `bench/cluster.sh`: join time, 5 leader failovers (each killed node restarted), and

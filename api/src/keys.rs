@@ -32,6 +32,20 @@ pub fn join_tokens() -> &'static str {
     "/kat/join_tokens/"
 }
 
+/// The serial of each node's certificate (hex), recorded by the node when it starts.
+pub fn node_certificate(node: &str) -> String {
+    format!("/kat/nodes/certificates/{node}")
+}
+
+/// Nodes removed from the cluster: their certificate serial, refused from then on
+/// (`RevokedNode`).
+pub fn revoked_node(node: &str) -> String {
+    format!("/kat/nodes/revoked/{node}")
+}
+pub fn revoked_nodes() -> &'static str {
+    "/kat/nodes/revoked/"
+}
+
 pub fn node_registration(node: &str) -> String {
     format!("/kat/nodes/registration/{node}")
 }

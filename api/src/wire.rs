@@ -265,6 +265,17 @@ pub struct Node {
     pub usage: Option<Usage>,
 }
 
+/// A node removed with `katcall delete node`: its certificate is refused from then on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevokedNode {
+    pub node: String,
+    /// The serial (hex) of the certificate it had; `None` if it never recorded one.
+    #[serde(default)]
+    pub serial: Option<String>,
+    pub revoked_at: String,
+}
+
 /// A join token as stored: never the secret, only its SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -11,5 +11,5 @@
 pub mod http;
 pub mod service;
 
-pub use http::{router, ApiState, ClientAddr};
+pub use http::{router, ApiState, ClientAddr, ClientNode};
 pub use service::Service;

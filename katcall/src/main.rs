@@ -67,9 +67,10 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// Delete a workload; its containers stop with their grace period.
+    /// Delete a workload (its containers stop with their grace period), a join token, or a
+    /// node (its etcd member leaves, its certificate is revoked, its instances move).
     Delete {
-        #[arg(value_parser = ["workload", "join-token"])]
+        #[arg(value_parser = ["workload", "join-token", "node"])]
         kind: String,
         name: String,
         #[arg(short = 'n', long, default_value = "default")]
@@ -283,6 +284,8 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         } => {
             if kind == "join-token" {
                 join_tokens::delete(&client, &name).await?
+            } else if kind == "node" {
+                nodes::remove(&client, &name).await?
             } else {
                 let (name, ns) = split_name(&name, &namespace);
                 workloads::delete(&client, &name, &ns).await?

@@ -1,4 +1,4 @@
-//! `drain`, `uncordon`, `taint`, `label`.
+//! `drain`, `uncordon`, `taint`, `label`, `delete node`.
 
 use std::collections::BTreeMap;
 
@@ -83,6 +83,17 @@ pub async fn label(client: &Client, node: &str, specs: &[String]) -> Result<()> 
         .body(serde_json::to_vec(&changes)?);
     let reg: NodeRegistration = crate::workloads::json(client.send(req).await?).await?;
     println!("node {node} labels: {:?}", reg.labels);
+    Ok(())
+}
+
+/// Remove a node from the cluster for good.
+pub async fn remove(client: &Client, node: &str) -> Result<()> {
+    client
+        .send(client.request(Method::DELETE, &format!("/nodes/{node}")))
+        .await?;
+    println!(
+        "node {node} removed: its etcd member left the quorum, its certificate is revoked, its instances move to other nodes; stop kat-agent on it and remove its data directory"
+    );
     Ok(())
 }
 

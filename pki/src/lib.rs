@@ -85,6 +85,12 @@ fn node_params(node: &str, addresses: &[IpAddr]) -> Result<CertificateParams> {
     dn.push(DnType::CommonName, node);
     params.distinguished_name = dn;
     params.is_ca = IsCa::ExplicitNoCa;
+    // A random serial, known at issue: what a revocation list names.
+    let mut serial = [0u8; 16];
+    rand::RngCore::try_fill_bytes(&mut rand::rngs::OsRng, &mut serial)
+        .context("reading random bytes for a certificate serial")?;
+    serial[0] &= 0x7f; // a positive INTEGER
+    params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
@@ -133,6 +139,38 @@ impl Authority {
             .signed_by(&self.cert, &self.key)
             .context("signing the node certificate")?
             .pem())
+    }
+
+    /// A revocation list naming `serials` (hex, as [`serial_of`] gives them), signed by the CA,
+    /// valid for a year (it is rewritten whenever a node is removed).
+    pub fn crl(&self, serials: &[String]) -> Result<String> {
+        let now = time::OffsetDateTime::now_utc();
+        let revoked_certs = serials
+            .iter()
+            .filter_map(|s| hex::decode(s).ok())
+            .map(|serial| rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from_slice(&serial),
+                revocation_time: now,
+                reason_code: Some(rcgen::RevocationReason::CessationOfOperation),
+                invalidity_date: None,
+            })
+            .collect();
+        let mut number = [0u8; 8];
+        number.copy_from_slice(&(now.unix_timestamp_nanos() as u64).to_be_bytes());
+        number[0] &= 0x7f;
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: now,
+            next_update: now + time::Duration::days(365),
+            crl_number: rcgen::SerialNumber::from_slice(&number),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        params
+            .signed_by(&self.cert, &self.key)
+            .context("signing the revocation list")?
+            .pem()
+            .context("encoding the revocation list")
     }
 
     /// The CA certificate, PEM.
@@ -218,6 +256,24 @@ impl Pki {
             key_file: f.key,
         })
     }
+}
+
+/// The node a certificate names (its common name), from DER. Only meaningful for a
+/// certificate the TLS handshake has verified against the cluster CA.
+pub fn node_name_of(der: &[u8]) -> Option<String> {
+    let cert = rcgen::CertificateParams::from_ca_cert_der(&der.to_vec().into()).ok()?;
+    match cert.distinguished_name.get(&DnType::CommonName)? {
+        rcgen::DnValue::Utf8String(s) => Some(s.clone()),
+        rcgen::DnValue::PrintableString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    }
+}
+
+/// A certificate's serial number, hex (PEM in): what the cluster records at join and revokes
+/// when the node is removed.
+pub fn serial_of(cert_pem: &str) -> Option<String> {
+    let params = CertificateParams::from_ca_cert_pem(cert_pem).ok()?;
+    Some(hex::encode(params.serial_number?.to_bytes()))
 }
 
 /// `sha256:HEX` of the CA certificate (DER): what `kat-agent join --ca-pin` checks.

@@ -66,29 +66,16 @@ impl EtcdStore {
             .iter()
             .any(|m| m.peer_urls().iter().any(|u| u == peer_url));
         if !ours {
-            // etcd takes one learner at a time, and no change of membership until a member
-            // promoted a moment ago has been connected for a while: a join waits (up to a
-            // minute) for both.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            loop {
-                let added = c
-                    .member_add(
-                        [peer_url],
-                        Some(ec::MemberAddOptions::new().with_is_learner()),
-                    )
-                    .await;
-                match added {
-                    Ok(_) => break,
-                    Err(e)
-                        if (e.to_string().contains("too many learner members")
-                            || e.to_string().contains("unhealthy cluster"))
-                            && tokio::time::Instant::now() < deadline =>
-                    {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                    Err(e) => return Err(map_err(e)),
+            retry_reconfiguration(|| {
+                let mut c = c.clone();
+                let url = peer_url.to_string();
+                async move {
+                    c.member_add([url], Some(ec::MemberAddOptions::new().with_is_learner()))
+                        .await
+                        .map(|_| ())
                 }
-            }
+            })
+            .await?;
         }
         let list = c.member_list().await.map_err(map_err)?;
         let mut parts = Vec::new();
@@ -127,6 +114,29 @@ impl EtcdStore {
         Ok(promoted)
     }
 
+    /// Remove the member named `name` from the quorum; `false` if there is none. Refuses to
+    /// remove the last voting member.
+    pub async fn remove_member(&self, name: &str) -> Result<bool> {
+        let mut c = self.client.clone();
+        let list = c.member_list().await.map_err(map_err)?;
+        let Some(member) = list.members().iter().find(|m| m.name() == name) else {
+            return Ok(false);
+        };
+        let voters = list.members().iter().filter(|m| !m.is_learner()).count();
+        if voters <= 1 && !member.is_learner() {
+            return Err(StoreError::InvalidRequest(format!(
+                "{name} is the last voting etcd member; the cluster cannot remove it"
+            )));
+        }
+        let id = member.id();
+        retry_reconfiguration(|| {
+            let mut c = c.clone();
+            async move { c.member_remove(id).await.map(|_| ()) }
+        })
+        .await?;
+        Ok(true)
+    }
+
     /// The voting members and learners, as `(name, peer URLs, is_learner)`.
     pub async fn members(&self) -> Result<Vec<(String, Vec<String>, bool)>> {
         let mut c = self.client.clone();
@@ -140,6 +150,30 @@ impl EtcdStore {
 
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
+    }
+}
+
+/// Run a membership change, retrying (up to a minute) while etcd refuses it for now: it
+/// takes one learner at a time, and no change until every member has been connected for a
+/// while (a member promoted, restarted or back from a partition a moment ago).
+async fn retry_reconfiguration<F, Fut>(mut change: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<(), ec::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match change().await {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if (e.to_string().contains("too many learner members")
+                    || e.to_string().contains("unhealthy cluster"))
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(map_err(e)),
+        }
     }
 }
 

@@ -17,6 +17,9 @@ pub struct EtcdTls {
     pub ca_file: PathBuf,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+    /// Revoked certificates (a PEM CRL signed by the CA), read by etcd at every new client
+    /// and peer connection: removed nodes are refused.
+    pub crl_file: Option<PathBuf>,
 }
 
 impl EtcdTls {
@@ -33,6 +36,12 @@ impl EtcdTls {
         ] {
             args.push(flag.into());
             args.push(path.as_os_str().to_owned());
+        }
+        if let Some(crl) = &self.crl_file {
+            for flag in ["--client-crl-file", "--peer-crl-file"] {
+                args.push(flag.into());
+                args.push(crl.as_os_str().to_owned());
+            }
         }
         args.push("--client-cert-auth".into());
         args.push("--peer-client-cert-auth".into());

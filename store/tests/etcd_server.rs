@@ -117,6 +117,7 @@ fn config_from_cluster_kat() {
             ca_file: "/var/lib/kat/pki/ca.crt".into(),
             cert_file: "/var/lib/kat/pki/node.crt".into(),
             key_file: "/var/lib/kat/pki/node.key".into(),
+            crl_file: None,
         },
     );
     assert_eq!(c.client_url, "https://10.0.0.5:12379");

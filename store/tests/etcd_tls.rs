@@ -33,6 +33,7 @@ fn pki(dir: &Path, name: &str) -> EtcdTls {
         ca_file: dir.join("ca.crt"),
         cert_file: dir.join("node.crt"),
         key_file: dir.join("node.key"),
+        crl_file: None,
     };
     std::fs::write(&tls.ca_file, ca.pem()).unwrap();
     std::fs::write(&tls.cert_file, cert.pem()).unwrap();

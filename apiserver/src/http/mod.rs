@@ -36,6 +36,7 @@ pub use error::ApiError;
 pub use rate_limit::RateLimiter;
 pub use streams::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
+    EXEC_PROTOCOL,
 };
 
 use crate::service::Service;
@@ -43,6 +44,31 @@ use crate::service::Service;
 /// The address a connection came from, set by the server on every request.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub IpAddr);
+
+/// The node a connection's client certificate names (verified against the cluster CA in the
+/// TLS handshake), set by the server on every request; `None` for a client without one.
+#[derive(Debug, Clone, Default)]
+pub struct ClientNode(pub Option<String>);
+
+/// What a node's certificate may do without the admin token: read the logs of and exec into
+/// instances, which another node's API proxies to the node that runs them. Nothing else: a
+/// node certificate gets 401 on every other route.
+fn node_may(method: &Method, path: &str) -> bool {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    matches!(
+        parts.as_slice(),
+        [
+            "v1alpha1",
+            "n",
+            _,
+            "workloads",
+            _,
+            "instances",
+            _,
+            "logs" | "exec"
+        ]
+    ) && matches!(*method, Method::GET | Method::POST)
+}
 
 /// Everything the handlers share: the service layer and what only HTTP needs.
 pub struct ApiState {
@@ -91,7 +117,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
             get(streams::exec).post(streams::exec),
         )
         .route("/nodes", get(nodes::list))
-        .route("/nodes/:name", get(nodes::get))
+        .route("/nodes/:name", get(nodes::get).delete(nodes::remove))
         .route("/nodes/:name/status", post(nodes::heartbeat))
         .route("/nodes/:name/taints", put(nodes::set_taints))
         .route("/nodes/:name/labels", put(nodes::set_labels))
@@ -181,7 +207,9 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
         r
-    } else if !authorized(&state, &req) {
+    } else if !authorized(&state, &req)
+        && !node_authorized(&state, client_node(&req), &method, &path).await
+    {
         ApiError::new(
             ErrorCode::Unauthorized,
             "missing or wrong bearer token: pass `Authorization: Bearer TOKEN` (katcall reads it from its config file)",
@@ -211,6 +239,31 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
 
 fn is_mutating(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+fn client_node(req: &Request) -> Option<String> {
+    req.extensions()
+        .get::<ClientNode>()
+        .and_then(|n| n.0.clone())
+}
+
+/// A node certificate (not revoked by `katcall delete node`) on a route nodes may use.
+async fn node_authorized(
+    state: &ApiState,
+    node: Option<String>,
+    method: &Method,
+    path: &str,
+) -> bool {
+    let Some(node) = node else {
+        return false;
+    };
+    if !node_may(method, path) {
+        return false;
+    }
+    match state.service.node_revoked(&node).await {
+        Ok(revoked) => !revoked,
+        Err(_) => false,
+    }
 }
 
 fn authorized(state: &ApiState, req: &Request) -> bool {
@@ -269,4 +322,43 @@ pub(crate) fn ndjson_body<T: serde::Serialize + Send + 'static>(
 /// A default for the rate limit: generous for people and scripts, a brake for runaway loops.
 pub fn default_rate_limiter() -> RateLimiter {
     RateLimiter::new(200, 100.0, Duration::from_secs(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_certificate_reaches_instance_streams_only() {
+        for (method, path) in [
+            (
+                Method::GET,
+                "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
+            ),
+            (
+                Method::POST,
+                "/v1alpha1/n/default/workloads/web/instances/web-1/exec",
+            ),
+        ] {
+            assert!(node_may(&method, path), "{method} {path}");
+        }
+        for (method, path) in [
+            (Method::GET, "/v1alpha1/n/default/workloads"),
+            (Method::DELETE, "/v1alpha1/n/default/workloads/web"),
+            (Method::POST, "/v1alpha1/join-tokens"),
+            (Method::GET, "/v1alpha1/nodes"),
+            (Method::PUT, "/v1alpha1/nodes/n1/taints"),
+            (
+                Method::DELETE,
+                "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
+            ),
+            (
+                Method::GET,
+                "/v1alpha1/n/default/workloads/web/instances/web-1/logs/extra",
+            ),
+            (Method::GET, "/metrics"),
+        ] {
+            assert!(!node_may(&method, path), "{method} {path}");
+        }
+    }
 }

@@ -83,3 +83,12 @@ pub async fn uncordon(
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.uncordon_node(&name).await?))
 }
+
+/// Remove a node from the cluster (`katcall delete node`).
+pub async fn remove(
+    State(state): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    state.service.remove_node(&name).await?;
+    Ok(Json(serde_json::json!({"deleted": name})))
+}

@@ -24,6 +24,8 @@ use super::{Error, Result, Service};
 /// What a node that admits others holds: the CA with its key, and (for etcd peers) a handle
 /// on the etcd cluster to add members to.
 pub struct Admission {
+    /// The node serving this API.
+    pub node: String,
     pub authority: Arc<Authority>,
     pub etcd: Option<EtcdStore>,
 }
@@ -33,7 +35,7 @@ fn unauthorized(message: impl Into<String>) -> Error {
 }
 
 impl Service {
-    fn admission(&self) -> Result<&Admission> {
+    pub(super) fn admission(&self) -> Result<&Admission> {
         self.admission.as_ref().ok_or_else(|| {
             Error::new(
                 ErrorCode::Unavailable,

@@ -4,8 +4,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use kat_api::keys;
-use kat_api::wire::{Node, NodeHeartbeat, NodeRegistration, NodeState, ObjectMeta, Taint};
+use kat_api::wire::{
+    rfc3339, ErrorCode, EventType, Node, NodeHeartbeat, NodeRegistration, NodeState, ObjectMeta,
+    RevokedNode, Taint,
+};
 use kat_leader::node_admin;
+use kat_store::{Txn, TxnOp};
 
 use super::{Error, Result, Service};
 
@@ -124,5 +128,65 @@ impl Service {
 
     pub async fn uncordon_node(&self, name: &str) -> Result<NodeRegistration> {
         Ok(node_admin::uncordon(&*self.store, &self.events, &self.clock, name).await?)
+    }
+
+    /// Remove node `name` from the cluster: its etcd member leaves the quorum, its
+    /// certificate is revoked (the API refuses it; etcd refuses new connections with it once
+    /// the nodes have rewritten their revocation list, within seconds), and its registration
+    /// goes, so its instances are placed elsewhere. The node itself should be stopped.
+    pub async fn remove_node(&self, name: &str) -> Result<()> {
+        let admission = self.admission()?;
+        if name == admission.node {
+            return Err(Error::new(
+                ErrorCode::Conflict,
+                format!("node {name} serves this request; remove it through another node's API"),
+            ));
+        }
+        if self
+            .store
+            .get(&keys::node_registration(name))
+            .await?
+            .is_none()
+        {
+            return Err(Error::not_found(format!(
+                "node {name} not found (see `katcall get nodes`)"
+            )));
+        }
+        if let Some(etcd) = &admission.etcd {
+            etcd.remove_member(name).await?;
+        }
+        let serial = self
+            .store
+            .get(&keys::node_certificate(name))
+            .await?
+            .map(|kv| String::from_utf8_lossy(&kv.value).trim().to_string());
+        let revoked = RevokedNode {
+            node: name.to_string(),
+            serial,
+            revoked_at: rfc3339(self.clock.wall()),
+        };
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                keys::revoked_node(name),
+                serde_json::to_vec(&revoked).unwrap_or_default(),
+            ),
+            TxnOp::delete(keys::node_registration(name)),
+            TxnOp::delete(keys::node_status(name)),
+        ]);
+        self.store.txn(txn).await?;
+        let ops = self.events.ops(&kat_leader::events::event(
+            rfc3339(self.clock.wall()),
+            EventType::Normal,
+            "NodeRemoved",
+            kat_leader::events::node_ref(name),
+            format!("node {name} was removed: its etcd member left the quorum and its certificate is revoked"),
+        ));
+        let _ = self.store.txn(Txn::new().and_then(ops)).await;
+        Ok(())
+    }
+
+    /// Whether node `name`'s certificate was revoked (`katcall delete node`).
+    pub async fn node_revoked(&self, name: &str) -> Result<bool> {
+        Ok(self.store.get(&keys::revoked_node(name)).await?.is_some())
     }
 }

@@ -1,0 +1,225 @@
+//! Logs and exec of instances on *other* nodes: this node's API proxies to the API of the
+//! node that runs the instance, over mutual TLS (this node's certificate, the cluster CA as
+//! the only trusted root). The other node accepts a node certificate for exactly these two
+//! routes (`kat_apiserver::http`'s node rules) and answers from its own runtime, so TTY,
+//! resize, stdin, exit codes and `logs -f` behave as on one node.
+
+use std::sync::Arc;
+
+use kat_api::exec_stream::{Decoder, Frame};
+use kat_api::keys;
+use kat_api::wire::{ExecRequest, InstanceRecord, LogLine, NodeRegistration};
+use kat_apiserver::http::{
+    AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery,
+};
+use kat_store::StateStore;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::access::LocalAccess;
+
+pub struct ClusterAccess {
+    pub local: LocalAccess,
+    pub store: Arc<dyn StateStore>,
+    pub api_port: u32,
+    /// HTTPS with this node's certificate, trusting the cluster CA only.
+    pub client: reqwest::Client,
+}
+
+impl ClusterAccess {
+    pub fn client(ca_pem: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<reqwest::Client> {
+        let identity = reqwest::Identity::from_pem(format!("{cert_pem}\n{key_pem}").as_bytes())?;
+        Ok(reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
+            .identity(identity)
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .build()?)
+    }
+
+    /// `https://ADDRESS:PORT/v1alpha1/n/NS/workloads/W/instances/ID/` on the instance's node.
+    async fn base(&self, record: &InstanceRecord) -> Result<String, AccessError> {
+        let kv = self
+            .store
+            .get(&keys::node_registration(&record.node))
+            .await
+            .map_err(|e| AccessError::Unavailable(e.to_string()))?
+            .ok_or_else(|| {
+                AccessError::Unavailable(format!("node {} is not registered", record.node))
+            })?;
+        let reg: NodeRegistration = serde_json::from_slice(&kv.value)
+            .map_err(|e| AccessError::Unavailable(format!("node {}: {e}", record.node)))?;
+        let address = reg.addresses.first().ok_or_else(|| {
+            AccessError::Unavailable(format!("node {} has no address", record.node))
+        })?;
+        let host = if address.contains(':') {
+            format!("[{address}]")
+        } else {
+            address.clone()
+        };
+        Ok(format!(
+            "https://{host}:{}/v1alpha1/n/{}/workloads/{}/instances/{}/",
+            self.api_port, record.namespace, record.workload, record.instance_id
+        ))
+    }
+}
+
+fn unreachable(node: &str, e: impl std::fmt::Display) -> AccessError {
+    AccessError::Unavailable(format!("cannot reach node {node}: {e}"))
+}
+
+/// The other node's error body, or its status.
+async fn refused(node: &str, response: reqwest::Response) -> AccessError {
+    let status = response.status();
+    let message = response
+        .json::<kat_api::wire::ErrorBody>()
+        .await
+        .map(|b| b.message)
+        .unwrap_or_else(|_| status.to_string());
+    match status.as_u16() {
+        404 => AccessError::NotFound(message),
+        400 => AccessError::Failed(message),
+        _ => AccessError::Unavailable(format!("node {node}: {message}")),
+    }
+}
+
+#[async_trait::async_trait]
+impl InstanceAccess for ClusterAccess {
+    async fn logs(
+        &self,
+        record: &InstanceRecord,
+        query: LogQuery,
+    ) -> Result<mpsc::Receiver<LogLine>, AccessError> {
+        if record.node == self.local.node {
+            return self.local.logs(record, query).await;
+        }
+        let mut params: Vec<(&str, String)> = vec![
+            ("follow", query.follow.to_string()),
+            ("previous", query.previous.to_string()),
+        ];
+        if let Some(tail) = query.tail {
+            params.push(("tail", tail.to_string()));
+        }
+        if let Some(since) = query.since {
+            params.push(("since", humantime::format_rfc3339_nanos(since).to_string()));
+        }
+        let url = format!("{}logs", self.base(record).await?);
+        let response = self
+            .client
+            .get(url)
+            .query(&params)
+            .send()
+            .await
+            .map_err(|e| unreachable(&record.node, e))?;
+        if !response.status().is_success() {
+            return Err(refused(&record.node, response).await);
+        }
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let mut response = response;
+            let mut pending: Vec<u8> = Vec::new();
+            while let Ok(Some(chunk)) = response.chunk().await {
+                pending.extend_from_slice(&chunk);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    if let Ok(l) = serde_json::from_slice::<LogLine>(&line) {
+                        if tx.send(l).await.is_err() {
+                            return; // the client went: dropping the response ends the stream
+                        }
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn exec(
+        &self,
+        record: &InstanceRecord,
+        request: ExecRequest,
+    ) -> Result<ExecSession, AccessError> {
+        if record.node == self.local.node {
+            return self.local.exec(record, request).await;
+        }
+        let url = format!("{}exec", self.base(record).await?);
+        let response = self
+            .client
+            .post(url)
+            .header("connection", "upgrade")
+            .header("upgrade", kat_apiserver::http::EXEC_PROTOCOL)
+            .send()
+            .await
+            .map_err(|e| unreachable(&record.node, e))?;
+        if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(refused(&record.node, response).await);
+        }
+        let upgraded = response
+            .upgrade()
+            .await
+            .map_err(|e| unreachable(&record.node, e))?;
+        let (mut reader, mut writer) = tokio::io::split(upgraded);
+        let start = serde_json::to_vec(&request)
+            .map_err(|e| AccessError::Failed(format!("exec request: {e}")))?;
+        writer
+            .write_all(&Frame::Start(start).encode())
+            .await
+            .map_err(|e| unreachable(&record.node, e))?;
+        let (in_tx, mut in_rx) = mpsc::channel::<ExecInput>(64);
+        let (out_tx, out_rx) = mpsc::channel::<ExecOutput>(64);
+        // Session input → frames to the other node; ends when the session's sender goes.
+        tokio::spawn(async move {
+            while let Some(input) = in_rx.recv().await {
+                let frame = match input {
+                    ExecInput::Stdin(b) => Frame::Stdin(b),
+                    ExecInput::CloseStdin => Frame::CloseStdin,
+                    ExecInput::Resize { rows, cols } => Frame::Resize { rows, cols },
+                };
+                if writer.write_all(&frame.encode()).await.is_err() {
+                    return;
+                }
+            }
+            let _ = writer.shutdown().await;
+        });
+        // Frames from the other node → session output, until Exit, an error or the close.
+        // When the client goes, `out_tx` fails and the task ends, which closes the connection:
+        // the other node then kills the process tree (an exec never outlives its client).
+        tokio::spawn(async move {
+            let mut decoder = Decoder::default();
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                while let Ok(Some(frame)) = decoder.next_frame() {
+                    let out = match frame {
+                        Frame::Stdout(b) => ExecOutput::Stdout(b),
+                        Frame::Stderr(b) => ExecOutput::Stderr(b),
+                        Frame::Exit(code) => {
+                            let _ = out_tx.send(ExecOutput::Exit(code)).await;
+                            return;
+                        }
+                        Frame::Error(message) => {
+                            let _ = out_tx.send(ExecOutput::Stderr(message.into_bytes())).await;
+                            let _ = out_tx.send(ExecOutput::Exit(126)).await;
+                            return;
+                        }
+                        _ => continue,
+                    };
+                    if out_tx.send(out).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    read = reader.read(&mut buf) => match read {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => decoder.push(&buf[..n]),
+                    },
+                    // The client is gone while the command is silent.
+                    () = out_tx.closed() => return,
+                }
+            }
+        });
+        Ok(ExecSession {
+            input: in_tx,
+            output: out_rx,
+        })
+    }
+}
