@@ -114,20 +114,33 @@ async fn fetch_ca(base: &str) -> Result<String> {
     response.text().await.context("reading the CA")
 }
 
+/// Send the join; while the cluster answers "unavailable, retry" (etcd busy with another
+/// membership change, a leader election), try again for up to two minutes: a join is
+/// idempotent on the cluster's side (a member already added for this address is kept).
 async fn send_join(base: &str, ca: &str, request: &JoinRequest) -> Result<JoinResponse> {
-    let response = verifying_client(Some(ca))?
-        .post(format!("{base}/v1alpha1/join"))
-        .json(request)
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {base}"))?;
-    if !response.status().is_success() {
-        bail!(
-            "the cluster refused the join: {}",
-            error_text(response).await
-        );
+    let client = verifying_client(Some(ca))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let response = client
+            .post(format!("{base}/v1alpha1/join"))
+            .json(request)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {base}"))?;
+        let status = response.status();
+        if status.is_success() {
+            return response.json().await.context("reading the join answer");
+        }
+        let message = error_text(response).await;
+        if status == reqwest::StatusCode::SERVICE_UNAVAILABLE
+            && std::time::Instant::now() < deadline
+        {
+            eprintln!("kat-agent: the cluster is busy ({message}); retrying the join in 2 s");
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            continue;
+        }
+        bail!("the cluster refused the join: {message}");
     }
-    response.json().await.context("reading the join answer")
 }
 
 async fn error_text(response: reqwest::Response) -> String {
