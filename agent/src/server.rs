@@ -548,4 +548,49 @@ mod tests {
             assert!(Instant::now() < deadline, "no slot after a close");
         }
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_certificate_names_a_node_only_if_the_cluster_ca_signed_it() {
+        let cluster = tempfile::tempdir().unwrap();
+        let pki = kat_pki::Pki::generate(cluster.path(), "lab", "node-a", &[]).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let intruder = kat_pki::Pki::generate(other.path(), "evil", "node-a", &[]).unwrap();
+        let tls = tls_config_with_clients(&pki.node_cert_pem, &pki.node_key_pem, Some(&pki.ca_pem))
+            .unwrap();
+        let router = Router::new().route(
+            "/who",
+            get(
+                |axum::Extension(node): axum::Extension<ClientNode>| async move {
+                    node.0.unwrap_or_else(|| "nobody".into())
+                },
+            ),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}/who", listener.local_addr().unwrap());
+        let task = tokio::spawn(serve(listener, tls, router));
+        let client = |identity: Option<&kat_pki::Pki>| {
+            let mut b = reqwest::Client::builder()
+                .use_rustls_tls()
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(
+                    reqwest::Certificate::from_pem(pki.ca_pem.as_bytes()).unwrap(),
+                );
+            if let Some(p) = identity {
+                let pem = format!("{}\n{}", p.node_cert_pem, p.node_key_pem);
+                b = b.identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap());
+            }
+            b.build().unwrap()
+        };
+        let who = |c: reqwest::Client| {
+            let url = url.clone();
+            async move { c.get(url).send().await?.text().await }
+        };
+        // No certificate (katcall, with its bearer token): served, no node.
+        assert_eq!(who(client(None)).await.unwrap(), "nobody");
+        // A certificate from the cluster CA names its node.
+        assert_eq!(who(client(Some(&pki))).await.unwrap(), "node-a");
+        // The same name from another CA: the handshake fails, nothing is served.
+        assert!(who(client(Some(&intruder))).await.is_err());
+        task.abort();
+    }
 }
