@@ -163,18 +163,7 @@ fn write_files(
         response.cluster_config.as_bytes(),
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
-    for dir in [
-        layout.root.clone(),
-        layout.pki(),
-        layout.runtime(),
-        layout.agent(),
-    ] {
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    node::set_mode(&layout.root, 0o711)?;
-    node::set_mode(&layout.pki(), 0o700)?;
-    node::set_mode(&layout.agent(), 0o700)?;
+    layout.create()?;
     let pki = layout.pki();
     write_public(&pki.join("ca.crt"), &response.ca)?;
     write_public(&pki.join("node.crt"), &response.certificate)?;

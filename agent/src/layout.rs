@@ -53,6 +53,27 @@ impl Layout {
     pub fn agent(&self) -> PathBuf {
         self.root.join("agent")
     }
+    /// Make the data directory of a new node. Searchable, not listable: the root of each
+    /// container (a host id of its workload's slice) walks through to its overlay and log
+    /// directories under runtime/; PKI, etcd and agent state below are 0700.
+    pub fn create(&self) -> anyhow::Result<()> {
+        use anyhow::Context;
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [self.root.clone(), self.pki(), self.runtime(), self.agent()] {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        for (dir, mode) in [
+            (self.root.clone(), 0o711),
+            (self.pki(), 0o700),
+            (self.agent(), 0o700),
+        ] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+                .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
+        }
+        Ok(())
+    }
+
     /// Default data directory: `/var/lib/kat` for root, `$XDG_DATA_HOME/kat` (or
     /// `~/.local/share/kat`) for others.
     pub fn default_root() -> PathBuf {

@@ -79,21 +79,7 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
     }
     let cluster = read_cluster(config)?;
     ensure_root_subids()?;
-    for dir in [
-        layout.root.clone(),
-        layout.pki(),
-        layout.runtime(),
-        layout.agent(),
-    ] {
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    // Searchable, not listable: the root of each container (a host id of its workload's
-    // slice) walks through to its overlay and log directories under runtime/; PKI, etcd
-    // and agent state below are 0700.
-    set_mode(&layout.root, 0o711)?;
-    set_mode(&layout.pki(), 0o700)?;
-    set_mode(&layout.agent(), 0o700)?;
+    layout.create()?;
     std::fs::copy(config, layout.cluster_config())
         .with_context(|| format!("cannot copy {} into the data directory", config.display()))?;
     let node = node_name(&options)?;
@@ -140,12 +126,6 @@ fn ensure_root_subids() -> Result<()> {
     step.apply()
         .context("giving root a subuid/subgid range for its containers")?;
     Ok(())
-}
-
-pub fn set_mode(path: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of {}", path.display()))
 }
 
 pub fn node_name(options: &NodeOptions) -> Result<String> {
@@ -668,31 +648,14 @@ async fn keep_revocation_list(store: Arc<dyn StateStore>, ca: Arc<Authority>, pa
 
 /// Store the first join token and say how to add a node.
 async fn announce_join_token(service: &Service, token: &JoinToken, endpoint: &str) -> Result<()> {
-    let record = kat_api::wire::JoinTokenRecord {
-        id: token.id.clone(),
-        secret_sha256: token.secret_sha256(),
-        created_at: rfc3339(SystemTime::now()),
-        expires_at: rfc3339(SystemTime::now() + Duration::from_secs(24 * 3600)),
-        used_by: vec![],
-    };
-    service
-        .store
-        .put(
-            &keys::join_token(&token.id),
-            serde_json::to_vec(&record)?,
-            None,
-        )
+    let stored = service
+        .store_join_token(token, Duration::from_secs(24 * 3600))
         .await
-        .context("storing the first join token")?;
-    let ca = service
-        .admission
-        .as_ref()
-        .map(|a| a.authority.ca_pem())
-        .context("the node that ran init holds the CA")?;
+        .map_err(|e| anyhow::anyhow!("storing the first join token: {e}"))?;
     let api = endpoint.trim_start_matches("https://");
     eprintln!(
-        "kat-agent: to add a node (token valid 24 h; `katcall create join-token` makes more):\n  kat-agent join --leader-api {api} --token {token} --ca-pin {} --advertise-address IP --etcd-peer",
-        pki::ca_pin(&ca)?
+        "kat-agent: to add a node (token valid 24 h; `katcall create join-token` makes more):\n  kat-agent join --leader-api {api} --token {} --ca-pin {} --advertise-address IP --etcd-peer",
+        stored.token, stored.ca_pin
     );
     Ok(())
 }

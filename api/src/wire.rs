@@ -276,19 +276,6 @@ pub struct RevokedNode {
     pub revoked_at: String,
 }
 
-/// A join token as stored: never the secret, only its SHA-256.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct JoinTokenRecord {
-    pub id: String,
-    pub secret_sha256: String,
-    pub created_at: String,
-    pub expires_at: String,
-    /// Nodes admitted with it (a token admits any number until it expires or is deleted).
-    #[serde(default)]
-    pub used_by: Vec<String>,
-}
-
 /// A join token as listed (`katcall get join-tokens`): no hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -296,8 +283,18 @@ pub struct JoinTokenInfo {
     pub id: String,
     pub created_at: String,
     pub expires_at: String,
+    /// Nodes admitted with it (a token admits any number until it expires or is deleted).
     #[serde(default)]
     pub used_by: Vec<String>,
+}
+
+/// A join token as stored: what is listed, and the SHA-256 of the secret (never the secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinTokenRecord {
+    #[serde(flatten)]
+    pub info: JoinTokenInfo,
+    pub secret_sha256: String,
 }
 
 /// `POST /join-tokens`: a new token; `token` is shown this once.

@@ -132,6 +132,18 @@ impl Node {
     }
 }
 
+/// A node running one instance, `web-1` (restart Always), on `rt`.
+async fn web_1_running(rt: &Arc<FakeRuntime>) -> Node {
+    let a = assignment("web", "web-1", "app:1", "{condition: Always}", None);
+    let node = start(rt.clone(), &[a]);
+    node.until(
+        Duration::from_secs(10),
+        state_is("web-1", InstanceState::Running),
+    )
+    .await;
+    node
+}
+
 fn state_is(instance: &'static str, state: InstanceState) -> impl FnMut(&Node) -> bool {
     move |n| n.status(instance).is_some_and(|s| s.state == state)
 }
@@ -311,13 +323,7 @@ async fn a_deleted_instance_gets_its_grace_period_then_goes() {
         stops_on_term: false,
         ..Run::forever()
     });
-    let a = assignment("web", "web-1", "app:1", "{condition: Always}", None);
-    let node = start(rt.clone(), &[a]);
-    node.until(
-        Duration::from_secs(10),
-        state_is("web-1", InstanceState::Running),
-    )
-    .await;
+    let node = web_1_running(&rt).await;
     let deleted = Instant::now();
     node.feed
         .send(Some((Source::Store, Snapshot::new())))
@@ -392,13 +398,7 @@ async fn running_instances_report_what_their_cgroups_use() {
         pids: 3,
         ..Run::forever()
     });
-    let a = assignment("web", "web-1", "app:1", "{condition: Always}", None);
-    let node = start(rt.clone(), &[a]);
-    node.until(
-        Duration::from_secs(10),
-        state_is("web-1", InstanceState::Running),
-    )
-    .await;
+    let node = web_1_running(&rt).await;
     let mut meter = crate::usage::UsageMeter::new(rt.clone(), std::env::temp_dir());
     let mut first = node.statuses.borrow().clone();
     meter.measure(&mut first).await;

@@ -12,7 +12,7 @@ use axum::Json;
 use kat_api::wire::JoinRequest;
 use serde::Deserialize;
 
-use super::{read_body, ApiError, ApiState};
+use super::{json_body, read_body, ApiError, ApiState};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -64,12 +64,12 @@ pub async fn join(
     State(state): State<Arc<ApiState>>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    let body = read_body(req, 64 * 1024).await?;
-    let request: JoinRequest = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "join body: {e} (expected token, nodeName, csr, address, etcdPeer)"
-        ))
-    })?;
+    let request: JoinRequest = json_body(
+        req,
+        64 * 1024,
+        "join body (expected token, nodeName, csr, address, etcdPeer)",
+    )
+    .await?;
     Ok(Json(state.service.join(request).await?))
 }
 

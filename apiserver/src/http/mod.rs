@@ -276,6 +276,17 @@ fn authorized(state: &ApiState, req: &Request) -> bool {
     token_sha256(token.trim()).ct_eq(&state.token_sha256).into()
 }
 
+/// Read a JSON request body of at most `limit` bytes; a body that does not parse is a 400
+/// that starts with `what` (the body and what it should look like).
+pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
+    req: Request,
+    limit: u64,
+    what: &str,
+) -> Result<T, ApiError> {
+    let body = read_body(req, limit).await?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
+}
+
 /// Read a request body of at most `limit` bytes.
 pub(crate) async fn read_body(req: Request, limit: u64) -> Result<axum::body::Bytes, ApiError> {
     let too_large = || {

@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use super::{read_body, ApiError, ApiState};
+use super::{json_body, ApiError, ApiState};
 
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.namespaces().await?))
@@ -37,12 +37,12 @@ pub async fn create(
     State(state): State<Arc<ApiState>>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    let body = read_body(req, 64 * 1024).await?;
-    let parsed: CreateBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "namespace body: {e} (expected {{\"metadata\": {{\"name\": \"NAME\"}}}})"
-        ))
-    })?;
+    let parsed: CreateBody = json_body(
+        req,
+        64 * 1024,
+        r#"namespace body (expected {"metadata": {"name": "NAME"}})"#,
+    )
+    .await?;
     let ns = state
         .service
         .create_namespace(&parsed.metadata.name)

@@ -7,9 +7,8 @@ use axum::extract::{Path, Request, State};
 use axum::response::IntoResponse;
 use axum::Json;
 use kat_api::wire::{NodeHeartbeat, Taint};
-use serde::de::DeserializeOwned;
 
-use super::{read_body, ApiError, ApiState};
+use super::{json_body, ApiError, ApiState};
 
 const MAX_BODY: u64 = 1 << 20;
 
@@ -31,18 +30,13 @@ pub async fn get(
     Ok(Json(state.service.node(&name).await?))
 }
 
-async fn json_body<T: DeserializeOwned>(req: Request, what: &str) -> Result<T, ApiError> {
-    let body = read_body(req, MAX_BODY).await?;
-    serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
-}
-
 /// Write a node's heartbeat (agents on other nodes; the local agent writes directly).
 pub async fn heartbeat(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    let hb: NodeHeartbeat = json_body(req, "heartbeat body").await?;
+    let hb: NodeHeartbeat = json_body(req, MAX_BODY, "heartbeat body").await?;
     state.service.record_heartbeat(&name, hb).await?;
     Ok(Json(serde_json::json!({"accepted": true})))
 }
@@ -52,8 +46,12 @@ pub async fn set_taints(
     Path(name): Path<String>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    let taints: Vec<Taint> =
-        json_body(req, "taints body (a JSON list of {key, value, effect})").await?;
+    let taints: Vec<Taint> = json_body(
+        req,
+        MAX_BODY,
+        "taints body (a JSON list of {key, value, effect})",
+    )
+    .await?;
     let reg = state.service.set_node_taints(&name, taints).await?;
     Ok(Json(reg))
 }
@@ -64,8 +62,12 @@ pub async fn set_labels(
     Path(name): Path<String>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    let changes: BTreeMap<String, Option<String>> =
-        json_body(req, "labels body (a JSON object of label to value or null)").await?;
+    let changes: BTreeMap<String, Option<String>> = json_body(
+        req,
+        MAX_BODY,
+        "labels body (a JSON object of label to value or null)",
+    )
+    .await?;
     let reg = state.service.set_node_labels(&name, changes).await?;
     Ok(Json(reg))
 }

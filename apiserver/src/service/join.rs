@@ -46,21 +46,29 @@ impl Service {
 
     /// A new join token valid for `ttl`. Its secret is in the answer only.
     pub async fn create_join_token(&self, ttl: Duration) -> Result<NewJoinToken> {
+        let token =
+            JoinToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+        self.store_join_token(&token, ttl).await
+    }
+
+    /// Store `token` (its secret's hash) valid for `ttl`: a new one, or the one `kat-agent
+    /// init` made and prints.
+    pub async fn store_join_token(&self, token: &JoinToken, ttl: Duration) -> Result<NewJoinToken> {
         let admission = self.admission()?;
         if ttl.is_zero() || ttl > Duration::from_secs(365 * 24 * 3600) {
             return Err(Error::bad_request(
                 "ttl: must be between 1s and 365d (e.g. 24h)",
             ));
         }
-        let token =
-            JoinToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
         let now = self.clock.wall();
         let record = JoinTokenRecord {
-            id: token.id.clone(),
+            info: JoinTokenInfo {
+                id: token.id.clone(),
+                created_at: rfc3339(now),
+                expires_at: rfc3339(now + ttl),
+                used_by: vec![],
+            },
             secret_sha256: token.secret_sha256(),
-            created_at: rfc3339(now),
-            expires_at: rfc3339(now + ttl),
-            used_by: vec![],
         };
         self.store
             .put(
@@ -71,8 +79,8 @@ impl Service {
             .await?;
         Ok(NewJoinToken {
             token: token.to_string(),
-            id: token.id,
-            expires_at: record.expires_at,
+            id: token.id.clone(),
+            expires_at: record.info.expires_at,
             ca_pin: kat_pki::ca_pin(&admission.authority.ca_pem())
                 .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?,
         })
@@ -86,12 +94,7 @@ impl Service {
             .kvs
             .iter()
             .filter_map(|kv| serde_json::from_slice::<JoinTokenRecord>(&kv.value).ok())
-            .map(|r| JoinTokenInfo {
-                id: r.id,
-                created_at: r.created_at,
-                expires_at: r.expires_at,
-                used_by: r.used_by,
-            })
+            .map(|r| r.info)
             .collect())
     }
 
@@ -126,12 +129,12 @@ impl Service {
                 token.id
             )));
         }
-        let expires =
-            humantime::parse_rfc3339_weak(&record.expires_at).unwrap_or(SystemTime::UNIX_EPOCH);
+        let expires = humantime::parse_rfc3339_weak(&record.info.expires_at)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
         if self.clock.wall() > expires {
             return Err(unauthorized(format!(
                 "join token {} expired at {}; create a new one with `katcall create join-token`",
-                token.id, record.expires_at
+                token.id, record.info.expires_at
             )));
         }
         if let Some(problem) = kat_api::names::dns_label_problem(&request.node_name) {
@@ -178,8 +181,8 @@ impl Service {
         } else {
             None
         };
-        if !record.used_by.contains(&request.node_name) {
-            record.used_by.push(request.node_name.clone());
+        if !record.info.used_by.contains(&request.node_name) {
+            record.info.used_by.push(request.node_name.clone());
             self.store
                 .put(&key, serde_json::to_vec(&record).unwrap_or_default(), None)
                 .await?;
