@@ -1,15 +1,14 @@
 //! Heartbeats: this node's capacity, allocatable and usage, and every instance's state and
 //! usage, written to its status key every `agentTickSeconds` and at once (debounced) when an
-//! instance changes.
+//! instance changes; through the store on a control-plane node, the leader's API on a worker.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kat_api::keys;
 use kat_api::wire::{rfc3339, InstanceStatus, NodeHeartbeat, ResourceList};
-use kat_store::StateStore;
 use tokio::sync::watch;
 
+use crate::control_plane::ControlPlane;
 use crate::usage::UsageMeter;
 
 /// What the host has: CPUs, memory and the pid limit.
@@ -47,7 +46,7 @@ pub fn allocatable(capacity: ResourceList) -> ResourceList {
 }
 
 pub async fn run(
-    store: Arc<dyn StateStore>,
+    link: Arc<dyn ControlPlane>,
     node: String,
     tick: Duration,
     mut statuses: watch::Receiver<Vec<InstanceStatus>>,
@@ -67,14 +66,7 @@ pub async fn run(
             instances,
             usage: Some(usage),
         };
-        if let Err(e) = store
-            .put(
-                &keys::node_status(&node),
-                serde_json::to_vec(&hb).unwrap_or_default(),
-                None,
-            )
-            .await
-        {
+        if let Err(e) = link.heartbeat(&hb).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
         tokio::select! {

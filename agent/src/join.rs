@@ -6,7 +6,11 @@
 //! 2. Make this node's key (it never leaves the node) and a signing request; send it with the
 //!    join token over TLS that trusts that CA only.
 //! 3. Write the certificate, the CA, `cluster.kat` and, for an etcd peer, the CA key and the
-//!    etcd member list, then the identity file last (its presence means "joined"), and run.
+//!    etcd member list, or for a worker the control plane's API endpoints, then the identity
+//!    file last (its presence means "joined"), and run.
+//!
+//! Without `--etcd-peer` the node is a worker: its certificate says so, etcd refuses it, and
+//! it talks to the leader's API only, about its own records.
 //!
 //! Running `join` again on a joined node resumes it, as `run` does.
 
@@ -43,9 +47,6 @@ pub async fn join(join: JoinOptions, options: NodeOptions) -> Result<()> {
     if !join.ca_pin.starts_with("sha256:") {
         bail!("--ca-pin: expected sha256:<64 hex digits>, as `kat-agent init` printed it");
     }
-    if !join.etcd_peer {
-        bail!("--etcd-peer is required for now: a node without an etcd member (a worker that talks to the leader's API only) is not supported yet");
-    }
     let node_name = node::node_name(&options)?;
     let advertise = options.advertise_address.ok_or_else(|| {
         anyhow::anyhow!(
@@ -77,7 +78,7 @@ pub async fn join(join: JoinOptions, options: NodeOptions) -> Result<()> {
     let response = send_join(&base, &ca, &request).await?;
 
     // 3. The node's files; the identity last.
-    write_files(&layout, &key_pem, &response, &node_name, advertise)?;
+    write_files(&layout, &base, &key_pem, &response, &node_name, advertise)?;
     eprintln!(
         "kat-agent: {} joined the cluster as node {node_name}",
         layout.root.display()
@@ -153,6 +154,7 @@ async fn error_text(response: reqwest::Response) -> String {
 
 fn write_files(
     layout: &Layout,
+    leader_api: &str,
     key_pem: &str,
     response: &JoinResponse,
     node_name: &str,
@@ -172,6 +174,16 @@ fn write_files(
         write_secret(&pki.join("ca.key"), &etcd.ca_key)?;
     }
     write_public(&layout.cluster_config(), &response.cluster_config)?;
+    if response.etcd.is_none() {
+        let mut endpoints = response.api_endpoints.clone();
+        if !endpoints.contains(&leader_api.to_string()) {
+            endpoints.push(leader_api.to_string());
+        }
+        crate::control_plane::write_endpoints(
+            &layout.agent().join(crate::node::API_ENDPOINTS_FILE),
+            &endpoints,
+        )?;
+    }
     let identity = NodeIdentity {
         node_name: node_name.to_string(),
         cluster_name: cluster.metadata.name,

@@ -11,6 +11,7 @@
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
+mod control_plane;
 mod heartbeat;
 mod join;
 mod layout;
@@ -65,6 +66,8 @@ enum Command {
         #[arg(long, value_name = "sha256:HEX")]
         ca_pin: String,
         /// Become a member of the etcd quorum (1, 3 or 5 members; see docs/operations.md).
+        /// Without it the node is a worker: no etcd credentials, it talks to the leader's API
+        /// about its own records only.
         #[arg(long)]
         etcd_peer: bool,
         #[command(flatten)]

@@ -19,7 +19,7 @@ use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
 use kat_api::wire::rfc3339;
-use kat_apiserver::http::{self, ApiState};
+use kat_apiserver::http::{self, ApiState, WorkerApi};
 use kat_apiserver::Service;
 use kat_leader::metrics::Metrics;
 use kat_leader::{namespaces, node_admin, Clock, Leader, LeaderConfig};
@@ -31,6 +31,7 @@ use kat_store::{
 use tokio::sync::watch;
 
 use crate::access::LocalAccess;
+use crate::control_plane::{LeaderLink, StoreLink};
 use crate::heartbeat;
 use crate::layout::{Layout, NodeIdentity};
 use crate::remote_access::ClusterAccess;
@@ -38,7 +39,10 @@ use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
 use crate::supervisor::{Supervisor, SupervisorConfig};
 use crate::usage::UsageMeter;
-use kat_pki::{self as pki, Authority, JoinToken, Pki};
+use kat_pki::{self as pki, Authority, JoinToken, NodeRole, Pki};
+
+/// Where a worker keeps the control plane's API endpoints, in the agent state directory.
+pub const API_ENDPOINTS_FILE: &str = "api-endpoints.json";
 
 /// Options shared by `init` and `run`.
 #[derive(Debug, Clone)]
@@ -169,8 +173,65 @@ fn init_binary(options: &NodeOptions) -> PathBuf {
     }
 }
 
-/// Run an initialized node until SIGINT or SIGTERM.
+/// What every node has once it is up, whatever its role: its files, its runtime and the
+/// supervisor with the feed that drives it.
+struct NodeBase {
+    layout: Layout,
+    identity: NodeIdentity,
+    cluster: ClusterConfiguration,
+    pki: Pki,
+    node: String,
+    runtime: Arc<dyn ContainerRuntime>,
+    tasks: tokio::task::JoinSet<()>,
+    feed_tx: watch::Sender<Option<(Source, assignments::Snapshot)>>,
+    status_rx: watch::Receiver<Vec<kat_api::wire::InstanceStatus>>,
+    /// A local copy of assignments exists (the node ran workloads before this start).
+    has_copy: bool,
+    tick: Duration,
+}
+
+/// Run an initialized node until SIGINT or SIGTERM: a control-plane node (an etcd member)
+/// or a worker, as its certificate says.
 pub async fn run(options: NodeOptions) -> Result<()> {
+    let mut base = start_base(&options)?;
+    let role = pki::role_of_pem(&base.pki.node_cert_pem).with_context(|| {
+        format!(
+            "{}: the node certificate names no role this agent knows",
+            base.pki.cert_file.display()
+        )
+    })?;
+    let etcd = match role {
+        NodeRole::ControlPlane => Some(control_plane(&mut base, &options).await?),
+        NodeRole::Worker => {
+            worker(&mut base, &options).await?;
+            None
+        }
+    };
+    let node = base.node.clone();
+    crate::sd_notify::notify(&format!("READY=1\nSTATUS=node {node} ({role}) is up"));
+    base.tasks.spawn(crate::sd_notify::watchdog());
+    base.tasks.spawn(crate::malloc::trim_periodically());
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        Some(ended) = base.tasks.join_next() => {
+            tracing::error!(?ended, "a node task ended unexpectedly; shutting down");
+        }
+    }
+    eprintln!("kat-agent: stopping (containers keep running and are adopted at the next start)");
+    crate::sd_notify::notify("STOPPING=1");
+    base.tasks.shutdown().await;
+    if let Some(etcd) = etcd {
+        etcd.stop().await;
+    }
+    Ok(())
+}
+
+/// The node's files, its runtime, and the supervisor (running from the local copy of
+/// assignments until the control plane answers).
+fn start_base(options: &NodeOptions) -> Result<NodeBase> {
     let layout = Layout::new(&options.data_dir);
     let identity: NodeIdentity = serde_json::from_slice(
         &std::fs::read(layout.identity()).with_context(|| {
@@ -186,7 +247,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let pki = Pki::load(&layout.pki())?;
     let node = identity.node_name.clone();
 
-    let mut native = NativeConfig::new(layout.runtime(), init_binary(&options));
+    let mut native = NativeConfig::new(layout.runtime(), init_binary(options));
     native.registries = RegistryConfig {
         insecure: options.insecure_registries.clone(),
         auth_files: vec![],
@@ -203,7 +264,6 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         tracing::warn!("{note}");
     }
 
-    // Node roles: supervisor, assignment feed, heartbeat.
     let (status_tx, status_rx) = watch::channel(Vec::new());
     let (feed_tx, feed_rx) = watch::channel(None);
     let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
@@ -222,13 +282,103 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         )
         .run(feed_rx),
     );
-    // A rebooted node brings its workloads back from the local copy while etcd starts.
+    // A rebooted node brings its workloads back from the local copy while the control plane
+    // is still coming up.
     let local_copy = assignments::load_copy(&layout.agent());
     let has_copy = local_copy.is_some();
     if let Some(copy) = local_copy {
         let _ = feed_tx.send(Some((Source::LocalCopy, copy)));
     }
+    Ok(NodeBase {
+        layout,
+        identity,
+        cluster,
+        pki,
+        node,
+        runtime,
+        tasks,
+        feed_tx,
+        status_rx,
+        has_copy,
+        tick,
+    })
+}
 
+/// The HTTPS client a node uses towards other nodes: its certificate, the cluster CA only.
+fn node_client(pki: &Pki) -> Result<reqwest::Client> {
+    ClusterAccess::client(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)
+        .context("the HTTPS client for other nodes")
+}
+
+/// A worker: the feed and heartbeat through the leader's API, and an API of its own that
+/// serves logs and exec of its instances to the control plane.
+async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
+    let node = base.node.clone();
+    let link = Arc::new(LeaderLink::new(
+        &node,
+        node_client(&base.pki)?,
+        base.layout.agent().join(API_ENDPOINTS_FILE),
+    )?);
+    let leader = link.leader();
+    base.tasks
+        .spawn(Feed::new(link.clone(), &base.layout.agent()).run(base.feed_tx.clone()));
+    let meter = UsageMeter::new(base.runtime.clone(), base.layout.root.clone());
+    base.tasks.spawn(heartbeat::run(
+        link,
+        node.clone(),
+        base.tick,
+        base.status_rx.clone(),
+        meter,
+    ));
+
+    // The node's own records, for the API's logs and exec.
+    let (records_tx, records_rx) = watch::channel(BTreeMap::new());
+    let mut snapshots = base.feed_tx.subscribe();
+    base.tasks.spawn(async move {
+        loop {
+            let records = snapshots
+                .borrow_and_update()
+                .as_ref()
+                .map(|(_, s)| {
+                    s.iter()
+                        .map(|(id, a)| (id.clone(), a.record.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            records_tx.send_replace(records);
+            if snapshots.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let api = Arc::new(WorkerApi {
+        node: node.clone(),
+        instances: records_rx,
+        leader,
+        access: Arc::new(LocalAccess {
+            node: node.clone(),
+            runtime: base.runtime.clone(),
+        }),
+        limiter: http::default_rate_limiter(),
+    });
+    let bind = SocketAddr::new(options.api_bind, base.cluster.spec.api_port as u16);
+    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| {
+        format!("cannot listen on {bind} (apiPort in cluster.kat; is another agent running?)")
+    })?;
+    let pki = &base.pki;
+    let tls =
+        server::tls_config_with_clients(&pki.node_cert_pem, &pki.node_key_pem, Some(&pki.ca_pem))?;
+    base.tasks
+        .spawn(server::serve(listener, tls, http::worker_router(api)));
+    eprintln!("kat-agent: worker node {node} is up; it talks to the leader's API (no etcd here)");
+    Ok(())
+}
+
+/// A control-plane node: its etcd member, the store, the leader role and the full API.
+async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<EtcdServer> {
+    let (layout, identity, cluster, pki) = (&base.layout, &base.identity, &base.cluster, &base.pki);
+    let node = base.node.clone();
+    let tasks = &mut base.tasks;
     // A node that holds the CA keeps the revocation list etcd checks (empty at first).
     let authority = match layout.pki().join("ca.key").exists() {
         true => Some(Arc::new(Authority::load(&layout.pki())?)),
@@ -246,6 +396,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         cert_file: pki.cert_file.clone(),
         key_file: pki.key_file.clone(),
         crl_file: authority.is_some().then(|| crl_file.clone()),
+        member_name: Some(pki::ETCD_MEMBER_NAME.to_string()),
     };
     let mut etcd_config = EtcdServerConfig::from_cluster(
         &cluster.spec,
@@ -266,7 +417,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         match EtcdServer::start(etcd_config.clone()).await {
             Ok(etcd) => break etcd,
             // Without workloads to keep, fail at once and say why.
-            Err(e) if !has_copy => return Err(anyhow::Error::new(e).context("starting etcd")),
+            Err(e) if !base.has_copy => return Err(anyhow::Error::new(e).context("starting etcd")),
             Err(e) => {
                 tracing::error!(error = %e, "etcd does not start; workloads run from the local copy meanwhile; retrying in 5 s");
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -274,7 +425,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
         }
     };
     if let Some(initial) = &identity.etcd_initial_cluster {
-        wait_for_promotion(initial, &node, &cluster, &etcd_tls).await?;
+        wait_for_promotion(initial, &node, cluster, &etcd_tls).await?;
     }
     let etcd_store = EtcdStore::connect(&[etcd.client_url().to_string()], Some(&etcd_tls))
         .await
@@ -306,7 +457,7 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     });
     let clock = Clock::system();
     if let Some(token) = &pki.token {
-        first_state(&*store, &cluster, token).await?;
+        first_state(&*store, cluster, token).await?;
     }
     for ns in kat_api::namespace::SYSTEM_NAMESPACES {
         namespaces::create(&*store, &clock, ns, true).await?;
@@ -319,13 +470,14 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     )
     .await?;
 
-    tasks.spawn(Feed::new(store.clone(), &node, &layout.agent()).run(feed_tx));
-    let meter = UsageMeter::new(runtime.clone(), layout.root.clone());
+    let link = Arc::new(StoreLink::new(store.clone(), &node));
+    tasks.spawn(Feed::new(link.clone(), &layout.agent()).run(base.feed_tx.clone()));
+    let meter = UsageMeter::new(base.runtime.clone(), layout.root.clone());
     tasks.spawn(heartbeat::run(
-        store.clone(),
+        link,
         node.clone(),
-        tick,
-        status_rx,
+        base.tick,
+        base.status_rx.clone(),
         meter,
     ));
 
@@ -333,7 +485,8 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let endpoint = format!(
         "https://{}:{}",
-        identity.advertise_address, cluster.spec.api_port
+        url_host(&identity.advertise_address),
+        cluster.spec.api_port
     );
     tasks.spawn(leader_role(
         store.clone(),
@@ -362,18 +515,18 @@ pub async fn run(options: NodeOptions) -> Result<()> {
                     authority,
                     etcd: Some(etcd_store.clone()),
                 }),
+            api_endpoint: Some(endpoint.clone()),
             ..Service::new(store.clone(), events, clock, cluster.clone())
         },
         token_sha256,
         access: Arc::new(ClusterAccess {
             local: LocalAccess {
                 node: node.clone(),
-                runtime: runtime.clone(),
+                runtime: base.runtime.clone(),
             },
             store: store.clone(),
             api_port: cluster.spec.api_port,
-            client: ClusterAccess::client(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)
-                .context("the HTTPS client for other nodes")?,
+            client: node_client(pki)?,
         }),
         metrics,
         limiter: http::default_rate_limiter(),
@@ -403,31 +556,13 @@ pub async fn run(options: NodeOptions) -> Result<()> {
                 token: token.clone(),
             },
         )?;
+        eprintln!(
+            "kat-agent: katcall config written to {}",
+            client_path.display()
+        );
     }
     eprintln!("kat-agent: node {node} is up; API at {endpoint}");
-    crate::sd_notify::notify(&format!(
-        "READY=1\nSTATUS=node {node} is up; API at {endpoint}"
-    ));
-    tasks.spawn(crate::sd_notify::watchdog());
-    tasks.spawn(crate::malloc::trim_periodically());
-    eprintln!(
-        "kat-agent: katcall config written to {}",
-        client_path.display()
-    );
-
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        Some(ended) = tasks.join_next() => {
-            tracing::error!(?ended, "a node task ended unexpectedly; shutting down");
-        }
-    }
-    eprintln!("kat-agent: stopping (containers keep running and are adopted at the next start)");
-    crate::sd_notify::notify("STOPPING=1");
-    tasks.shutdown().await;
-    etcd.stop().await;
-    Ok(())
+    Ok(etcd)
 }
 
 /// The cluster's first keys, written only where absent (a resumed node changes nothing).

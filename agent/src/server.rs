@@ -230,7 +230,7 @@ async fn connection(
         .1
         .peer_certificates()
         .and_then(|chain| chain.first())
-        .and_then(|cert| kat_pki::node_name_of(cert.as_ref()));
+        .and_then(|cert| kat_pki::node_of(cert.as_ref()));
     // Set once hyper has parsed a complete request header and calls the router.
     let requested = Arc::new(AtomicBool::new(false));
     let seen = requested.clone();
@@ -561,7 +561,8 @@ mod tests {
             "/who",
             get(
                 |axum::Extension(node): axum::Extension<ClientNode>| async move {
-                    node.0.unwrap_or_else(|| "nobody".into())
+                    node.0
+                        .map_or_else(|| "nobody".into(), |(n, role)| format!("{n} {role}"))
                 },
             ),
         );
@@ -588,7 +589,10 @@ mod tests {
         // No certificate (katcall, with its bearer token): served, no node.
         assert_eq!(who(client(None)).await.unwrap(), "nobody");
         // A certificate from the cluster CA names its node.
-        assert_eq!(who(client(Some(&pki))).await.unwrap(), "node-a");
+        assert_eq!(
+            who(client(Some(&pki))).await.unwrap(),
+            "node-a control-plane"
+        );
         // The same name from another CA: the handshake fails, nothing is served.
         assert!(who(client(Some(&intruder))).await.is_err());
         task.abort();

@@ -21,6 +21,9 @@ pub fn rfc3339(t: SystemTime) -> String {
 pub struct ErrorBody {
     pub error: ErrorCode,
     pub message: String,
+    /// With `not_leader`: the API endpoint of the node that leads (`https://IP:PORT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
 }
 
 /// Machine-readable error codes; each has one HTTP status.
@@ -30,12 +33,16 @@ pub enum ErrorCode {
     BadRequest,
     InvalidQuadlet,
     Unauthorized,
+    /// Authenticated, but not allowed: a node's certificate outside its own records.
+    Forbidden,
     NotFound,
     Conflict,
     PayloadTooLarge,
     RateLimited,
     Unavailable,
     Internal,
+    /// A node route sent to a node that does not lead; the body names the leader.
+    NotLeader,
 }
 
 impl ErrorCode {
@@ -43,12 +50,14 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest | ErrorCode::InvalidQuadlet => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::RateLimited => 429,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
+            ErrorCode::NotLeader => 421,
         }
     }
 }
@@ -334,6 +343,53 @@ pub struct JoinResponse {
     pub cluster_config: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdJoin>,
+    /// The API endpoints of the control-plane nodes (`https://IP:PORT`): where a worker finds
+    /// the leader, now and after a failover.
+    #[serde(default)]
+    pub api_endpoints: Vec<String>,
+}
+
+/// The answer to a worker's heartbeat: the control plane as it is now, so the worker's list
+/// of where to find the leader stays fresh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAnswer {
+    pub accepted: bool,
+    #[serde(default)]
+    pub api_endpoints: Vec<String>,
+}
+
+/// `GET /nodes/{name}/assignments`: one JSON line each. A stream starts with a `snapshot`
+/// (every instance record of the node, as of `revision`) unless it resumes from a revision
+/// the leader still has history for; then come changes in revision order, and `keepalive`
+/// lines while nothing changes, so a client notices a dead leader within seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum AssignmentUpdate {
+    Snapshot {
+        revision: i64,
+        records: Vec<InstanceRecord>,
+    },
+    Put {
+        revision: i64,
+        record: InstanceRecord,
+    },
+    #[serde(rename_all = "camelCase")]
+    Delete {
+        revision: i64,
+        instance_id: String,
+    },
+    Keepalive,
+}
+
+/// `POST /nodes/{name}/template-problems`: instances of the node whose template is unusable
+/// (gone, or not matching its hash); the leader records a `TemplateMissing` event for each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateProblem {
+    #[serde(rename = "instanceID")]
+    pub instance_id: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -428,6 +484,7 @@ mod tests {
         let body = ErrorBody {
             error: ErrorCode::InvalidQuadlet,
             message: "workload.kat: spec.replicas: is required".into(),
+            leader: None,
         };
         let json = serde_json::to_string(&body).unwrap();
         assert_eq!(

@@ -14,6 +14,7 @@
 //! Everything here runs on any `StateStore`: tests and simulations use `MemStore` under
 //! simulated time; production uses etcd.
 
+pub mod assignments;
 pub mod clock;
 pub mod controller;
 pub mod daemons;

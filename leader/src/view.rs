@@ -164,12 +164,22 @@ impl ClusterView {
         }
     }
 
-    /// Instance states as their nodes last reported them, by instance id.
+    /// Instance states as their nodes last reported them, by instance id. A node speaks for
+    /// the instances assigned to it and for ones no longer assigned anywhere (which it still
+    /// runs, e.g. after a partition), never for an instance assigned to another node: a
+    /// worker's heartbeat cannot change what the leader believes of its neighbours.
     pub fn reported(&self) -> HashMap<&str, (&str, &InstanceStatus)> {
         let mut out = HashMap::new();
         for (node, entry) in &self.nodes {
             if let Some(hb) = &entry.heartbeat {
                 for s in &hb.instances {
+                    if self
+                        .instances
+                        .get(&s.instance_id)
+                        .is_some_and(|r| r.node != *node)
+                    {
+                        continue;
+                    }
                     out.insert(s.instance_id.as_str(), (node.as_str(), s));
                 }
             }

@@ -7,6 +7,13 @@
 //! is 32 random bytes in hex; only its SHA-256 goes to etcd. Private keys and the token are
 //! written 0600 in `{data}/pki`.
 //!
+//! A certificate also says what the node is ([`NodeRole`], in its organization): a member of
+//! the etcd quorum (`control-plane`: it may read and write all state, lead, admit nodes and
+//! proxy logs and exec) or a `worker` (it talks to the leader's API only, about its own
+//! records). Control-plane certificates carry the DNS name [`ETCD_MEMBER_NAME`], which etcd
+//! requires of every client and peer (`--client-cert-allowed-hostname`), so a worker's
+//! certificate, though signed by the same CA, opens nothing in etcd.
+//!
 //! A node that joins makes its own key and sends a certificate signing request; the CA signs
 //! it with what *it* decides (the node name the join token admitted, the addresses it
 //! reported), never with what the request asks for, so a joining node cannot ask for a CA
@@ -76,13 +83,51 @@ fn files(dir: &Path) -> Files {
     }
 }
 
-/// What a node certificate says: CN and DNS name the node, IP SANs loopback and `addresses`,
-/// usable as TLS server and client, not a CA, valid as long as the CA.
-fn node_params(node: &str, addresses: &[IpAddr]) -> Result<CertificateParams> {
-    let mut params = CertificateParams::new(vec![node.to_string(), "localhost".to_string()])
-        .context("node certificate names")?;
+/// The DNS name only control-plane certificates carry; etcd accepts no client or peer
+/// certificate without it.
+pub const ETCD_MEMBER_NAME: &str = "etcd-member.kat";
+
+/// What a node is allowed to be, written by the CA into the node's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeRole {
+    /// A member of the etcd quorum: holds etcd credentials and the CA key, may lead.
+    ControlPlane,
+    /// Runs workloads; talks to the leader's API about its own records only.
+    Worker,
+}
+
+impl NodeRole {
+    /// The certificate's organization (O) for this role.
+    pub fn organization(self) -> &'static str {
+        match self {
+            NodeRole::ControlPlane => "kat:control-plane",
+            NodeRole::Worker => "kat:worker",
+        }
+    }
+}
+
+impl std::fmt::Display for NodeRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NodeRole::ControlPlane => "control-plane",
+            NodeRole::Worker => "worker",
+        })
+    }
+}
+
+/// What a node certificate says: CN and DNS name the node, the role in O (and, for the
+/// control plane, [`ETCD_MEMBER_NAME`]), IP SANs loopback and `addresses`, usable as TLS
+/// server and client, not a CA, valid as long as the CA.
+fn node_params(node: &str, addresses: &[IpAddr], role: NodeRole) -> Result<CertificateParams> {
+    let mut names = vec![node.to_string(), "localhost".to_string()];
+    if role == NodeRole::ControlPlane {
+        names.push(ETCD_MEMBER_NAME.to_string());
+    }
+    let mut params = CertificateParams::new(names).context("node certificate names")?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, node);
+    dn.push(DnType::OrganizationName, role.organization());
     params.distinguished_name = dn;
     params.is_ca = IsCa::ExplicitNoCa;
     // A random serial, known at issue: what a revocation list names.
@@ -130,11 +175,17 @@ impl Authority {
 
     /// A node certificate for the key in `csr_pem` (which must be signed by that key). Only
     /// the public key is taken from the request: names, usages and lifetime are ours.
-    pub fn sign_csr(&self, csr_pem: &str, node: &str, addresses: &[IpAddr]) -> Result<String> {
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        node: &str,
+        addresses: &[IpAddr],
+        role: NodeRole,
+    ) -> Result<String> {
         let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem).context(
             "the certificate signing request is not a valid, self-signed PKCS#10 request",
         )?;
-        csr.params = node_params(node, addresses)?;
+        csr.params = node_params(node, addresses, role)?;
         Ok(csr
             .signed_by(&self.cert, &self.key)
             .context("signing the node certificate")?
@@ -186,7 +237,7 @@ impl Authority {
 
     /// A node certificate for `node`'s own key pair.
     fn issue(&self, node: &str, addresses: &[IpAddr], key: &KeyPair) -> Result<String> {
-        Ok(node_params(node, addresses)?
+        Ok(node_params(node, addresses, NodeRole::ControlPlane)?
             .signed_by(key, &self.cert, &self.key)
             .context("signing the node certificate")?
             .pem())
@@ -258,15 +309,31 @@ impl Pki {
     }
 }
 
-/// The node a certificate names (its common name), from DER. Only meaningful for a
-/// certificate the TLS handshake has verified against the cluster CA.
-pub fn node_name_of(der: &[u8]) -> Option<String> {
+/// The node a certificate names (its common name) and its role, from DER. Only meaningful
+/// for a certificate the TLS handshake has verified against the cluster CA. A certificate
+/// without a role (issued before roles existed, when every node was an etcd member) is a
+/// control-plane one; one with an unknown role gives `None`.
+pub fn node_of(der: &[u8]) -> Option<(String, NodeRole)> {
     let cert = rcgen::CertificateParams::from_ca_cert_der(&der.to_vec().into()).ok()?;
-    match cert.distinguished_name.get(&DnType::CommonName)? {
-        rcgen::DnValue::Utf8String(s) => Some(s.clone()),
-        rcgen::DnValue::PrintableString(s) => Some(s.as_str().to_string()),
+    let text = |t: DnType| match cert.distinguished_name.get(&t) {
+        Some(rcgen::DnValue::Utf8String(s)) => Some(s.clone()),
+        Some(rcgen::DnValue::PrintableString(s)) => Some(s.as_str().to_string()),
         _ => None,
-    }
+    };
+    let name = text(DnType::CommonName)?;
+    let role = match text(DnType::OrganizationName).as_deref() {
+        None => NodeRole::ControlPlane,
+        Some(o) if o == NodeRole::ControlPlane.organization() => NodeRole::ControlPlane,
+        Some(o) if o == NodeRole::Worker.organization() => NodeRole::Worker,
+        Some(_) => return None,
+    };
+    Some((name, role))
+}
+
+/// The role of a certificate given in PEM (see [`node_of`]).
+pub fn role_of_pem(cert_pem: &str) -> Option<NodeRole> {
+    let der = pem::parse(cert_pem).ok()?;
+    node_of(der.contents()).map(|(_, role)| role)
 }
 
 /// A certificate's serial number, hex (PEM in): what the cluster records at join and revokes
@@ -415,7 +482,12 @@ mod tests {
         greedy.distinguished_name.push(DnType::CommonName, "node-a");
         let csr = greedy.serialize_request(&key).unwrap().pem().unwrap();
         let cert = ca
-            .sign_csr(&csr, "node-b", &["10.0.0.2".parse().unwrap()])
+            .sign_csr(
+                &csr,
+                "node-b",
+                &["10.0.0.2".parse().unwrap()],
+                NodeRole::Worker,
+            )
             .unwrap();
         let parsed = CertificateParams::from_ca_cert_pem(&cert).unwrap();
         assert!(
@@ -434,7 +506,27 @@ mod tests {
             .iter()
             .any(|n| matches!(n, SanType::DnsName(d) if d.as_str() == "node-a")));
         // Garbage is refused with a message.
-        assert!(ca.sign_csr("not a csr", "node-b", &[]).is_err());
+        assert!(ca
+            .sign_csr("not a csr", "node-b", &[], NodeRole::Worker)
+            .is_err());
+        // The role is the CA's: a worker gets no etcd name, the first node is control plane.
+        assert_eq!(role_of_pem(&cert), Some(NodeRole::Worker));
+        assert!(!parsed
+            .subject_alt_names
+            .iter()
+            .any(|n| matches!(n, SanType::DnsName(d) if d.as_str() == ETCD_MEMBER_NAME)));
+        assert_eq!(
+            role_of_pem(&pki.node_cert_pem),
+            Some(NodeRole::ControlPlane)
+        );
+        let member = ca
+            .sign_csr(&csr, "node-c", &[], NodeRole::ControlPlane)
+            .unwrap();
+        let member = CertificateParams::from_ca_cert_pem(&member).unwrap();
+        assert!(member
+            .subject_alt_names
+            .iter()
+            .any(|n| matches!(n, SanType::DnsName(d) if d.as_str() == ETCD_MEMBER_NAME)));
         // The pin.
         let pin = ca_pin(&pki.ca_pem).unwrap();
         assert!(pin.starts_with("sha256:") && pin.len() == 7 + 64, "{pin}");

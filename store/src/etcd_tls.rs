@@ -3,7 +3,9 @@
 //! A node's one certificate (CN = node name, usable as TLS server and client) serves etcd's
 //! client port, its peer port, and is the node's client identity towards etcd. etcd runs with
 //! `--client-cert-auth` and `--peer-client-cert-auth` and trusts only the cluster CA: nothing
-//! without a certificate from that CA gets an answer, loopback included.
+//! without a certificate from that CA gets an answer, loopback included, and nothing without
+//! the members' DNS name in its certificate either (workers have certificates from the same
+//! CA, but no etcd access).
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +22,11 @@ pub struct EtcdTls {
     /// Revoked certificates (a PEM CRL signed by the CA), read by etcd at every new client
     /// and peer connection: removed nodes are refused.
     pub crl_file: Option<PathBuf>,
+    /// A DNS name every client and peer certificate must carry
+    /// (`--client-cert-allowed-hostname`, `--peer-cert-allowed-hostname`). The CA gives it to
+    /// etcd members only, so the certificate of a worker node, though signed by the same CA,
+    /// opens nothing here.
+    pub member_name: Option<String>,
 }
 
 impl EtcdTls {
@@ -41,6 +48,15 @@ impl EtcdTls {
             for flag in ["--client-crl-file", "--peer-crl-file"] {
                 args.push(flag.into());
                 args.push(crl.as_os_str().to_owned());
+            }
+        }
+        if let Some(name) = &self.member_name {
+            for flag in [
+                "--client-cert-allowed-hostname",
+                "--peer-cert-allowed-hostname",
+            ] {
+                args.push(flag.into());
+                args.push(name.into());
             }
         }
         args.push("--client-cert-auth".into());

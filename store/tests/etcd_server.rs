@@ -118,6 +118,7 @@ fn config_from_cluster_kat() {
             cert_file: "/var/lib/kat/pki/node.crt".into(),
             key_file: "/var/lib/kat/pki/node.key".into(),
             crl_file: None,
+            member_name: None,
         },
     );
     assert_eq!(c.client_url, "https://10.0.0.5:12379");

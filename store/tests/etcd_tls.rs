@@ -10,7 +10,9 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, SanType,
 };
 
-/// A CA and a node certificate for 127.0.0.1 signed by it, written to `dir`.
+const MEMBER: &str = "etcd-member.kat";
+
+/// A CA and a member's certificate for 127.0.0.1 signed by it, written to `dir`.
 fn pki(dir: &Path, name: &str) -> EtcdTls {
     std::fs::create_dir_all(dir).unwrap();
     let ca_key = KeyPair::generate().unwrap();
@@ -19,8 +21,27 @@ fn pki(dir: &Path, name: &str) -> EtcdTls {
         .push(DnType::CommonName, format!("{name} CA"));
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     let ca = ca.self_signed(&ca_key).unwrap();
+    let tls = node_cert(dir, name, &ca, &ca_key, true);
+    std::fs::write(&tls.ca_file, ca.pem()).unwrap();
+    // Kept to sign a worker's certificate with the same CA.
+    std::fs::write(dir.join("ca.key"), ca_key.serialize_pem()).unwrap();
+    tls
+}
+
+/// A node certificate signed by `ca`, with the members' name or (a worker's) without.
+fn node_cert(
+    dir: &Path,
+    name: &str,
+    ca: &rcgen::Certificate,
+    ca_key: &KeyPair,
+    member: bool,
+) -> EtcdTls {
     let key = KeyPair::generate().unwrap();
-    let mut node = CertificateParams::new(vec!["localhost".into()]).unwrap();
+    let mut names = vec!["localhost".to_string()];
+    if member {
+        names.push(MEMBER.into());
+    }
+    let mut node = CertificateParams::new(names).unwrap();
     node.distinguished_name.push(DnType::CommonName, name);
     node.subject_alt_names
         .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
@@ -28,14 +49,14 @@ fn pki(dir: &Path, name: &str) -> EtcdTls {
         ExtendedKeyUsagePurpose::ServerAuth,
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
-    let cert = node.signed_by(&key, &ca, &ca_key).unwrap();
+    let cert = node.signed_by(&key, ca, ca_key).unwrap();
     let tls = EtcdTls {
         ca_file: dir.join("ca.crt"),
-        cert_file: dir.join("node.crt"),
-        key_file: dir.join("node.key"),
+        cert_file: dir.join(format!("{name}.crt")),
+        key_file: dir.join(format!("{name}.key")),
         crl_file: None,
+        member_name: Some(MEMBER.into()),
     };
-    std::fs::write(&tls.ca_file, ca.pem()).unwrap();
     std::fs::write(&tls.cert_file, cert.pem()).unwrap();
     std::fs::write(&tls.key_file, key.serialize_pem()).unwrap();
     tls
@@ -103,6 +124,40 @@ async fn only_a_certificate_from_the_cluster_ca_gets_an_answer() {
         refused.is_err(),
         "a certificate from another CA was answered"
     );
+
+    // A worker's certificate: the same CA, but not a member's name. Refused.
+    let ca_key =
+        KeyPair::from_pem(&std::fs::read_to_string(dir.path().join("pki").join("ca.key")).unwrap())
+            .unwrap();
+    let ca_cert = CertificateParams::from_ca_cert_pem(&String::from_utf8_lossy(&ca))
+        .unwrap()
+        .self_signed(&ca_key)
+        .unwrap();
+    let worker = node_cert(
+        &dir.path().join("pki"),
+        "worker-1",
+        &ca_cert,
+        &ca_key,
+        false,
+    );
+    let worker_identity = |tls: &EtcdTls| {
+        ec::TlsOptions::new()
+            .ca_certificate(ec::Certificate::from_pem(&ca))
+            .identity(ec::Identity::from_pem(
+                std::fs::read(&tls.cert_file).unwrap(),
+                std::fs::read(&tls.key_file).unwrap(),
+            ))
+    };
+    let refused = read_with(&url, Some(worker_identity(&worker))).await;
+    assert!(
+        refused.is_err(),
+        "a worker's certificate (same CA, no member name) was answered"
+    );
+    // The positive control: a second member's certificate from the same CA is answered.
+    let member = node_cert(&dir.path().join("pki"), "node-2", &ca_cert, &ca_key, true);
+    read_with(&url, Some(worker_identity(&member)))
+        .await
+        .expect("another member's certificate is answered");
 
     // Plain HTTP to the same port: nothing.
     let plain = url.replace("https://", "http://");

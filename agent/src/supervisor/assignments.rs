@@ -1,29 +1,31 @@
-//! What this node must run: its instance records from etcd, with each one's template, and the
-//! local copy that survives a reboot.
+//! What this node must run: its instance records from the control plane, with each one's
+//! template, and the local copy that survives a reboot.
 //!
-//! A task lists `/kat/instances/{node}/`, fetches the template each record names by hash (typed
-//! and validated at apply, immutable, kept by the leader while an instance uses it, so an old
-//! instance in a rolling update keeps its old spec) and then follows a watch from the
-//! listing's revision. A template that is gone or does not match its hash is never replaced
-//! by something else: the instance gets no template, the supervisor fails it with the reason,
-//! and a `TemplateMissing` warning event says so. Every change produces a full snapshot for the
-//! supervisor and rewrites `assignments.json` atomically. When the store cannot be reached
-//! at start-up the snapshot comes from that file, so a rebooted node brings its workloads
-//! back while etcd or the leader is still down; once the store answers, its listing wins and
-//! the supervisor converges to it (adopting containers by instance id, so no duplicates).
+//! The feed follows the node's assignment stream ([`ControlPlane::assignments`]: from the
+//! store on a control-plane node, from the leader's API on a worker): a snapshot, then
+//! changes; after a broken connection it resumes from the last revision it saw. It fetches
+//! the template each record names by hash (typed and validated at apply, immutable, kept by
+//! the leader while an instance uses it, so an old instance in a rolling update keeps its old
+//! spec). A template that is gone or does not match its hash is never replaced by something
+//! else: the instance gets no template, the supervisor fails it with the reason, and a
+//! `TemplateMissing` warning event says so. Every change produces a full snapshot for the
+//! supervisor and rewrites `assignments.json` atomically. When the control plane cannot be
+//! reached at start-up the snapshot comes from that file, so a rebooted node brings its
+//! workloads back while etcd or the leader is still down; once the control plane answers, its
+//! listing wins and the supervisor converges to it (adopting containers by instance id, so no
+//! duplicates).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kat_api::keys;
-use kat_api::wire::{EventType, InstanceRecord};
+use kat_api::wire::{AssignmentUpdate, InstanceRecord, TemplateProblem};
 use kat_api::Template;
-use kat_leader::events::EventLog;
-use kat_store::{EventKind, StateStore, WatchOptions};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+
+use crate::control_plane::ControlPlane;
 
 /// One assigned instance and the template it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,25 +45,26 @@ pub enum Source {
 }
 
 pub struct Feed {
-    store: Arc<dyn StateStore>,
-    node: String,
+    link: Arc<dyn ControlPlane>,
     copy_path: PathBuf,
+    /// The node's records as last seen, and the revision they are as of (to resume from).
+    records: BTreeMap<String, InstanceRecord>,
+    revision: Option<i64>,
     /// Templates are immutable: fetched once per (namespace, workload, hash).
     templates: HashMap<(String, String, String), Arc<Template>>,
     /// Instances whose missing template was already reported.
     reported_missing: HashSet<String>,
-    events: EventLog,
 }
 
 impl Feed {
-    pub fn new(store: Arc<dyn StateStore>, node: &str, state_dir: &Path) -> Self {
+    pub fn new(link: Arc<dyn ControlPlane>, state_dir: &Path) -> Self {
         Feed {
-            store,
-            node: node.to_string(),
+            link,
             copy_path: state_dir.join("assignments.json"),
+            records: BTreeMap::new(),
+            revision: None,
             templates: HashMap::new(),
             reported_missing: HashSet::new(),
-            events: EventLog::new(kat_leader::events::DEFAULT_CAPACITY),
         }
     }
 
@@ -74,11 +77,11 @@ impl Feed {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot follow assignments; retrying");
-                    if first {
+                    if first && self.revision.is_none() {
                         if let Some(copy) = self.load_copy() {
                             tracing::info!(
                                 instances = copy.len(),
-                                "store unreachable: running from the local copy of assignments"
+                                "control plane unreachable: running from the local copy of assignments"
                             );
                             let _ = tx.send(Some((Source::LocalCopy, copy)));
                         }
@@ -97,73 +100,61 @@ impl Feed {
     async fn follow(
         &mut self,
         tx: &watch::Sender<Option<(Source, Snapshot)>>,
-    ) -> Result<(), kat_store::StoreError> {
-        let prefix = keys::node_instances(&self.node);
-        let listing = tokio::time::timeout(Duration::from_secs(3), self.store.list(&prefix))
-            .await
-            .map_err(|_| {
-                kat_store::StoreError::Unavailable("listing assignments timed out".into())
-            })??;
-        let mut records: BTreeMap<String, InstanceRecord> = listing
-            .kvs
-            .iter()
-            .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(&kv.value).ok())
-            .map(|r| (r.instance_id.clone(), r))
-            .collect();
-        let mut watch = self
-            .store
-            .watch(
-                &prefix,
-                WatchOptions::prefix().from_revision(listing.revision + 1),
-            )
-            .await?;
-        self.publish(tx, &records).await?;
-        while let Some(event) = watch.next().await {
-            let event = event?;
-            let id = event.kv.key[prefix.len()..].to_string();
-            match event.kind {
-                EventKind::Put => {
-                    if let Ok(r) = serde_json::from_slice::<InstanceRecord>(&event.kv.value) {
-                        records.insert(id, r);
-                    }
-                }
-                EventKind::Delete => {
-                    records.remove(&id);
-                }
-            }
+    ) -> anyhow::Result<()> {
+        let mut stream =
+            tokio::time::timeout(Duration::from_secs(5), self.link.assignments(self.revision))
+                .await
+                .map_err(|_| anyhow::anyhow!("asking for assignments timed out"))??;
+        // A resumed stream that has nothing new says nothing: publish what we have.
+        if self.revision.is_some() {
+            self.publish(tx).await?;
+        }
+        while let Some(update) = stream.recv().await {
+            self.apply(update?);
             // Take in everything already delivered before publishing once.
-            while let Some(more) = watch.try_next() {
-                let more = more?;
-                let id = more.kv.key[prefix.len()..].to_string();
-                match more.kind {
-                    EventKind::Put => {
-                        if let Ok(r) = serde_json::from_slice::<InstanceRecord>(&more.kv.value) {
-                            records.insert(id, r);
-                        }
-                    }
-                    EventKind::Delete => {
-                        records.remove(&id);
-                    }
-                }
+            while let Ok(more) = stream.try_recv() {
+                self.apply(more?);
             }
-            self.publish(tx, &records).await?;
+            self.publish(tx).await?;
             if tx.is_closed() {
                 return Ok(());
             }
         }
-        Err(kat_store::StoreError::Unavailable(
-            "the assignment watch ended".into(),
-        ))
+        anyhow::bail!("the assignment stream ended")
+    }
+
+    fn apply(&mut self, update: AssignmentUpdate) {
+        match update {
+            AssignmentUpdate::Snapshot { revision, records } => {
+                self.records = records
+                    .into_iter()
+                    .map(|r| (r.instance_id.clone(), r))
+                    .collect();
+                self.revision = Some(revision);
+            }
+            AssignmentUpdate::Put { revision, record } => {
+                self.records.insert(record.instance_id.clone(), record);
+                self.revision = Some(revision);
+            }
+            AssignmentUpdate::Delete {
+                revision,
+                instance_id,
+            } => {
+                self.records.remove(&instance_id);
+                self.revision = Some(revision);
+            }
+            AssignmentUpdate::Keepalive => {}
+        }
     }
 
     async fn publish(
         &mut self,
         tx: &watch::Sender<Option<(Source, Snapshot)>>,
-        records: &BTreeMap<String, InstanceRecord>,
-    ) -> Result<(), kat_store::StoreError> {
+    ) -> anyhow::Result<()> {
+        let records = self.records.clone();
         let mut snapshot = Snapshot::new();
         let mut missing = Vec::new();
-        for (id, record) in records {
+        for (id, record) in &records {
             let template = self.template_of(record).await?;
             if template.is_err() && !self.reported_missing.contains(id) {
                 missing.push(record);
@@ -194,7 +185,7 @@ impl Feed {
     async fn template_of(
         &mut self,
         record: &InstanceRecord,
-    ) -> Result<Result<Arc<Template>, String>, kat_store::StoreError> {
+    ) -> anyhow::Result<Result<Arc<Template>, String>> {
         let id = (
             record.namespace.clone(),
             record.workload.clone(),
@@ -203,8 +194,7 @@ impl Feed {
         if let Some(t) = self.templates.get(&id) {
             return Ok(Ok(t.clone()));
         }
-        let key = keys::template(&record.namespace, &record.workload, &record.spec_hash);
-        let Some(kv) = self.store.get(&key).await? else {
+        let Some(stored) = self.link.template(record).await? else {
             return Ok(Err(format!(
                 "template {} of {}/{} (generation {}) is gone; the instance cannot run: apply the workload again or roll it back",
                 short(&record.spec_hash),
@@ -213,7 +203,7 @@ impl Feed {
                 record.generation
             )));
         };
-        let template = match serde_json::from_slice::<Template>(&kv.value) {
+        let template = match serde_json::from_slice::<Template>(&stored) {
             Ok(t) if t.hash() == record.spec_hash => Arc::new(t),
             Ok(_) => {
                 return Ok(Err(format!(
@@ -238,28 +228,24 @@ impl Feed {
 
     /// One `TemplateMissing` warning per instance whose template is unusable.
     async fn report_missing(&mut self, missing: &[&InstanceRecord], snapshot: &Snapshot) {
-        if missing.is_empty() {
-            return;
-        }
-        let mut ops = Vec::new();
+        let mut problems = Vec::new();
         for r in missing {
             let reason = match snapshot.get(&r.instance_id).map(|a| &a.template) {
                 Some(Err(reason)) => reason.clone(),
                 _ => continue,
             };
             tracing::warn!(instance = %r.instance_id, "{reason}");
-            ops.extend(self.events.ops(&kat_leader::events::event(
-                kat_api::wire::rfc3339(std::time::SystemTime::now()),
-                EventType::Warning,
-                "TemplateMissing",
-                kat_leader::events::workload_ref(&r.namespace, &r.workload),
-                format!("instance {}: {reason}", r.instance_id),
-            )));
+            problems.push(TemplateProblem {
+                instance_id: r.instance_id.clone(),
+                reason,
+            });
         }
-        match self.store.txn(kat_store::Txn::new().and_then(ops)).await {
-            Ok(_) => self
-                .reported_missing
-                .extend(missing.iter().map(|r| r.instance_id.clone())),
+        if problems.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = problems.iter().map(|p| p.instance_id.clone()).collect();
+        match self.link.template_problems(problems).await {
+            Ok(()) => self.reported_missing.extend(ids),
             Err(e) => tracing::warn!(error = %e, "cannot record TemplateMissing events; retrying"),
         }
     }
@@ -304,9 +290,10 @@ mod tests {
     use std::collections::BTreeSet;
     use std::time::Duration;
 
+    use kat_api::keys;
     use kat_leader::sim::{SimCluster, SimNode};
     use kat_leader::LeaderConfig;
-    use kat_store::MemStore;
+    use kat_store::{MemStore, StateStore};
 
     use super::*;
 
@@ -320,7 +307,8 @@ mod tests {
     async fn first_snapshot(store: Arc<dyn StateStore>, node: &str) -> Snapshot {
         let dir = tempfile::tempdir().unwrap();
         let (tx, mut rx) = watch::channel(None);
-        let feed = tokio::spawn(Feed::new(store, node, dir.path()).run(tx));
+        let link = Arc::new(crate::control_plane::StoreLink::new(store, node));
+        let feed = tokio::spawn(Feed::new(link, dir.path()).run(tx));
         let snapshot = loop {
             rx.changed().await.expect("the feed publishes");
             if let Some((Source::Store, s)) = rx.borrow_and_update().clone() {

@@ -14,6 +14,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             error: self.code,
             message: self.message,
+            leader: self.leader,
         };
         (status, axum::Json(body)).into_response()
     }

@@ -15,6 +15,7 @@ mod namespaces;
 mod nodes;
 mod rate_limit;
 mod streams;
+mod worker;
 mod workloads;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -29,6 +30,7 @@ use axum::routing::{get, post, put};
 use axum::Router;
 use kat_api::wire::ErrorCode;
 use kat_leader::metrics::Metrics;
+use kat_pki::NodeRole;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -36,8 +38,9 @@ pub use error::ApiError;
 pub use rate_limit::RateLimiter;
 pub use streams::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
-    EXEC_PROTOCOL,
+    StreamSource, EXEC_PROTOCOL,
 };
+pub use worker::{worker_router, WorkerApi};
 
 use crate::service::Service;
 
@@ -45,29 +48,54 @@ use crate::service::Service;
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub IpAddr);
 
-/// The node a connection's client certificate names (verified against the cluster CA in the
-/// TLS handshake), set by the server on every request; `None` for a client without one.
+/// The node a connection's client certificate names and its role (verified against the
+/// cluster CA in the TLS handshake), set by the server on every request; `None` for a client
+/// without one.
 #[derive(Debug, Clone, Default)]
-pub struct ClientNode(pub Option<String>);
+pub struct ClientNode(pub Option<(String, NodeRole)>);
 
-/// What a node's certificate may do without the admin token: read the logs of and exec into
-/// instances, which another node's API proxies to the node that runs them. Nothing else: a
-/// node certificate gets 401 on every other route.
-fn node_may(method: &Method, path: &str) -> bool {
+/// What a route is to a node's certificate.
+#[derive(Debug, PartialEq, Eq)]
+enum NodeRoute<'a> {
+    /// A node's own records: heartbeat, assignments, templates, template problems. Only the
+    /// node the path names may use them.
+    Own(&'a str),
+    /// Logs of and exec into an instance: what a control-plane node proxies to the node that
+    /// runs it.
+    InstanceStream,
+    /// Everything else: the admin token's.
+    Admin,
+}
+
+fn node_route<'a>(method: &Method, path: &'a str) -> NodeRoute<'a> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    matches!(
-        parts.as_slice(),
-        [
-            "v1alpha1",
-            "n",
-            _,
-            "workloads",
-            _,
-            "instances",
-            _,
-            "logs" | "exec"
-        ]
-    ) && matches!(*method, Method::GET | Method::POST)
+    match (method.clone(), parts.as_slice()) {
+        (Method::POST, ["v1alpha1", "nodes", node, "status" | "template-problems"])
+        | (Method::GET, ["v1alpha1", "nodes", node, "assignments"])
+        | (Method::GET, ["v1alpha1", "nodes", node, "templates", _, _, _]) => NodeRoute::Own(node),
+        (
+            Method::GET | Method::POST,
+            ["v1alpha1", "n", _, "workloads", _, "instances", _, "logs" | "exec"],
+        ) => NodeRoute::InstanceStream,
+        _ => NodeRoute::Admin,
+    }
+}
+
+/// What a (verified, not revoked) node certificate may do on a route: `Err` says why not.
+fn node_may(node: &str, role: NodeRole, method: &Method, path: &str) -> Result<(), String> {
+    match node_route(method, path) {
+        NodeRoute::Own(named) if named == node => Ok(()),
+        NodeRoute::Own(named) => Err(format!(
+            "the certificate of node {node} cannot act for node {named}"
+        )),
+        NodeRoute::InstanceStream if role == NodeRole::ControlPlane => Ok(()),
+        NodeRoute::InstanceStream => Err(format!(
+            "node {node} is a worker: its certificate cannot read logs or exec into instances"
+        )),
+        NodeRoute::Admin => Err(format!(
+            "{method} {path} needs the admin token; the certificate of node {node} opens its own records only"
+        )),
+    }
 }
 
 /// Everything the handlers share: the service layer and what only HTTP needs.
@@ -110,15 +138,24 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/instances", get(workloads::all_instances))
         .route(
             "/n/:ns/workloads/:name/instances/:id/logs",
-            get(streams::logs),
+            get(streams::logs::<ApiState>),
         )
         .route(
             "/n/:ns/workloads/:name/instances/:id/exec",
-            get(streams::exec).post(streams::exec),
+            get(streams::exec::<ApiState>).post(streams::exec::<ApiState>),
         )
         .route("/nodes", get(nodes::list))
         .route("/nodes/:name", get(nodes::get).delete(nodes::remove))
         .route("/nodes/:name/status", post(nodes::heartbeat))
+        .route("/nodes/:name/assignments", get(nodes::assignments))
+        .route(
+            "/nodes/:name/templates/:ns/:workload/:hash",
+            get(nodes::template),
+        )
+        .route(
+            "/nodes/:name/template-problems",
+            post(nodes::template_problems),
+        )
         .route("/nodes/:name/taints", put(nodes::set_taints))
         .route("/nodes/:name/labels", put(nodes::set_labels))
         .route("/nodes/:name/drain", post(nodes::drain))
@@ -207,16 +244,15 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
         r
-    } else if !authorized(&state, &req)
-        && !node_authorized(&state, client_node(&req), &method, &path).await
-    {
-        ApiError::new(
-            ErrorCode::Unauthorized,
-            "missing or wrong bearer token: pass `Authorization: Bearer TOKEN` (katcall reads it from its config file)",
-        )
-        .into_response()
-    } else {
+    } else if authorized(&state, &req) {
         next.run(req).await
+    } else if let Some((node, role)) = client_node(&req) {
+        match node_authorized(&state, &node, role, &method, &path).await {
+            Ok(()) => next.run(req).await,
+            Err(e) => e.into_response(),
+        }
+    } else {
+        unauthorized().into_response()
     };
     let status = response.status();
     let took = started.elapsed();
@@ -241,29 +277,39 @@ fn is_mutating(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-fn client_node(req: &Request) -> Option<String> {
+pub(crate) fn client_node(req: &Request) -> Option<(String, NodeRole)> {
     req.extensions()
         .get::<ClientNode>()
         .and_then(|n| n.0.clone())
 }
 
-/// A node certificate (not revoked by `katcall delete node`) on a route nodes may use.
+pub(crate) fn unauthorized() -> ApiError {
+    ApiError::new(
+        ErrorCode::Unauthorized,
+        "missing or wrong bearer token: pass `Authorization: Bearer TOKEN` (katcall reads it from its config file)",
+    )
+}
+
+/// A node certificate: refused (401) once `katcall delete node` revoked it, else allowed on
+/// the routes its node may use and forbidden (403) everywhere else.
 async fn node_authorized(
     state: &ApiState,
-    node: Option<String>,
+    node: &str,
+    role: NodeRole,
     method: &Method,
     path: &str,
-) -> bool {
-    let Some(node) = node else {
-        return false;
-    };
-    if !node_may(method, path) {
-        return false;
+) -> Result<(), ApiError> {
+    match state.service.node_revoked(node).await {
+        Ok(false) => {}
+        Ok(true) => {
+            return Err(ApiError::new(
+                ErrorCode::Unauthorized,
+                format!("the certificate of node {node} was revoked (the node was removed)"),
+            ))
+        }
+        Err(e) => return Err(e),
     }
-    match state.service.node_revoked(&node).await {
-        Ok(revoked) => !revoked,
-        Err(_) => false,
-    }
+    node_may(node, role, method, path).map_err(ApiError::forbidden)
 }
 
 fn authorized(state: &ApiState, req: &Request) -> bool {
@@ -340,8 +386,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_node_certificate_reaches_instance_streams_only() {
-        for (method, path) in [
+    fn a_node_certificate_reaches_its_own_records_and_a_member_instance_streams() {
+        use NodeRole::{ControlPlane, Worker};
+        let streams = [
             (
                 Method::GET,
                 "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
@@ -350,15 +397,40 @@ mod tests {
                 Method::POST,
                 "/v1alpha1/n/default/workloads/web/instances/web-1/exec",
             ),
-        ] {
-            assert!(node_may(&method, path), "{method} {path}");
+        ];
+        for (method, path) in &streams {
+            assert!(
+                node_may("n1", ControlPlane, method, path).is_ok(),
+                "{method} {path}"
+            );
+            let err = node_may("w1", Worker, method, path).unwrap_err();
+            assert!(err.contains("is a worker"), "{err}");
+        }
+        let own = [
+            (Method::POST, "/v1alpha1/nodes/w1/status"),
+            (Method::GET, "/v1alpha1/nodes/w1/assignments"),
+            (Method::GET, "/v1alpha1/nodes/w1/templates/default/web/abc"),
+            (Method::POST, "/v1alpha1/nodes/w1/template-problems"),
+        ];
+        for (method, path) in &own {
+            assert!(
+                node_may("w1", Worker, method, path).is_ok(),
+                "{method} {path}"
+            );
+            let err = node_may("w2", Worker, method, path).unwrap_err();
+            assert!(err.contains("cannot act for node w1"), "{err}");
         }
         for (method, path) in [
             (Method::GET, "/v1alpha1/n/default/workloads"),
             (Method::DELETE, "/v1alpha1/n/default/workloads/web"),
             (Method::POST, "/v1alpha1/join-tokens"),
             (Method::GET, "/v1alpha1/nodes"),
-            (Method::PUT, "/v1alpha1/nodes/n1/taints"),
+            (Method::GET, "/v1alpha1/nodes/w1"),
+            (Method::DELETE, "/v1alpha1/nodes/w1"),
+            (Method::PUT, "/v1alpha1/nodes/w1/taints"),
+            (Method::POST, "/v1alpha1/nodes/w1/drain"),
+            (Method::GET, "/v1alpha1/nodes/w1/status"),
+            (Method::POST, "/v1alpha1/nodes/w1/assignments"),
             (
                 Method::DELETE,
                 "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
@@ -369,7 +441,13 @@ mod tests {
             ),
             (Method::GET, "/metrics"),
         ] {
-            assert!(!node_may(&method, path), "{method} {path}");
+            for role in [ControlPlane, Worker] {
+                let err = node_may("w1", role, &method, path).unwrap_err();
+                assert!(
+                    err.contains("needs the admin token"),
+                    "{method} {path}: {err}"
+                );
+            }
         }
     }
 }

@@ -3,12 +3,18 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
-use axum::response::IntoResponse;
-use axum::Json;
-use kat_api::wire::{NodeHeartbeat, Taint};
+use std::time::Duration;
 
-use super::{json_body, ApiError, ApiState};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kat_api::wire::{AssignmentUpdate, NodeHeartbeat, Taint, TemplateProblem};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::{json_body, ndjson_body, ApiError, ApiState};
 
 const MAX_BODY: u64 = 1 << 20;
 
@@ -30,14 +36,91 @@ pub async fn get(
     Ok(Json(state.service.node(&name).await?))
 }
 
-/// Write a node's heartbeat (agents on other nodes; the local agent writes directly).
+/// A worker's heartbeat (control-plane agents write theirs to etcd directly); the answer
+/// lists the control plane's API endpoints.
 pub async fn heartbeat(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
     let hb: NodeHeartbeat = json_body(req, MAX_BODY, "heartbeat body").await?;
-    state.service.record_heartbeat(&name, hb).await?;
+    Ok(Json(state.service.worker_heartbeat(&name, hb).await?))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AssignmentQuery {
+    /// The last revision the node has seen: the stream resumes after it.
+    resume: Option<i64>,
+}
+
+/// How often an idle assignment stream says it is alive (and checks it still leads).
+const KEEPALIVE: Duration = Duration::from_secs(5);
+
+/// A node's assignments as JSON lines ([`kat_api::wire::AssignmentUpdate`]), for as long as
+/// the client reads and this node leads.
+pub async fn assignments(
+    State(state): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+    query: Result<Query<AssignmentQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_request(format!("resume: {}", e.body_text())))?;
+    let mut watch = state.service.assignments(&name, query.resume).await?;
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                update = watch.next() => match update {
+                    Some(Ok(update)) => {
+                        if tx.send(update).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(node = %name, error = %e, "assignment stream ended");
+                        return;
+                    }
+                    None => return,
+                },
+                () = tokio::time::sleep(KEEPALIVE) => {
+                    if state.service.require_leader().await.is_err()
+                        || tx.send(AssignmentUpdate::Keepalive).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                () = tx.closed() => return,
+            }
+        }
+    });
+    Ok(ndjson_body(rx))
+}
+
+/// The template an instance of the node runs, as stored (the node checks its hash).
+pub async fn template(
+    State(state): State<Arc<ApiState>>,
+    Path((name, ns, workload, hash)): Path<(String, String, String, String)>,
+) -> Result<Response, ApiError> {
+    let body = state
+        .service
+        .template_for_node(&name, &ns, &workload, &hash)
+        .await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// Instances of the node whose template is unusable: each becomes a `TemplateMissing` event.
+pub async fn template_problems(
+    State(state): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let problems: Vec<TemplateProblem> = json_body(
+        req,
+        MAX_BODY,
+        "template problems body (a JSON list of {instanceID, reason})",
+    )
+    .await?;
+    state.service.template_problems(&name, problems).await?;
     Ok(Json(serde_json::json!({"accepted": true})))
 }
 

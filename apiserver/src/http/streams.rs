@@ -143,8 +143,32 @@ fn parse_since(text: &str, now: SystemTime) -> Result<SystemTime, ApiError> {
         })
 }
 
-pub async fn logs(
-    State(state): State<Arc<ApiState>>,
+/// Where the stream routes find an instance and reach the node that runs it: the full API
+/// (the cluster store) or a worker's own API (the node's assignments).
+#[async_trait::async_trait]
+pub trait StreamSource: Send + Sync + 'static {
+    async fn instance(&self, key: &WorkloadKey, id: &str) -> Result<InstanceRecord, ApiError>;
+    fn access(&self) -> Arc<dyn InstanceAccess>;
+    fn now(&self) -> SystemTime;
+}
+
+#[async_trait::async_trait]
+impl StreamSource for ApiState {
+    async fn instance(&self, key: &WorkloadKey, id: &str) -> Result<InstanceRecord, ApiError> {
+        self.service.instance(key, id).await
+    }
+
+    fn access(&self) -> Arc<dyn InstanceAccess> {
+        self.access.clone()
+    }
+
+    fn now(&self) -> SystemTime {
+        self.service.clock.wall()
+    }
+}
+
+pub async fn logs<S: StreamSource>(
+    State(state): State<Arc<S>>,
     Path((ns, name, id)): Path<(String, String, String)>,
     params: Result<Query<LogsParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -154,14 +178,11 @@ pub async fn logs(
     let since = p
         .since
         .as_deref()
-        .map(|s| parse_since(s, state.service.clock.wall()))
+        .map(|s| parse_since(s, state.now()))
         .transpose()?;
-    let record = state
-        .service
-        .instance(&WorkloadKey::new(ns, name), &id)
-        .await?;
+    let record = state.instance(&WorkloadKey::new(ns, name), &id).await?;
     let rx = state
-        .access
+        .access()
         .logs(
             &record,
             LogQuery {
@@ -175,8 +196,8 @@ pub async fn logs(
     Ok(super::ndjson_body(rx))
 }
 
-pub async fn exec(
-    State(state): State<Arc<ApiState>>,
+pub async fn exec<S: StreamSource>(
+    State(state): State<Arc<S>>,
     Path((ns, name, id)): Path<(String, String, String)>,
     mut req: Request,
 ) -> Result<Response, ApiError> {
@@ -190,12 +211,9 @@ pub async fn exec(
             "exec needs `Connection: upgrade` and `Upgrade: {EXEC_PROTOCOL}` (use `katcall exec`)"
         )));
     }
-    let record = state
-        .service
-        .instance(&WorkloadKey::new(ns, name), &id)
-        .await?;
+    let record = state.instance(&WorkloadKey::new(ns, name), &id).await?;
     let on_upgrade = hyper::upgrade::on(&mut req);
-    let access = state.access.clone();
+    let access = state.access();
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {

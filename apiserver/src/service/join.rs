@@ -7,6 +7,7 @@
 //! is added to the quorum as a learner (promoted by the leader once it has caught up), and the
 //! token records the node.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -16,7 +17,7 @@ use kat_api::wire::{
     rfc3339, ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinTokenInfo, JoinTokenRecord,
     NewJoinToken, NodeState,
 };
-use kat_pki::{Authority, JoinToken};
+use kat_pki::{Authority, JoinToken, NodeRole};
 use kat_store::EtcdStore;
 
 use super::{Error, Result, Service};
@@ -157,9 +158,22 @@ impl Service {
                 ));
             }
         }
+        if self.node_revoked(&request.node_name).await? {
+            return Err(Error::new(
+                ErrorCode::Conflict,
+                format!(
+                    "node {} was removed from the cluster and its certificate revoked; join under another --node-name",
+                    request.node_name
+                ),
+            ));
+        }
+        let role = match request.etcd_peer {
+            true => NodeRole::ControlPlane,
+            false => NodeRole::Worker,
+        };
         let certificate = admission
             .authority
-            .sign_csr(&request.csr, &request.node_name, &[address])
+            .sign_csr(&request.csr, &request.node_name, &[address], role)
             .map_err(|e| Error::bad_request(format!("csr: {e:#}")))?;
         let etcd = if request.etcd_peer {
             let members = admission.etcd.as_ref().ok_or_else(|| {
@@ -181,6 +195,29 @@ impl Service {
         } else {
             None
         };
+        if role == NodeRole::Worker {
+            // A worker never writes to etcd: the cluster registers it and records its
+            // certificate (so that removing the node revokes it) now.
+            kat_leader::node_admin::register(
+                &*self.store,
+                &request.node_name,
+                vec![address.to_string()],
+                BTreeMap::from([(
+                    "kat.dws.rip/hostname".to_string(),
+                    request.node_name.clone(),
+                )]),
+            )
+            .await?;
+        }
+        if let Some(serial) = kat_pki::serial_of(&certificate) {
+            self.store
+                .put(
+                    &keys::node_certificate(&request.node_name),
+                    serial.into_bytes(),
+                    None,
+                )
+                .await?;
+        }
         if !record.info.used_by.contains(&request.node_name) {
             record.info.used_by.push(request.node_name.clone());
             self.store
@@ -194,6 +231,7 @@ impl Service {
             cluster_config: serde_json::to_string_pretty(&self.cluster)
                 .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?,
             etcd,
+            api_endpoints: self.api_endpoints().await?,
         })
     }
 }

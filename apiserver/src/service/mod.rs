@@ -12,6 +12,7 @@ mod events;
 mod instances;
 mod join;
 mod namespaces;
+mod node_records;
 mod nodes;
 mod workloads;
 
@@ -39,6 +40,9 @@ pub struct Service {
     pub bundle_limits: BundleLimits,
     /// Set on nodes that hold the CA's key: they admit nodes (`join`, join tokens).
     pub admission: Option<Admission>,
+    /// This node's API endpoint (`https://IP:PORT`), to tell whether it leads; `None` serves
+    /// the leader's routes unconditionally (a store with a single API in front, in tests).
+    pub api_endpoint: Option<String>,
 }
 
 impl Service {
@@ -55,6 +59,7 @@ impl Service {
             cluster,
             bundle_limits: BundleLimits::default(),
             admission: None,
+            api_endpoint: None,
         }
     }
 }
@@ -65,6 +70,8 @@ impl Service {
 pub struct Error {
     pub code: ErrorCode,
     pub message: String,
+    /// With [`ErrorCode::NotLeader`]: the leader's API endpoint.
+    pub leader: Option<String>,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -74,7 +81,26 @@ impl Error {
         Error {
             code,
             message: message.into(),
+            leader: None,
         }
+    }
+
+    /// A node route asked of a node that does not lead: say where the leader is.
+    pub fn not_leader(leader: Option<String>) -> Self {
+        let message = match &leader {
+            Some(l) => format!("this node does not lead the cluster; the leader's API is {l}"),
+            None => "this node does not lead the cluster and no leader is known yet; retry shortly"
+                .to_string(),
+        };
+        Error {
+            code: ErrorCode::NotLeader,
+            message,
+            leader,
+        }
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Forbidden, message)
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {

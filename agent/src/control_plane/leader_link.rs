@@ -1,0 +1,326 @@
+//! A worker's link: the leader's API over mutual TLS with the node's certificate.
+//!
+//! The worker keeps the control plane's API endpoints (given at join, refreshed by every
+//! heartbeat answer, saved in `{data}/agent/api-endpoints.json` so a rebooted worker finds
+//! the cluster). It talks to the one it believes leads; a control-plane node that does not
+//! lead answers `not_leader` naming the leader, which the worker follows; an endpoint that
+//! does not answer is skipped for the next. So after a failover a worker finds the new
+//! leader by itself within a request or two.
+//!
+//! The assignment stream carries a keepalive line every 5 s: 15 s of silence means the
+//! leader (or the path to it) is gone, and the feed reconnects, resuming from the last
+//! revision it saw.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use kat_api::wire::{
+    AssignmentUpdate, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
+    TemplateProblem,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::{Assignments, ControlPlane};
+
+/// How long an ordinary request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Silence on the assignment stream after which the leader counts as gone (3 keepalives).
+const STREAM_SILENCE: Duration = Duration::from_secs(15);
+
+pub struct LeaderLink {
+    node: String,
+    client: reqwest::Client,
+    endpoints: Mutex<Endpoints>,
+    file: PathBuf,
+    leader: watch::Sender<Option<String>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Endpoints {
+    list: Vec<String>,
+    current: usize,
+}
+
+impl Endpoints {
+    fn current(&self) -> Option<String> {
+        self.list.get(self.current).cloned()
+    }
+}
+
+impl LeaderLink {
+    /// `client` carries the node's certificate and trusts the cluster CA only; `file` holds
+    /// the endpoints (written by `join`, kept fresh here).
+    pub fn new(node: &str, client: reqwest::Client, file: PathBuf) -> Result<Self> {
+        let list = read_endpoints(&file)?;
+        let (leader, _) = watch::channel(list.first().cloned());
+        Ok(LeaderLink {
+            node: node.to_string(),
+            client,
+            endpoints: Mutex::new(Endpoints { list, current: 0 }),
+            file,
+            leader,
+        })
+    }
+
+    /// The leader's endpoint as this node last learned it (for the worker's own API, which
+    /// sends clients there).
+    pub fn leader(&self) -> watch::Receiver<Option<String>> {
+        self.leader.subscribe()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Endpoints> {
+        // A panic while holding this lock cannot leave it inconsistent: take it anyway.
+        self.endpoints.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn current(&self) -> Option<String> {
+        self.lock().current()
+    }
+
+    /// The next endpoint after `failed` (if it is still the current one).
+    fn skip(&self, failed: &str) {
+        let mut e = self.lock();
+        if e.current().as_deref() == Some(failed) && !e.list.is_empty() {
+            e.current = (e.current + 1) % e.list.len();
+        }
+    }
+
+    /// Talk to `leader` from now on.
+    fn follow(&self, leader: &str) {
+        let mut e = self.lock();
+        match e.list.iter().position(|l| l == leader) {
+            Some(i) => e.current = i,
+            None => {
+                e.list.push(leader.to_string());
+                e.current = e.list.len() - 1;
+            }
+        }
+        drop(e);
+        self.leader.send_replace(Some(leader.to_string()));
+    }
+
+    /// The control plane's endpoints as the leader gave them; saved when they change.
+    fn refresh(&self, fresh: Vec<String>) {
+        if fresh.is_empty() {
+            return;
+        }
+        let mut e = self.lock();
+        let mut list = fresh;
+        list.sort();
+        let mut old = e.list.clone();
+        old.sort();
+        if old == list {
+            return;
+        }
+        let current = e.current();
+        e.current = current
+            .and_then(|c| list.iter().position(|l| *l == c))
+            .unwrap_or(0);
+        e.list = list.clone();
+        drop(e);
+        tracing::info!(endpoints = ?list, "the control plane's API endpoints changed");
+        if let Err(e) = write_endpoints(&self.file, &list) {
+            tracing::warn!(error = %e, "cannot save the control plane's API endpoints");
+        }
+    }
+
+    /// Send a request to the leader: endpoints that do not answer are skipped, a
+    /// `not_leader` answer is followed to the leader it names.
+    async fn send(
+        &self,
+        what: &str,
+        build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        let tries = self.lock().list.len() + 2;
+        let mut last = String::from("no control-plane endpoint is known (see api-endpoints.json)");
+        for _ in 0..tries {
+            let Some(base) = self.current() else { break };
+            match build(&self.client, &base).send().await {
+                Ok(r) if r.status().as_u16() == ErrorCode::NotLeader.http_status() => {
+                    let body = r.json::<ErrorBody>().await.ok();
+                    match body.and_then(|b| b.leader) {
+                        Some(leader) if leader != base => self.follow(&leader),
+                        _ => {
+                            last = format!("{base} does not lead and knows no leader yet");
+                            self.skip(&base);
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
+                    }
+                }
+                Ok(r) => {
+                    if self.leader.borrow().as_deref() != Some(base.as_str()) {
+                        self.leader.send_replace(Some(base.clone()));
+                    }
+                    return Ok(r);
+                }
+                Err(e) => {
+                    last = format!("{base}: {e}");
+                    self.skip(&base);
+                }
+            }
+        }
+        bail!("{what}: cannot reach the leader ({last})")
+    }
+
+    fn url(&self, base: &str, rest: &str) -> String {
+        format!("{base}/v1alpha1/nodes/{}/{rest}", self.node)
+    }
+}
+
+/// The error an API answer carries, for a message.
+async fn refusal(what: &str, response: reqwest::Response) -> anyhow::Error {
+    let status = response.status();
+    let message = match response.json::<ErrorBody>().await {
+        Ok(b) => b.message,
+        Err(_) => status.to_string(),
+    };
+    anyhow::anyhow!("{what}: the leader refused ({status}): {message}")
+}
+
+#[async_trait::async_trait]
+impl ControlPlane for LeaderLink {
+    async fn assignments(&self, resume: Option<i64>) -> Result<Assignments> {
+        let response = self
+            .send("assignments", |c, base| {
+                let r = c.get(self.url(base, "assignments"));
+                match resume {
+                    Some(rev) => r.query(&[("resume", rev)]),
+                    None => r,
+                }
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal("assignments", response).await);
+        }
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(read_stream(response, tx));
+        Ok(rx)
+    }
+
+    async fn template(&self, record: &InstanceRecord) -> Result<Option<Vec<u8>>> {
+        let rest = format!(
+            "templates/{}/{}/{}",
+            record.namespace, record.workload, record.spec_hash
+        );
+        let response = self
+            .send("template", |c, base| {
+                c.get(self.url(base, &rest)).timeout(REQUEST_TIMEOUT)
+            })
+            .await?;
+        match response.status().as_u16() {
+            200 => Ok(Some(
+                response
+                    .bytes()
+                    .await
+                    .context("reading a template")?
+                    .to_vec(),
+            )),
+            404 => Ok(None),
+            _ => Err(refusal("template", response).await),
+        }
+    }
+
+    async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()> {
+        let response = self
+            .send("heartbeat", |c, base| {
+                c.post(self.url(base, "status"))
+                    .json(heartbeat)
+                    .timeout(REQUEST_TIMEOUT)
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal("heartbeat", response).await);
+        }
+        let answer: HeartbeatAnswer = response.json().await.context("the heartbeat answer")?;
+        self.refresh(answer.api_endpoints);
+        Ok(())
+    }
+
+    async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {
+        let response = self
+            .send("template problems", |c, base| {
+                c.post(self.url(base, "template-problems"))
+                    .json(&problems)
+                    .timeout(REQUEST_TIMEOUT)
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal("template problems", response).await);
+        }
+        Ok(())
+    }
+}
+
+/// JSON lines from the leader into `tx`, keepalives dropped, until the stream ends, goes
+/// silent for [`STREAM_SILENCE`], or the receiver goes.
+async fn read_stream(mut response: reqwest::Response, tx: mpsc::Sender<Result<AssignmentUpdate>>) {
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let chunk = tokio::select! {
+            chunk = tokio::time::timeout(STREAM_SILENCE, response.chunk()) => chunk,
+            () = tx.closed() => return,
+        };
+        let chunk = match chunk {
+            Ok(Ok(Some(chunk))) => chunk,
+            Ok(Ok(None)) => {
+                let _ = tx
+                    .send(Err(anyhow::anyhow!(
+                        "the leader ended the assignment stream"
+                    )))
+                    .await;
+                return;
+            }
+            Ok(Err(e)) => {
+                let _ = tx
+                    .send(Err(anyhow::anyhow!("the assignment stream broke: {e}")))
+                    .await;
+                return;
+            }
+            Err(_) => {
+                let _ = tx
+                    .send(Err(anyhow::anyhow!(
+                        "no word from the leader for {} s",
+                        STREAM_SILENCE.as_secs()
+                    )))
+                    .await;
+                return;
+            }
+        };
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let update = match serde_json::from_slice::<AssignmentUpdate>(&line) {
+                Ok(AssignmentUpdate::Keepalive) => continue,
+                Ok(u) => Ok(u),
+                Err(e) => Err(anyhow::anyhow!("a malformed assignment update: {e}")),
+            };
+            let failed = update.is_err();
+            if tx.send(update).await.is_err() || failed {
+                return;
+            }
+        }
+    }
+}
+
+/// The endpoints a worker knows: written by `join`, refreshed by heartbeats.
+pub fn read_endpoints(file: &std::path::Path) -> Result<Vec<String>> {
+    let bytes = std::fs::read(file).with_context(|| {
+        format!(
+            "cannot read {} (the control plane's API endpoints this worker was given at join)",
+            file.display()
+        )
+    })?;
+    let list: Vec<String> = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a JSON list of endpoints", file.display()))?;
+    if list.is_empty() {
+        bail!("{} lists no endpoint", file.display());
+    }
+    Ok(list)
+}
+
+pub fn write_endpoints(file: &std::path::Path, list: &[String]) -> Result<()> {
+    kat_runtime::state_file::write_atomic(file, &serde_json::to_vec_pretty(list)?, 0o600)
+        .with_context(|| format!("cannot write {}", file.display()))
+}

@@ -1,0 +1,36 @@
+//! How a node reaches the control plane: the one seam between the node's own work
+//! (supervisor, feed, heartbeat) and where cluster state lives.
+//!
+//! A control-plane node (an etcd member) reads and writes the store directly
+//! ([`StoreLink`]). A worker holds no etcd credentials and goes through the leader's API with
+//! its node certificate ([`LeaderLink`]), which authorizes it for its own records only. Both
+//! give the same assignment stream ([`kat_leader::assignments`]), so the feed, the
+//! supervisor and the heartbeat do not know which kind of node they run on.
+
+mod leader_link;
+mod store_link;
+
+use anyhow::Result;
+use kat_api::wire::{AssignmentUpdate, InstanceRecord, NodeHeartbeat, TemplateProblem};
+use tokio::sync::mpsc;
+
+pub use leader_link::{write_endpoints, LeaderLink};
+pub use store_link::StoreLink;
+
+/// A node's assignment stream; it ends (or yields an error) when the connection does.
+pub type Assignments = mpsc::Receiver<Result<AssignmentUpdate>>;
+
+#[async_trait::async_trait]
+pub trait ControlPlane: Send + Sync {
+    /// This node's instance records: a snapshot then changes, or (with `resume`, the last
+    /// revision seen) the changes since, or a new snapshot when that history is gone.
+    async fn assignments(&self, resume: Option<i64>) -> Result<Assignments>;
+
+    /// The stored template (JSON) an instance names; `None` when it is gone.
+    async fn template(&self, record: &InstanceRecord) -> Result<Option<Vec<u8>>>;
+
+    async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()>;
+
+    /// Instances of this node whose template is unusable: `TemplateMissing` events.
+    async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()>;
+}

@@ -1,0 +1,123 @@
+//! A worker node's own API: logs of and exec into the instances it runs, for the control
+//! plane, which proxies `katcall logs` and `katcall exec` here over mutual TLS.
+//!
+//! A worker holds no cluster state, so it finds instances in its own assignments, and it
+//! serves only control-plane certificates: another worker's certificate gets 403 (a
+//! compromised worker cannot read its neighbours' logs or run commands in their
+//! containers), the admin token opens nothing here, and every other route answers
+//! `not_leader` with where the leader is, so a client pointed at a worker learns where to go.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use kat_api::wire::{ErrorCode, InstanceRecord};
+use kat_api::WorkloadKey;
+use kat_pki::NodeRole;
+use tokio::sync::watch;
+
+use super::streams::{self, InstanceAccess, StreamSource};
+use super::{client_node, unauthorized, ApiError, ClientAddr, RateLimiter};
+
+pub struct WorkerApi {
+    pub node: String,
+    /// The node's assignments, by instance id, as its feed last saw them.
+    pub instances: watch::Receiver<BTreeMap<String, InstanceRecord>>,
+    /// The leader's API endpoint, as the node last learned it.
+    pub leader: watch::Receiver<Option<String>>,
+    pub access: Arc<dyn InstanceAccess>,
+    pub limiter: RateLimiter,
+}
+
+#[async_trait::async_trait]
+impl StreamSource for WorkerApi {
+    async fn instance(&self, key: &WorkloadKey, id: &str) -> Result<InstanceRecord, ApiError> {
+        self.instances
+            .borrow()
+            .get(id)
+            .filter(|r| r.workload_key() == *key)
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "instance {id} of workload {key} does not run on node {}",
+                    self.node
+                ))
+            })
+    }
+
+    fn access(&self) -> Arc<dyn InstanceAccess> {
+        self.access.clone()
+    }
+
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+pub fn worker_router(state: Arc<WorkerApi>) -> Router {
+    Router::new()
+        .route(
+            "/v1alpha1/n/:ns/workloads/:name/instances/:id/logs",
+            get(streams::logs::<WorkerApi>),
+        )
+        .route(
+            "/v1alpha1/n/:ns/workloads/:name/instances/:id/exec",
+            get(streams::exec::<WorkerApi>).post(streams::exec::<WorkerApi>),
+        )
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .fallback(elsewhere)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// Every route a worker does not serve: the leader does.
+async fn elsewhere(State(state): State<Arc<WorkerApi>>) -> ApiError {
+    let leader = state.leader.borrow().clone();
+    let mut e = ApiError::not_leader(leader);
+    e.message = format!("node {} is a worker; {}", state.node, e.message);
+    e
+}
+
+async fn guard(State(state): State<Arc<WorkerApi>>, req: Request, next: Next) -> Response {
+    let client = req
+        .extensions()
+        .get::<ClientAddr>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    if let Err(retry_after) = state.limiter.check(client) {
+        let mut r = ApiError::new(ErrorCode::RateLimited, "too many requests; retry shortly")
+            .into_response();
+        if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
+    let path = req.uri().path();
+    let is_stream =
+        path.starts_with("/v1alpha1/n/") && (path.ends_with("/logs") || path.ends_with("/exec"));
+    if !is_stream {
+        // Not served here: the fallback says where the leader is, whoever asks.
+        return next.run(req).await;
+    }
+    match client_node(&req) {
+        Some((_, NodeRole::ControlPlane)) => next.run(req).await,
+        Some((node, NodeRole::Worker)) => ApiError::forbidden(format!(
+            "node {node} is a worker: its certificate cannot read logs of or exec into node {}'s instances",
+            state.node
+        ))
+        .into_response(),
+        None => unauthorized().into_response(),
+    }
+}

@@ -1,0 +1,389 @@
+//! What a node's certificate opens on the leader's API, in process on `MemStore`: its own
+//! heartbeat, assignments, templates and template problems; nothing of another node's, no
+//! workload, token or admin route; and a control-plane node that does not lead sends it to
+//! the leader.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use kat_api::keys;
+use kat_api::wire::{
+    AssignmentUpdate, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
+};
+use kat_apiserver::http::{self, ApiState, ClientAddr, ClientNode, NoInstanceAccess};
+use kat_apiserver::Service;
+use kat_leader::Clock;
+use kat_pki::NodeRole;
+use kat_store::{MemStore, StateStore};
+use tower::ServiceExt;
+
+const CLUSTER: &str = "apiVersion: kat.dws.rip/v1alpha1\nkind: ClusterConfiguration\nmetadata: {name: test}\nspec:\n  clusterCIDR: 10.100.0.0/16\n  serviceCIDR: 10.200.0.0/16\n";
+
+struct Api {
+    store: Arc<dyn StateStore>,
+    router: axum::Router,
+}
+
+fn record(node: &str, id: &str, workload: &str, hash: &str) -> InstanceRecord {
+    InstanceRecord {
+        instance_id: id.into(),
+        namespace: "default".into(),
+        workload: workload.into(),
+        node: node.into(),
+        generation: 1,
+        spec_hash: hash.into(),
+        workload_type: kat_api::workload::WorkloadType::Service,
+        requests: Default::default(),
+        job_run: None,
+        created_at: "2026-01-01T00:00:00Z".into(),
+    }
+}
+
+impl Api {
+    async fn new(endpoint: Option<&str>) -> Api {
+        let store: Arc<dyn StateStore> = Arc::new(MemStore::new());
+        let mut service = Service::new(
+            store.clone(),
+            kat_leader::events::EventLog::new(1000),
+            Clock::system(),
+            kat_api::parse_cluster("cluster.kat", CLUSTER.as_bytes()).unwrap(),
+        );
+        service.api_endpoint = endpoint.map(str::to_string);
+        let state = Arc::new(ApiState {
+            service,
+            token_sha256: http::token_sha256("admin-token"),
+            access: Arc::new(NoInstanceAccess),
+            metrics: Default::default(),
+            limiter: http::default_rate_limiter(),
+        });
+        let router =
+            http::router(state).layer(axum::Extension(ClientAddr(IpAddr::V4(Ipv4Addr::LOCALHOST))));
+        // Two workers' instances, each with its own template.
+        for r in [
+            record("w1", "web-1", "web", "hash-web"),
+            record("w2", "db-1", "db", "hash-db"),
+        ] {
+            store
+                .put(
+                    &keys::instance(&r.node, &r.instance_id),
+                    serde_json::to_vec(&r).unwrap(),
+                    None,
+                )
+                .await
+                .unwrap();
+            store
+                .put(
+                    &keys::template("default", &r.workload, &r.spec_hash),
+                    format!("{{\"template\":\"{}\"}}", r.workload).into_bytes(),
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        Api { store, router }
+    }
+
+    async fn send(
+        &self,
+        node: Option<(&str, NodeRole)>,
+        method: Method,
+        path: &str,
+        body: &str,
+    ) -> (StatusCode, String) {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        req.extensions_mut()
+            .insert(ClientNode(node.map(|(n, r)| (n.to_string(), r))));
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        // A stream never ends by itself: read its first line only.
+        let mut body = resp.into_body().into_data_stream();
+        let mut bytes = Vec::new();
+        while let Some(Ok(chunk)) = futures_util::StreamExt::next(&mut body).await {
+            bytes.extend_from_slice(&chunk);
+            if bytes.contains(&b'\n') || status.is_success() && path.ends_with("/assignments") {
+                break;
+            }
+        }
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    async fn dump(&self) -> Vec<(String, Vec<u8>)> {
+        self.store
+            .list("/")
+            .await
+            .unwrap()
+            .kvs
+            .into_iter()
+            .map(|kv| (kv.key, kv.value))
+            .collect()
+    }
+}
+
+fn heartbeat(node: &str) -> String {
+    serde_json::to_string(&NodeHeartbeat {
+        node: node.into(),
+        timestamp: "2026-01-01T00:00:00Z".into(),
+        capacity: Default::default(),
+        allocatable: Default::default(),
+        gpus: vec![],
+        instances: vec![],
+        usage: None,
+    })
+    .unwrap()
+}
+
+const W1: Option<(&str, NodeRole)> = Some(("w1", NodeRole::Worker));
+const W2: Option<(&str, NodeRole)> = Some(("w2", NodeRole::Worker));
+
+#[tokio::test]
+async fn a_worker_reaches_its_own_records_and_nothing_else() {
+    let api = Api::new(None).await;
+
+    // Its own heartbeat: stored, answered with the control plane's endpoints.
+    let (status, body) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/status",
+            &heartbeat("w1"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let _: HeartbeatAnswer = serde_json::from_str(&body).unwrap();
+    assert!(api
+        .store
+        .get(&keys::node_status("w1"))
+        .await
+        .unwrap()
+        .is_some());
+
+    // Its own assignments: a snapshot of its records only.
+    let (status, body) = api
+        .send(W1, Method::GET, "/v1alpha1/nodes/w1/assignments", "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let first: AssignmentUpdate = serde_json::from_str(body.lines().next().unwrap()).unwrap();
+    let AssignmentUpdate::Snapshot { records, .. } = first else {
+        panic!("a snapshot first: {body}")
+    };
+    assert_eq!(records, vec![record("w1", "web-1", "web", "hash-web")]);
+
+    // The template its instance runs, and not another's.
+    let (status, body) = api
+        .send(
+            W1,
+            Method::GET,
+            "/v1alpha1/nodes/w1/templates/default/web/hash-web",
+            "",
+        )
+        .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::OK, "{\"template\":\"web\"}")
+    );
+    let (status, body) = api
+        .send(
+            W1,
+            Method::GET,
+            "/v1alpha1/nodes/w1/templates/default/db/hash-db",
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    // Template problems: of its own instance, an event; of another node's, refused.
+    let (status, body) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/template-problems",
+            r#"[{"instanceID": "db-1", "reason": "planted"}]"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/template-problems",
+            r#"[{"instanceID": "web-1", "reason": "template gone"}]"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let events = kat_leader::events::list(&*api.store, &Default::default(), 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.reason == "TemplateMissing")
+            .map(|e| e.message.as_str())
+            .collect::<Vec<_>>(),
+        vec!["instance web-1 on node w1: template gone"]
+    );
+
+    // Another node's certificate on w1's records: 403 each, and nothing changes.
+    let before = api.dump().await;
+    for (method, path, body) in [
+        (Method::POST, "/v1alpha1/nodes/w1/status", heartbeat("w1")),
+        (Method::POST, "/v1alpha1/nodes/w1/status", heartbeat("w2")),
+        (Method::GET, "/v1alpha1/nodes/w1/assignments", String::new()),
+        (
+            Method::GET,
+            "/v1alpha1/nodes/w1/templates/default/web/hash-web",
+            String::new(),
+        ),
+        (
+            Method::POST,
+            "/v1alpha1/nodes/w1/template-problems",
+            r#"[{"instanceID": "web-1", "reason": "x"}]"#.to_string(),
+        ),
+    ] {
+        let (status, answer) = api.send(W2, method.clone(), path, &body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {answer}");
+        let e: ErrorBody = serde_json::from_str(&answer).unwrap();
+        assert_eq!(e.error, ErrorCode::Forbidden);
+        assert!(
+            e.message.contains("cannot act for node w1"),
+            "{}",
+            e.message
+        );
+    }
+    // And on workloads, tokens, nodes, streams and every admin route.
+    for (method, path) in [
+        (Method::GET, "/v1alpha1/n/default/workloads"),
+        (Method::POST, "/v1alpha1/n/default/workloads"),
+        (Method::DELETE, "/v1alpha1/n/default/workloads/web"),
+        (Method::GET, "/v1alpha1/join-tokens"),
+        (Method::POST, "/v1alpha1/join-tokens"),
+        (Method::GET, "/v1alpha1/nodes"),
+        (Method::DELETE, "/v1alpha1/nodes/w1"),
+        (Method::PUT, "/v1alpha1/nodes/w1/labels"),
+        (Method::GET, "/v1alpha1/events"),
+        (Method::GET, "/v1alpha1/config/cluster"),
+        (
+            Method::GET,
+            "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
+        ),
+        (
+            Method::POST,
+            "/v1alpha1/n/default/workloads/web/instances/web-1/exec",
+        ),
+    ] {
+        let (status, answer) = api.send(W2, method.clone(), path, "{}").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {answer}");
+    }
+    assert_eq!(
+        api.dump().await,
+        before,
+        "refused requests changed the store"
+    );
+
+    // A heartbeat that names another node than its path: refused, nothing stored.
+    let (status, _) = api
+        .send(
+            W2,
+            Method::POST,
+            "/v1alpha1/nodes/w2/status",
+            &heartbeat("w1"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // No certificate and no token: 401.
+    let (status, _) = api
+        .send(None, Method::GET, "/v1alpha1/nodes/w1/assignments", "")
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // A control-plane certificate passes to the instance streams (which this API cannot
+    // reach: no instance access here), a worker's does not.
+    let (status, _) = api
+        .send(
+            Some(("cp1", NodeRole::ControlPlane)),
+            Method::GET,
+            "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
+            "",
+        )
+        .await;
+    assert_ne!(status, StatusCode::FORBIDDEN);
+    assert_ne!(status, StatusCode::UNAUTHORIZED);
+
+    // Revoked (the node was removed): 401 even on its own records.
+    api.store
+        .put(&keys::revoked_node("w1"), b"{}".to_vec(), None)
+        .await
+        .unwrap();
+    let (status, _) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/status",
+            &heartbeat("w1"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn a_node_that_does_not_lead_names_the_leader() {
+    let api = Api::new(Some("https://10.0.0.2:9443")).await;
+    let (status, body) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/status",
+            &heartbeat("w1"),
+        )
+        .await;
+    assert_eq!(status.as_u16(), 421, "{body}");
+    let e: ErrorBody = serde_json::from_str(&body).unwrap();
+    assert_eq!((e.error, e.leader), (ErrorCode::NotLeader, None));
+    assert!(api
+        .store
+        .get(&keys::node_status("w1"))
+        .await
+        .unwrap()
+        .is_none());
+
+    api.store
+        .put(
+            keys::LEADER_ENDPOINT,
+            b"https://10.0.0.1:9443".to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    let (status, body) = api
+        .send(W1, Method::GET, "/v1alpha1/nodes/w1/assignments", "")
+        .await;
+    assert_eq!(status.as_u16(), 421, "{body}");
+    let e: ErrorBody = serde_json::from_str(&body).unwrap();
+    assert_eq!(e.leader.as_deref(), Some("https://10.0.0.1:9443"));
+
+    // Once it leads, it answers.
+    api.store
+        .put(
+            keys::LEADER_ENDPOINT,
+            b"https://10.0.0.2:9443".to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    let (status, body) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/status",
+            &heartbeat("w1"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
