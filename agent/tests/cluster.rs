@@ -3,7 +3,10 @@
 //! --etcd-peer` with the printed token and CA pin on the others; a 3-member etcd quorum under
 //! mutual TLS; bad joins refused with nothing written; a 6-replica Service spread 2/2/2; the
 //! leader's agent and etcd killed: a new leader within 10 s, the workloads intact, the dead
-//! node's instances rescheduled; the node back: nothing runs twice.
+//! node's instances rescheduled; the node back: nothing runs twice. A fourth host joins as a
+//! worker (no `--etcd-peer`): etcd refuses its certificate, the leader's API gives it its own
+//! records only, logs and exec reach its instances through the control plane, and it follows
+//! the leader through a failover by itself.
 //!
 //! Needs root (network namespaces), etcd, etcdctl, docker-registry and the fixtures of
 //! `scripts/test-fixtures.sh` (KAT_TEST_LAYOUT); `scripts/test.sh` provides all of them.
@@ -15,7 +18,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// Control-plane nodes (etcd members).
 const NODES: usize = 3;
+/// Test hosts: the members and one worker.
+const HOSTS: usize = NODES + 1;
+const WORKER: usize = HOSTS;
 const API_PORT: u16 = 9115;
 
 fn bin(name: &str) -> PathBuf {
@@ -69,7 +76,7 @@ impl Drop for Hosts {
             let _ = Command::new("umount").args(["-l", p]).status();
         }
         if std::thread::panicking() {
-            for i in 1..=NODES {
+            for i in 1..=HOSTS {
                 let log = self.dir.path().join(format!("n{i}.log"));
                 if let Ok(text) = std::fs::read_to_string(&log) {
                     let tail: Vec<&str> = text.lines().rev().take(40).collect();
@@ -92,7 +99,7 @@ impl Hosts {
         let prefix = format!("kc{}", std::process::id() % 10_000);
         let _ = Command::new(hosts_sh()).args(["down", &prefix]).status();
         let ok = Command::new(hosts_sh())
-            .args(["up", &prefix, &NODES.to_string()])
+            .args(["up", &prefix, &HOSTS.to_string()])
             .status()
             .expect("hosts.sh");
         assert!(ok.success(), "hosts.sh up failed");
@@ -254,8 +261,18 @@ impl Hosts {
 
     /// The HTTP status of `GET url` with node `cert_of`'s certificate as client certificate.
     fn status_as(&self, cert_of: usize, url: &str) -> String {
+        self.request_as(cert_of, "GET", url, None)
+    }
+
+    /// The HTTP status of `METHOD url` (with a JSON `body`) with node `cert_of`'s certificate.
+    fn request_as(&self, cert_of: usize, method: &str, url: &str, body: Option<&str>) -> String {
         let pki = self.data(cert_of).join("pki");
-        let out = Command::new("curl")
+        let mut curl = Command::new("curl");
+        curl.args(["-X", method]);
+        if let Some(body) = body {
+            curl.args(["-H", "content-type: application/json", "--data", body]);
+        }
+        let out = curl
             .args([
                 "-s",
                 "-o",
@@ -461,6 +478,150 @@ fn reported_running(h: &Hosts, via: usize, workload: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// Apply a one-replica Service `name` placed on the worker by its hostname label, through
+/// node `via`; wait until it runs there and its logs and exec work through `via` (the
+/// control plane proxies to the worker's own API).
+fn pinned(h: &Hosts, via: usize, name: &str) {
+    let app = h.path(name);
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(
+        app.join("workload.kat"),
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 1\n  nodeSelector: {{kat.dws.rip/hostname: n{WORKER}}}\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started on $(hostname); while true; do sleep 1; done']\n",
+            h.registry_addr
+        ),
+    )
+    .unwrap();
+    let out = h.katcall(via, &["apply", "-f", &app.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait(
+        &format!("{name} running on the worker"),
+        Duration::from_secs(60),
+        || h.running(via, name).get(&format!("n{WORKER}")) == Some(&1),
+    );
+    let workloads = h.json(via, &["get", "workloads", "-o", "json"]);
+    let id = workloads
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|w| w["metadata"]["name"] == name)
+        .flat_map(|w| {
+            w["status"]["instances"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .find_map(|i| i["instanceID"].as_str().map(str::to_string))
+        .expect("the instance");
+    let target = format!("{name}/{id}");
+    wait(
+        &format!("logs of {target} through n{via}"),
+        Duration::from_secs(20),
+        || String::from_utf8_lossy(&h.katcall(via, &["logs", &target]).stdout).contains("started"),
+    );
+    let out = h.katcall(
+        via,
+        &["exec", &target, "--", "sh", "-c", "echo from-$0; exit 5"],
+    );
+    assert_eq!(out.status.code(), Some(5), "exec on the worker: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("from-sh"),
+        "{out:?}"
+    );
+}
+
+/// A worker's certificate: nothing in etcd, only its own records on the leader's API, and
+/// no logs or exec on another node. Each refusal beside a positive control.
+fn worker_cannot_overreach(h: &Hosts) {
+    let w = WORKER;
+    let worker_pki = h.data(w).join("pki");
+    assert!(
+        !worker_pki.join("ca.key").exists(),
+        "a worker holds the CA key"
+    );
+    assert!(!h.data(w).join("etcd").exists(), "a worker runs etcd");
+    // etcd: a member's certificate is answered, the worker's (same CA) is not.
+    assert!(h
+        .etcdctl_as(2, 1, &["get", "/kat/schema_version"])
+        .status
+        .success());
+    let out = h.etcdctl_as(w, 1, &["get", "/kat/schema_version"]);
+    assert!(!out.status.success(), "etcd answered a worker: {out:?}");
+    let out = h.etcdctl_as(
+        w,
+        1,
+        &["put", "/kat/config/leader_endpoint", "https://evil"],
+    );
+    assert!(
+        !out.status.success(),
+        "etcd took a write from a worker: {out:?}"
+    );
+
+    // The leader's API: another node's records, workloads, tokens, admin routes: 403.
+    let leader = (1..=NODES)
+        .find_map(|i| h.leader(i))
+        .expect("a leader endpoint");
+    let api = |path: &str| format!("{leader}/v1alpha1/{path}");
+    for path in [
+        "nodes/n1/assignments",
+        "nodes/n1/templates/default/spread/x",
+        "nodes",
+        "n/default/workloads",
+        "join-tokens",
+        "events",
+    ] {
+        assert_eq!(
+            h.status_as(w, &api(path)),
+            "403",
+            "the worker reached {path}"
+        );
+    }
+    for (path, body) in [
+        ("nodes/n1/status", r#"{"node":"n1"}"#),
+        ("join-tokens", "{}"),
+        ("nodes/n1/drain", "{}"),
+        ("nodes/n1/template-problems", "[]"),
+    ] {
+        assert_eq!(
+            h.request_as(w, "POST", &api(path), Some(body)),
+            "403",
+            "the worker posted to {path}"
+        );
+    }
+    assert_eq!(
+        h.request_as(w, "DELETE", &api("nodes/n1"), None),
+        "403",
+        "the worker removed a node"
+    );
+    // Logs and exec of an instance on a member: a member's certificate passes (404 for an
+    // instance that is not there), the worker's is forbidden.
+    let stream = format!(
+        "https://{}:{API_PORT}/v1alpha1/n/default/workloads/spread/instances/x/logs",
+        ip(2)
+    );
+    assert_eq!(h.status_as(1, &stream), "404");
+    assert_eq!(
+        h.status_as(w, &stream),
+        "403",
+        "the worker read another node's logs"
+    );
+    // The worker's own API serves the control plane only, and sends others to the leader.
+    let on_worker = format!(
+        "https://{}:{API_PORT}/v1alpha1/n/default/workloads/spread/instances/x/logs",
+        ip(w)
+    );
+    assert_eq!(h.status_as(1, &on_worker), "404");
+    assert_eq!(h.status_as(w, &on_worker), "403");
+    assert_eq!(
+        h.status_as(1, &format!("https://{}:{API_PORT}/v1alpha1/nodes", ip(w))),
+        "421"
+    );
+}
+
 #[test]
 fn three_nodes_join_spread_and_survive_the_leader() {
     let mut h = Hosts::up();
@@ -549,12 +710,31 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         );
     }
 
-    // A node's certificate opens instance streams only: an admin route answers 401.
+    // A node's certificate opens no admin route: 403.
     assert_eq!(
         h.status_as(2, &format!("https://{}:{API_PORT}/v1alpha1/nodes", ip(1))),
-        "401",
+        "403",
         "a node certificate reached an admin route"
     );
+
+    // A worker joins (no --etcd-peer) and runs an instance placed on it.
+    h.spawn(
+        WORKER,
+        &[
+            "join",
+            "--leader-api",
+            &leader_api,
+            "--token",
+            &token,
+            "--ca-pin",
+            &pin,
+        ],
+    );
+    wait("the worker Ready", Duration::from_secs(60), || {
+        h.ready_nodes(1).len() == HOSTS
+    });
+    pinned(&h, 1, "onworker");
+    worker_cannot_overreach(&h);
 
     // Kill the leader's agent (and with it its etcd): a new leader within 10 s.
     let killed = Instant::now();
@@ -570,11 +750,23 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         },
     );
     eprintln!("rescheduled after {:.1} s", killed.elapsed().as_secs_f64());
+    // The worker found the new leader by itself: still Ready, its instance still running,
+    // and a workload placed on it now reaches it through the new leader.
+    wait(
+        "the worker Ready under the new leader",
+        Duration::from_secs(30),
+        || h.ready_nodes(alive).contains(&format!("n{WORKER}")),
+    );
+    pinned(&h, alive, "afterfailover");
+    assert_eq!(
+        h.running(alive, "onworker").get(&format!("n{WORKER}")),
+        Some(&1)
+    );
 
     // The node comes back: it stops what was replaced elsewhere; nothing runs twice.
     h.spawn(dead, &["run"]);
-    wait("3 Ready nodes again", Duration::from_secs(90), || {
-        h.ready_nodes(alive).len() == NODES
+    wait("4 Ready nodes again", Duration::from_secs(90), || {
+        h.ready_nodes(alive).len() == HOSTS
     });
     wait(
         "exactly 6 running on the nodes",
@@ -604,9 +796,9 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     );
     hosts("heal");
     wait(
-        "3 Ready nodes after the partition",
+        "4 Ready nodes after the partition",
         Duration::from_secs(90),
-        || h.ready_nodes(other).len() == NODES,
+        || h.ready_nodes(other).len() == HOSTS,
     );
     wait(
         "exactly 6 running after the partition",
