@@ -784,7 +784,7 @@ async fn keep_revocation_list(store: Arc<dyn StateStore>, ca: Arc<Authority>, pa
 /// Store the first join token and say how to add a node.
 async fn announce_join_token(service: &Service, token: &JoinToken, endpoint: &str) -> Result<()> {
     let stored = service
-        .store_join_token(token, Duration::from_secs(24 * 3600))
+        .store_join_token(token, Duration::from_secs(24 * 3600), None)
         .await
         .map_err(|e| anyhow::anyhow!("storing the first join token: {e}"))?;
     let api = endpoint.trim_start_matches("https://");

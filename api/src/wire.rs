@@ -292,9 +292,12 @@ pub struct JoinTokenInfo {
     pub id: String,
     pub created_at: String,
     pub expires_at: String,
-    /// Nodes admitted with it (a token admits any number until it expires or is deleted).
+    /// Nodes admitted with it.
     #[serde(default)]
     pub used_by: Vec<String>,
+    /// How many nodes it may admit; `None`: any number until it expires or is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u32>,
 }
 
 /// A join token as stored: what is listed, and the SHA-256 of the secret (never the secret).

@@ -8,23 +8,27 @@ use crate::client::Client;
 use crate::output::{self, structured, Format};
 use crate::workloads::json;
 
-pub async fn create(client: &Client, ttl: &str, format: Format) -> Result<()> {
+pub async fn create(client: &Client, ttl: &str, uses: Option<u32>, format: Format) -> Result<()> {
     let req = client
         .request(Method::POST, "/join-tokens")
         .header("content-type", "application/json")
-        .body(serde_json::json!({ "ttl": ttl }).to_string());
+        .body(serde_json::json!({ "ttl": ttl, "maxUses": uses }).to_string());
     let token: NewJoinToken = json(client.send(req).await?).await?;
     if structured(format, &token)? {
         return Ok(());
     }
+    let limit = match uses {
+        Some(n) => format!(", for {n} node{}", if n == 1 { "" } else { "s" }),
+        None => String::new(),
+    };
     println!(
-        "join token {} (valid until {}):",
+        "join token {} (valid until {}{limit}):",
         token.id, token.expires_at
     );
     println!("  {}", token.token);
-    println!("on the new node:");
+    println!("on the new node (add --etcd-peer to make it a member of the etcd quorum):");
     println!(
-        "  kat-agent join --leader-api HOST:PORT --token {} --ca-pin {} --advertise-address IP --etcd-peer",
+        "  kat-agent join --leader-api HOST:PORT --token {} --ca-pin {} --advertise-address IP",
         token.token, token.ca_pin
     );
     Ok(())
@@ -50,10 +54,17 @@ pub async fn list(client: &Client, format: Format) -> Result<()> {
                 } else {
                     t.used_by.join(",")
                 },
+                match t.max_uses {
+                    Some(n) => format!("{}/{n}", t.used_by.len()),
+                    None => format!("{}/-", t.used_by.len()),
+                },
             ]
         })
         .collect();
-    print!("{}", output::table(&["ID", "EXPIRES", "USED BY"], &rows));
+    print!(
+        "{}",
+        output::table(&["ID", "EXPIRES", "USED BY", "USES"], &rows)
+    );
     Ok(())
 }
 

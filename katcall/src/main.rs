@@ -95,6 +95,9 @@ enum Command {
         /// How long a join token is valid.
         #[arg(long, default_value = "24h")]
         ttl: String,
+        /// How many nodes a join token may admit (default: any number until it expires).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        uses: Option<u32>,
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
@@ -301,9 +304,10 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             kind,
             name,
             ttl,
+            uses,
             output,
         } => match (kind.as_str(), name) {
-            ("join-token", _) => join_tokens::create(&client, &ttl, output).await?,
+            ("join-token", _) => join_tokens::create(&client, &ttl, uses, output).await?,
             (_, Some(name)) => workloads::create_namespace(&client, &name).await?,
             (_, None) => anyhow::bail!("create namespace: NAME is required"),
         },

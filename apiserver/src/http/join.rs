@@ -20,6 +20,9 @@ struct CreateBody {
     /// How long the token is valid: `24h`, `30m`, `7d`.
     #[serde(default)]
     ttl: Option<String>,
+    /// How many nodes it may admit; none: any number until it expires.
+    #[serde(default, rename = "maxUses")]
+    max_uses: Option<u32>,
 }
 
 pub async fn create_token(
@@ -28,11 +31,14 @@ pub async fn create_token(
 ) -> Result<impl IntoResponse, ApiError> {
     let body = read_body(req, 4096).await?;
     let parsed: CreateBody = if body.is_empty() {
-        CreateBody { ttl: None }
+        CreateBody {
+            ttl: None,
+            max_uses: None,
+        }
     } else {
         serde_json::from_slice(&body).map_err(|e| {
             ApiError::bad_request(format!(
-                "join token body: {e} (expected {{\"ttl\": \"24h\"}})"
+                "join token body: {e} (expected {{\"ttl\": \"24h\", \"maxUses\": 1}})"
             ))
         })?
     };
@@ -42,7 +48,10 @@ pub async fn create_token(
             ApiError::bad_request(format!("ttl: {t:?} is not a duration (e.g. 24h, 30m, 7d)"))
         })?,
     };
-    let token = state.service.create_join_token(ttl).await?;
+    let token = state
+        .service
+        .create_join_token(ttl, parsed.max_uses)
+        .await?;
     Ok((StatusCode::CREATED, Json(token)))
 }
 

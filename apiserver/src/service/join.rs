@@ -18,7 +18,7 @@ use kat_api::wire::{
     NewJoinToken, NodeState,
 };
 use kat_pki::{Authority, JoinToken, NodeRole};
-use kat_store::EtcdStore;
+use kat_store::{Compare, EtcdStore, KeyValue, Txn, TxnOp};
 
 use super::{Error, Result, Service};
 
@@ -46,19 +46,33 @@ impl Service {
     }
 
     /// A new join token valid for `ttl`. Its secret is in the answer only.
-    pub async fn create_join_token(&self, ttl: Duration) -> Result<NewJoinToken> {
+    pub async fn create_join_token(
+        &self,
+        ttl: Duration,
+        max_uses: Option<u32>,
+    ) -> Result<NewJoinToken> {
         let token =
             JoinToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
-        self.store_join_token(&token, ttl).await
+        self.store_join_token(&token, ttl, max_uses).await
     }
 
     /// Store `token` (its secret's hash) valid for `ttl`: a new one, or the one `kat-agent
     /// init` made and prints.
-    pub async fn store_join_token(&self, token: &JoinToken, ttl: Duration) -> Result<NewJoinToken> {
+    pub async fn store_join_token(
+        &self,
+        token: &JoinToken,
+        ttl: Duration,
+        max_uses: Option<u32>,
+    ) -> Result<NewJoinToken> {
         let admission = self.admission()?;
         if ttl.is_zero() || ttl > Duration::from_secs(365 * 24 * 3600) {
             return Err(Error::bad_request(
                 "ttl: must be between 1s and 365d (e.g. 24h)",
+            ));
+        }
+        if max_uses == Some(0) {
+            return Err(Error::bad_request(
+                "maxUses: must be at least 1 (leave it out for any number)",
             ));
         }
         let now = self.clock.wall();
@@ -68,6 +82,7 @@ impl Service {
                 created_at: rfc3339(now),
                 expires_at: rfc3339(now + ttl),
                 used_by: vec![],
+                max_uses,
             },
             secret_sha256: token.secret_sha256(),
         };
@@ -121,8 +136,7 @@ impl Service {
                 token.id
             ))
         })?;
-        let mut record: JoinTokenRecord = serde_json::from_slice(&stored.value)
-            .map_err(|e| Error::new(ErrorCode::Internal, format!("join token record: {e}")))?;
+        let record = token_record(&stored)?;
         if !token.matches(&record.secret_sha256) {
             tracing::warn!(token = %token.id, node = %request.node_name, "join refused: wrong secret");
             return Err(unauthorized(format!(
@@ -175,6 +189,10 @@ impl Service {
             .authority
             .sign_csr(&request.csr, &request.node_name, &[address], role)
             .map_err(|e| Error::bad_request(format!("csr: {e:#}")))?;
+        // Everything checked: count this use (or refuse one past the token's limit) before
+        // anything else is written.
+        self.record_token_use(&key, stored, &request.node_name)
+            .await?;
         let etcd = if request.etcd_peer {
             let members = admission.etcd.as_ref().ok_or_else(|| {
                 Error::new(
@@ -218,12 +236,6 @@ impl Service {
                 )
                 .await?;
         }
-        if !record.info.used_by.contains(&request.node_name) {
-            record.info.used_by.push(request.node_name.clone());
-            self.store
-                .put(&key, serde_json::to_vec(&record).unwrap_or_default(), None)
-                .await?;
-        }
         tracing::info!(node = %request.node_name, %address, etcd_peer = request.etcd_peer, token = %token.id, "node admitted");
         Ok(JoinResponse {
             certificate,
@@ -233,6 +245,51 @@ impl Service {
             etcd,
             api_endpoints: self.api_endpoints().await?,
         })
+    }
+}
+
+fn token_record(kv: &KeyValue) -> Result<JoinTokenRecord> {
+    serde_json::from_slice(&kv.value)
+        .map_err(|e| Error::new(ErrorCode::Internal, format!("join token record: {e}")))
+}
+
+impl Service {
+    /// Record `node` as a use of the token stored at `key` (read as `kv`), refusing a use past
+    /// its limit. Compare-and-swap on the record, so two joins at once cannot both take the
+    /// last use; a node already recorded (a join resumed) takes no second one.
+    async fn record_token_use(&self, key: &str, mut kv: KeyValue, node: &str) -> Result<()> {
+        loop {
+            let mut record = token_record(&kv)?;
+            if record.info.used_by.iter().any(|n| n == node) {
+                return Ok(());
+            }
+            if let Some(max) = record.info.max_uses {
+                if record.info.used_by.len() >= max as usize {
+                    return Err(unauthorized(format!(
+                        "join token {} has admitted {} node(s), its limit ({}); create another with `katcall create join-token`",
+                        record.info.id,
+                        max,
+                        record.info.used_by.join(", ")
+                    )));
+                }
+            }
+            record.info.used_by.push(node.to_string());
+            let txn = Txn::new()
+                .when([Compare::mod_revision_is(key, kv.mod_revision)])
+                .and_then([TxnOp::put(
+                    key,
+                    serde_json::to_vec(&record).unwrap_or_default(),
+                )]);
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(());
+            }
+            kv = self.store.get(key).await?.ok_or_else(|| {
+                unauthorized(format!(
+                    "join token {} was deleted during the join",
+                    record.info.id
+                ))
+            })?;
+        }
     }
 }
 
