@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
-use kat_api::wire::rfc3339;
+use kat_api::wire::{rfc3339, HOSTNAME_LABEL, ROLE_LABEL};
 use kat_apiserver::http::{self, ApiState, WorkerApi};
 use kat_apiserver::Service;
 use kat_leader::metrics::Metrics;
@@ -466,7 +466,10 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
         &*store,
         &node,
         vec![identity.advertise_address.clone()],
-        BTreeMap::from([("kat.dws.rip/hostname".to_string(), node.clone())]),
+        BTreeMap::from([
+            (HOSTNAME_LABEL.to_string(), node.clone()),
+            (ROLE_LABEL.to_string(), NodeRole::ControlPlane.to_string()),
+        ]),
     )
     .await?;
 

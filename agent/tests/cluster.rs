@@ -8,7 +8,11 @@
 //! records only, logs and exec reach its instances through the control plane, and it follows
 //! the leader through a failover by itself.
 //!
-//! Needs root (network namespaces), etcd, etcdctl, docker-registry and the fixtures of
+//! Each agent runs as its own unprivileged user (`kat-hN`, prepared by `kat-agent setup` as
+//! in production: a subuid range, cgroup parents handed over on this v1/hybrid host), with
+//! its own data directory; `KAT_TEST_CLUSTER_AS_ROOT=1` runs them as root instead.
+//!
+//! Needs root (network namespaces, users), etcd, etcdctl, docker-registry and the fixtures of
 //! `scripts/test-fixtures.sh` (KAT_TEST_LAYOUT); `scripts/test.sh` provides all of them.
 
 use std::collections::BTreeMap;
@@ -37,6 +41,11 @@ fn hosts_sh() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cluster/hosts.sh")
 }
 
+/// The user host `i`'s agent runs as.
+fn user(i: usize) -> String {
+    format!("kat-h{i}")
+}
+
 fn ip(i: usize) -> String {
     format!("10.77.0.{}", 10 + i)
 }
@@ -48,6 +57,8 @@ struct Hosts {
     registry: Option<Child>,
     registry_addr: String,
     agents: BTreeMap<usize, Child>,
+    /// Agents run as their own users (`kat-hN`), not root.
+    unprivileged: bool,
 }
 
 impl Drop for Hosts {
@@ -63,6 +74,11 @@ impl Drop for Hosts {
         let _ = Command::new(hosts_sh())
             .args(["down", &self.prefix])
             .status();
+        if self.unprivileged {
+            for i in 1..=HOSTS {
+                let _ = self.setup(i, true).output();
+            }
+        }
         // Containers' overlay mounts under the nodes' data directories.
         let dir = self.dir.path().display().to_string();
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -104,15 +120,62 @@ impl Hosts {
             .expect("hosts.sh");
         assert!(ok.success(), "hosts.sh up failed");
         let dir = tempfile::tempdir().expect("tempdir");
+        // Searchable, so each agent user reaches its own directory below.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .expect("chmod");
         let mut hosts = Hosts {
             prefix,
             dir,
             registry: None,
             registry_addr: String::new(),
             agents: BTreeMap::new(),
+            unprivileged: std::env::var("KAT_TEST_CLUSTER_AS_ROOT").as_deref() != Ok("1"),
         };
+        for i in 1..=HOSTS {
+            let data = hosts.data(i);
+            std::fs::create_dir_all(&data).expect("a node's data directory");
+            if hosts.unprivileged {
+                let out = hosts.setup(i, false).output().expect("kat-agent setup");
+                assert!(
+                    out.status.success(),
+                    "kat-agent setup for {}: {}",
+                    user(i),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let ok = Command::new("chown")
+                    .arg(format!("{}:", user(i)))
+                    .arg(&data)
+                    .status()
+                    .expect("chown");
+                assert!(ok.success(), "chown of {}", data.display());
+            }
+        }
         hosts.start_registry();
         hosts
+    }
+
+    /// `kat-agent setup [--uninstall]` for host `i`'s user: the user, its subuid range and
+    /// its cgroup parents; what it installs stays in the test directory.
+    fn setup(&self, i: usize, uninstall: bool) -> Command {
+        let base = self.path(&format!("setup-n{i}"));
+        let mut c = Command::new(bin("kat-agent"));
+        c.arg("setup");
+        if uninstall {
+            c.arg("--uninstall");
+        }
+        c.args(["--user", &user(i)])
+            .arg("--prefix")
+            .arg(base.join("prefix"))
+            .arg("--config-dir")
+            .arg(base.join("etc"))
+            .arg("--state-dir")
+            .arg(base.join("home"))
+            .args(["--cgroup-parent", &format!("/{}-n{i}", self.prefix)])
+            .env("KAT_INIT", std::env::var("KAT_INIT").expect("KAT_INIT"));
+        c
     }
 
     /// The fixtures' registry storage, served on the bridge so every test host can pull.
@@ -165,6 +228,11 @@ impl Hosts {
         self.path(&format!("n{i}"))
     }
 
+    /// The katcall configuration `init` writes (n1's is the admin's).
+    fn client_config(&self, i: usize) -> PathBuf {
+        self.data(i).join("katcall.yaml")
+    }
+
     /// `nsenter` into host `i`'s network namespace (not `ip netns exec`, which mounts a
     /// fresh /sys and hides the cgroup hierarchies); it execs the program, keeping its pid.
     fn in_ns(&self, i: usize) -> Command {
@@ -173,9 +241,15 @@ impl Hosts {
         c
     }
 
-    /// `kat-agent ARGS` in host `i`'s namespace, with the node's usual options.
+    /// `kat-agent ARGS` in host `i`'s namespace, as its user, with the node's usual options.
     fn agent_command(&self, i: usize, args: &[&str]) -> Command {
         let mut c = self.in_ns(i);
+        if self.unprivileged {
+            // setpriv executes the agent in place: the pid we hold (and kill -9) is the agent's.
+            c.args(["setpriv", "--reuid", &user(i), "--regid", &user(i)])
+                .args(["--init-groups", "--"])
+                .env("HOME", self.data(i));
+        }
         c.arg(bin("kat-agent"))
             .args(args)
             .args(["--data-dir", &self.data(i).display().to_string()])
@@ -183,10 +257,7 @@ impl Hosts {
             .args(["--advertise-address", &ip(i)])
             .args([
                 "--client-config",
-                &self
-                    .path(&format!("katcall-n{i}.yaml"))
-                    .display()
-                    .to_string(),
+                &self.client_config(i).display().to_string(),
             ])
             .args(["--insecure-registry", &self.registry_addr])
             .args(["--stop-grace-seconds", "2"])
@@ -225,7 +296,7 @@ impl Hosts {
         self.in_ns(i)
             .arg(bin("katcall"))
             .args(args)
-            .env("KAT_CONFIG", self.path("katcall-n1.yaml"))
+            .env("KAT_CONFIG", self.client_config(1))
             .stdin(Stdio::null())
             .output()
             .expect("katcall")
@@ -733,8 +804,45 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     wait("the worker Ready", Duration::from_secs(60), || {
         h.ready_nodes(1).len() == HOSTS
     });
+    let roles: BTreeMap<String, String> = h
+        .json(1, &["get", "nodes", "-o", "json"])
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            let name = n["metadata"]["name"].as_str().unwrap_or("?").to_string();
+            let role = n["metadata"]["labels"]["kat.dws.rip/role"]
+                .as_str()
+                .unwrap_or("?")
+                .to_string();
+            (name, role)
+        })
+        .collect();
+    assert_eq!(roles[&format!("n{WORKER}")], "worker", "{roles:?}");
+    assert_eq!(roles["n2"], "control-plane", "{roles:?}");
     pinned(&h, 1, "onworker");
     worker_cannot_overreach(&h);
+    if h.unprivileged {
+        // Every agent (and the etcd it started) runs as its own user, none as root.
+        for (i, agent) in &h.agents {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", agent.id())).unwrap();
+            let uid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next())
+                .unwrap()
+                .to_string();
+            let expected = String::from_utf8(
+                Command::new("id")
+                    .args(["-u", &user(*i)])
+                    .output()
+                    .unwrap()
+                    .stdout,
+            )
+            .unwrap();
+            assert_eq!(uid, expected.trim(), "n{i}'s agent runs as {}", user(*i));
+        }
+    }
 
     // Kill the leader's agent (and with it its etcd): a new leader within 10 s.
     let killed = Instant::now();

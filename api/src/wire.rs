@@ -568,6 +568,11 @@ pub struct NodeRegistration {
     pub draining: bool,
 }
 
+/// The label that names a node's host (set at registration; a `nodeSelector` can use it).
+pub const HOSTNAME_LABEL: &str = "kat.dws.rip/hostname";
+/// The label that says what a node is: `control-plane` (an etcd member) or `worker`.
+pub const ROLE_LABEL: &str = "kat.dws.rip/role";
+
 /// The taint `katcall drain` adds; `katcall uncordon` removes it.
 pub const DRAIN_TAINT_KEY: &str = "kat.dws.rip/unschedulable";
 

@@ -69,11 +69,16 @@ async fn a_token_admits_up_to_its_limit_and_a_worker_gets_a_workers_certificate(
         Some(NodeRole::Worker)
     );
     assert!(admitted.etcd.is_none(), "a worker gets no etcd credentials");
-    assert!(store
-        .get(&keys::node_registration("w1"))
-        .await
-        .unwrap()
-        .is_some());
+    let reg: kat_api::wire::NodeRegistration = serde_json::from_slice(
+        &store
+            .get(&keys::node_registration("w1"))
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+    )
+    .unwrap();
+    assert_eq!(reg.labels[kat_api::wire::ROLE_LABEL], "worker");
     assert_eq!(
         store
             .get(&keys::node_certificate("w1"))

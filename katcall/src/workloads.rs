@@ -107,7 +107,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
             if structured(format, &list)? {
                 return Ok(());
             }
-            let mut header = vec!["NAME", "STATE", "CPU", "MEMORY", "HEARTBEAT"];
+            let mut header = vec!["NAME", "STATE", "ROLE", "CPU", "MEMORY", "HEARTBEAT"];
             if wide {
                 header.extend(["ADDRESSES", "TAINTS", "LABELS"]);
             }
@@ -117,6 +117,11 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
                     let mut row = vec![
                         n.metadata.name.clone(),
                         format!("{:?}", n.state),
+                        n.metadata
+                            .labels
+                            .get(kat_api::wire::ROLE_LABEL)
+                            .cloned()
+                            .unwrap_or_else(|| "-".into()),
                         format!("{}m", n.allocatable.cpu_millis),
                         output::bytes(n.allocatable.memory_bytes),
                         format!("{} ago", age(n.last_heartbeat.as_deref())),

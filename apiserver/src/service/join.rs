@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use kat_api::keys;
 use kat_api::wire::{
     rfc3339, ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinTokenInfo, JoinTokenRecord,
-    NewJoinToken, NodeState,
+    NewJoinToken, NodeState, HOSTNAME_LABEL, ROLE_LABEL,
 };
 use kat_pki::{Authority, JoinToken, NodeRole};
 use kat_store::{Compare, EtcdStore, KeyValue, Txn, TxnOp};
@@ -220,10 +220,10 @@ impl Service {
                 &*self.store,
                 &request.node_name,
                 vec![address.to_string()],
-                BTreeMap::from([(
-                    "kat.dws.rip/hostname".to_string(),
-                    request.node_name.clone(),
-                )]),
+                BTreeMap::from([
+                    (HOSTNAME_LABEL.to_string(), request.node_name.clone()),
+                    (ROLE_LABEL.to_string(), role.to_string()),
+                ]),
             )
             .await?;
         }
