@@ -11,6 +11,7 @@
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
+mod advertise;
 mod control_plane;
 mod heartbeat;
 mod join;
@@ -93,8 +94,9 @@ struct NodeArgs {
     /// This node's name (default: the hostname).
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
-    /// The address other nodes and clients reach this node at (default 127.0.0.1).
-    #[arg(long, value_name = "IP")]
+    /// The address other nodes and clients reach this node at (default 127.0.0.1): an IP,
+    /// or an interface whose address to use (e.g. eth0).
+    #[arg(long, value_name = "IP|IFACE", value_parser = advertise::parse)]
     advertise_address: Option<IpAddr>,
     /// The address the API listens on.
     #[arg(long, value_name = "IP", default_value = "0.0.0.0")]
