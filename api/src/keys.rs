@@ -111,9 +111,14 @@ pub fn instance(node: &str, instance_id: &str) -> String {
     format!("/kat/instances/{node}/{instance_id}")
 }
 
+/// The subnet of `clusterCIDR` the leader gave a node (e.g. `10.100.2.0/23`).
 pub fn node_subnet(node: &str) -> String {
     format!("/kat/network/nodes/{node}/subnet")
 }
+pub fn node_subnets() -> &'static str {
+    "/kat/network/nodes/"
+}
+/// An instance's address, beside the one in its record (RFC 001 §5.2).
 pub fn ip_allocation(instance_id: &str) -> String {
     format!("/kat/network/allocations/{instance_id}/ip")
 }
@@ -160,6 +165,9 @@ pub enum Key<'a> {
     NodeStatus {
         node: &'a str,
     },
+    NodeSubnet {
+        node: &'a str,
+    },
     Instance {
         node: &'a str,
         id: &'a str,
@@ -192,6 +200,7 @@ pub fn parse(key: &str) -> Option<Key<'_>> {
         ["workloads", "templates", ns, name, hash] => Key::Template { ns, name, hash },
         ["nodes", "registration", node] => Key::NodeRegistration { node },
         ["nodes", "status", node] => Key::NodeStatus { node },
+        ["network", "nodes", node, "subnet"] => Key::NodeSubnet { node },
         ["instances", node, id] => Key::Instance { node, id },
         ["jobs", "runs", ns, name, run] => Key::JobRun { ns, name, run },
         ["namespaces", name] => Key::Namespace { name },
@@ -246,6 +255,11 @@ mod tests {
             parse(&node_status("n")),
             Some(Key::NodeStatus { node: "n" })
         );
+        assert_eq!(
+            parse(&node_subnet("n")),
+            Some(Key::NodeSubnet { node: "n" })
+        );
+        assert!(node_subnet("n1").starts_with(node_subnets()));
         assert_eq!(
             parse(&instance("n", "i")),
             Some(Key::Instance { node: "n", id: "i" })

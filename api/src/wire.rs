@@ -272,6 +272,9 @@ pub struct Node {
     /// What the node used at its last heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Its subnet of `clusterCIDR`, from which its instances get their addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
 }
 
 /// A node removed with `katcall delete node`: its certificate is refused from then on.
@@ -375,7 +378,7 @@ pub enum AssignmentUpdate {
     },
     Put {
         revision: i64,
-        record: InstanceRecord,
+        record: Box<InstanceRecord>,
     },
     #[serde(rename_all = "camelCase")]
     Delete {
@@ -543,6 +546,9 @@ pub struct InstanceRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_run: Option<String>,
     pub created_at: String,
+    /// Its address, from its node's subnet (the leader's IPAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
 }
 
 impl InstanceRecord {

@@ -38,6 +38,7 @@ fn record(node: &str, id: &str, workload: &str, hash: &str) -> InstanceRecord {
         requests: Default::default(),
         job_run: None,
         created_at: "2026-01-01T00:00:00Z".into(),
+        ip: None,
     }
 }
 

@@ -34,6 +34,7 @@
 //! and the text continues in the next record of the same stream.
 
 mod logfile;
+mod loopback;
 mod oom;
 mod options;
 mod seccomp;
@@ -82,6 +83,13 @@ fn run(options: Options) -> Result<u8, String> {
     // First of all: no process in the container may read our memory, fds or exe through
     // /proc or ptrace. Reset by execve, so the workload itself stays dumpable.
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("cannot become non-dumpable: {e}"))?;
+    // The container's loopback up, then CAP_NET_ADMIN gone from every set (loopback.rs).
+    // Outside a network namespace of its own (tests, debugging) the first may fail: said,
+    // not fatal. The second must hold, or the workload does not start.
+    if let Err(e) = loopback::bring_up() {
+        eprintln!("kat-init: {e}; the container has no loopback");
+    }
+    loopback::drop_net_admin()?;
     replace_host_stdio(options.log_dir.is_some());
     // Block every signal we handle and read them from a signalfd: blocked signals count as
     // handled for a PID namespace's init, so the agent's SIGTERM reaches us.

@@ -109,7 +109,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
             }
             let mut header = vec!["NAME", "STATE", "ROLE", "CPU", "MEMORY", "HEARTBEAT"];
             if wide {
-                header.extend(["ADDRESSES", "TAINTS", "LABELS"]);
+                header.extend(["ADDRESSES", "SUBNET", "TAINTS", "LABELS"]);
             }
             let rows: Vec<Vec<String>> = list
                 .iter()
@@ -128,6 +128,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
                     ];
                     if wide {
                         row.push(n.addresses.join(","));
+                        row.push(n.subnet.clone().unwrap_or_else(|| "-".into()));
                         row.push(
                             n.taints
                                 .iter()
@@ -195,7 +196,7 @@ fn instance_header(wide: bool) -> Vec<&'static str> {
         "INSTANCE", "WORKLOAD", "NODE", "STATE", "HEALTH", "RESTARTS", "AGE",
     ];
     if wide {
-        h.extend(["GENERATION", "EXIT", "REASON"]);
+        h.extend(["IP", "GENERATION", "EXIT", "REASON"]);
     }
     h
 }
@@ -213,6 +214,7 @@ fn instance_rows(list: &[InstanceStatus], wide: bool) -> Vec<Vec<String>> {
                 age(i.started_at.as_deref()),
             ];
             if wide {
+                row.push(i.ip.clone().unwrap_or_else(|| "-".into()));
                 row.push(i.generation.to_string());
                 row.push(i.exit_code.map_or("-".into(), |c| c.to_string()));
                 row.push(i.reason.clone().unwrap_or_default());

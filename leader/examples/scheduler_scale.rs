@@ -68,6 +68,8 @@ async fn main() {
     let config = LeaderConfig {
         node_loss_timeout: Duration::from_secs(5),
         seed: 1,
+        // 1,000 nodes: 4,096 subnets of /20.
+        addresses: kat_leader::ipam::AddressPlan::new("10.0.0.0/8".parse().unwrap(), 12),
         ..Default::default()
     };
 

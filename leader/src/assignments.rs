@@ -139,7 +139,10 @@ impl AssignmentWatch {
         match event.kind {
             EventKind::Put => serde_json::from_slice::<InstanceRecord>(&event.kv.value)
                 .ok()
-                .map(|record| AssignmentUpdate::Put { revision, record }),
+                .map(|record| AssignmentUpdate::Put {
+                    revision,
+                    record: Box::new(record),
+                }),
             EventKind::Delete => Some(AssignmentUpdate::Delete {
                 revision,
                 instance_id: event.kv.key.get(self.prefix.len()..)?.to_string(),
@@ -168,6 +171,7 @@ mod tests {
             requests: Default::default(),
             job_run: None,
             created_at: "2026-01-01T00:00:00Z".into(),
+            ip: None,
         }
     }
 
@@ -208,7 +212,7 @@ mod tests {
             next(&mut w).await,
             AssignmentUpdate::Put {
                 revision: r,
-                record: record("n1", "web-d")
+                record: Box::new(record("n1", "web-d"))
             }
         );
         drop(w);

@@ -11,9 +11,11 @@
 //! `sync` step by step under simulated time; production calls [`Leader::run`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use kat_api::cluster::ClusterSpec;
 use kat_api::keys;
 use kat_api::wire::{
@@ -32,6 +34,7 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::events::{self, EventLog};
+use crate::ipam::{self, AddressPlan};
 use crate::scheduler::{self, NodeLoad, Request, SchedNode, Unschedulable};
 use crate::view::ClusterView;
 use crate::{daemons, jobs, nodes, services};
@@ -49,6 +52,8 @@ pub struct LeaderConfig {
     pub event_capacity: u64,
     /// Seed for tie-breaks and instance ids (fixed in simulations, random in production).
     pub seed: u64,
+    /// How `clusterCIDR` is cut into node subnets; `None` gives instances no address.
+    pub addresses: Option<AddressPlan>,
 }
 
 impl Default for LeaderConfig {
@@ -60,6 +65,10 @@ impl Default for LeaderConfig {
             job_history: 5,
             event_capacity: events::DEFAULT_CAPACITY,
             seed: rand::random(),
+            addresses: "10.100.0.0/16"
+                .parse()
+                .ok()
+                .and_then(|net| AddressPlan::new(net, 7)),
         }
     }
 }
@@ -68,6 +77,9 @@ impl LeaderConfig {
     pub fn from_cluster(spec: &ClusterSpec) -> Self {
         LeaderConfig {
             node_loss_timeout: Duration::from_secs(spec.node_loss_timeout_seconds as u64),
+            addresses: spec
+                .cluster_net()
+                .and_then(|net| AddressPlan::new(net, spec.node_subnet_bits)),
             ..Default::default()
         }
     }
@@ -151,6 +163,10 @@ pub struct Round<'a> {
     pub plan: Plan,
     pub rng: &'a mut StdRng,
     new_ids: HashSet<String>,
+    /// Node subnets, with those given this round.
+    subnets: HashMap<String, IpNet>,
+    /// Addresses in use per node: its instances' and those of containers it still reports.
+    used_ips: HashMap<String, HashSet<IpAddr>>,
 }
 
 impl<'a> Round<'a> {
@@ -197,7 +213,17 @@ impl<'a> Round<'a> {
         }
     }
 
-    /// A new instance record on `node` (an index into `nodes`), accounted in the loads.
+    /// Node `name` got `subnet` this round: its addresses count from now.
+    pub fn give_subnet(&mut self, name: &str, subnet: IpNet) {
+        self.subnets.insert(name.to_string(), subnet);
+        if let Some(&i) = self.node_index.get(name) {
+            let used = self.used_ips.get(name).map_or(0, HashSet::len) as u64;
+            self.nodes[i].free_ips = ipam::capacity(&subnet).saturating_sub(used);
+        }
+    }
+
+    /// A new instance record on `node` (an index into `nodes`), accounted in the loads, with
+    /// the lowest free address of the node's subnet.
     pub fn create_on(
         &mut self,
         w: &WorkloadCtx,
@@ -205,6 +231,14 @@ impl<'a> Round<'a> {
         job_run: Option<&str>,
     ) -> InstanceRecord {
         let id = self.new_id(&w.key.name);
+        let name = &self.nodes[node].name;
+        let ip = self.subnets.get(name).and_then(|subnet| {
+            let used = self.used_ips.entry(name.clone()).or_default();
+            let ip = ipam::free_address(subnet, used)?;
+            used.insert(ip);
+            Some(ip)
+        });
+        self.nodes[node].free_ips = self.nodes[node].free_ips.saturating_sub(1);
         let record = InstanceRecord {
             instance_id: id,
             namespace: w.key.namespace.clone(),
@@ -216,6 +250,7 @@ impl<'a> Round<'a> {
             requests: w.requests,
             job_run: job_run.map(str::to_string),
             created_at: self.wall.clone(),
+            ip: ip.map(|ip| ip.to_string()),
         };
         self.loads[node].add(&w.key, &w.requests);
         record
@@ -244,15 +279,27 @@ impl<'a> Round<'a> {
         (placed, None)
     }
 
-    pub fn put_instance_op(record: &InstanceRecord) -> TxnOp {
-        TxnOp::put(
+    /// Write a new instance's record and its address allocation.
+    pub fn put_instance_ops(record: &InstanceRecord) -> Vec<TxnOp> {
+        let mut ops = vec![TxnOp::put(
             keys::instance(&record.node, &record.instance_id),
             serde_json::to_vec(record).unwrap_or_default(),
-        )
+        )];
+        if let Some(ip) = &record.ip {
+            ops.push(TxnOp::put(
+                keys::ip_allocation(&record.instance_id),
+                ip.clone(),
+            ));
+        }
+        ops
     }
 
-    pub fn delete_instance_op(record: &InstanceRecord) -> TxnOp {
-        TxnOp::delete(keys::instance(&record.node, &record.instance_id))
+    /// Delete an instance's record and release its address.
+    pub fn delete_instance_ops(record: &InstanceRecord) -> [TxnOp; 2] {
+        [
+            TxnOp::delete(keys::instance(&record.node, &record.instance_id)),
+            TxnOp::delete(keys::ip_allocation(&record.instance_id)),
+        ]
     }
 
     /// Write the records of newly placed instances and record one `Scheduled` event for them,
@@ -262,7 +309,7 @@ impl<'a> Round<'a> {
             return;
         }
         for r in created {
-            self.plan.groups.push(vec![Self::put_instance_op(r)]);
+            self.plan.groups.push(Self::put_instance_ops(r));
         }
         self.plan.scheduled += created.len();
         let placements: Vec<String> = created
@@ -284,7 +331,7 @@ impl<'a> Round<'a> {
         }
         self.plan
             .groups
-            .push(vec![Self::delete_instance_op(record)]);
+            .push(Self::delete_instance_ops(record).to_vec());
     }
 
     /// Status entries for `records`, as reported or as just assigned. Without usage: it
@@ -296,6 +343,7 @@ impl<'a> Round<'a> {
             .map(|r| match self.status_of(&r.instance_id) {
                 Some(s) => InstanceStatus {
                     usage: None,
+                    ip: r.ip.clone(),
                     ..s.clone()
                 },
                 None => InstanceStatus {
@@ -309,7 +357,7 @@ impl<'a> Round<'a> {
                     restarts: 0,
                     exit_code: None,
                     reason: Some(format!("assigned to {}, not reported yet", r.node)),
-                    ip: None,
+                    ip: r.ip.clone(),
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],
@@ -456,6 +504,7 @@ impl Leader {
         } = self;
         let mut round = build_round(view, config, rng, clock, &memory.ready, now);
         nodes::reconcile(&mut round, memory);
+        ipam::reconcile(&mut round);
         let workloads: Vec<WorkloadCtx> =
             view.workloads.values().filter_map(workload_ctx).collect();
         let live: HashSet<&WorkloadKey> = workloads.iter().map(|w| &w.key).collect();
@@ -644,7 +693,20 @@ fn build_round<'a>(
                 .or_default() += 1;
         }
     }
-    let nodes = sched_nodes(view, ready);
+    // Addresses in use: every record's, and every reported container's on its node (a
+    // deleted instance may still be stopping with its address).
+    let mut used_ips: HashMap<String, HashSet<IpAddr>> = HashMap::new();
+    for r in view.instances.values() {
+        if let Some(ip) = r.ip.as_deref().and_then(|ip| ip.parse().ok()) {
+            used_ips.entry(r.node.clone()).or_default().insert(ip);
+        }
+    }
+    for (node, s) in reported.values() {
+        if let Some(ip) = s.ip.as_deref().and_then(|ip| ip.parse().ok()) {
+            used_ips.entry(node.to_string()).or_default().insert(ip);
+        }
+    }
+    let nodes = sched_nodes(view, config, ready, &used_ips);
     let node_index: HashMap<String, usize> = nodes
         .iter()
         .enumerate()
@@ -672,6 +734,8 @@ fn build_round<'a>(
         plan: Plan::default(),
         rng,
         new_ids: HashSet::new(),
+        subnets: view.subnets.iter().map(|(n, s)| (n.clone(), *s)).collect(),
+        used_ips,
     }
 }
 
@@ -690,7 +754,12 @@ async fn load(store: &dyn StateStore, now: Instant) -> Result<(ClusterView, Watc
     Ok((view, watch))
 }
 
-fn sched_nodes(view: &ClusterView, ready: &HashMap<String, bool>) -> Vec<SchedNode> {
+fn sched_nodes(
+    view: &ClusterView,
+    config: &LeaderConfig,
+    ready: &HashMap<String, bool>,
+    used_ips: &HashMap<String, HashSet<IpAddr>>,
+) -> Vec<SchedNode> {
     view.nodes
         .iter()
         .filter_map(|(name, entry)| {
@@ -703,6 +772,13 @@ fn sched_nodes(view: &ClusterView, ready: &HashMap<String, bool>) -> Vec<SchedNo
                 taints: reg.taints.clone(),
                 allocatable: hb.allocatable,
                 gpus: hb.gpus.clone(),
+                free_ips: match (config.addresses, view.subnets.get(name)) {
+                    // Without an address plan instances get no address: nothing to run out of.
+                    (None, _) => u64::MAX,
+                    (Some(_), None) => 0,
+                    (Some(_), Some(subnet)) => ipam::capacity(subnet)
+                        .saturating_sub(used_ips.get(name).map_or(0, HashSet::len) as u64),
+                },
             })
         })
         .collect()

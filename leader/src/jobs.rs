@@ -239,7 +239,7 @@ fn advance_run(
         match outcome {
             Some((true, _)) => {
                 run.succeeded += 1;
-                group.push(Round::delete_instance_op(r));
+                group.extend(Round::delete_instance_ops(r));
             }
             Some((false, why)) => {
                 run.failed += 1;
@@ -249,7 +249,7 @@ fn advance_run(
                     w.object(),
                     format!("run {}: {why}", run.run_id),
                 );
-                group.push(Round::delete_instance_op(r));
+                group.extend(Round::delete_instance_ops(r));
             }
             None => active.push(r),
         }
@@ -282,7 +282,7 @@ fn advance_run(
     };
     if let Some((state, reason)) = verdict {
         for r in &active {
-            group.push(Round::delete_instance_op(r));
+            group.extend(Round::delete_instance_ops(r));
         }
         set_finished(round, w, run, state, reason);
         group.push(put_run_op(run));
@@ -334,7 +334,7 @@ fn finish(
         .instances_of(&w.key)
         .into_iter()
         .filter(|r| r.job_run.as_deref() == Some(run.run_id.as_str()))
-        .map(Round::delete_instance_op)
+        .flat_map(Round::delete_instance_ops)
         .collect();
     set_finished(round, w, run, state, reason);
     group.push(put_run_op(run));

@@ -19,6 +19,7 @@ pub mod clock;
 pub mod controller;
 pub mod daemons;
 pub mod events;
+pub mod ipam;
 pub mod jobs;
 pub mod metrics;
 pub mod namespaces;

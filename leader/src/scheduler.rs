@@ -28,6 +28,8 @@ pub struct SchedNode {
     pub taints: Vec<Taint>,
     pub allocatable: ResourceList,
     pub gpus: Vec<GpuInfo>,
+    /// Addresses left in the node's subnet (0 before it has one).
+    pub free_ips: u64,
 }
 
 /// What is already placed on one node.
@@ -77,6 +79,7 @@ pub enum Exclusion {
     Gpu,
     InsufficientCpu,
     InsufficientMemory,
+    NoFreeIp,
 }
 
 impl fmt::Display for Exclusion {
@@ -88,6 +91,7 @@ impl fmt::Display for Exclusion {
             Exclusion::Gpu => f.write_str("no matching GPU"),
             Exclusion::InsufficientCpu => f.write_str("insufficient cpu"),
             Exclusion::InsufficientMemory => f.write_str("insufficient memory"),
+            Exclusion::NoFreeIp => f.write_str("no free address in the node's subnet"),
         }
     }
 }
@@ -109,6 +113,7 @@ impl Exclusion {
             Exclusion::Gpu => "gpu",
             Exclusion::InsufficientCpu => "insufficient_cpu",
             Exclusion::InsufficientMemory => "insufficient_memory",
+            Exclusion::NoFreeIp => "no_free_ip",
         }
     }
 }
@@ -186,6 +191,8 @@ pub fn resource_exclusion(
         Some(Exclusion::InsufficientCpu)
     } else if req.requests.memory_bytes > free_mem {
         Some(Exclusion::InsufficientMemory)
+    } else if node.free_ips == 0 {
+        Some(Exclusion::NoFreeIp)
     } else {
         None
     }

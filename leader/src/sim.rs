@@ -184,7 +184,7 @@ impl SimNode {
                     restarts: 0,
                     exit_code: i.exit_code,
                     reason: None,
-                    ip: None,
+                    ip: i.record.ip.clone(),
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],
@@ -195,7 +195,7 @@ impl SimNode {
         }
     }
 
-    fn registration(&self) -> NodeRegistration {
+    pub fn registration(&self) -> NodeRegistration {
         NodeRegistration {
             name: self.name.clone(),
             addresses: vec![],

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use kat_api::keys::{self, Key};
 use kat_api::wire::{
     InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration, WorkloadMeta,
@@ -46,6 +47,8 @@ pub struct ClusterView {
     /// Stored instance templates, (namespace, workload, hash), and the revision each was
     /// written at.
     pub templates: BTreeMap<(String, String, String), Revision>,
+    /// Each node's subnet of `clusterCIDR` (`crate::ipam`).
+    pub subnets: BTreeMap<String, IpNet>,
     /// The newest revision taken in. Watch events come in revision order, so everything
     /// written at an older revision (a whole transaction) has been taken in too.
     pub latest: Revision,
@@ -108,6 +111,16 @@ impl ClusterView {
                     entry.last_seen = Some(now);
                 }
                 self.forget_node_if_empty(node);
+            }
+            Key::NodeSubnet { node } => {
+                match value.and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok()) {
+                    Some(subnet) => {
+                        self.subnets.insert(node.to_string(), subnet);
+                    }
+                    None => {
+                        self.subnets.remove(node);
+                    }
+                }
             }
             Key::Instance { id, .. } => match value.and_then(decode::<InstanceRecord>) {
                 Some(record) => {

@@ -59,6 +59,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = (SchedNode, NodeLoad)> {
                     .map(|(k, v)| (k.to_string(), v))
                     .collect();
                 let node = SchedNode {
+                    free_ips: u64::MAX,
                     name: format!("n{i}"),
                     schedulable: ready,
                     labels,

@@ -18,6 +18,7 @@ pub fn config() -> LeaderConfig {
         job_history: 3,
         event_capacity: 200,
         seed: 7,
+        addresses: kat_leader::ipam::AddressPlan::new("10.100.0.0/16".parse().unwrap(), 7),
     }
 }
 

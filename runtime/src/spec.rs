@@ -46,6 +46,10 @@ pub const CAPABILITIES: [&str; 9] = [
     "CAP_NET_BIND_SERVICE",
 ];
 
+/// Held by kat-init alone, dropped before the workload starts: the container's network
+/// namespace (its loopback) is set up with it.
+pub const INIT_ONLY_CAPABILITY: &str = "CAP_NET_ADMIN";
+
 const MASKED: [&str; 11] = [
     "/proc/acpi",
     "/proc/asound",
@@ -273,6 +277,13 @@ pub fn build(input: &SpecInput<'_>) -> Value {
         linux["cgroupsPath"] = json!(path);
     }
 
+    // kat-init (PID 1) also holds CAP_NET_ADMIN, to set the container's loopback up; it
+    // drops it from every set before the workload starts (init/src/loopback.rs).
+    let init_caps: Vec<&str> = CAPABILITIES
+        .iter()
+        .copied()
+        .chain([INIT_ONLY_CAPABILITY])
+        .collect();
     json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -282,7 +293,7 @@ pub fn build(input: &SpecInput<'_>) -> Value {
             "env": input.env,
             "cwd": input.cwd,
             "capabilities": {
-                "bounding": CAPABILITIES, "effective": CAPABILITIES, "permitted": CAPABILITIES,
+                "bounding": init_caps, "effective": init_caps, "permitted": init_caps,
             },
             "noNewPrivileges": true,
         },

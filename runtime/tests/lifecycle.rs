@@ -133,7 +133,12 @@ async fn isolation_namespaces_capabilities_and_masked_paths() {
         (wc -c < /proc/kcore) 2>/dev/null || echo 0; touch /sys/x 2>/dev/null && echo sys-writable || echo sys-ro; \
         ip link 2>/dev/null | grep -c '^[0-9]' ; cat /proc/1/cmdline | tr '\\0' ' '; echo; \
         grep '^Seccomp:' /proc/self/status; grep '^Seccomp:' /proc/1/status; \
-        unshare -U true 2>/dev/null && echo userns-allowed || echo userns-refused";
+        unshare -U true 2>/dev/null && echo userns-allowed || echo userns-refused; \
+        cat /sys/class/net/lo/flags; grep '^CapBnd' /proc/1/status; grep '^CapBnd' /proc/self/status; \
+        ip link set lo down 2>/dev/null && echo lo-changed || echo lo-refused; \
+        httpd -p 127.0.0.1:8080 -h /etc \
+          && printf 'GET /hostname HTTP/1.0\\r\\n\\r\\n' | nc 127.0.0.1 8080 | tail -1 \
+          || echo no-loopback";
     let (code, out) = run(&rt, "iso", &image(&f), script).await;
     assert_eq!(code, 0, "{out:?}");
     assert_eq!(out[0], "0", "root inside");
@@ -170,6 +175,18 @@ async fn isolation_namespaces_capabilities_and_masked_paths() {
     assert_eq!(out[6], "0", "/proc/kcore is masked");
     assert_eq!(out[7], "sys-ro");
     assert_eq!(out[8], "1", "only loopback in the new network namespace");
+    // Loopback is up (kat-init set it, then dropped CAP_NET_ADMIN from every set: its own
+    // bounding set is the workload's, and the workload cannot take lo down) and carries a
+    // connection to 127.0.0.1.
+    let tail = &out[out.len() - 5..];
+    assert_eq!(tail[0], "0x9", "lo is UP|LOOPBACK: {out:?}");
+    assert_eq!(
+        tail[1], "CapBnd:\t00000000000005fb",
+        "kat-init kept CAP_NET_ADMIN"
+    );
+    assert_eq!(tail[2], "CapBnd:\t00000000000005fb");
+    assert_eq!(tail[3], "lo-refused");
+    assert_eq!(tail[4], "iso", "a page over loopback: {out:?}");
     assert!(
         out[9].starts_with("/.kat/init --log-dir /.kat/log"),
         "{}",

@@ -133,7 +133,7 @@ impl Feed {
                 self.revision = Some(revision);
             }
             AssignmentUpdate::Put { revision, record } => {
-                self.records.insert(record.instance_id.clone(), record);
+                self.records.insert(record.instance_id.clone(), *record);
                 self.revision = Some(revision);
             }
             AssignmentUpdate::Delete {

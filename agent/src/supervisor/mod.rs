@@ -104,7 +104,7 @@ impl Tracked {
             restarts: 0,
             exit_code: None,
             reason: None,
-            ip: None,
+            ip: record.ip.clone(),
             started_at: None,
             finished_at: None,
             warnings: vec![],

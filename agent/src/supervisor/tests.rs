@@ -51,6 +51,7 @@ fn assignment(
             requests: Default::default(),
             job_run: None,
             created_at: "2026-11-23T00:00:00Z".into(),
+            ip: None,
         },
         template: Ok(Arc::new(template)),
     }

@@ -54,6 +54,7 @@ pub fn node_object(
         taints: reg.taints,
         usage: hb.as_ref().and_then(|h| h.usage),
         last_heartbeat: hb.map(|h| h.timestamp),
+        subnet: None,
     }
 }
 
@@ -62,6 +63,7 @@ impl Service {
     pub async fn nodes(&self) -> Result<BTreeMap<String, Node>> {
         let regs = self.store.list(keys::node_registrations()).await?;
         let hbs = self.store.list(keys::node_statuses()).await?;
+        let subnets = self.store.list(keys::node_subnets()).await?;
         let mut parts: BTreeMap<String, (Option<NodeRegistration>, Option<NodeHeartbeat>)> =
             BTreeMap::new();
         for kv in &regs.kvs {
@@ -74,13 +76,21 @@ impl Service {
         }
         let timeout = Duration::from_secs(self.cluster.spec.node_loss_timeout_seconds as u64);
         let now = self.clock.wall();
-        Ok(parts
+        let mut nodes: BTreeMap<String, Node> = parts
             .into_iter()
             .map(|(name, (reg, hb))| {
                 let node = node_object(reg, hb, &name, timeout, now);
                 (name, node)
             })
-            .collect())
+            .collect();
+        for kv in &subnets.kvs {
+            if let Some(kat_api::keys::Key::NodeSubnet { node }) = kat_api::keys::parse(&kv.key) {
+                if let Some(n) = nodes.get_mut(node) {
+                    n.subnet = Some(String::from_utf8_lossy(&kv.value).into_owned());
+                }
+            }
+        }
+        Ok(nodes)
     }
 
     pub async fn node(&self, name: &str) -> Result<Node> {

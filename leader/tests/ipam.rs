@@ -1,0 +1,231 @@
+//! Addresses (RFC 001 §7.2), simulated on MemStore: each node a subnet as soon as it is
+//! registered, each instance an address of its node's subnet, never two live containers on
+//! one address, addresses and subnets released, and a full subnet an honest Pending reason.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kat_api::keys;
+use kat_leader::sim::SimNode;
+use kat_store::StateStore;
+use support::*;
+
+async fn subnets(c: &kat_leader::sim::SimCluster) -> BTreeMap<String, IpNet> {
+    c.store
+        .list(keys::node_subnets())
+        .await
+        .unwrap()
+        .kvs
+        .iter()
+        .filter_map(|kv| match keys::parse(&kv.key)? {
+            keys::Key::NodeSubnet { node } => Some((
+                node.to_string(),
+                String::from_utf8_lossy(&kv.value).parse().ok()?,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn allocations(c: &kat_leader::sim::SimCluster) -> BTreeMap<String, String> {
+    let prefix = "/kat/network/allocations/";
+    c.store
+        .list(prefix)
+        .await
+        .unwrap()
+        .kvs
+        .iter()
+        .map(|kv| {
+            let id = kv.key[prefix.len()..].trim_end_matches("/ip").to_string();
+            (id, String::from_utf8_lossy(&kv.value).into_owned())
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn nodes_get_subnets_and_instances_addresses_of_their_node() {
+    let mut c = cluster(3).await;
+    c.apply(&[("workload.kat", &service("web", 6, "web:1", ""))])
+        .await;
+    // Placed in the round the nodes got their subnets.
+    let report = c.tick().await.unwrap();
+    assert_eq!(report.scheduled, 6);
+    let subnets = subnets(&c).await;
+    assert_eq!(
+        subnets.values().copied().collect::<BTreeSet<_>>(),
+        ["10.100.0.0/23", "10.100.2.0/23", "10.100.4.0/23"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect(),
+        "three distinct subnets, lowest first"
+    );
+    c.run_until(10, |c| c.healthy_of("web") == 6).await.unwrap();
+
+    let live = c.live_of("web");
+    let mut seen = BTreeSet::new();
+    for r in &live {
+        let ip: IpAddr = r.ip.as_deref().expect("an address").parse().unwrap();
+        let subnet = subnets[&r.node];
+        assert!(subnet.contains(&ip), "{ip} in {} of {}", subnet, r.node);
+        assert_ne!(
+            Some(ip),
+            kat_leader::ipam::node_address(&subnet),
+            "not the node's own"
+        );
+        assert!(seen.insert(ip), "{ip} given twice");
+    }
+    // The RFC's allocation keys say the same.
+    let alloc = allocations(&c).await;
+    assert_eq!(alloc.len(), 6);
+    for r in &live {
+        assert_eq!(alloc.get(&r.instance_id), r.ip.as_ref());
+    }
+    // The workload's status carries the addresses.
+    let status = status(&c, "web").await;
+    assert!(status.instances.iter().all(|i| i.ip.is_some()));
+
+    // Scaled down: the addresses go with the records.
+    c.apply(&[("workload.kat", &service("web", 2, "web:1", ""))])
+        .await;
+    c.run_until(20, |c| c.live_of("web").len() == 2)
+        .await
+        .unwrap();
+    c.tick().await.unwrap();
+    assert_eq!(allocations(&c).await.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_address_is_not_reused_while_its_container_still_stops() {
+    // One node with a /28: 13 instance addresses.
+    let mut config = config();
+    config.addresses = kat_leader::ipam::AddressPlan::new("10.9.0.0/24".parse().unwrap(), 4);
+    let store: std::sync::Arc<dyn StateStore> = std::sync::Arc::new(kat_store::MemStore::new());
+    // Containers take long to stop: a replaced instance keeps its address for a while.
+    let mut node = SimNode::new("node-1", 64_000, 64 * GI);
+    node.stop_delay = std::time::Duration::from_secs(20);
+    let mut c = kat_leader::sim::SimCluster::start(store, vec![node], config, true)
+        .await
+        .unwrap();
+    c.apply(&[("workload.kat", &service("web", 3, "web:1", ""))])
+        .await;
+    c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();
+    let first: BTreeSet<String> = c
+        .live_of("web")
+        .iter()
+        .filter_map(|r| r.ip.clone())
+        .collect();
+    // A new generation replaces them one by one while the old ones stop.
+    c.apply(&[("workload.kat", &service("web", 3, "web:2", ""))])
+        .await;
+    let mut at_once: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..300 {
+        if c.live_of("web").len() == 3 && c.live_of("web").iter().all(|r| r.generation == 2) {
+            break;
+        }
+        c.tick().await.unwrap();
+        let mut by_ip: BTreeMap<String, usize> = BTreeMap::new();
+        for r in c.live_of("web") {
+            *by_ip.entry(r.ip.clone().unwrap()).or_default() += 1;
+        }
+        for (ip, n) in by_ip {
+            let max = at_once.entry(ip).or_default();
+            *max = (*max).max(n);
+        }
+    }
+    assert!(
+        at_once.values().all(|n| *n == 1),
+        "two live containers shared an address: {at_once:?}"
+    );
+    // The first replacement could not take an old address (all three were in use or still
+    // stopping); later ones may reuse an address whose container has gone.
+    let now: BTreeSet<String> = c
+        .live_of("web")
+        .iter()
+        .filter_map(|r| r.ip.clone())
+        .collect();
+    assert_eq!(now.len(), 3);
+    assert!(!now.is_subset(&first), "{first:?} {now:?}");
+
+    // Scaled down and straight back up: the new instances are placed while the removed ones
+    // still stop, and must not take their addresses.
+    // (A surge of 3 lets the controller place new instances beside those still stopping.)
+    let surge = "  updateStrategy: {rolling: {maxSurge: 3}}\n";
+    c.apply(&[("workload.kat", &service("web", 1, "web:2", surge))])
+        .await;
+    c.tick().await.unwrap();
+    c.tick().await.unwrap();
+    c.apply(&[("workload.kat", &service("web", 3, "web:2", surge))])
+        .await;
+    let mut shared = BTreeMap::new();
+    for _ in 0..40 {
+        c.tick().await.unwrap();
+        let mut by_ip: BTreeMap<String, usize> = BTreeMap::new();
+        for r in c.live_of("web") {
+            *by_ip.entry(r.ip.clone().unwrap()).or_default() += 1;
+        }
+        shared.extend(by_ip.into_iter().filter(|(_, n)| *n > 1));
+    }
+    assert!(
+        shared.is_empty(),
+        "two live containers shared an address: {shared:?}"
+    );
+    assert_eq!(c.live_of("web").len(), 3);
+
+    // 13 addresses: a 14th instance stays Pending and says why.
+    c.apply(&[("workload.kat", &service("web", 14, "web:2", ""))])
+        .await;
+    c.run_until(60, |c| c.live_of("web").len() == 13)
+        .await
+        .unwrap();
+    c.run_until(5, |_| false).await.unwrap();
+    assert_eq!(c.live_of("web").len(), 13);
+    let s = status(&c, "web").await;
+    assert_eq!(
+        s.message.as_deref(),
+        Some("1 instance(s) Pending: 0/1 nodes available: 1 no free address in the node's subnet")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_removed_node_gives_its_subnet_back_once_its_instances_are_gone() {
+    let mut c = cluster(2).await;
+    c.apply(&[("workload.kat", &service("web", 2, "web:1", ""))])
+        .await;
+    c.run_until(10, |c| c.healthy_of("web") == 2).await.unwrap();
+    let before = subnets(&c).await;
+    let gone = before["node-2"];
+    // node-2 is removed (katcall delete node): its registration and status go.
+    c.store
+        .delete(&keys::node_registration("node-2"))
+        .await
+        .unwrap();
+    c.store.delete(&keys::node_status("node-2")).await.unwrap();
+    c.node("node-2").partitioned = true;
+    c.run_until(30, |c| {
+        c.live_of("web")
+            .iter()
+            .filter(|r| r.node == "node-1")
+            .count()
+            == 2
+    })
+    .await
+    .unwrap();
+    c.run_until(5, |_| false).await.unwrap();
+    let after = subnets(&c).await;
+    assert!(!after.contains_key("node-2"), "{after:?}");
+    // A new node gets the freed subnet.
+    c.nodes.push(SimNode::new("node-3", 4000, 8 * GI));
+    c.store
+        .put(
+            &keys::node_registration("node-3"),
+            serde_json::to_vec(&c.nodes[2].registration()).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+    c.run_until(3, |_| false).await.unwrap();
+    assert_eq!(subnets(&c).await.get("node-3"), Some(&gone));
+}
