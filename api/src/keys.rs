@@ -168,6 +168,7 @@ pub enum Key<'a> {
     NodeSubnet {
         node: &'a str,
     },
+    DnsRecord,
     Instance {
         node: &'a str,
         id: &'a str,
@@ -201,6 +202,7 @@ pub fn parse(key: &str) -> Option<Key<'_>> {
         ["nodes", "registration", node] => Key::NodeRegistration { node },
         ["nodes", "status", node] => Key::NodeStatus { node },
         ["network", "nodes", node, "subnet"] => Key::NodeSubnet { node },
+        ["dns", _, _, _, _] => Key::DnsRecord,
         ["instances", node, id] => Key::Instance { node, id },
         ["jobs", "runs", ns, name, run] => Key::JobRun { ns, name, run },
         ["namespaces", name] => Key::Namespace { name },
@@ -260,6 +262,10 @@ mod tests {
             Some(Key::NodeSubnet { node: "n" })
         );
         assert!(node_subnet("n1").starts_with(node_subnets()));
+        assert_eq!(
+            parse(&dns_record("ns", "w", "A", "10.0.0.1")),
+            Some(Key::DnsRecord)
+        );
         assert_eq!(
             parse(&instance("n", "i")),
             Some(Key::Instance { node: "n", id: "i" })

@@ -527,6 +527,21 @@ mod tests {
     }
 }
 
+/// One address of a workload in the cluster's DNS (`/kat/dns/{ns}/{workload}/{A|AAAA}/{ip}`),
+/// written by the leader for every running instance that has an address. The workload's name
+/// answers with the `ready` ones (healthy, or running where there is no health check); the
+/// instance's own name (`{instanceID}.{workload}.{ns}.{domain}`) with its address always.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsRecord {
+    pub namespace: String,
+    pub workload: String,
+    #[serde(rename = "instanceID")]
+    pub instance_id: String,
+    pub ip: std::net::IpAddr,
+    pub ready: bool,
+}
+
 /// What the leader assigns to a node (key `instance(node, id)`); the agent converges on it.
 /// The record's existence is the instruction to run; deleting it is the instruction to stop.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -37,7 +37,7 @@ use crate::events::{self, EventLog};
 use crate::ipam::{self, AddressPlan};
 use crate::scheduler::{self, NodeLoad, Request, SchedNode, Unschedulable};
 use crate::view::ClusterView;
-use crate::{daemons, jobs, nodes, services};
+use crate::{daemons, dns, jobs, nodes, services};
 
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -508,6 +508,7 @@ impl Leader {
         let workloads: Vec<WorkloadCtx> =
             view.workloads.values().filter_map(workload_ctx).collect();
         let live: HashSet<&WorkloadKey> = workloads.iter().map(|w| &w.key).collect();
+        dns::reconcile(&mut round, &workloads);
         for w in &workloads {
             let status = match w.workload_type {
                 WorkloadType::Service => services::reconcile(&mut round, memory, w),

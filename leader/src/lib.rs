@@ -18,6 +18,7 @@ pub mod assignments;
 pub mod clock;
 pub mod controller;
 pub mod daemons;
+pub mod dns;
 pub mod events;
 pub mod ipam;
 pub mod jobs;

@@ -91,6 +91,13 @@ impl SimNode {
         }
     }
 
+    /// Make one of this node's instances healthy or not from now on.
+    pub fn set_healthy(&mut self, instance_id: &str, healthy: bool) {
+        if let Some(i) = self.instances.get_mut(instance_id) {
+            i.behaviour.healthy = healthy;
+        }
+    }
+
     /// Instances this node is running or still stopping, by id.
     pub fn live(&self) -> impl Iterator<Item = &InstanceRecord> {
         self.instances

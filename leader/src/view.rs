@@ -11,7 +11,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use kat_api::keys::{self, Key};
 use kat_api::wire::{
-    InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration, WorkloadMeta,
+    DnsRecord, InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration,
+    WorkloadMeta,
 };
 use kat_api::{Template, WorkloadKey};
 use kat_store::{Revision, TxnOp};
@@ -49,6 +50,8 @@ pub struct ClusterView {
     pub templates: BTreeMap<(String, String, String), Revision>,
     /// Each node's subnet of `clusterCIDR` (`crate::ipam`).
     pub subnets: BTreeMap<String, IpNet>,
+    /// The cluster's DNS records by key (`crate::dns`).
+    pub dns: BTreeMap<String, DnsRecord>,
     /// The newest revision taken in. Watch events come in revision order, so everything
     /// written at an older revision (a whole transaction) has been taken in too.
     pub latest: Revision,
@@ -122,6 +125,14 @@ impl ClusterView {
                     }
                 }
             }
+            Key::DnsRecord => match value.and_then(decode::<DnsRecord>) {
+                Some(record) => {
+                    self.dns.insert(key.to_string(), record);
+                }
+                None => {
+                    self.dns.remove(key);
+                }
+            },
             Key::Instance { id, .. } => match value.and_then(decode::<InstanceRecord>) {
                 Some(record) => {
                     self.instances.insert(id.to_string(), record);

@@ -1,0 +1,65 @@
+//! The cluster's DNS records (RFC 001 §7.3): one per running instance with an address, at
+//! `/kat/dns/{ns}/{workload}/{A|AAAA}/{ip}`, saying whether the instance is ready (healthy,
+//! or running where the workload has no health check). Every node's DNS server answers from
+//! them (`kat_netns::dns`). The leader rewrites a record only when it changes, in the round
+//! that sees the instance's state change, so names follow health as fast as heartbeats do.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use kat_api::keys;
+use kat_api::wire::{DnsRecord, InstanceState};
+use kat_api::WorkloadKey;
+use kat_store::TxnOp;
+
+use crate::controller::{Round, WorkloadCtx};
+
+pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {
+    let health_checked: HashMap<&WorkloadKey, bool> = workloads
+        .iter()
+        .map(|w| (&w.key, w.has_health_check))
+        .collect();
+    let view = round.view;
+    let mut desired: BTreeMap<String, DnsRecord> = BTreeMap::new();
+    for r in view.instances.values() {
+        let Some(ip) = r.ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+            continue;
+        };
+        let key = r.workload_key();
+        let Some(checked) = health_checked.get(&key) else {
+            continue; // the workload is gone or mid-update: its instances are going
+        };
+        if round
+            .status_of(&r.instance_id)
+            .is_none_or(|s| s.state != InstanceState::Running)
+        {
+            continue;
+        }
+        let record_type = if ip.is_ipv4() { "A" } else { "AAAA" };
+        desired.insert(
+            keys::dns_record(&r.namespace, &r.workload, record_type, &ip.to_string()),
+            DnsRecord {
+                namespace: r.namespace.clone(),
+                workload: r.workload.clone(),
+                instance_id: r.instance_id.clone(),
+                ip,
+                ready: round.healthy(r, *checked),
+            },
+        );
+    }
+    let mut ops = Vec::new();
+    for (key, record) in &desired {
+        if view.dns.get(key) != Some(record) {
+            ops.push(TxnOp::put(
+                key,
+                serde_json::to_vec(record).unwrap_or_default(),
+            ));
+        }
+    }
+    for key in view.dns.keys() {
+        if !desired.contains_key(key) {
+            ops.push(TxnOp::delete(key));
+        }
+    }
+    round.plan.groups.extend(ops.into_iter().map(|op| vec![op]));
+}
