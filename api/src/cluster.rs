@@ -64,6 +64,17 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
+    /// The ports KAT itself listens on, on every node's addresses: a workload's `hostPort`
+    /// may not take one (`(port, what it is)`).
+    pub fn reserved_ports(&self) -> Vec<(u32, &'static str)> {
+        vec![
+            (self.api_port, "apiPort"),
+            (self.agent_port, "agentPort"),
+            (self.etcd_client_port, "etcdClientPort"),
+            (self.etcd_peer_port, "etcdPeerPort"),
+        ]
+    }
+
     /// The `hostMount` rules this cluster's API enforces at apply: the allow-list, and
     /// never the volume or backup directories. Each node adds its own data directory.
     pub fn host_mount_policy(&self) -> crate::host_paths::HostMountPolicy {

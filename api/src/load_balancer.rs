@@ -44,9 +44,48 @@ pub struct Port {
     pub container_port: u32,
     #[serde(default)]
     pub protocol: Protocol,
+    /// Publish the port on this number on the node's addresses. Two instances that need
+    /// the same host port (and protocol) never share a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_port: Option<u32>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+/// A port an instance publishes on its node: what the scheduler keeps apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPort {
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{:?}", self.port, self.protocol)
+    }
+}
+
+impl LoadBalancerSpec {
+    /// The host ports its instances publish (valid ones; validation reports the rest).
+    pub fn host_ports(&self) -> Vec<HostPort> {
+        let mut out: Vec<HostPort> = self
+            .ports
+            .iter()
+            .filter_map(|p| {
+                Some(HostPort {
+                    port: u16::try_from(p.host_port?).ok().filter(|p| *p > 0)?,
+                    protocol: p.protocol,
+                })
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[cfg_attr(test, derive(Arbitrary))]
 pub enum Protocol {
     #[default]
@@ -121,6 +160,7 @@ impl VirtualLoadBalancer {
         }
         let mut seen = BTreeSet::new();
         let mut names = BTreeSet::new();
+        let mut published = BTreeSet::new();
         for (i, p) in self.spec.ports.iter().enumerate() {
             let port_name = p
                 .name
@@ -140,6 +180,19 @@ impl VirtualLoadBalancer {
                         p.container_port, p.protocol
                     ),
                 );
+            }
+            if let Some(host) = p.host_port {
+                if !(1..=65535).contains(&host) {
+                    ps.error(
+                        "hostPort",
+                        format!("{host} is not a port (expected 1-65535)"),
+                    );
+                } else if !published.insert((host, p.protocol)) {
+                    ps.error(
+                        "hostPort",
+                        format!("{host}/{:?} is published more than once", p.protocol),
+                    );
+                }
             }
             if let Some(name) = &p.name {
                 if let Some(problem) = dns_label_problem(name) {

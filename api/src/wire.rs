@@ -564,6 +564,9 @@ pub struct InstanceRecord {
     /// Its address, from its node's subnet (the leader's IPAM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<String>,
+    /// Ports it publishes on its node (`hostPort`): accounted like `requests`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_ports: Vec<crate::load_balancer::HostPort>,
 }
 
 impl InstanceRecord {

@@ -802,6 +802,40 @@ fn port_rules() {
         &lb_with("spec.ports.0.protocol", Some("SCTP")),
         "spec.ports[0].protocol: unknown variant",
     );
+    // hostPort: a port, published once per protocol.
+    assert_valid(&lb_with("spec.ports.0.hostPort", Some("8080")));
+    assert_finding(
+        &lb_with("spec.ports.0.hostPort", Some("0")),
+        "VirtualLoadBalancer.kat: spec.ports[0].hostPort: 0 is not a port (expected 1-65535) (in port \"http\")",
+    );
+    assert_finding(
+        &lb_with("spec.ports.0.hostPort", Some("65536")),
+        "spec.ports[0].hostPort: 65536 is not a port",
+    );
+    let mut twice = yaml(LB);
+    set(&mut twice, "spec.ports.0.hostPort", Some(yaml("80")));
+    set(
+        &mut twice,
+        "spec.ports.1",
+        Some(yaml("{containerPort: 9090, hostPort: 80}")),
+    );
+    assert_finding(
+        &findings(&[
+            ("workload.kat", &yaml(WORKLOAD)),
+            ("VirtualLoadBalancer.kat", &twice),
+        ]),
+        "spec.ports[1].hostPort: 80/TCP is published more than once",
+    );
+    // The same number over UDP is another port.
+    set(
+        &mut twice,
+        "spec.ports.1",
+        Some(yaml("{containerPort: 9090, hostPort: 80, protocol: UDP}")),
+    );
+    assert_valid(&findings(&[
+        ("workload.kat", &yaml(WORKLOAD)),
+        ("VirtualLoadBalancer.kat", &twice),
+    ]));
 }
 
 #[test]

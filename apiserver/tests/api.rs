@@ -106,6 +106,23 @@ async fn a_refused_request_stores_nothing_not_even_its_namespace() {
     );
     assert_eq!(api.dump().await, before, "nothing stored");
 
+    // A hostPort that is KAT's own API port (9115, the default apiPort): 400, nothing stored.
+    let lb = "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{containerPort: 80, hostPort: 9115}]\n".to_string();
+    let refused = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/srv/web")),
+        ("lb.kat", lb),
+    ]);
+    let (status, body) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", refused)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body.contains("spec.ports[0].hostPort: 9115 is KAT's own apiPort"),
+        "{body}"
+    );
+    assert_eq!(api.dump().await, before, "nothing stored");
+
     // An update of a workload that does not exist, with a namespace.kat: 404, nothing stored.
     let update = bundle(&[
         ("namespace.kat", namespace("team")),

@@ -39,6 +39,7 @@ fn record(node: &str, id: &str, workload: &str, hash: &str) -> InstanceRecord {
         job_run: None,
         created_at: "2026-01-01T00:00:00Z".into(),
         ip: None,
+        host_ports: vec![],
     }
 }
 

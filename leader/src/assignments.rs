@@ -172,6 +172,7 @@ mod tests {
             job_run: None,
             created_at: "2026-01-01T00:00:00Z".into(),
             ip: None,
+            host_ports: vec![],
         }
     }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use kat_api::cluster::ClusterSpec;
 use kat_api::keys;
+use kat_api::load_balancer::HostPort;
 use kat_api::wire::{
     Event, EventType, Health, InstanceRecord, InstanceState, InstanceStatus, ObjectReference,
     ResourceList, WorkloadStatus,
@@ -124,6 +125,8 @@ pub struct WorkloadCtx {
     pub tolerations: Vec<Toleration>,
     pub gpu: Option<GpuRequest>,
     pub has_health_check: bool,
+    /// Ports each instance publishes on its node.
+    pub host_ports: Vec<HostPort>,
     /// Creation time in minutes since the epoch, from the workload's metadata.
     pub created_minute: Option<u64>,
     pub desired: Arc<kat_api::Template>,
@@ -137,6 +140,7 @@ impl WorkloadCtx {
             node_selector: &self.node_selector,
             tolerations: &self.tolerations,
             gpu: self.gpu.as_ref(),
+            host_ports: &self.host_ports,
         }
     }
 
@@ -251,8 +255,9 @@ impl<'a> Round<'a> {
             job_run: job_run.map(str::to_string),
             created_at: self.wall.clone(),
             ip: ip.map(|ip| ip.to_string()),
+            host_ports: w.host_ports.clone(),
         };
-        self.loads[node].add(&w.key, &w.requests);
+        self.loads[node].add(&record);
         record
     }
 
@@ -327,7 +332,7 @@ impl<'a> Round<'a> {
     /// Delete an instance record (its node stops the container) and release its resources.
     pub fn delete_instance(&mut self, record: &InstanceRecord) {
         if let Some(&i) = self.node_index.get(&record.node) {
-            self.loads[i].remove(&record.workload_key(), &record.requests);
+            self.loads[i].remove(record);
         }
         self.plan
             .groups
@@ -716,7 +721,7 @@ fn build_round<'a>(
     let mut loads = vec![NodeLoad::default(); nodes.len()];
     for r in view.instances.values() {
         if let Some(&i) = node_index.get(&r.node) {
-            loads[i].add(&r.workload_key(), &r.requests);
+            loads[i].add(r);
         }
     }
     Round {
@@ -820,6 +825,11 @@ fn workload_ctx(entry: &crate::view::WorkloadEntry) -> Option<WorkloadCtx> {
             .load_balancer
             .as_ref()
             .is_some_and(|lb| lb.spec.health_check.is_some()),
+        host_ports: desired
+            .load_balancer
+            .as_ref()
+            .map(|lb| lb.spec.host_ports())
+            .unwrap_or_default(),
         created_minute: humantime::parse_rfc3339(&meta.metadata.creation_timestamp)
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())

@@ -7,13 +7,15 @@
 //! 4. a random tie-break (reservoir sampling, so equal nodes share the load).
 //!
 //! Filters split into static ones (readiness, `nodeSelector`, taints, GPU), computed once per
-//! workload by [`eligible`], and the resource filter, checked per placement by [`pick`], so
+//! workload by [`eligible`], and the resource filter (CPU, memory, a free address, the host
+//! ports the workload publishes), checked per placement by [`pick`], so
 //! placing many replicas on a large cluster stays linear and cheap.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use kat_api::wire::{GpuInfo, ResourceList, Taint};
+use kat_api::load_balancer::HostPort;
+use kat_api::wire::{GpuInfo, InstanceRecord, ResourceList, Taint};
 use kat_api::workload::{GpuDriver, GpuRequest, TaintEffect, Toleration, TolerationOperator};
 use kat_api::WorkloadKey;
 use rand::Rng;
@@ -38,16 +40,23 @@ pub struct NodeLoad {
     pub requested: ResourceList,
     /// Instances per workload, for spreading.
     pub per_workload: HashMap<WorkloadKey, u32>,
+    /// Ports published on the node.
+    pub host_ports: HashSet<HostPort>,
 }
 
 impl NodeLoad {
-    pub fn add(&mut self, workload: &WorkloadKey, r: &ResourceList) {
+    pub fn add(&mut self, record: &InstanceRecord) {
+        let r = &record.requests;
         self.requested.cpu_millis += r.cpu_millis;
         self.requested.memory_bytes += r.memory_bytes;
-        *self.per_workload.entry(workload.clone()).or_default() += 1;
+        *self.per_workload.entry(record.workload_key()).or_default() += 1;
+        self.host_ports.extend(record.host_ports.iter().copied());
     }
 
-    pub fn remove(&mut self, workload: &WorkloadKey, r: &ResourceList) {
+    /// Take a deleted instance off. Its host ports stay taken for the rest of the round: its
+    /// container still holds them while it stops.
+    pub fn remove(&mut self, record: &InstanceRecord) {
+        let (workload, r) = (&record.workload_key(), &record.requests);
         self.requested.cpu_millis = self.requested.cpu_millis.saturating_sub(r.cpu_millis);
         self.requested.memory_bytes = self.requested.memory_bytes.saturating_sub(r.memory_bytes);
         if let Some(n) = self.per_workload.get_mut(workload) {
@@ -68,6 +77,8 @@ pub struct Request<'a> {
     pub node_selector: &'a BTreeMap<String, String>,
     pub tolerations: &'a [Toleration],
     pub gpu: Option<&'a GpuRequest>,
+    /// Ports each instance publishes on its node.
+    pub host_ports: &'a [HostPort],
 }
 
 /// Why a node was excluded.
@@ -80,6 +91,7 @@ pub enum Exclusion {
     InsufficientCpu,
     InsufficientMemory,
     NoFreeIp,
+    HostPortInUse,
 }
 
 impl fmt::Display for Exclusion {
@@ -92,6 +104,7 @@ impl fmt::Display for Exclusion {
             Exclusion::InsufficientCpu => f.write_str("insufficient cpu"),
             Exclusion::InsufficientMemory => f.write_str("insufficient memory"),
             Exclusion::NoFreeIp => f.write_str("no free address in the node's subnet"),
+            Exclusion::HostPortInUse => f.write_str("host port already in use"),
         }
     }
 }
@@ -114,6 +127,7 @@ impl Exclusion {
             Exclusion::InsufficientCpu => "insufficient_cpu",
             Exclusion::InsufficientMemory => "insufficient_memory",
             Exclusion::NoFreeIp => "no_free_ip",
+            Exclusion::HostPortInUse => "host_port_in_use",
         }
     }
 }
@@ -193,6 +207,8 @@ pub fn resource_exclusion(
         Some(Exclusion::InsufficientMemory)
     } else if node.free_ips == 0 {
         Some(Exclusion::NoFreeIp)
+    } else if req.host_ports.iter().any(|p| load.host_ports.contains(p)) {
+        Some(Exclusion::HostPortInUse)
     } else {
         None
     }

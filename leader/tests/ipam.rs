@@ -229,3 +229,46 @@ async fn a_removed_node_gives_its_subnet_back_once_its_instances_are_gone() {
     c.run_until(3, |_| false).await.unwrap();
     assert_eq!(subnets(&c).await.get("node-3"), Some(&gone));
 }
+
+/// A Service whose instances publish host port 8080.
+fn published(replicas: u32) -> [(&'static str, String); 2] {
+    [
+        ("workload.kat", service("web", replicas, "web:1", "")),
+        (
+            "lb.kat",
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{containerPort: 80, hostPort: 8080}]\n".to_string(),
+        ),
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_instances_publishing_one_host_port_never_share_a_node() {
+    let mut c = cluster(2).await;
+    let files = published(3);
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    c.apply(&files).await;
+    c.run_until(10, |c| c.healthy_of("web") == 2).await.unwrap();
+    c.run_until(5, |_| false).await.unwrap();
+    let live = c.live_of("web");
+    assert_eq!(live.len(), 2, "the third has no node with 8080 free");
+    assert_ne!(live[0].node, live[1].node);
+    assert!(live.iter().all(|r| r.host_ports.len() == 1));
+    let s = status(&c, "web").await;
+    assert_eq!(
+        s.message.as_deref(),
+        Some("1 instance(s) Pending: 0/2 nodes available: 2 host port already in use")
+    );
+    // A third node: the pending instance goes there.
+    c.nodes.push(SimNode::new("node-3", 4000, 8 * GI));
+    c.store
+        .put(
+            &keys::node_registration("node-3"),
+            serde_json::to_vec(&c.nodes[2].registration()).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+    c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();
+    let nodes: BTreeSet<String> = c.live_of("web").iter().map(|r| r.node.clone()).collect();
+    assert_eq!(nodes.len(), 3);
+}

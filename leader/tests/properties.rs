@@ -85,6 +85,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = (SchedNode, NodeLoad)> {
                         pids: 0,
                     },
                     per_workload: Default::default(),
+                    host_ports: Default::default(),
                 };
                 (node, load)
             },
@@ -110,7 +111,7 @@ proptest! {
         let tolerations: Vec<Toleration> = tolerate.iter().map(|k| Toleration { key: k.to_string(), operator: TolerationOperator::Exists, value: None, effect: None }).collect();
         let gpu_req = gpu.map(|v| GpuRequest { driver: Some(GpuDriver::Nvidia), min_vram_mb: Some(v) });
         let workload = kat_api::WorkloadKey::new("ns", "w");
-        let req = Request { workload: &workload, requests: ResourceList { cpu_millis: cpu, memory_bytes: mem_gi * GI, pids: 0 }, node_selector: &selector, tolerations: &tolerations, gpu: gpu_req.as_ref() };
+        let req = Request { workload: &workload, requests: ResourceList { cpu_millis: cpu, memory_bytes: mem_gi * GI, pids: 0 }, node_selector: &selector, tolerations: &tolerations, gpu: gpu_req.as_ref(), host_ports: &[] };
         let passes = |i: usize| scheduler::static_exclusion(&nodes[i], &req).is_none() && scheduler::resource_exclusion(&nodes[i], &loads[i], &req).is_none();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         match scheduler::place(&nodes, &loads, &req, &mut rng) {

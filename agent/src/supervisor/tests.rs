@@ -52,6 +52,7 @@ fn assignment(
             job_run: None,
             created_at: "2026-11-23T00:00:00Z".into(),
             ip: None,
+            host_ports: vec![],
         },
         template: Ok(Arc::new(template)),
     }

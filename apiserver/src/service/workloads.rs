@@ -180,6 +180,20 @@ impl Service {
                 ));
             }
         }
+        if let Some(lb) = &parsed.load_balancer {
+            let reserved = self.cluster.spec.reserved_ports();
+            for (i, port) in lb.spec.ports.iter().enumerate() {
+                let Some(host) = port.host_port else { continue };
+                if let Some((_, what)) = reserved.iter().find(|(p, _)| *p == host) {
+                    return Err(Error::new(
+                        ErrorCode::InvalidQuadlet,
+                        format!(
+                            "VirtualLoadBalancer: spec.ports[{i}].hostPort: {host} is KAT's own {what} (cluster.kat); pick another port"
+                        ),
+                    ));
+                }
+            }
+        }
         let policy = self.cluster.spec.host_mount_policy();
         for (i, volume) in parsed.workload.spec.volumes.iter().enumerate() {
             if let Some(host) = &volume.host_mount {
