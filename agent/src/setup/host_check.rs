@@ -20,6 +20,34 @@ pub struct HostReport {
 }
 
 /// `major.minor` of a kernel release string (`6.1.0-28-amd64` → (6, 1)).
+/// Whether an unprivileged user may create user namespaces: `Err` says what stops it and
+/// how to allow it. `read` reads a /proc/sys file (absent: not restricted that way).
+fn userns_allowed(read: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    let value = |p: &str| read(p).and_then(|v| v.trim().parse::<u64>().ok());
+    if value("/proc/sys/user/max_user_namespaces") == Some(0) {
+        return Err("user.max_user_namespaces is 0: sysctl -w user.max_user_namespaces=15000 (and in /etc/sysctl.d)".into());
+    }
+    if value("/proc/sys/kernel/unprivileged_userns_clone") == Some(0) {
+        return Err("kernel.unprivileged_userns_clone is 0: sysctl -w kernel.unprivileged_userns_clone=1 (and in /etc/sysctl.d)".into());
+    }
+    if value("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1) {
+        return Err("AppArmor restricts unprivileged user namespaces (Ubuntu 23.10+): sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for kat-agent with `userns,`".into());
+    }
+    Ok(())
+}
+
+/// Whether `/dev/net/tun` (its mode, if present) can be opened by the agent's user.
+fn tun_state(mode: Option<u32>) -> Result<(), String> {
+    match mode {
+        None => Err("missing: modprobe tun (and list it in /etc/modules)".into()),
+        Some(m) if m & 0o006 != 0o006 => Err(format!(
+            "present but mode {:o}, closed to unprivileged users: chmod 0666 /dev/net/tun (the usual default; keep it with a udev rule KERNEL==\"tun\", MODE=\"0666\")",
+            m & 0o777
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
     let mut parts = release.split(|c: char| !c.is_ascii_digit());
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
@@ -131,16 +159,28 @@ pub fn check(uid: Option<u32>, pending_delegation: bool) -> HostReport {
         },
         consequence: "only container root can be mapped: images whose files belong to other users lose that ownership",
     });
-    let tun = Path::new("/dev/net/tun").exists();
+    let userns = userns_allowed(&|p| std::fs::read_to_string(p).ok());
+    checks.push(Check {
+        name: "user namespaces",
+        ok: userns.is_ok(),
+        found: match &userns {
+            Ok(()) => "unprivileged users may create them".into(),
+            Err(fix) => fix.clone(),
+        },
+        consequence: "a rootless agent cannot create containers (or their networks) at all",
+    });
+    let tun = tun_state(std::fs::metadata("/dev/net/tun").ok().map(|m| {
+        use std::os::unix::fs::PermissionsExt;
+        m.permissions().mode()
+    }));
     checks.push(Check {
         name: "/dev/net/tun",
-        ok: tun,
-        found: if tun {
-            "present".into()
-        } else {
-            "missing".into()
+        ok: tun.is_ok(),
+        found: match &tun {
+            Ok(()) => "present, usable by unprivileged users".into(),
+            Err(fix) => fix.clone(),
         },
-        consequence: "rootless networking (slirp4netns/pasta) will not be available to containers",
+        consequence: "rootless networking (slirp4netns/pasta, the userspace WireGuard overlay) will not be available to containers",
     });
     checks.push(Check {
         name: "overlayfs in userns",
@@ -217,6 +257,34 @@ mod tests {
     }
 
     #[test]
+    fn user_namespaces_and_tun_say_what_stops_them_and_the_fix() {
+        let sysctls = |pairs: &'static [(&'static str, &'static str)]| {
+            move |p: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == p)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(userns_allowed(&sysctls(&[])), Ok(()));
+        let err = userns_allowed(&sysctls(&[(
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1\n",
+        )]))
+        .unwrap_err();
+        assert!(
+            err.contains("apparmor_restrict_unprivileged_userns=0"),
+            "{err}"
+        );
+        let err =
+            userns_allowed(&sysctls(&[("/proc/sys/user/max_user_namespaces", "0")])).unwrap_err();
+        assert!(err.contains("max_user_namespaces"), "{err}");
+        assert_eq!(tun_state(Some(0o20666)), Ok(()));
+        assert!(tun_state(Some(0o20600)).unwrap_err().contains("chmod 0666"));
+        assert!(tun_state(None).unwrap_err().contains("modprobe tun"));
+    }
+
+    #[test]
     fn the_report_names_every_check_and_what_is_enforced() {
         let text = check(None, false).render();
         for name in [
@@ -224,6 +292,7 @@ mod tests {
             "cgroup v2",
             "systemd",
             "newuidmap",
+            "user namespaces",
             "/dev/net/tun",
         ] {
             assert!(text.contains(name), "{text}");
