@@ -722,7 +722,8 @@ async fn wait_for_promotion(
     if others.is_empty() {
         return Ok(());
     }
-    let mut said = false;
+    let started = std::time::Instant::now();
+    let mut next_word = started;
     loop {
         let members = match EtcdStore::connect(&others, Some(tls)).await {
             Ok(s) => s.members().await.map_err(anyhow::Error::from),
@@ -739,9 +740,19 @@ async fn wait_for_promotion(
             }
             Err(e) => tracing::warn!(error = %e, "asking the other etcd members about this node"),
         }
-        if !said {
-            eprintln!("kat-agent: waiting for this node's etcd member to catch up and be promoted");
-            said = true;
+        if std::time::Instant::now() >= next_word {
+            let waited = started.elapsed().as_secs();
+            if waited == 0 {
+                eprintln!(
+                    "kat-agent: waiting for this node's etcd member to catch up and be promoted"
+                );
+            } else {
+                // Workloads run meanwhile from the local copy; the API waits for etcd.
+                eprintln!(
+                    "kat-agent: this node's etcd member is still a learner after {waited} s: the leader promotes it once it has caught up; check the other members (etcdctl member list, their etcd.log) if this goes on"
+                );
+            }
+            next_word += Duration::from_secs(60);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -140,6 +140,16 @@ fn lc_error(context: impl Into<String>, e: impl std::fmt::Display) -> RuntimeErr
     }
 }
 
+/// Short blocking reads (a container's state files, libcontainer's state) that need `&self`:
+/// the async worker hands its other tasks to another worker while this one reads, so a slow
+/// disk never stalls heartbeats or the API. On a single-threaded runtime (tests) it just runs.
+fn read_in_place<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Runs blocking work (libcontainer forks, file trees) off the async threads.
 async fn blocking<T: Send + 'static>(
     what: &str,
@@ -1108,8 +1118,10 @@ impl ContainerRuntime for NativeRuntime {
     }
 
     async fn status(&self, id: &str) -> Result<ContainerStatus> {
-        let meta = self.read_meta(id)?;
-        Ok(self.status_of(id, meta))
+        read_in_place(|| {
+            let meta = self.read_meta(id)?;
+            Ok(self.status_of(id, meta))
+        })
     }
 
     async fn usage(&self, id: &str) -> Result<ContainerUsage> {
@@ -1125,17 +1137,19 @@ impl ContainerRuntime for NativeRuntime {
     }
 
     async fn list(&self) -> Result<Vec<ContainerStatus>> {
-        let dir = self.config.root.join("containers");
-        let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).context(|| format!("reading {}", dir.display()))? {
-            let entry = entry.context(|| format!("reading {}", dir.display()))?;
-            let id = entry.file_name().to_string_lossy().into_owned();
-            if let Ok(meta) = self.read_meta(&id) {
-                out.push(self.status_of(&id, meta));
+        read_in_place(|| {
+            let dir = self.config.root.join("containers");
+            let mut out = Vec::new();
+            for entry in fs::read_dir(&dir).context(|| format!("reading {}", dir.display()))? {
+                let entry = entry.context(|| format!("reading {}", dir.display()))?;
+                let id = entry.file_name().to_string_lossy().into_owned();
+                if let Ok(meta) = self.read_meta(&id) {
+                    out.push(self.status_of(&id, meta));
+                }
             }
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+            out.sort_by(|a, b| a.id.cmp(&b.id));
+            Ok(out)
+        })
     }
 
     async fn logs(&self, id: &str, options: LogOptions) -> Result<LogReceiver> {
