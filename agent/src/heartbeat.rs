@@ -67,7 +67,9 @@ pub async fn run(
             usage: Some(usage),
         };
         if let Err(e) = link.heartbeat(&hb).await {
-            tracing::warn!(error = %e, "heartbeat failed");
+            tracing::warn!(error = %e, "heartbeat failed; sending again in 0.5 s");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
         }
         tokio::select! {
             changed = statuses.changed() => {

@@ -376,6 +376,12 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
 
 /// A control-plane node: its etcd member, the store, the leader role and the full API.
 async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<EtcdServer> {
+    if let Ok(address) = base.identity.advertise_address.parse::<IpAddr>() {
+        if pki::ensure_member_certificate(&base.layout.pki(), &base.node, &[address])? {
+            eprintln!("kat-agent: this node's certificate predates node roles; renewed it (same key) with the name etcd now requires");
+            base.pki = Pki::load(&base.layout.pki())?;
+        }
+    }
     let (layout, identity, cluster, pki) = (&base.layout, &base.identity, &base.cluster, &base.pki);
     let node = base.node.clone();
     let tasks = &mut base.tasks;

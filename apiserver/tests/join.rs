@@ -88,8 +88,19 @@ async fn a_token_admits_up_to_its_limit_and_a_worker_gets_a_workers_certificate(
         kat_pki::serial_of(&admitted.certificate)
     );
 
-    // The same node again (a resumed join): no second use.
-    service.join(request(&token.token, "w1")).await.unwrap();
+    // The same name again (a leaked token, or a node that lost its data): refused, since
+    // w1 holds a certificate; nothing written.
+    let before = dump(&*store).await;
+    let mut again = request(&token.token, "w1");
+    again.etcd_peer = true;
+    let refused = service.join(again).await.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::Conflict);
+    assert!(
+        refused.message.contains("has joined before"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(dump(&*store).await, before);
 
     // A second node: past the limit, refused, nothing written.
     let before = dump(&*store).await;

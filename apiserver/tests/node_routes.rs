@@ -165,6 +165,16 @@ async fn a_worker_reaches_its_own_records_and_nothing_else() {
         .await
         .unwrap()
         .is_some());
+    // At most one every 100 ms: a worker cannot fill etcd with heartbeats.
+    let (status, body) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/status",
+            &heartbeat("w1"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
 
     // Its own assignments: a snapshot of its records only.
     let (status, body) = api

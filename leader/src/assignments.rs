@@ -3,10 +3,12 @@
 //! store directly; the leader's API serves the same stream to worker nodes, which hold no etcd
 //! credentials. Written once here so both see exactly the same sequence.
 //!
-//! Resuming: a client that saw everything up to revision `r` asks to resume from `r`. If the
-//! store still has history after `r` the stream goes on with changes only; if it was
-//! compacted meanwhile, the stream starts over with a fresh snapshot (the client replaces
-//! what it had), so a resumed client never misses a change.
+//! Resuming: a client whose last change seen was at revision `r` asks to resume from `r`.
+//! One transaction may change several of a node's records at the same revision and a broken
+//! connection may have delivered only some of them, so the stream replays revision `r`
+//! itself (puts and deletes are idempotent) and goes on from there. If that history was
+//! compacted meanwhile, it starts over with a fresh snapshot (the client replaces what it
+//! had), so a resumed client never misses a change.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -35,7 +37,7 @@ impl AssignmentWatch {
         let prefix = keys::node_instances(node);
         if let Some(revision) = resume.filter(|r| *r > 0) {
             let watch = store
-                .watch(&prefix, WatchOptions::prefix().from_revision(revision + 1))
+                .watch(&prefix, WatchOptions::prefix().from_revision(revision))
                 .await;
             match watch {
                 Ok(watch) => {
@@ -217,12 +219,17 @@ mod tests {
             }
         );
         drop(w);
-        // Changes while the client was away come after a resume, without a snapshot.
+        // Changes while the client was away come after a resume, without a snapshot; the
+        // revision resumed from is replayed (it may have carried more than one change).
         let gone = store.delete(&keys::instance("n1", "web-a")).await;
         assert!(gone.unwrap());
         let mut w = AssignmentWatch::start(store.clone(), "n1", Some(r))
             .await
             .unwrap();
+        assert!(matches!(
+            next(&mut w).await,
+            AssignmentUpdate::Put { revision, .. } if revision == r
+        ));
         assert!(matches!(
             next(&mut w).await,
             AssignmentUpdate::Delete { ref instance_id, .. } if instance_id == "web-a"

@@ -52,6 +52,10 @@ pub struct ClusterView {
     pub subnets: BTreeMap<String, IpNet>,
     /// The cluster's DNS records by key (`crate::dns`).
     pub dns: BTreeMap<String, DnsRecord>,
+    /// Instances whose records this leader saw deleted, by id, with the node they were on:
+    /// only that node may still report them (while their containers stop). Forgotten once
+    /// the node stops reporting them or is gone.
+    departed: HashMap<String, String>,
     /// The newest revision taken in. Watch events come in revision order, so everything
     /// written at an older revision (a whole transaction) has been taken in too.
     pub latest: Revision,
@@ -105,13 +109,23 @@ impl ClusterView {
             Key::NodeRegistration { node } => {
                 let entry = self.nodes.entry(node.to_string()).or_default();
                 entry.registration = value.and_then(decode);
+                if entry.registration.is_none() {
+                    self.departed.retain(|_, n| n != node);
+                }
                 self.forget_node_if_empty(node);
             }
             Key::NodeStatus { node } => {
                 let entry = self.nodes.entry(node.to_string()).or_default();
                 entry.heartbeat = value.and_then(decode);
-                if entry.heartbeat.is_some() {
+                if let Some(hb) = &entry.heartbeat {
                     entry.last_seen = Some(now);
+                    let reported: std::collections::HashSet<&str> = hb
+                        .instances
+                        .iter()
+                        .map(|s| s.instance_id.as_str())
+                        .collect();
+                    self.departed
+                        .retain(|id, n| n != node || reported.contains(id.as_str()));
                 }
                 self.forget_node_if_empty(node);
             }
@@ -138,7 +152,9 @@ impl ClusterView {
                     self.instances.insert(id.to_string(), record);
                 }
                 None => {
-                    self.instances.remove(id);
+                    if let Some(gone) = self.instances.remove(id) {
+                        self.departed.insert(id.to_string(), gone.node);
+                    }
                 }
             },
             Key::JobRun { ns, name, run } => {
@@ -189,19 +205,20 @@ impl ClusterView {
     }
 
     /// Instance states as their nodes last reported them, by instance id. A node speaks for
-    /// the instances assigned to it and for ones no longer assigned anywhere (which it still
-    /// runs, e.g. after a partition), never for an instance assigned to another node: a
-    /// worker's heartbeat cannot change what the leader believes of its neighbours.
+    /// the instances assigned to it and for those it had when their records were deleted
+    /// (their containers still stopping), never for an instance assigned to another node nor
+    /// for ids it makes up: a worker's heartbeat cannot change what the leader believes of
+    /// its neighbours, nor hold back their rollouts with phantom "terminating" instances.
     pub fn reported(&self) -> HashMap<&str, (&str, &InstanceStatus)> {
         let mut out = HashMap::new();
         for (node, entry) in &self.nodes {
             if let Some(hb) = &entry.heartbeat {
                 for s in &hb.instances {
-                    if self
-                        .instances
-                        .get(&s.instance_id)
-                        .is_some_and(|r| r.node != *node)
-                    {
+                    let speaks_for = match self.instances.get(&s.instance_id) {
+                        Some(r) => r.node == *node,
+                        None => self.departed.get(&s.instance_id) == Some(node),
+                    };
+                    if !speaks_for {
                         continue;
                     }
                     out.insert(s.instance_id.as_str(), (node.as_str(), s));

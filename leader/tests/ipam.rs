@@ -272,3 +272,63 @@ async fn two_instances_publishing_one_host_port_never_share_a_node() {
     let nodes: BTreeSet<String> = c.live_of("web").iter().map(|r| r.node.clone()).collect();
     assert_eq!(nodes.len(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
+    let mut c = cluster(2).await;
+    // A rogue node (a compromised worker) reports 50 "running" instances of web that were
+    // never its own, which would count as still terminating and block new ones.
+    let fake: Vec<kat_api::wire::InstanceStatus> = (0..50)
+        .map(|i| kat_api::wire::InstanceStatus {
+            instance_id: format!("web-fake{i}"),
+            namespace: "default".into(),
+            workload: "web".into(),
+            node: Some("rogue".into()),
+            generation: 1,
+            state: kat_api::wire::InstanceState::Running,
+            health: kat_api::wire::Health::Healthy,
+            restarts: 0,
+            exit_code: None,
+            reason: None,
+            ip: None,
+            started_at: None,
+            finished_at: None,
+            warnings: vec![],
+            usage: None,
+        })
+        .collect();
+    let rogue = SimNode::new("rogue", 0, 0);
+    c.store
+        .put(
+            &keys::node_registration("rogue"),
+            serde_json::to_vec(&rogue.registration()).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+    let hb = kat_api::wire::NodeHeartbeat {
+        node: "rogue".into(),
+        timestamp: c.clock.rfc3339(),
+        capacity: Default::default(),
+        allocatable: Default::default(),
+        gpus: vec![],
+        instances: fake,
+        usage: None,
+    };
+    c.store
+        .put(
+            &keys::node_status("rogue"),
+            serde_json::to_vec(&hb).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+    c.apply(&[("workload.kat", &service("web", 3, "web:1", ""))])
+        .await;
+    c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();
+    assert_eq!(
+        c.healthy_of("web"),
+        3,
+        "the made-up instances held the workload back"
+    );
+}

@@ -309,6 +309,32 @@ impl Pki {
     }
 }
 
+/// A control-plane node whose certificate predates roles (no [`ETCD_MEMBER_NAME`], which
+/// etcd now requires) gets a new one for the same key from its own CA, before it starts
+/// etcd; `true` when it did. A node without the CA key (a worker) is left alone.
+pub fn ensure_member_certificate(dir: &Path, node: &str, addresses: &[IpAddr]) -> Result<bool> {
+    let f = files(dir);
+    if !f.ca_key.exists() || !f.cert.exists() {
+        return Ok(false);
+    }
+    let current = CertificateParams::from_ca_cert_pem(&read(&f.cert)?)
+        .context("reading this node's certificate")?;
+    let has_name = current
+        .subject_alt_names
+        .iter()
+        .any(|n| matches!(n, SanType::DnsName(d) if d.as_str() == ETCD_MEMBER_NAME));
+    if has_name {
+        return Ok(false);
+    }
+    let key = KeyPair::from_pem(&read(&f.key)?).context("reading this node's key")?;
+    let cert = Authority::load(dir)?.issue(node, addresses, &key)?;
+    let tmp = f.cert.with_extension("crt.new");
+    std::fs::write(&tmp, cert).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &f.cert)
+        .with_context(|| format!("cannot replace {}", f.cert.display()))?;
+    Ok(true)
+}
+
 /// The node a certificate names (its common name) and its role, from DER. Only meaningful
 /// for a certificate the TLS handshake has verified against the cluster CA. A certificate
 /// without a role (issued before roles existed, when every node was an etcd member) is a
@@ -537,6 +563,37 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         let other = Pki::generate(other.path(), "evil", "node-a", &[]).unwrap();
         assert!(!pin_matches(&pin, &other.ca_pem));
+    }
+
+    #[test]
+    fn a_member_certificate_from_before_roles_is_renewed_for_the_same_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::generate(dir.path(), "lab", "node-a", &[]).unwrap();
+        // Nothing to do for a current certificate.
+        assert!(!ensure_member_certificate(dir.path(), "node-a", &[]).unwrap());
+        // An old one: CN only, signed by the same CA for the same key.
+        let ca = Authority::load(dir.path()).unwrap();
+        let key = KeyPair::from_pem(&pki.node_key_pem).unwrap();
+        let mut old = CertificateParams::new(vec!["node-a".to_string()]).unwrap();
+        old.distinguished_name.push(DnType::CommonName, "node-a");
+        let old = old.signed_by(&key, &ca.cert, &ca.key).unwrap().pem();
+        std::fs::write(dir.path().join("node.crt"), &old).unwrap();
+        assert!(
+            ensure_member_certificate(dir.path(), "node-a", &["10.0.0.1".parse().unwrap()])
+                .unwrap()
+        );
+        let renewed = Pki::load(dir.path()).unwrap();
+        assert_eq!(
+            role_of_pem(&renewed.node_cert_pem),
+            Some(NodeRole::ControlPlane)
+        );
+        let parsed = CertificateParams::from_ca_cert_pem(&renewed.node_cert_pem).unwrap();
+        assert!(parsed
+            .subject_alt_names
+            .iter()
+            .any(|n| matches!(n, SanType::DnsName(d) if d.as_str() == ETCD_MEMBER_NAME)));
+        // The same key: the certificate still matches node.key.
+        assert_eq!(renewed.node_key_pem, pki.node_key_pem);
     }
 
     #[test]

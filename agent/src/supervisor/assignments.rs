@@ -73,6 +73,7 @@ impl Feed {
         let mut first = true;
         let mut delay = Duration::from_millis(200);
         loop {
+            let started = std::time::Instant::now();
             match self.follow(&tx).await {
                 Ok(()) => return,
                 Err(e) => {
@@ -92,6 +93,10 @@ impl Feed {
             if tx.is_closed() {
                 return;
             }
+            // A stream that ran for a while was a success: start backing off afresh.
+            if started.elapsed() > Duration::from_secs(10) {
+                delay = Duration::from_millis(200);
+            }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
@@ -102,7 +107,8 @@ impl Feed {
         tx: &watch::Sender<Option<(Source, Snapshot)>>,
     ) -> anyhow::Result<()> {
         let mut stream =
-            tokio::time::timeout(Duration::from_secs(5), self.link.assignments(self.revision))
+            // Longer than a connect timeout: a worker's link tries the next endpoint meanwhile.
+            tokio::time::timeout(Duration::from_secs(15), self.link.assignments(self.revision))
                 .await
                 .map_err(|_| anyhow::anyhow!("asking for assignments timed out"))??;
         // A resumed stream that has nothing new says nothing: publish what we have.
@@ -240,13 +246,15 @@ impl Feed {
                 reason,
             });
         }
-        if problems.is_empty() {
-            return;
-        }
-        let ids: Vec<String> = problems.iter().map(|p| p.instance_id.clone()).collect();
-        match self.link.template_problems(problems).await {
-            Ok(()) => self.reported_missing.extend(ids),
-            Err(e) => tracing::warn!(error = %e, "cannot record TemplateMissing events; retrying"),
+        // In reports the leader takes in one transaction each.
+        for chunk in problems.chunks(kat_apiserver::service::MAX_PROBLEMS) {
+            let ids: Vec<String> = chunk.iter().map(|p| p.instance_id.clone()).collect();
+            match self.link.template_problems(chunk.to_vec()).await {
+                Ok(()) => self.reported_missing.extend(ids),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot record TemplateMissing events; retrying")
+                }
+            }
         }
     }
 

@@ -17,6 +17,8 @@ use tokio::sync::mpsc;
 use super::{json_body, ndjson_body, ApiError, ApiState};
 
 const MAX_BODY: u64 = 1 << 20;
+/// A heartbeat with hundreds of instances is tens of KiB.
+const HEARTBEAT_BODY: u64 = 256 << 10;
 
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(
@@ -43,7 +45,7 @@ pub async fn heartbeat(
     Path(name): Path<String>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    let hb: NodeHeartbeat = json_body(req, MAX_BODY, "heartbeat body").await?;
+    let hb: NodeHeartbeat = json_body(req, HEARTBEAT_BODY, "heartbeat body").await?;
     Ok(Json(state.service.worker_heartbeat(&name, hb).await?))
 }
 
@@ -66,6 +68,8 @@ pub async fn assignments(
     let Query(query) =
         query.map_err(|e| ApiError::bad_request(format!("resume: {}", e.body_text())))?;
     let mut watch = state.service.assignments(&name, query.resume).await?;
+    // One stream per node: a newer one ends this one at its next keepalive.
+    let number = state.service.node_limits.open_stream(&name);
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -83,7 +87,8 @@ pub async fn assignments(
                     None => return,
                 },
                 () = tokio::time::sleep(KEEPALIVE) => {
-                    if state.service.require_leader().await.is_err()
+                    if !state.service.node_limits.stream_current(&name, number)
+                        || state.service.require_leader().await.is_err()
                         || tx.send(AssignmentUpdate::Keepalive).await.is_err()
                     {
                         return;

@@ -172,6 +172,22 @@ impl Service {
                 ));
             }
         }
+        // A node that joined before keeps its certificate; a second join in its name (a
+        // leaked token, a lost data directory) could take it over, with another role.
+        if self
+            .store
+            .get(&keys::node_certificate(&request.node_name))
+            .await?
+            .is_some()
+        {
+            return Err(Error::new(
+                ErrorCode::Conflict,
+                format!(
+                    "node {} has joined before and holds a certificate; remove it first (katcall delete node {}) or join under another --node-name",
+                    request.node_name, request.node_name
+                ),
+            ));
+        }
         if self.node_revoked(&request.node_name).await? {
             return Err(Error::new(
                 ErrorCode::Conflict,
@@ -266,9 +282,8 @@ impl Service {
             if let Some(max) = record.info.max_uses {
                 if record.info.used_by.len() >= max as usize {
                     return Err(unauthorized(format!(
-                        "join token {} has admitted {} node(s), its limit ({}); create another with `katcall create join-token`",
+                        "join token {} has admitted {max} node(s), its limit ({}); create another with `katcall create join-token`",
                         record.info.id,
-                        max,
                         record.info.used_by.join(", ")
                     )));
                 }

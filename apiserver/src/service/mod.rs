@@ -29,6 +29,7 @@ use kat_leader::Clock;
 use kat_store::{StateStore, StoreError};
 
 pub use join::Admission;
+pub use node_records::{NodeLimits, MAX_PROBLEMS};
 pub use nodes::node_object;
 
 /// What the API's operations share: the store and the cluster's settings.
@@ -43,6 +44,8 @@ pub struct Service {
     /// This node's API endpoint (`https://IP:PORT`), to tell whether it leads; `None` serves
     /// the leader's routes unconditionally (a store with a single API in front, in tests).
     pub api_endpoint: Option<String>,
+    /// What each node may send through the leader, and how often (`node_records`).
+    pub node_limits: node_records::NodeLimits,
 }
 
 impl Service {
@@ -60,6 +63,7 @@ impl Service {
             bundle_limits: BundleLimits::default(),
             admission: None,
             api_endpoint: None,
+            node_limits: Default::default(),
         }
     }
 }

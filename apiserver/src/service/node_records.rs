@@ -8,7 +8,9 @@
 //! not lead answers [`Error::not_leader`] with the leader's endpoint, which is how a worker
 //! finds the new leader after a failover.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kat_api::keys;
 use kat_api::wire::{
@@ -18,11 +20,61 @@ use kat_api::wire::{
 use kat_leader::assignments::AssignmentWatch;
 use kat_store::Txn;
 
+use kat_api::wire::ErrorCode;
+
 use super::{Error, Result, Service};
 
-/// At most this many template problems in one report, each reason at most this long.
-const MAX_PROBLEMS: usize = 1000;
+/// At most this many template problems in one report, each reason at most this long (the
+/// events of one report go in one transaction, which etcd caps at 128 operations).
+pub const MAX_PROBLEMS: usize = 50;
 const MAX_REASON: usize = 1024;
+/// At most this many instance states in one heartbeat.
+pub const MAX_HEARTBEAT_INSTANCES: usize = 2048;
+/// A node's heartbeats at most this often: a worker cannot fill etcd with them.
+pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Per-node limits on what the leader takes from nodes: heartbeats at most every
+/// [`MIN_HEARTBEAT_INTERVAL`], and one assignment stream per node (a new one ends the old).
+#[derive(Default)]
+pub struct NodeLimits {
+    last_heartbeat: Mutex<HashMap<String, Instant>>,
+    streams: Mutex<HashMap<String, u64>>,
+}
+
+impl NodeLimits {
+    fn heartbeat_allowed(&self, node: &str) -> bool {
+        let mut last = self
+            .last_heartbeat
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if last
+            .get(node)
+            .is_some_and(|t| now.duration_since(*t) < MIN_HEARTBEAT_INTERVAL)
+        {
+            return false;
+        }
+        if last.len() > 100_000 {
+            last.clear();
+        }
+        last.insert(node.to_string(), now);
+        true
+    }
+
+    /// Register a new stream of `node`; the number it returns stays current until the next.
+    pub fn open_stream(&self, node: &str) -> u64 {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let n = streams.entry(node.to_string()).or_default();
+        *n += 1;
+        *n
+    }
+
+    /// Whether stream `number` of `node` is still the newest.
+    pub fn stream_current(&self, node: &str, number: u64) -> bool {
+        let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.get(node) == Some(&number)
+    }
+}
 
 impl Service {
     /// The leader's API endpoint, if one leads.
@@ -79,6 +131,21 @@ impl Service {
     /// A worker's heartbeat, answered with the control plane's endpoints.
     pub async fn worker_heartbeat(&self, name: &str, hb: NodeHeartbeat) -> Result<HeartbeatAnswer> {
         self.require_leader().await?;
+        if hb.instances.len() > MAX_HEARTBEAT_INSTANCES {
+            return Err(Error::bad_request(format!(
+                "heartbeat body: instances: {} is more than {MAX_HEARTBEAT_INSTANCES}",
+                hb.instances.len()
+            )));
+        }
+        if !self.node_limits.heartbeat_allowed(name) {
+            return Err(Error::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "node {name} sends heartbeats more often than every {} ms",
+                    MIN_HEARTBEAT_INTERVAL.as_millis()
+                ),
+            ));
+        }
         self.record_heartbeat(name, hb).await?;
         Ok(HeartbeatAnswer {
             accepted: true,

@@ -149,6 +149,10 @@ fn key_of(request: &Message) -> Option<Key> {
 /// How long an answer may be cached: its smallest TTL; a negative answer its SOA's minimum;
 /// `None` for failures and answers that say nothing about their lifetime.
 fn cache_ttl(message: &Message) -> Option<u32> {
+    // A truncated answer is not the whole answer (the client asks again over TCP).
+    if message.metadata.truncation {
+        return None;
+    }
     match message.metadata.response_code {
         ResponseCode::NoError if !message.answers.is_empty() => {
             message.answers.iter().map(|r| r.ttl).min()

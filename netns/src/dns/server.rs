@@ -2,14 +2,15 @@
 //! the [`Forwarder`].
 //!
 //! A workload can send anything: a message that does not parse gets FORMERR (or nothing, if
-//! not even its header is there), and at most [`MAX_IN_FLIGHT`] questions are being forwarded
-//! at once, so a flood costs the node a bounded number of sockets. TCP connections get
+//! not even its header is there), a response sent to it is refused rather than forwarded, at
+//! most [`MAX_IN_FLIGHT`] questions are being forwarded at once and at most [`MAX_TCP`]
+//! connections served, so a flood costs the node a bounded number of sockets. TCP connections get
 //! [`TCP_IDLE`] between messages and carry at most [`TCP_MESSAGES`] of them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use hickory_proto::op::{Message, OpCode, ResponseCode};
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{watch, Semaphore};
@@ -19,6 +20,8 @@ use super::{Forwarder, Table};
 
 /// Questions forwarded at once, at most.
 pub const MAX_IN_FLIGHT: usize = 256;
+/// TCP connections served at once, at most (more wait in the kernel's backlog).
+pub const MAX_TCP: usize = 64;
 const TCP_IDLE: Duration = Duration::from_secs(10);
 const TCP_MESSAGES: usize = 100;
 
@@ -26,6 +29,7 @@ pub struct DnsServer {
     table: watch::Receiver<Arc<Table>>,
     forwarder: Forwarder,
     in_flight: Arc<Semaphore>,
+    tcp: Arc<Semaphore>,
 }
 
 impl DnsServer {
@@ -35,6 +39,7 @@ impl DnsServer {
             table,
             forwarder,
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            tcp: Arc::new(Semaphore::new(MAX_TCP)),
         })
     }
 
@@ -49,7 +54,10 @@ impl DnsServer {
         if let Some(response) = answer(&table, &request) {
             return encode_for_udp(&response, limit);
         }
-        if request.metadata.op_code != OpCode::Query || request.queries.len() != 1 {
+        if request.metadata.message_type != MessageType::Query
+            || request.metadata.op_code != OpCode::Query
+            || request.queries.len() != 1
+        {
             let mut refused = Message::response(request.metadata.id, request.metadata.op_code);
             refused.metadata.response_code = ResponseCode::Refused;
             return refused.to_vec().ok();
@@ -80,10 +88,14 @@ impl DnsServer {
 
     pub async fn serve_tcp(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
         loop {
+            let Ok(permit) = self.tcp.clone().acquire_owned().await else {
+                return Ok(());
+            };
             let (stream, _) = listener.accept().await?;
             let server = self.clone();
             tokio::spawn(async move {
                 let _ = server.tcp_connection(stream).await;
+                drop(permit);
             });
         }
     }
