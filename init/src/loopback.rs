@@ -76,10 +76,14 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
+/// The sets that give a capability (the bounding set only limits what can be gained).
+const HELD: [&str; 4] = ["CapPrm:", "CapEff:", "CapInh:", "CapAmb:"];
+
 /// Drop `CAP_NET_ADMIN` from every set of this process, for good, and check that it is gone.
-/// A process that never held it (kat-init outside a container) has nothing to do.
+/// A process that does not hold it (kat-init outside a container, an ordinary user whose
+/// bounding set is full but who has no capability) has nothing to do.
 pub fn drop_net_admin() -> Result<(), String> {
-    if !holds_net_admin() {
+    if !holds_net_admin(&HELD) {
         return Ok(());
     }
     // SAFETY: prctl(2) with integer arguments.
@@ -126,22 +130,18 @@ pub fn drop_net_admin() -> Result<(), String> {
             0,
         )
     };
-    if holds_net_admin() {
+    if holds_net_admin(&["CapPrm:", "CapEff:", "CapInh:", "CapAmb:", "CapBnd:"]) {
         return Err("CAP_NET_ADMIN is still held after dropping it".into());
     }
     Ok(())
 }
 
-/// Whether this process holds `CAP_NET_ADMIN` in any of its sets.
-fn holds_net_admin() -> bool {
+/// Whether `CAP_NET_ADMIN` is in any of these sets (`/proc/self/status` line prefixes).
+fn holds_net_admin(sets: &[&str]) -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .filter(|l| {
-            ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"]
-                .iter()
-                .any(|p| l.starts_with(p))
-        })
+        .filter(|l| sets.iter().any(|p| l.starts_with(p)))
         .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
         .any(|mask| mask & (1 << CAP_NET_ADMIN) != 0)
 }
