@@ -844,6 +844,17 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         }
     }
 
+    // The worker restarts as after a reboot (kill -9, then `kat-agent run`): it finds the
+    // leader from its saved endpoints, adopts its instance (one, not two) and takes new work.
+    h.kill(WORKER);
+    h.spawn(WORKER, &["run"]);
+    pinned(&h, 1, "afterrestart");
+    wait(
+        "the worker's first instance adopted, once",
+        Duration::from_secs(30),
+        || reported_running(&h, 1, "onworker") == 1,
+    );
+
     // Kill the leader's agent (and with it its etcd): a new leader within 10 s.
     let killed = Instant::now();
     let (dead, alive, failover) = kill_leader(&mut h);
