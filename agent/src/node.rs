@@ -320,6 +320,7 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
         base.layout.agent().join(API_ENDPOINTS_FILE),
     )?);
     let leader = link.leader();
+    let revoked = link.revoked();
     base.tasks
         .spawn(Feed::new(link.clone(), &base.layout.agent()).run(base.feed_tx.clone()));
     let meter = UsageMeter::new(base.runtime.clone(), base.layout.root.clone());
@@ -355,6 +356,7 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
         node: node.clone(),
         instances: records_rx,
         leader,
+        revoked,
         access: Arc::new(LocalAccess {
             node: node.clone(),
             runtime: base.runtime.clone(),

@@ -33,7 +33,7 @@ use axum::middleware::Next;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kat_apiserver::http::{ClientAddr, ClientNode};
+use kat_apiserver::http::{ClientAddr, ClientNode, ClientSerial};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -225,12 +225,13 @@ async fn connection(
         }
     };
     // A client certificate (verified against the cluster CA by the handshake) names a node.
-    let node = tls
+    let leaf = tls
         .get_ref()
         .1
         .peer_certificates()
-        .and_then(|chain| chain.first())
-        .and_then(|cert| kat_pki::node_of(cert.as_ref()));
+        .and_then(|chain| chain.first());
+    let node = leaf.and_then(|cert| kat_pki::node_of(cert.as_ref()));
+    let serial = leaf.and_then(|cert| kat_pki::serial_of_der(cert.as_ref()));
     // Set once hyper has parsed a complete request header and calls the router.
     let requested = Arc::new(AtomicBool::new(false));
     let seen = requested.clone();
@@ -242,7 +243,8 @@ async fn connection(
             },
         ))
         .layer(axum::Extension(ClientAddr(peer.ip())))
-        .layer(axum::Extension(ClientNode(node)));
+        .layer(axum::Extension(ClientNode(node)))
+        .layer(axum::Extension(ClientSerial(serial)));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

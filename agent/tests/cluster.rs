@@ -974,6 +974,18 @@ fn three_nodes_join_spread_and_survive_the_leader() {
                 .success()
         },
     );
+    // The worker learns of it with its next heartbeat answer: its own API refuses the
+    // removed node's certificate as well.
+    let on_worker = format!(
+        "https://{}:{API_PORT}/v1alpha1/n/default/workloads/spread/instances/x/logs",
+        ip(WORKER)
+    );
+    wait(
+        "the removed node's certificate refused by the worker",
+        Duration::from_secs(15),
+        || h.status_as(gone, &on_worker) == "401",
+    );
+    assert_eq!(h.status_as(other, &on_worker), "404");
     // The same requests with a node that is still a member: answered (the instance does not
     // exist: 404, not 401).
     assert_eq!(h.status_as(other, &stream), "404");

@@ -363,6 +363,9 @@ pub struct HeartbeatAnswer {
     pub accepted: bool,
     #[serde(default)]
     pub api_endpoints: Vec<String>,
+    /// Serials of removed nodes' certificates: a worker's own API refuses them.
+    #[serde(default)]
+    pub revoked_serials: Vec<String>,
 }
 
 /// `GET /nodes/{name}/assignments`: one JSON line each. A stream starts with a `snapshot`

@@ -11,5 +11,5 @@
 pub mod http;
 pub mod service;
 
-pub use http::{router, ApiState, ClientAddr, ClientNode};
+pub use http::{router, ApiState, ClientAddr, ClientNode, ClientSerial};
 pub use service::Service;

@@ -356,6 +356,12 @@ pub fn node_of(der: &[u8]) -> Option<(String, NodeRole)> {
     Some((name, role))
 }
 
+/// A certificate's serial number, hex (DER in), as [`serial_of`] gives it for PEM.
+pub fn serial_of_der(der: &[u8]) -> Option<String> {
+    let params = CertificateParams::from_ca_cert_der(&der.to_vec().into()).ok()?;
+    Some(hex::encode(params.serial_number?.to_bytes()))
+}
+
 /// The role of a certificate given in PEM (see [`node_of`]).
 pub fn role_of_pem(cert_pem: &str) -> Option<NodeRole> {
     let der = pem::parse(cert_pem).ok()?;

@@ -11,8 +11,9 @@
 //! leader (or the path to it) is gone, and the feed reconnects, resuming from the last
 //! revision it saw.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -35,6 +36,7 @@ pub struct LeaderLink {
     endpoints: Mutex<Endpoints>,
     file: PathBuf,
     leader: watch::Sender<Option<String>>,
+    revoked: watch::Sender<Arc<HashSet<String>>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -55,12 +57,14 @@ impl LeaderLink {
     pub fn new(node: &str, client: reqwest::Client, file: PathBuf) -> Result<Self> {
         let list = read_endpoints(&file)?;
         let (leader, _) = watch::channel(list.first().cloned());
+        let (revoked, _) = watch::channel(Arc::new(HashSet::new()));
         Ok(LeaderLink {
             node: node.to_string(),
             client,
             endpoints: Mutex::new(Endpoints { list, current: 0 }),
             file,
             leader,
+            revoked,
         })
     }
 
@@ -68,6 +72,11 @@ impl LeaderLink {
     /// sends clients there).
     pub fn leader(&self) -> watch::Receiver<Option<String>> {
         self.leader.subscribe()
+    }
+
+    /// Serials of removed nodes' certificates, as the leader last said.
+    pub fn revoked(&self) -> watch::Receiver<Arc<HashSet<String>>> {
+        self.revoked.subscribe()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Endpoints> {
@@ -235,6 +244,10 @@ impl ControlPlane for LeaderLink {
         }
         let answer: HeartbeatAnswer = response.json().await.context("the heartbeat answer")?;
         self.refresh(answer.api_endpoints);
+        let revoked: HashSet<String> = answer.revoked_serials.into_iter().collect();
+        if **self.revoked.borrow() != revoked {
+            self.revoked.send_replace(Arc::new(revoked));
+        }
         Ok(())
     }
 

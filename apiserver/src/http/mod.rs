@@ -54,6 +54,10 @@ pub struct ClientAddr(pub IpAddr);
 #[derive(Debug, Clone, Default)]
 pub struct ClientNode(pub Option<(String, NodeRole)>);
 
+/// The serial (hex) of the client certificate the connection showed, if any.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSerial(pub Option<String>);
+
 /// What a route is to a node's certificate.
 #[derive(Debug, PartialEq, Eq)]
 enum NodeRoute<'a> {

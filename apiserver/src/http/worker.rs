@@ -2,12 +2,13 @@
 //! plane, which proxies `katcall logs` and `katcall exec` here over mutual TLS.
 //!
 //! A worker holds no cluster state, so it finds instances in its own assignments, and it
-//! serves only control-plane certificates: another worker's certificate gets 403 (a
+//! serves only control-plane certificates that were not revoked (the leader sends the
+//! revoked serials with every heartbeat answer): another worker's certificate gets 403 (a
 //! compromised worker cannot read its neighbours' logs or run commands in their
 //! containers), the admin token opens nothing here, and every other route answers
 //! `not_leader` with where the leader is, so a client pointed at a worker learns where to go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -24,7 +25,7 @@ use kat_pki::NodeRole;
 use tokio::sync::watch;
 
 use super::streams::{self, InstanceAccess, StreamSource};
-use super::{client_node, unauthorized, ApiError, ClientAddr, RateLimiter};
+use super::{client_node, unauthorized, ApiError, ClientAddr, ClientSerial, RateLimiter};
 
 pub struct WorkerApi {
     pub node: String,
@@ -32,6 +33,8 @@ pub struct WorkerApi {
     pub instances: watch::Receiver<BTreeMap<String, InstanceRecord>>,
     /// The leader's API endpoint, as the node last learned it.
     pub leader: watch::Receiver<Option<String>>,
+    /// Serials of removed nodes' certificates, as the leader last said (each heartbeat).
+    pub revoked: watch::Receiver<Arc<HashSet<String>>>,
     pub access: Arc<dyn InstanceAccess>,
     pub limiter: RateLimiter,
 }
@@ -110,6 +113,17 @@ async fn guard(State(state): State<Arc<WorkerApi>>, req: Request, next: Next) ->
     if !is_stream {
         // Not served here: the fallback says where the leader is, whoever asks.
         return next.run(req).await;
+    }
+    let serial = req
+        .extensions()
+        .get::<ClientSerial>()
+        .and_then(|s| s.0.clone());
+    if serial.is_some_and(|s| state.revoked.borrow().contains(&s)) {
+        return ApiError::new(
+            ErrorCode::Unauthorized,
+            "this certificate was revoked (its node was removed from the cluster)",
+        )
+        .into_response();
     }
     match client_node(&req) {
         Some((_, NodeRole::ControlPlane)) => next.run(req).await,

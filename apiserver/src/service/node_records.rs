@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use kat_api::keys;
 use kat_api::wire::{
     rfc3339, EventType, HeartbeatAnswer, InstanceRecord, NodeHeartbeat, NodeRegistration,
-    TemplateProblem,
+    RevokedNode, TemplateProblem,
 };
 use kat_leader::assignments::AssignmentWatch;
 use kat_store::Txn;
@@ -147,9 +147,19 @@ impl Service {
             ));
         }
         self.record_heartbeat(name, hb).await?;
+        let revoked_serials = self
+            .store
+            .list(keys::revoked_nodes())
+            .await?
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice::<RevokedNode>(&kv.value).ok())
+            .filter_map(|r| r.serial)
+            .collect();
         Ok(HeartbeatAnswer {
             accepted: true,
             api_endpoints: self.api_endpoints().await?,
+            revoked_serials,
         })
     }
 
