@@ -153,7 +153,24 @@ pub(crate) struct CapSets {
     pub ambient: u64,
 }
 
+/// `CAP_NET_ADMIN`'s bit.
+const CAP_NET_ADMIN: u32 = 12;
+
 impl CapSets {
+    /// These sets without kat-init's own capability (`CAP_NET_ADMIN`, which it holds for a
+    /// moment at start to set the loopback up): an exec that starts before kat-init dropped
+    /// it must not get it either.
+    pub(crate) fn without_init_only(self) -> CapSets {
+        let bit = !(1u64 << CAP_NET_ADMIN);
+        CapSets {
+            inheritable: self.inheritable & bit,
+            permitted: self.permitted & bit,
+            effective: self.effective & bit,
+            bounding: self.bounding & bit,
+            ambient: self.ambient & bit,
+        }
+    }
+
     /// Reads the `Cap*` lines of a `/proc/PID/status`.
     pub(crate) fn parse(status: &str) -> Option<CapSets> {
         let field = |name: &str| -> Option<u64> {
@@ -425,7 +442,8 @@ fn prepare(
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .context(|| format!("reading the status of {id}'s PID 1"))?;
     let caps = CapSets::parse(&status)
-        .ok_or_else(|| container_error(id, "its PID 1 shows no capability sets"))?;
+        .ok_or_else(|| container_error(id, "its PID 1 shows no capability sets"))?
+        .without_init_only();
     let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -656,5 +674,13 @@ mod tests {
         assert_eq!(caps.effective, 0xa80425fb);
         assert_eq!(caps.inheritable, 0);
         assert!(CapSets::parse("Name:\tx\n").is_none());
+        // kat-init at its start, still holding CAP_NET_ADMIN (0x1000): an exec never gets it.
+        let early = "CapInh:\t0000000000000000\nCapPrm:\t00000000000015fb\n\
+                     CapEff:\t00000000000015fb\nCapBnd:\t00000000000015fb\nCapAmb:\t0000000000001000\n";
+        let caps = CapSets::parse(early).unwrap().without_init_only();
+        assert_eq!(
+            (caps.permitted, caps.effective, caps.bounding, caps.ambient),
+            (0x5fb, 0x5fb, 0x5fb, 0)
+        );
     }
 }

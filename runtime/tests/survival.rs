@@ -198,6 +198,16 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
         Duration::from_secs(10),
     )
     .await;
+    // The workload runs (so kat-init has set up the loopback and dropped CAP_NET_ADMIN):
+    // then PID 1's capability sets are the ones an exec gets.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !texts(&rt, "host").await.iter().any(|l| l == "up") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workload never said up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let mut opts = ExecOptions {
         command: vec![
