@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
-use kat_api::wire::{rfc3339, HOSTNAME_LABEL, ROLE_LABEL};
+use kat_api::wire::{rfc3339, url_host, HOSTNAME_LABEL, ROLE_LABEL};
 use kat_apiserver::http::{self, ApiState, WorkerApi};
 use kat_apiserver::Service;
 use kat_leader::metrics::Metrics;
@@ -689,15 +689,6 @@ async fn leader_role(
         metrics.set_leader(false);
         let _ = leadership.resign().await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// An IP as the host part of a URL (IPv6 in brackets).
-fn url_host(ip: &str) -> String {
-    if ip.contains(':') {
-        format!("[{ip}]")
-    } else {
-        ip.to_string()
     }
 }
 

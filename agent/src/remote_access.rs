@@ -53,14 +53,13 @@ impl ClusterAccess {
         let address = reg.addresses.first().ok_or_else(|| {
             AccessError::Unavailable(format!("node {} has no address", record.node))
         })?;
-        let host = if address.contains(':') {
-            format!("[{address}]")
-        } else {
-            address.clone()
-        };
         Ok(format!(
-            "https://{host}:{}/v1alpha1/n/{}/workloads/{}/instances/{}/",
-            self.api_port, record.namespace, record.workload, record.instance_id
+            "https://{}:{}/v1alpha1/n/{}/workloads/{}/instances/{}/",
+            kat_api::wire::url_host(address),
+            self.api_port,
+            record.namespace,
+            record.workload,
+            record.instance_id
         ))
     }
 }

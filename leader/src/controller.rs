@@ -221,8 +221,8 @@ impl<'a> Round<'a> {
     pub fn give_subnet(&mut self, name: &str, subnet: IpNet) {
         self.subnets.insert(name.to_string(), subnet);
         if let Some(&i) = self.node_index.get(name) {
-            let used = self.used_ips.get(name).map_or(0, HashSet::len) as u64;
-            self.nodes[i].free_ips = ipam::capacity(&subnet).saturating_sub(used);
+            let used = self.used_ips.get(name).map_or(0, HashSet::len);
+            self.nodes[i].free_ips = ipam::free_count(&subnet, used);
         }
     }
 
@@ -782,8 +782,9 @@ fn sched_nodes(
                     // Without an address plan instances get no address: nothing to run out of.
                     (None, _) => u64::MAX,
                     (Some(_), None) => 0,
-                    (Some(_), Some(subnet)) => ipam::capacity(subnet)
-                        .saturating_sub(used_ips.get(name).map_or(0, HashSet::len) as u64),
+                    (Some(_), Some(subnet)) => {
+                        ipam::free_count(subnet, used_ips.get(name).map_or(0, HashSet::len))
+                    }
                 },
             })
         })

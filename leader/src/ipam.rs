@@ -76,6 +76,11 @@ pub fn capacity(subnet: &IpNet) -> u64 {
     }
 }
 
+/// Addresses left in `subnet` for instances when `used` of them are taken.
+pub fn free_count(subnet: &IpNet, used: usize) -> u64 {
+    capacity(subnet).saturating_sub(used as u64)
+}
+
 /// The lowest address of `subnet` for an instance: not the node's, not in `used`.
 pub fn free_address(subnet: &IpNet, used: &HashSet<IpAddr>) -> Option<IpAddr> {
     // At most used.len() + 2 steps: the lazy iterator never walks a big IPv6 subnet.

@@ -258,6 +258,19 @@ impl SimCluster {
         })
     }
 
+    /// A node joins the running cluster: registered now, heartbeating from the next step.
+    pub async fn add_node(&mut self, node: SimNode) -> Result<()> {
+        self.store
+            .put(
+                &keys::node_registration(&node.name),
+                serde_json::to_vec(&node.registration()).unwrap_or_default(),
+                None,
+            )
+            .await?;
+        self.nodes.push(node);
+        Ok(())
+    }
+
     pub fn node(&mut self, name: &str) -> &mut SimNode {
         self.nodes
             .iter_mut()

@@ -217,13 +217,7 @@ async fn a_removed_node_gives_its_subnet_back_once_its_instances_are_gone() {
     let after = subnets(&c).await;
     assert!(!after.contains_key("node-2"), "{after:?}");
     // A new node gets the freed subnet.
-    c.nodes.push(SimNode::new("node-3", 4000, 8 * GI));
-    c.store
-        .put(
-            &keys::node_registration("node-3"),
-            serde_json::to_vec(&c.nodes[2].registration()).unwrap(),
-            None,
-        )
+    c.add_node(SimNode::new("node-3", 4000, 8 * GI))
         .await
         .unwrap();
     c.run_until(3, |_| false).await.unwrap();
@@ -259,13 +253,7 @@ async fn two_instances_publishing_one_host_port_never_share_a_node() {
         Some("1 instance(s) Pending: 0/2 nodes available: 2 host port already in use")
     );
     // A third node: the pending instance goes there.
-    c.nodes.push(SimNode::new("node-3", 4000, 8 * GI));
-    c.store
-        .put(
-            &keys::node_registration("node-3"),
-            serde_json::to_vec(&c.nodes[2].registration()).unwrap(),
-            None,
-        )
+    c.add_node(SimNode::new("node-3", 4000, 8 * GI))
         .await
         .unwrap();
     c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();

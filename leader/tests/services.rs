@@ -60,21 +60,7 @@ async fn unschedulable_instances_stay_pending_with_the_reason() {
     );
     assert_eq!(failed[0].event_type, EventType::Warning);
     // Room appears: the pending instance is placed.
-    c.nodes
-        .push(kat_leader::sim::SimNode::new("node-4", 4000, 8 * GI));
-    c.store
-        .put(
-            &kat_api::keys::node_registration("node-4"),
-            serde_json::to_vec(&kat_api::wire::NodeRegistration {
-                name: "node-4".into(),
-                addresses: vec![],
-                labels: Default::default(),
-                taints: vec![],
-                draining: false,
-            })
-            .unwrap(),
-            None,
-        )
+    c.add_node(kat_leader::sim::SimNode::new("node-4", 4000, 8 * GI))
         .await
         .unwrap();
     c.run_until(5, |c| c.live_of("big").len() == 4)

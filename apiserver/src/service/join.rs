@@ -218,7 +218,7 @@ impl Service {
             })?;
             let peer_url = format!(
                 "https://{}:{}",
-                url_host(address),
+                kat_api::wire::url_host(&address.to_string()),
                 self.cluster.spec.etcd_peer_port
             );
             let initial_cluster = members.add_learner(&request.node_name, &peer_url).await?;
@@ -305,13 +305,5 @@ impl Service {
                 ))
             })?;
         }
-    }
-}
-
-/// An IP as the host part of a URL (IPv6 in brackets).
-fn url_host(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("[{v6}]"),
     }
 }

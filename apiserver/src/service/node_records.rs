@@ -115,11 +115,11 @@ impl Service {
                 continue;
             };
             if let Some(address) = reg.addresses.first() {
-                let host = match address.contains(':') {
-                    true => format!("[{address}]"),
-                    false => address.clone(),
-                };
-                let endpoint = format!("https://{host}:{}", self.cluster.spec.api_port);
+                let endpoint = format!(
+                    "https://{}:{}",
+                    kat_api::wire::url_host(address),
+                    self.cluster.spec.api_port
+                );
                 if !endpoints.contains(&endpoint) {
                     endpoints.push(endpoint);
                 }
