@@ -1,0 +1,310 @@
+//! The node network on the real kernel: the holder's namespaces, two containers' namespaces
+//! linked to the bridge, TCP between them and to the node, egress through slirp4netns with
+//! the host's address as source, sockets made in the node namespace, adoption by a second
+//! handle, and the holder stopping once its record is gone. Runs as root and (through
+//! scripts/test-rootless.sh) as an unprivileged user with a subordinate id range.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use kat_netns::{NodeNetwork, NodeNetworkConfig};
+use socket2::{Domain, Type};
+
+fn helper() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_kat-netns-helper"))
+}
+
+/// Our subordinate range, or `None` as root (identity mapping).
+fn subordinate() -> Option<(u32, u32, u32, u32)> {
+    let uid = nix::unistd::geteuid();
+    if uid.is_root() {
+        return None;
+    }
+    let name = nix::unistd::User::from_uid(uid).ok()??.name;
+    let read = |file: &str| -> Option<(u32, u32)> {
+        std::fs::read_to_string(file).ok()?.lines().find_map(|l| {
+            let mut f = l.split(':');
+            if f.next()? != name {
+                return None;
+            }
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+    };
+    let (us, uc) = read("/etc/subuid").expect("a subuid range for the test user");
+    let (gs, gc) = read("/etc/subgid").expect("a subgid range for the test user");
+    Some((us, uc, gs, gc))
+}
+
+/// The host ids of a container slice: 65536 ids from the first of our range (or 300000).
+fn slice() -> (u32, u32) {
+    match subordinate() {
+        Some((us, _, gs, _)) => (us, gs),
+        None => (300_000, 300_000),
+    }
+}
+
+fn config(dir: &std::path::Path, third: u8) -> NodeNetworkConfig {
+    NodeNetworkConfig {
+        dir: dir.join("network"),
+        helper: helper(),
+        subnet: format!("10.231.{third}.0/24").parse().unwrap(),
+        cluster_cidr: "10.231.0.0/16".parse().unwrap(),
+        subordinate: subordinate(),
+        egress: true,
+    }
+}
+
+/// Runs `program args` in the user and network namespaces of `pid`.
+fn inside(pid: i32, program: &str, args: &[&str]) -> Output {
+    Command::new("nsenter")
+        .args([
+            "--target",
+            &pid.to_string(),
+            "--user",
+            "--net",
+            "--preserve-credentials",
+            "--",
+        ])
+        .arg(program)
+        .args(args)
+        .output()
+        .expect("nsenter")
+}
+
+fn keeper_of(a: &kat_netns::Attachment) -> i32 {
+    a.network_namespace()
+        .to_string_lossy()
+        .split('/')
+        .nth(2)
+        .and_then(|p| p.parse().ok())
+        .expect("a /proc/PID path")
+}
+
+/// A TCP connection from inside `pid` to `to`, through bash's /dev/tcp; returns what the
+/// peer answered.
+fn fetch_from(pid: i32, to: SocketAddr) -> Output {
+    let script = format!(
+        "exec 3<>/dev/tcp/{}/{}; echo ping >&3; head -c 64 <&3",
+        to.ip(),
+        to.port()
+    );
+    inside(pid, "timeout", &["5", "bash", "-c", &script])
+}
+
+/// Accepts one connection on `listener` and answers with the peer's address.
+fn answer_once(listener: TcpListener) -> std::thread::JoinHandle<Option<SocketAddr>> {
+    std::thread::spawn(move || {
+        listener.set_nonblocking(false).ok()?;
+        let (mut c, peer) = listener.accept().ok()?;
+        let mut buf = [0u8; 5];
+        c.read_exact(&mut buf).ok()?;
+        c.write_all(format!("pong from {peer}\n").as_bytes()).ok()?;
+        Some(peer)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_talk_to_each_other_the_node_and_the_outside() {
+    let tmp = tempfile::tempdir().unwrap();
+    let net = NodeNetwork::start(config(tmp.path(), 1)).expect("node network");
+    assert_eq!(net.gateway(), Ipv4Addr::new(10, 231, 1, 1));
+    let (uid, gid) = slice();
+    let a = net
+        .attach(
+            Ipv4Addr::new(10, 231, 1, 2),
+            vec![(0, uid, 65536)],
+            vec![(0, gid, 65536)],
+        )
+        .expect("container a");
+    let b = net
+        .attach(
+            Ipv4Addr::new(10, 231, 1, 3),
+            vec![(0, uid, 65536)],
+            vec![(0, gid, 65536)],
+        )
+        .expect("container b");
+    let (ka, kb) = (keeper_of(&a), keeper_of(&b));
+
+    // Each container's namespaces map its slice: container root is the slice's first id.
+    let map = std::fs::read_to_string(format!("/proc/{ka}/uid_map")).unwrap();
+    assert_eq!(
+        map.split_whitespace().collect::<Vec<_>>(),
+        ["0", &uid.to_string(), "65536"],
+        "{map}"
+    );
+    let addr = inside(ka, "ip", &["-4", "-o", "addr", "show", "eth0"]);
+    assert!(
+        String::from_utf8_lossy(&addr.stdout).contains("10.231.1.2/24"),
+        "{addr:?}"
+    );
+    let route = inside(ka, "ip", &["route"]);
+    assert!(
+        String::from_utf8_lossy(&route.stdout).contains("default via 10.231.1.1"),
+        "{route:?}"
+    );
+
+    // A server in the node namespace (a socket the keeper made), reached from a container.
+    let socket = net
+        .socket(Domain::IPV4, Type::STREAM)
+        .await
+        .expect("node socket");
+    socket.set_reuse_address(true).unwrap();
+    socket
+        .bind(&SocketAddr::from(([10, 231, 1, 1], 8080)).into())
+        .expect("bind on the bridge address");
+    socket.listen(8).unwrap();
+    let server = answer_once(socket.into());
+    let out = fetch_from(ka, "10.231.1.1:8080".parse().unwrap());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("pong from 10.231.1.2:"),
+        "{out:?}"
+    );
+    assert_eq!(
+        server.join().unwrap().map(|p| p.ip()),
+        Some("10.231.1.2".parse().unwrap())
+    );
+
+    // Container to container across the bridge: b listens (bash cannot, so a node-made
+    // socket cannot either: use busybox nc in b).
+    let mut nc = Command::new("nsenter")
+        .args([
+            "--target",
+            &kb.to_string(),
+            "--user",
+            "--net",
+            "--preserve-credentials",
+            "--",
+        ])
+        .args([
+            "busybox",
+            "nc",
+            "-l",
+            "-p",
+            "9000",
+            "-e",
+            "echo",
+            "hello from b",
+        ])
+        .spawn()
+        .expect("busybox nc in b");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let reply = loop {
+        let out = inside(
+            ka,
+            "timeout",
+            &[
+                "2",
+                "bash",
+                "-c",
+                "exec 3<>/dev/tcp/10.231.1.3/9000; head -c 64 <&3",
+            ],
+        );
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = nc.kill();
+    let _ = nc.wait();
+    assert!(
+        String::from_utf8_lossy(&reply.stdout).contains("hello from b"),
+        "{reply:?}"
+    );
+
+    // Egress: a server on the host's own address (not loopback, which slirp4netns keeps
+    // out of reach) sees the host's address as the source, not the container's.
+    if let Some(problem) = net.egress_problem() {
+        panic!("no egress: {problem}");
+    }
+    let host_ip = host_address().expect("the host has a non-loopback IPv4 address");
+    let listener = TcpListener::bind((host_ip, 0)).unwrap();
+    let to = listener.local_addr().unwrap();
+    let server = answer_once(listener);
+    let out = fetch_from(ka, to);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("pong from"),
+        "{out:?}"
+    );
+    let peer = server.join().unwrap().expect("a connection");
+    assert_eq!(
+        peer.ip(),
+        std::net::IpAddr::V4(host_ip),
+        "the outside sees the node's address"
+    );
+
+    // The host's loopback is not reachable from a container.
+    let local = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = local.local_addr().unwrap().port();
+    for target in ["127.0.0.1", "10.0.2.2"] {
+        let out = inside(
+            ka,
+            "timeout",
+            &[
+                "3",
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{target}/{port}"),
+            ],
+        );
+        assert!(
+            !out.status.success(),
+            "reached the host's loopback through {target}: {out:?}"
+        );
+    }
+
+    // A second handle (a restarted agent) adopts the same holder.
+    let again = NodeNetwork::start(config(tmp.path(), 1)).expect("adopt");
+    assert_eq!(again.keeper_pid(), net.keeper_pid());
+
+    // Dropping an attachment ends its keeper; its namespaces go with it.
+    drop(a);
+    assert!(!std::path::Path::new(&format!("/proc/{ka}")).exists());
+    drop(b);
+
+    // The holder stops once its record is gone (a removed data directory).
+    let keeper = net.keeper_pid();
+    net.remove();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::path::Path::new(&format!("/proc/{keeper}")).exists() {
+        assert!(Instant::now() < deadline, "the holder did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_address_outside_the_node_subnet_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let net = NodeNetwork::start(config(tmp.path(), 2)).expect("node network");
+    let (uid, gid) = slice();
+    for bad in [Ipv4Addr::new(10, 231, 9, 2), Ipv4Addr::new(10, 231, 2, 1)] {
+        let e = net
+            .attach(bad, vec![(0, uid, 65536)], vec![(0, gid, 65536)])
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("not a container address"), "{e}");
+    }
+    // Ids outside what the node user namespace maps are refused with the reason.
+    let e = net
+        .attach(
+            Ipv4Addr::new(10, 231, 2, 5),
+            vec![(0, u32::MAX - 100, 65536)],
+            vec![(0, gid, 65536)],
+        )
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("not mapped"), "{e}");
+    net.remove();
+}
+
+fn host_address() -> Option<Ipv4Addr> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.split_whitespace().nth(3)?.split('/').next()?.parse().ok())
+}
