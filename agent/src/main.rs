@@ -17,6 +17,7 @@ mod heartbeat;
 mod join;
 mod layout;
 mod malloc;
+mod network;
 mod node;
 mod remote_access;
 mod sd_notify;
@@ -182,6 +183,9 @@ impl NodeArgs {
 
 fn main() -> ExitCode {
     // Container creation re-executes this binary as a single-threaded helper.
+    if let Some(code) = kat_netns::run_if_requested() {
+        return code;
+    }
     if let Some(code) = kat_runtime::create_helper::run_if_requested() {
         return code;
     }

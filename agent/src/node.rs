@@ -31,9 +31,10 @@ use kat_store::{
 use tokio::sync::watch;
 
 use crate::access::LocalAccess;
-use crate::control_plane::{LeaderLink, StoreLink};
+use crate::control_plane::{ControlPlane, LeaderLink, StoreLink};
 use crate::heartbeat;
 use crate::layout::{Layout, NodeIdentity};
+use crate::network::ContainerNetwork;
 use crate::remote_access::ClusterAccess;
 use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
@@ -188,6 +189,18 @@ struct NodeBase {
     /// A local copy of assignments exists (the node ran workloads before this start).
     has_copy: bool,
     tick: Duration,
+    /// The container network, brought up by [`NodeBase::start_network`].
+    network: Option<NetworkStart>,
+}
+
+/// Where the node network task learns how to reach the control plane (its subnet, the
+/// DNS records), once the node's role has made the link.
+struct NetworkStart(watch::Sender<Option<Arc<dyn ControlPlane>>>);
+
+impl NetworkStart {
+    fn connect(self, control: Arc<dyn ControlPlane>) {
+        self.0.send_replace(Some(control));
+    }
 }
 
 /// Run an initialized node until SIGINT or SIGTERM: a control-plane node (an etcd member)
@@ -256,6 +269,8 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
     native.cgroup_manager = options.cgroup_manager;
     native.seccomp = options.seccomp;
     native.image_limits = options.image_limits;
+    let network = Arc::new(ContainerNetwork::default());
+    native.network = Some(network.clone());
     let runtime: Arc<dyn ContainerRuntime> =
         Arc::new(NativeRuntime::new(native).context("starting the container runtime")?);
     let caps = runtime.capabilities();
@@ -266,8 +281,20 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
 
     let (status_tx, status_rx) = watch::channel(Vec::new());
     let (feed_tx, feed_rx) = watch::channel(None);
-    let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
     let mut tasks = tokio::task::JoinSet::new();
+    let (settings_tx, settings_rx) = watch::channel(None);
+    let (published_tx, published_rx) = watch::channel(Vec::new());
+    let (control_tx, control_rx) = watch::channel(None);
+    // It starts at once: a node whose control plane is down still brings its workloads
+    // back, with their addresses, from its local copy.
+    tasks.spawn(crate::network::run(
+        network_config(&layout, &cluster, caps.rootless)?,
+        network,
+        control_rx,
+        settings_tx,
+        published_rx,
+    ));
+    let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
     tasks.spawn(
         Supervisor::new(
             SupervisorConfig {
@@ -276,6 +303,8 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
                 host_mounts: host_mount_policy(&cluster, &layout),
                 stop_grace: options.stop_grace,
                 pids_limit: options.pids_limit,
+                network: settings_rx,
+                published: published_tx,
             },
             runtime.clone(),
             status_tx,
@@ -301,6 +330,37 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
         status_rx,
         has_copy,
         tick,
+        network: Some(NetworkStart(control_tx)),
+    })
+}
+
+/// How this node makes its container network, from `cluster.kat` and who runs the agent.
+fn network_config(
+    layout: &Layout,
+    cluster: &ClusterConfiguration,
+    rootless: bool,
+) -> Result<crate::network::NetworkConfig> {
+    let cluster_cidr = cluster.spec.cluster_cidr.parse().with_context(|| {
+        format!(
+            "{}: clusterCIDR {:?} is not an IPv4 network",
+            layout.cluster_config().display(),
+            cluster.spec.cluster_cidr
+        )
+    })?;
+    let subordinate = if rootless {
+        let r = kat_runtime::idmap::NodeIdRange::for_current_user().map_err(anyhow::Error::msg)?;
+        Some((r.uid_start, r.uid_count, r.gid_start, r.gid_count))
+    } else {
+        None
+    };
+    Ok(crate::network::NetworkConfig {
+        dir: kat_netns::node::network_dir(&layout.root),
+        helper: std::env::current_exe().context("finding this program (the network helper)")?,
+        cluster_cidr,
+        domain: cluster.spec.cluster_domain.clone(),
+        subordinate,
+        egress: true,
+        poll: Duration::from_secs(1),
     })
 }
 
@@ -321,6 +381,9 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     )?);
     let leader = link.leader();
     let revoked = link.revoked();
+    if let Some(n) = base.network.take() {
+        n.connect(link.clone());
+    }
     base.tasks
         .spawn(Feed::new(link.clone(), &base.layout.agent()).run(base.feed_tx.clone()));
     let meter = UsageMeter::new(base.runtime.clone(), base.layout.root.clone());
@@ -384,6 +447,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
             base.pki = Pki::load(&base.layout.pki())?;
         }
     }
+    let network = base.network.take();
     let (layout, identity, cluster, pki) = (&base.layout, &base.identity, &base.cluster, &base.pki);
     let node = base.node.clone();
     let tasks = &mut base.tasks;
@@ -482,6 +546,9 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
     .await?;
 
     let link = Arc::new(StoreLink::new(store.clone(), &node));
+    if let Some(n) = network {
+        n.connect(link.clone());
+    }
     tasks.spawn(Feed::new(link.clone(), &layout.agent()).run(base.feed_tx.clone()));
     let meter = UsageMeter::new(base.runtime.clone(), layout.root.clone());
     tasks.spawn(heartbeat::run(

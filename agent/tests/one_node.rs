@@ -477,6 +477,8 @@ fn one_node_cluster_end_to_end() {
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi\n{id}\n"));
 
+    container_network(&c, &image);
+
     // Killing the workload process restarts it (Always).
     let other = first
         .iter()
@@ -1196,6 +1198,120 @@ fn pids_running(args: &[&str]) -> Vec<i32> {
             (std::fs::read(e.path().join("cmdline")).ok()? == wanted).then_some(pid)
         })
         .collect()
+}
+
+/// Containers on the node network: an address of the node's subnet on eth0, the node's
+/// DNS in resolv.conf, pages fetched from one instance to another by workload name (short
+/// and long) and by instance name, and a published hostPort reached from the host.
+fn container_network(c: &Cluster, image: &str) {
+    let web = c.instances("web");
+    let (a, b) = (&web[0], &web[1]);
+    let (a_id, b_id) = (
+        a["instanceID"].as_str().unwrap(),
+        b["instanceID"].as_str().unwrap(),
+    );
+    let a_ip = a["ip"].as_str().expect("an address");
+    assert!(a_ip.starts_with("10.100."), "{a}");
+    let run = |instance: &str, script: &str| -> String {
+        let out = c.katcall(&["exec", &format!("web/{instance}"), "--", "sh", "-c", script]);
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let addr = run(
+        a_id,
+        "ip -4 -o addr show eth0; ip route; cat /etc/resolv.conf /etc/hosts",
+    );
+    assert!(addr.contains(&format!("inet {a_ip}/23")), "{addr}");
+    assert!(addr.contains("default via 10.100.0.1"), "{addr}");
+    assert!(addr.contains("nameserver 10.100.0.1"), "{addr}");
+    assert!(
+        addr.contains("search default.kat.cluster.local kat.cluster.local"),
+        "{addr}"
+    );
+    assert!(addr.contains(&format!("{a_ip}\t{a_id}")), "{addr}");
+    // Names resolve through the node's DNS, then the page comes over the bridge.
+    for name in [
+        "web".to_string(),
+        "web.default".to_string(),
+        "web.default.kat.cluster.local".to_string(),
+        format!("{b_id}.web.default.kat.cluster.local"),
+    ] {
+        // busybox-static's wget crashes in static glibc's resolver; its nc does not. The
+        // records reach the node's DNS within a second or so of the instances' health.
+        let fetch = format!("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {name} 8080");
+        let mut page = String::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let out = c.katcall(&["exec", &format!("web/{a_id}"), "--", "sh", "-c", &fetch]);
+            page = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if page.starts_with("HTTP/1.1 200") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        assert!(
+            page.starts_with("HTTP/1.1 200") && page.ends_with("\nhi\n"),
+            "fetching from {name}: {page}"
+        );
+    }
+    let lookup = run(
+        a_id,
+        "nslookup no-such-workload.default.kat.cluster.local 10.100.0.1 || true",
+    );
+    assert!(
+        lookup.contains("NXDOMAIN") || lookup.contains("can't resolve"),
+        "{lookup}"
+    );
+
+    // A published port, reached from the host through the node's address.
+    let port = free_port();
+    c.apply(
+        "published",
+        &[
+            simple(
+                "published",
+                image,
+                "    condition: Always",
+                "mkdir -p /tmp/www; echo published page > /tmp/www/index.html; exec httpd -f -p 8081 -h /tmp/www",
+            )
+            .remove(0),
+            (
+                "VirtualLoadBalancer.kat",
+                format!(
+                    "apiVersion: kat.dws.rip/v1alpha1
+kind: VirtualLoadBalancer
+spec:
+  ports:
+    - name: http
+      containerPort: 8081
+      hostPort: {port}
+"
+                ),
+            ),
+        ],
+    );
+    c.wait("the published page", Duration::from_secs(30), |c| {
+        let (code, body) = c.curl(&[
+            "--max-time",
+            "2",
+            &format!("http://127.0.0.1:{port}/index.html"),
+        ]);
+        code == 200 && body.trim() == "published page"
+    });
+    c.must(&["delete", "workload", "published"]);
+    c.wait(
+        "the published port to close",
+        Duration::from_secs(30),
+        |_| std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+    );
 }
 
 /// `katcall exec` killed (a closed laptop, a dropped link): the process it started inside

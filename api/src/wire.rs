@@ -375,6 +375,9 @@ pub struct HeartbeatAnswer {
     /// Serials of removed nodes' certificates: a worker's own API refuses them.
     #[serde(default)]
     pub revoked_serials: Vec<String>,
+    /// The node's subnet of `clusterCIDR`, once the leader has given it one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
 }
 
 /// `GET /nodes/{name}/assignments`: one JSON line each. A stream starts with a `snapshot`

@@ -8,6 +8,7 @@
 //! - [`logs`]: the log format kat-init writes, and streaming it;
 //! - [`exec`]: commands inside running containers, with a TTY;
 //! - [`create_helper`]: libcontainer's create in a single-threaded process of its own;
+//! - [`network`]: the seam to the node network, whose namespaces a container joins;
 //! - `fake` (feature `fake`): a runtime without a kernel, for tests of what drives one.
 //!
 //! `docs/runtime.md` describes what every container gets and what is enforced.
@@ -25,6 +26,7 @@ pub mod idmap;
 pub mod image;
 pub mod logs;
 pub mod native;
+pub mod network;
 pub mod rootfs;
 pub mod spec;
 pub mod state_file;

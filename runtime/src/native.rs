@@ -74,6 +74,8 @@ pub struct NativeConfig {
     /// ([`crate::create_helper`]). Default: this very binary (`/proc/self/exe`), which must
     /// then call [`crate::create_helper::run_if_requested`] first in `main`.
     pub create_helper: PathBuf,
+    /// The node network; containers with an address join namespaces it makes.
+    pub network: Option<Arc<dyn crate::network::NetworkNamespaces>>,
 }
 
 impl NativeConfig {
@@ -90,6 +92,7 @@ impl NativeConfig {
             image_limits: image::UnpackLimits::default(),
             pull_timeouts: image::PullTimeouts::default(),
             create_helper: PathBuf::from("/proc/self/exe"),
+            network: None,
         }
     }
 }
@@ -509,7 +512,7 @@ impl NativeRuntime {
         )?;
         fs::write(
             etc.join("hosts"),
-            spec::hosts_file(&hostname, &options.hosts),
+            spec::hosts_file(&hostname, options.address, &options.hosts),
         )
         .context(|| "writing /etc/hosts".to_string())?;
         fs::write(etc.join("hostname"), format!("{hostname}\n"))
@@ -561,6 +564,10 @@ impl NativeRuntime {
             }
             rootfs.clone()
         };
+        let joined = match options.address {
+            Some(address) => Some(self.join_network(address, &ids).await?),
+            None => None,
+        };
         let cgroups_path = self.cgroups.container_path(&options.id);
         let kat_limits = self.cgroups.kat_applies_limits();
         let input = SpecInput {
@@ -596,6 +603,7 @@ impl NativeRuntime {
                 self.cgroups.mode,
                 CgroupMode::Systemd | CgroupMode::V2Delegated | CgroupMode::V2Root
             ),
+            joined: joined.as_ref().map(|j| (j.user(), j.network())),
         };
         let config = spec::build(&input);
         let bundle = dir.join("bundle");
@@ -617,6 +625,8 @@ impl NativeRuntime {
             &dir.join("create.err"),
         )
         .await?;
+        // The container's processes hold its namespaces now.
+        drop(joined);
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
         let init_pid = self.load_container(&options.id).and_then(|c| c.pid());
         if let Some(pid) = init_pid {
@@ -657,6 +667,32 @@ impl NativeRuntime {
             },
             warnings,
         })
+    }
+
+    /// The namespaces a container with `address` joins, from the node network.
+    async fn join_network(
+        &self,
+        address: std::net::Ipv4Addr,
+        ids: &IdMap,
+    ) -> Result<Box<dyn crate::network::JoinedNamespaces>> {
+        let network = self
+            .config
+            .network
+            .clone()
+            .ok_or_else(|| RuntimeError::InvalidOption {
+                field: "address".into(),
+                reason: format!("this node has no container network to give {address} on"),
+            })?;
+        let ids = ids.clone();
+        blocking("connecting the container to the node network", move || {
+            network
+                .prepare(address, &ids)
+                .map_err(|message| RuntimeError::Container {
+                    context: format!("connecting the container to the node network as {address}"),
+                    message,
+                })
+        })
+        .await
     }
 
     /// Runs an ownership task off the async threads (see [`crate::id_tool`]).

@@ -152,6 +152,9 @@ pub struct SpecInput<'a> {
     /// `/sys/fs/cgroup`, so kat-init can read `memory.events` before it exits: under systemd
     /// the scope and its counters are gone as soon as the last process leaves.
     pub cgroup_mount: bool,
+    /// User and network namespaces made for the container, joined by path (they carry its id
+    /// mappings, so `config.json` has none): see [`crate::network`].
+    pub joined: Option<(PathBuf, PathBuf)>,
 }
 
 fn bind(source: &Path, destination: &str, read_only: bool) -> Value {
@@ -273,6 +276,16 @@ pub fn build(input: &SpecInput<'_>) -> Value {
             l.remove("resources");
         }
     }
+    if let Some((user, network)) = &input.joined {
+        linux["namespaces"] = json!([
+            {"type": "user", "path": user}, {"type": "pid"}, {"type": "mount"}, {"type": "ipc"},
+            {"type": "uts"}, {"type": "cgroup"}, {"type": "network", "path": network},
+        ]);
+        if let Some(l) = linux.as_object_mut() {
+            l.remove("uidMappings");
+            l.remove("gidMappings");
+        }
+    }
     if let Some(path) = &input.cgroups_path {
         linux["cgroupsPath"] = json!(path);
     }
@@ -304,10 +317,15 @@ pub fn build(input: &SpecInput<'_>) -> Value {
     })
 }
 
-/// `/etc/hosts` of a container.
-pub fn hosts_file(hostname: &str, extra: &BTreeMap<String, String>) -> String {
+/// `/etc/hosts` of a container: its own name on its address (else `127.0.1.1`, as Debian).
+pub fn hosts_file(
+    hostname: &str,
+    address: Option<std::net::Ipv4Addr>,
+    extra: &BTreeMap<String, String>,
+) -> String {
+    let own = address.map_or_else(|| "127.0.1.1".to_string(), |a| a.to_string());
     let mut out = format!(
-        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{own}\t{hostname}\n"
     );
     for (name, ip) in extra {
         out.push_str(&format!("{ip}\t{name}\n"));

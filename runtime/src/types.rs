@@ -34,6 +34,10 @@ pub struct CreateOptions {
     pub dns_servers: Vec<String>,
     pub dns_search: Vec<String>,
     pub log: LogConfig,
+    /// The container's address on the node network ([`crate::network`]); `None`: a network
+    /// namespace of its own with only `lo`.
+    #[serde(default)]
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 /// Resource limits. Zero means unlimited / not set.

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use kat_api::wire::{
-    AssignmentUpdate, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
-    TemplateProblem,
+    AssignmentUpdate, DnsRecord, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord,
+    NodeHeartbeat, TemplateProblem,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -37,6 +37,8 @@ pub struct LeaderLink {
     file: PathBuf,
     leader: watch::Sender<Option<String>>,
     revoked: watch::Sender<Arc<HashSet<String>>>,
+    /// The node's subnet, from the last heartbeat answer that had one.
+    subnet: Mutex<Option<String>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -65,6 +67,7 @@ impl LeaderLink {
             file,
             leader,
             revoked,
+            subnet: Mutex::new(None),
         })
     }
 
@@ -244,11 +247,34 @@ impl ControlPlane for LeaderLink {
         }
         let answer: HeartbeatAnswer = response.json().await.context("the heartbeat answer")?;
         self.refresh(answer.api_endpoints);
+        if answer.subnet.is_some() {
+            *self.subnet.lock().unwrap_or_else(|p| p.into_inner()) = answer.subnet;
+        }
         let revoked: HashSet<String> = answer.revoked_serials.into_iter().collect();
         if **self.revoked.borrow() != revoked {
             self.revoked.send_replace(Arc::new(revoked));
         }
         Ok(())
+    }
+
+    async fn subnet(&self) -> Result<Option<String>> {
+        Ok(self
+            .subnet
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone())
+    }
+
+    async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
+        let response = self
+            .send("DNS records", |c, base| {
+                c.get(self.url(base, "dns")).timeout(REQUEST_TIMEOUT)
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal("DNS records", response).await);
+        }
+        response.json().await.context("the DNS records")
     }
 
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {

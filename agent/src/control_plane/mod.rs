@@ -11,7 +11,7 @@ mod leader_link;
 mod store_link;
 
 use anyhow::Result;
-use kat_api::wire::{AssignmentUpdate, InstanceRecord, NodeHeartbeat, TemplateProblem};
+use kat_api::wire::{AssignmentUpdate, DnsRecord, InstanceRecord, NodeHeartbeat, TemplateProblem};
 use tokio::sync::mpsc;
 
 pub use leader_link::{write_endpoints, LeaderLink};
@@ -33,4 +33,10 @@ pub trait ControlPlane: Send + Sync {
 
     /// Instances of this node whose template is unusable: `TemplateMissing` events.
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()>;
+
+    /// This node's subnet of `clusterCIDR`, once the leader has given it one.
+    async fn subnet(&self) -> Result<Option<String>>;
+
+    /// The cluster's DNS records, for this node's DNS server.
+    async fn dns_records(&self) -> Result<Vec<DnsRecord>>;
 }

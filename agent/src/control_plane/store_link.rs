@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use kat_api::keys;
-use kat_api::wire::{EventType, InstanceRecord, NodeHeartbeat, TemplateProblem};
+use kat_api::wire::{DnsRecord, EventType, InstanceRecord, NodeHeartbeat, TemplateProblem};
 use kat_leader::assignments::AssignmentWatch;
 use kat_leader::events::EventLog;
 use kat_store::{StateStore, Txn};
@@ -66,6 +66,25 @@ impl ControlPlane for StoreLink {
             )
             .await?;
         Ok(())
+    }
+
+    async fn subnet(&self) -> Result<Option<String>> {
+        Ok(self
+            .store
+            .get(&keys::node_subnet(&self.node))
+            .await?
+            .and_then(|kv| String::from_utf8(kv.value).ok()))
+    }
+
+    async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
+        Ok(self
+            .store
+            .list(keys::dns_records())
+            .await?
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect())
     }
 
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {

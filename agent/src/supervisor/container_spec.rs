@@ -2,11 +2,15 @@
 //! [`CreateOptions`]: command, args, env, resources, volume mounts, labels.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use kat_api::wire::InstanceRecord;
 use kat_api::Template;
 use kat_runtime::{CreateOptions, LogConfig, Resources, VolumeMount};
+
+use crate::network::{NetworkSettings, PublishedPort};
 
 /// Labels that tie a container to its instance; adoption after an agent restart reads them.
 pub const LABEL_INSTANCE: &str = "kat.instance";
@@ -102,7 +106,51 @@ pub fn create_options(
         dns_servers: vec![],
         dns_search: vec![],
         log: LogConfig::default(),
+        address: None,
     }
+}
+
+/// A container on the node network: its address, the node's DNS, the search path that
+/// makes `web` and `web.other` resolve from namespace `ns`.
+pub fn connect_options(options: &mut CreateOptions, address: Ipv4Addr, settings: &NetworkSettings) {
+    options.address = Some(address);
+    options.dns_servers = vec![settings.gateway.to_string()];
+    options.dns_search = vec![
+        format!("{}.{}", options.namespace, settings.domain),
+        settings.domain.clone(),
+    ];
+}
+
+/// The ports a running instance publishes on its node (`hostPort` of its load balancer's
+/// ports), towards its address.
+pub fn published_ports(
+    record: &InstanceRecord,
+    template: Option<&Arc<Template>>,
+) -> Vec<PublishedPort> {
+    let (Some(template), Some(address)) = (
+        template,
+        record
+            .ip
+            .as_deref()
+            .and_then(|ip| ip.parse::<Ipv4Addr>().ok()),
+    ) else {
+        return vec![];
+    };
+    let Some(lb) = &template.load_balancer else {
+        return vec![];
+    };
+    lb.spec
+        .ports
+        .iter()
+        .filter_map(|p| {
+            Some(PublishedPort {
+                host_port: u16::try_from(p.host_port?).ok().filter(|p| *p > 0)?,
+                protocol: p.protocol,
+                address,
+                container_port: u16::try_from(p.container_port).ok()?,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -35,7 +35,11 @@ use tokio::time::Instant;
 
 use assignments::{Assignment, Snapshot, Source};
 pub use container_spec::LABEL_INSTANCE;
-use container_spec::{container_id, create_options, LABEL_ATTEMPT};
+use container_spec::{
+    connect_options, container_id, create_options, published_ports, LABEL_ATTEMPT,
+};
+
+use crate::network::{NetworkSettings, PublishedPort};
 use health::HealthTracker;
 use restart::{Decision, Exit, RestartTracker};
 
@@ -54,6 +58,11 @@ pub struct SupervisorConfig {
     pub stop_grace: Duration,
     /// Most processes one container may have (`pids.max`): a fork bomb stops there.
     pub pids_limit: u64,
+    /// The node network's gateway and domain once it is up; instances with an address wait
+    /// for it.
+    pub network: watch::Receiver<Option<NetworkSettings>>,
+    /// Where the ports running instances publish (`hostPort`) are announced.
+    pub published: watch::Sender<Vec<PublishedPort>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -411,6 +420,17 @@ impl Supervisor {
         }
         let mut options = create_options(record, template, image, t.attempt, &paths);
         options.resources.pids_limit = self.config.pids_limit;
+        if let Some(ip) = record.ip.as_deref() {
+            let settings = self.config.network.borrow().clone().ok_or_else(|| {
+                StartError::NotReady("waiting for the node network to come up".into())
+            })?;
+            let address = ip.parse().map_err(|_| {
+                StartError::Failed(format!(
+                    "the instance's address {ip} is not an IPv4 address"
+                ))
+            })?;
+            connect_options(&mut options, address, &settings);
+        }
         // A leftover container of this attempt (e.g. created just before an agent crash).
         if self.runtime.status(&options.id).await.is_ok() {
             let _ = self.runtime.remove(&options.id, true).await;
@@ -623,6 +643,21 @@ impl Supervisor {
                 false
             } else {
                 *current = statuses;
+                true
+            }
+        });
+        let mut published: Vec<PublishedPort> = self
+            .tracked
+            .values()
+            .filter(|t| t.phase == Phase::Running)
+            .flat_map(|t| published_ports(&t.assignment.record, t.template.as_ref().ok()))
+            .collect();
+        published.sort();
+        self.config.published.send_if_modified(|current| {
+            if *current == published {
+                false
+            } else {
+                *current = published;
                 true
             }
         });

@@ -80,6 +80,12 @@ fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
         host_mounts: Default::default(),
         stop_grace: GRACE,
         pids_limit: 1024,
+        network: watch::channel(Some(crate::network::NetworkSettings {
+            gateway: "10.100.0.1".parse().unwrap(),
+            domain: "cluster.local".into(),
+        }))
+        .1,
+        published: watch::channel(Vec::new()).0,
     };
     let (status_tx, statuses) = watch::channel(Vec::new());
     let (feed, feed_rx) = watch::channel(Some((Source::Store, snap(snapshot))));

@@ -61,7 +61,8 @@ pub struct ClientSerial(pub Option<String>);
 /// What a route is to a node's certificate.
 #[derive(Debug, PartialEq, Eq)]
 enum NodeRoute<'a> {
-    /// A node's own records: heartbeat, assignments, templates, template problems. Only the
+    /// A node's own records: heartbeat, assignments, templates, template problems, and the
+    /// cluster's DNS records its DNS server answers from. Only the
     /// node the path names may use them.
     Own(&'a str),
     /// Logs of and exec into an instance: what a control-plane node proxies to the node that
@@ -75,7 +76,7 @@ fn node_route<'a>(method: &Method, path: &'a str) -> NodeRoute<'a> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (method.clone(), parts.as_slice()) {
         (Method::POST, ["v1alpha1", "nodes", node, "status" | "template-problems"])
-        | (Method::GET, ["v1alpha1", "nodes", node, "assignments"])
+        | (Method::GET, ["v1alpha1", "nodes", node, "assignments" | "dns"])
         | (Method::GET, ["v1alpha1", "nodes", node, "templates", _, _, _]) => NodeRoute::Own(node),
         (
             Method::GET | Method::POST,
@@ -152,6 +153,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/nodes/:name", get(nodes::get).delete(nodes::remove))
         .route("/nodes/:name/status", post(nodes::heartbeat))
         .route("/nodes/:name/assignments", get(nodes::assignments))
+        .route("/nodes/:name/dns", get(nodes::dns_records))
         .route(
             "/nodes/:name/templates/:ns/:workload/:hash",
             get(nodes::template),

@@ -49,6 +49,14 @@ pub async fn heartbeat(
     Ok(Json(state.service.worker_heartbeat(&name, hb).await?))
 }
 
+/// The cluster's DNS records, for a worker's DNS server.
+pub async fn dns_records(
+    State(state): State<Arc<ApiState>>,
+    Path(_name): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.dns_records().await?))
+}
+
 #[derive(Debug, Deserialize)]
 pub struct AssignmentQuery {
     /// The last revision the node has seen: the stream resumes after it.

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use kat_api::keys;
 use kat_api::wire::{
-    rfc3339, EventType, HeartbeatAnswer, InstanceRecord, NodeHeartbeat, NodeRegistration,
-    RevokedNode, TemplateProblem,
+    rfc3339, DnsRecord, EventType, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
+    NodeRegistration, RevokedNode, TemplateProblem,
 };
 use kat_leader::assignments::AssignmentWatch;
 use kat_store::Txn;
@@ -156,11 +156,31 @@ impl Service {
             .filter_map(|kv| serde_json::from_slice::<RevokedNode>(&kv.value).ok())
             .filter_map(|r| r.serial)
             .collect();
+        let subnet = self
+            .store
+            .get(&keys::node_subnet(name))
+            .await?
+            .and_then(|kv| String::from_utf8(kv.value).ok());
         Ok(HeartbeatAnswer {
             accepted: true,
             api_endpoints: self.api_endpoints().await?,
             revoked_serials,
+            subnet,
         })
+    }
+
+    /// The cluster's DNS records, for a worker's DNS server (a control-plane node reads them
+    /// from etcd).
+    pub async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
+        self.require_leader().await?;
+        Ok(self
+            .store
+            .list(keys::dns_records())
+            .await?
+            .kvs
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect())
     }
 
     /// Node `name`'s assignment stream, resuming after revision `resume` if given.

@@ -1,0 +1,96 @@
+//! The node's DNS server: bound on the node's bridge address inside the node network (so
+//! only this node's containers reach it), answering from the cluster's records and
+//! forwarding the rest to the host's resolvers.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kat_api::wire::DnsRecord;
+use kat_netns::dns::{upstreams_from_resolv_conf, DnsServer, Forwarder, Table};
+use kat_netns::NodeNetwork;
+use socket2::{Domain, Type};
+use tokio::sync::watch;
+
+use crate::control_plane::ControlPlane;
+
+/// How long the forwarder waits for one upstream resolver.
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the records are read: health changes reach answers within about this.
+const RECORDS_POLL: Duration = Duration::from_millis(500);
+
+pub(super) async fn serve(
+    node: Arc<NodeNetwork>,
+    mut control: watch::Receiver<Option<Arc<dyn ControlPlane>>>,
+    domain: String,
+) {
+    let address = SocketAddr::from((node.gateway(), 53));
+    let (udp, tcp) = loop {
+        match bind(&node, address).await {
+            Ok(sockets) => break sockets,
+            Err(e) => tracing::error!("DNS on {address}: {e}; retrying in 5 s"),
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    };
+    let upstreams = upstreams_from_resolv_conf(Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
+        tracing::warn!("reading /etc/resolv.conf: {e}: names outside the cluster will not resolve");
+        vec![]
+    });
+    let empty = match Table::empty(&domain) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("DNS: {e}");
+            return;
+        }
+    };
+    let (tables, table) = watch::channel(Arc::new(empty));
+    let server = DnsServer::new(table, Forwarder::new(upstreams, UPSTREAM_TIMEOUT));
+    tokio::spawn(server.clone().serve_udp(udp));
+    tokio::spawn(server.serve_tcp(tcp));
+    tracing::info!(%address, %domain, "DNS serving containers");
+    let control = super::connected(&mut control).await;
+    let mut last: Option<Vec<DnsRecord>> = None;
+    loop {
+        match control.dns_records().await {
+            Ok(mut records) => {
+                records.sort_by(|a, b| {
+                    (&a.namespace, &a.workload, &a.instance_id, a.ip).cmp(&(
+                        &b.namespace,
+                        &b.workload,
+                        &b.instance_id,
+                        b.ip,
+                    ))
+                });
+                if last.as_ref() != Some(&records) {
+                    match Table::new(&domain, &records) {
+                        Ok(t) => {
+                            tables.send_replace(Arc::new(t));
+                        }
+                        Err(e) => tracing::error!("DNS: {e}"),
+                    }
+                    last = Some(records);
+                }
+            }
+            Err(e) => tracing::debug!("reading DNS records: {e:#}"),
+        }
+        tokio::time::sleep(RECORDS_POLL).await;
+    }
+}
+
+/// UDP and TCP sockets on `address`, made in the node network namespace.
+async fn bind(
+    node: &NodeNetwork,
+    address: SocketAddr,
+) -> std::io::Result<(tokio::net::UdpSocket, tokio::net::TcpListener)> {
+    let udp = node.socket(Domain::IPV4, Type::DGRAM).await?;
+    udp.bind(&address.into())?;
+    let tcp = node.socket(Domain::IPV4, Type::STREAM).await?;
+    tcp.set_reuse_address(true)?;
+    tcp.bind(&address.into())?;
+    tcp.listen(128)?;
+    Ok((
+        tokio::net::UdpSocket::from_std(udp.into())?,
+        tokio::net::TcpListener::from_std(tcp.into())?,
+    ))
+}

@@ -1,0 +1,25 @@
+//! The seam between the runtime and the node network.
+//!
+//! A container with an address ([`crate::CreateOptions::address`]) does not get a fresh user
+//! and network namespace from libcontainer: the node network (kat-netns, wired in by the
+//! agent) makes both under the node's own user namespace, already mapped to the workload's
+//! id slice and linked to the node's bridge, and the container joins them by path. The
+//! runtime only says which ids and which address; it knows nothing of bridges.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use crate::idmap::IdMap;
+
+/// Makes the namespaces a container joins.
+pub trait NetworkNamespaces: Send + Sync + std::fmt::Debug {
+    /// A user namespace mapping `ids` (container → host) and a network namespace owned by it
+    /// with `address`, held until the returned value is dropped. Blocking.
+    fn prepare(&self, address: Ipv4Addr, ids: &IdMap) -> Result<Box<dyn JoinedNamespaces>, String>;
+}
+
+/// Namespaces made for one container, held while it is created.
+pub trait JoinedNamespaces: Send {
+    fn user(&self) -> PathBuf;
+    fn network(&self) -> PathBuf;
+}
