@@ -55,6 +55,7 @@ pub struct Attachment {
     child: Child,
     stdin: Option<ChildStdin>,
     keeper: i32,
+    node_keeper: i32,
 }
 
 impl Attachment {
@@ -64,6 +65,11 @@ impl Attachment {
 
     pub fn network_namespace(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/ns/net", self.keeper))
+    }
+
+    /// The node user namespace, parent of the container's.
+    pub fn node_user_namespace(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/user", self.node_keeper))
     }
 }
 
@@ -106,6 +112,7 @@ pub fn attach(program: &Path, request: &AttachRequest) -> Result<Attachment, Net
             child,
             stdin,
             keeper,
+            node_keeper: request.keeper_pid,
         }),
         None => {
             drop(stdin);

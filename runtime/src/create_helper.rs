@@ -43,6 +43,10 @@ pub(crate) struct Request {
     pub bundle: PathBuf,
     /// Cgroups through systemd (a transient scope) rather than the cgroup filesystem.
     pub systemd: bool,
+    /// A user namespace to enter before libcontainer runs (see
+    /// [`crate::network::JoinedNamespaces::parent_user`]).
+    #[serde(default)]
+    pub enter_user_namespace: Option<PathBuf>,
 }
 
 /// When this process was started as the create helper, runs it and returns its exit code.
@@ -85,6 +89,12 @@ fn helper_main(request: Option<OsString>) -> ExitCode {
 
 /// The helper's work: libcontainer's create, detached. Runs single-threaded.
 fn build(r: &Request) -> std::result::Result<(), String> {
+    if let Some(path) = &r.enter_user_namespace {
+        let file = fs::File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+        // Allowed: this process is single-threaded and its user owns that namespace.
+        nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWUSER)
+            .map_err(|e| format!("entering the node user namespace {}: {e}", path.display()))?;
+    }
     // kat-init's stdio is /dev/null: it opens its log directory inside the container and
     // replaces these with the container's own /dev/null, so it holds no host file.
     let null = || -> std::result::Result<OwnedFd, String> {

@@ -618,6 +618,10 @@ impl NativeRuntime {
             lib_root: self.lib_root(),
             bundle,
             systemd: self.cgroups.mode == CgroupMode::Systemd,
+            enter_user_namespace: joined
+                .as_ref()
+                .filter(|_| !nix::unistd::geteuid().is_root())
+                .map(|j| j.parent_user()),
         };
         crate::create_helper::create(
             &self.config.create_helper,

@@ -22,4 +22,9 @@ pub trait NetworkNamespaces: Send + Sync + std::fmt::Debug {
 pub trait JoinedNamespaces: Send {
     fn user(&self) -> PathBuf;
     fn network(&self) -> PathBuf;
+    /// The user namespace both were made under. An unprivileged agent's create helper
+    /// enters it first: libcontainer refuses to build a rootless container that neither
+    /// creates a user namespace nor runs inside one (it is root there, as podman's runtime
+    /// is inside its pause process's namespace).
+    fn parent_user(&self) -> PathBuf;
 }

@@ -73,6 +73,9 @@ impl JoinedNamespaces for Joined {
     fn network(&self) -> PathBuf {
         self.0.network_namespace()
     }
+    fn parent_user(&self) -> PathBuf {
+        self.0.node_user_namespace()
+    }
 }
 
 impl NetworkNamespaces for ContainerNetwork {
