@@ -23,6 +23,16 @@ command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# Container networking: links and routes, NAT, egress, and for tests and benchmarks a
+# packet capture, iperf3 and a userspace WireGuard peer to compare with.
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
+command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
+command -v tcpdump >/dev/null 2>&1 || missing+=(tcpdump)
+command -v iperf3 >/dev/null 2>&1 || missing+=(iperf3)
+command -v wireguard-go >/dev/null 2>&1 || missing+=(wireguard-go)
+command -v wg >/dev/null 2>&1 || missing+=(wireguard-tools)
 # promtool checks that /metrics is valid exposition text (the Prometheus server itself is not
 # started: without systemd as PID 1 nothing starts it, and on systemd hosts it is stopped below).
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
@@ -30,6 +40,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# An unprivileged agent opens /dev/net/tun for egress and the overlay; most distributions
+# ship it 0666 (the kernel checks CAP_NET_ADMIN in the namespace that owns the device's
+# network, not the file mode), a few 0600.
+if [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
+    echo "==> /dev/net/tun is $(stat -c %a /dev/net/tun); making it 0666 so an unprivileged agent can use it"
+    need_root chmod 0666 /dev/net/tun
 fi
 # Debian's etcd-server package starts a system etcd on 2379; KAT runs its own, so stop that one.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then

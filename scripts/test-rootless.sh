@@ -45,7 +45,7 @@ fi
 TMP=/tmp/kat-rootless-tests
 rm -rf "$TMP"; mkdir -p "$TMP"; chown "$uid:$gid" "$TMP"; chmod 0711 "$TMP"
 
-mapfile -t bins < <(cargo test -q -p kat-runtime -p kat-init --no-run --locked --message-format=json 2>/dev/null \
+mapfile -t bins < <(cargo test -q -p kat-runtime -p kat-init -p kat-netns --no-run --locked --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)

@@ -33,6 +33,7 @@ use nix::unistd::{fork, ForkResult, Pid};
 use serde::{Deserialize, Serialize};
 
 use crate::ip::{in_namespaces, run_ip_batch};
+use crate::overlay::{Overlay, MTU, TUN_DEVICE};
 
 /// The first argument that makes a program the holder.
 pub const HOLDER_ARG: &str = "__kat-netns-holder";
@@ -59,6 +60,9 @@ pub struct HolderRequest {
     pub subordinate: Option<(u32, u32, u32, u32)>,
     /// Egress through slirp4netns.
     pub egress: bool,
+    /// The overlay's UDP port on the host (`wireguardPort`); `None`: no overlay.
+    #[serde(default)]
+    pub overlay_port: Option<u16>,
 }
 
 /// What a running holder wrote (`holder.json`).
@@ -72,6 +76,12 @@ pub struct HolderRecord {
     pub cluster_cidr: Ipv4Net,
     /// Why there is no egress, if there is none.
     pub egress_problem: Option<String>,
+    /// The node's WireGuard public key (base64), when the overlay runs.
+    #[serde(default)]
+    pub public_key: Option<String>,
+    /// Why there is no overlay, if there is none.
+    #[serde(default)]
+    pub overlay_problem: Option<String>,
 }
 
 pub(crate) const RECORD_FILE: &str = "holder.json";
@@ -101,8 +111,8 @@ fn run(request: &HolderRequest) -> Result<(), String> {
     let socket_path = request.dir.join(SOCKETS_FILE);
     let _ = fs::remove_file(&socket_path);
     let keeper = make_keeper(&socket_path)?;
-    let mut slirp = match set_up(request, &keeper) {
-        Ok(slirp) => slirp,
+    let (mut slirp, mut overlay) = match set_up(request, &keeper) {
+        Ok(parts) => parts,
         Err(e) => {
             let _ = kill(keeper.pid, Signal::SIGKILL);
             let _ = waitpid(keeper.pid, None);
@@ -115,8 +125,16 @@ fn run(request: &HolderRequest) -> Result<(), String> {
     let record_path = request.dir.join(RECORD_FILE);
     let me = std::process::id() as i32;
     let mut slirp_restarts: Vec<Instant> = Vec::new();
+    let mut last_check = Instant::now();
     loop {
-        std::thread::sleep(Duration::from_millis(500));
+        match overlay.as_mut() {
+            Some(o) => o.step(Duration::from_millis(100)),
+            None => std::thread::sleep(Duration::from_millis(500)),
+        }
+        if last_check.elapsed() < Duration::from_millis(500) {
+            continue;
+        }
+        last_check = Instant::now();
         let ours = read_record(&request.dir).is_some_and(|r| r.holder_pid == me);
         if !ours {
             eprintln!(
@@ -232,9 +250,13 @@ pub(crate) fn expect(from: &OwnedFd, expected: &str) -> Result<(), String> {
     }
 }
 
-/// Maps the keeper's ids, configures its network namespace, starts egress, lets the keeper
-/// serve sockets and writes the record. Returns slirp4netns, if egress runs.
-fn set_up(request: &HolderRequest, keeper: &Keeper) -> Result<Option<Child>, String> {
+/// Maps the keeper's ids, configures its network namespace, starts egress and the overlay,
+/// lets the keeper serve sockets and writes the record. Returns slirp4netns and the
+/// overlay, those that run.
+fn set_up(
+    request: &HolderRequest,
+    keeper: &Keeper,
+) -> Result<(Option<Child>, Option<Overlay>), String> {
     let pid = keeper.pid;
     map_ids(pid, request.subordinate)?;
     nix::unistd::write(&keeper.to, b"m").map_err(|e| format!("telling the keeper: {e}"))?;
@@ -270,12 +292,21 @@ fn set_up(request: &HolderRequest, keeper: &Keeper) -> Result<Option<Child>, Str
     } else {
         (None, Some("egress is off".to_string()))
     };
+    let (overlay, public_key, overlay_problem) = match request.overlay_port {
+        Some(port) => match start_overlay(request, pid, port) {
+            Ok((overlay, key)) => (Some(overlay), Some(key), None),
+            Err(e) => (None, None, Some(e)),
+        },
+        None => (None, None, Some("the overlay is off".to_string())),
+    };
     let record = HolderRecord {
         holder_pid: std::process::id() as i32,
         keeper_pid: pid.as_raw(),
         subnet: request.subnet,
         cluster_cidr: request.cluster_cidr,
         egress_problem,
+        public_key,
+        overlay_problem,
     };
     let json = serde_json::to_vec_pretty(&record).map_err(|e| e.to_string())?;
     let path = request.dir.join(RECORD_FILE);
@@ -283,7 +314,29 @@ fn set_up(request: &HolderRequest, keeper: &Keeper) -> Result<Option<Child>, Str
     fs::write(&tmp, json)
         .and_then(|()| fs::rename(&tmp, &path))
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
-    Ok(slirp)
+    Ok((slirp, overlay))
+}
+
+/// The overlay's TUN device (made by the keeper, in the node namespace), its route, the
+/// node's key pair and the UDP socket.
+fn start_overlay(
+    request: &HolderRequest,
+    keeper: Pid,
+    port: u16,
+) -> Result<(Overlay, String), String> {
+    let tun = crate::node_sockets::request_tun(&request.dir.join(SOCKETS_FILE)).map_err(|e| {
+        format!("creating the overlay's TUN device (is /dev/net/tun usable by this user?): {e}")
+    })?;
+    run_ip_batch(
+        Some(keeper),
+        &[
+            format!("link set {TUN_DEVICE} mtu {MTU} up"),
+            format!("route add {} dev {TUN_DEVICE}", request.cluster_cidr),
+        ],
+    )?;
+    let (_, public) = crate::overlay::load_or_make_key(&request.dir)?;
+    let overlay = Overlay::new(&request.dir, tun, port)?;
+    Ok((overlay, crate::overlay::encode_key(&public)))
 }
 
 /// Writes the node user namespace's maps: everything to itself for a root agent; else the

@@ -1,5 +1,6 @@
 //! KAT's networking, without root: the node network namespace ([`node`], [`holder`]),
-//! containers' links to it ([`attach`]), and the DNS server every node runs for its
+//! containers' links to it ([`attach`]), the WireGuard overlay between nodes ([`overlay`]),
+//! and the DNS server every node runs for its
 //! containers ([`dns`]). `docs/networking.md` has the layout.
 
 pub mod attach;
@@ -8,6 +9,7 @@ pub mod holder;
 mod ip;
 pub mod node;
 pub mod node_sockets;
+pub mod overlay;
 
 use std::process::ExitCode;
 

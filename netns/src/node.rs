@@ -35,6 +35,8 @@ pub struct NodeNetworkConfig {
     /// An unprivileged agent's subordinate ids `(uid start, count, gid start, count)`.
     pub subordinate: Option<(u32, u32, u32, u32)>,
     pub egress: bool,
+    /// The overlay's UDP port (`wireguardPort`); `None`: no overlay.
+    pub overlay_port: Option<u16>,
 }
 
 /// A node network, running.
@@ -83,6 +85,9 @@ impl NodeNetwork {
         if let Some(problem) = &record.egress_problem {
             tracing::warn!("containers have no egress: {problem}");
         }
+        if let (Some(problem), Some(_)) = (&record.overlay_problem, config.overlay_port) {
+            tracing::warn!("no overlay to other nodes: {problem}");
+        }
         Ok(NodeNetwork { config, record })
     }
 
@@ -98,6 +103,26 @@ impl NodeNetwork {
     /// Why containers cannot reach outside the cluster, if they cannot.
     pub fn egress_problem(&self) -> Option<&str> {
         self.record.egress_problem.as_deref()
+    }
+
+    /// The node's WireGuard public key, when the overlay runs.
+    pub fn public_key(&self) -> Option<&str> {
+        self.record.public_key.as_deref()
+    }
+
+    /// Why there is no overlay, if there is none.
+    pub fn overlay_problem(&self) -> Option<&str> {
+        self.record.overlay_problem.as_deref()
+    }
+
+    /// Tells the overlay which peers there are (blocking: a small file write).
+    pub fn set_peers(&self, peers: &[crate::overlay::Peer]) -> std::io::Result<()> {
+        crate::overlay::write_peers(&self.config.dir, peers)
+    }
+
+    /// What the overlay knows of its peers (blocking: a small file read).
+    pub fn overlay_state(&self) -> Vec<crate::overlay::PeerState> {
+        crate::overlay::read_state(&self.config.dir)
     }
 
     /// The process whose namespaces are the node's.
@@ -186,6 +211,7 @@ fn spawn_holder(config: &NodeNetworkConfig) -> Result<HolderRecord, NetError> {
         cluster_cidr: config.cluster_cidr,
         subordinate: config.subordinate,
         egress: config.egress,
+        overlay_port: config.overlay_port,
     };
     let json = serde_json::to_string(&request).map_err(|e| NetError::new(what(), e))?;
     let log_path = config.dir.join(LOG_FILE);

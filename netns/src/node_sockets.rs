@@ -10,6 +10,7 @@
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
@@ -34,7 +35,11 @@ fn request_byte(domain: Domain, ty: Type) -> Option<u8> {
         .find(|&b| kind(b) == Some((domain, ty)))
 }
 
-/// The keeper's loop: one socket per connection, for as long as it lives.
+/// The request for the overlay's TUN device.
+const TUN_REQUEST: u8 = b'w';
+
+/// The keeper's loop: one socket (or the overlay's TUN device) per connection, for as long
+/// as it lives.
 pub(crate) fn serve(listener: UnixListener) -> ! {
     loop {
         let Ok((mut connection, _)) = listener.accept() else {
@@ -44,10 +49,12 @@ pub(crate) fn serve(listener: UnixListener) -> ! {
         if connection.read_exact(&mut request).is_err() {
             continue;
         }
-        let Some((domain, ty)) = kind(request[0]) else {
-            continue;
+        let made: std::io::Result<OwnedFd> = match (request[0], kind(request[0])) {
+            (TUN_REQUEST, _) => open_tun(crate::overlay::TUN_DEVICE),
+            (_, Some((domain, ty))) => Socket::new(domain, ty, None).map(OwnedFd::from),
+            _ => continue,
         };
-        match Socket::new(domain, ty, None) {
+        match made {
             Ok(socket) => {
                 let fds = [socket.as_raw_fd()];
                 let _ = sendmsg::<()>(
@@ -65,10 +72,54 @@ pub(crate) fn serve(listener: UnixListener) -> ! {
     }
 }
 
+/// Opens (creating) the TUN device `name` in this network namespace, non-blocking.
+fn open_tun(name: &str) -> std::io::Result<OwnedFd> {
+    /// `struct ifreq` as TUNSETIFF reads it: the name, then the flags.
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: i16,
+        _pad: [u8; 22],
+    }
+    const TUNSETIFF: nix::libc::c_ulong = 0x4004_54ca;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open("/dev/net/tun")?;
+    let mut req = IfReq {
+        name: [0; 16],
+        flags: (nix::libc::IFF_TUN | nix::libc::IFF_NO_PI) as i16,
+        _pad: [0; 22],
+    };
+    let bytes = name.as_bytes();
+    if bytes.len() >= req.name.len() {
+        return Err(std::io::Error::other("interface name too long"));
+    }
+    req.name[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: TUNSETIFF reads a `struct ifreq`, which `IfReq` lays out (40 bytes).
+    let rc = unsafe { nix::libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file.into())
+}
+
+/// Asks the keeper listening on `path` for the overlay's TUN device.
+pub(crate) fn request_tun(path: &Path) -> std::io::Result<OwnedFd> {
+    receive(path, TUN_REQUEST)
+}
+
 /// Asks the keeper listening on `path` for a socket. Blocking (a few microseconds).
 pub fn request(path: &Path, domain: Domain, ty: Type) -> std::io::Result<Socket> {
     let byte = request_byte(domain, ty)
         .ok_or_else(|| std::io::Error::other("only IPv4/IPv6 stream and datagram sockets"))?;
+    let socket = Socket::from(receive(path, byte)?);
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+fn receive(path: &Path, byte: u8) -> std::io::Result<OwnedFd> {
     let mut connection = UnixStream::connect(path)?;
     connection.write_all(&[byte])?;
     let mut data = [0u8; 256];
@@ -92,11 +143,7 @@ pub fn request(path: &Path, domain: Domain, ty: Type) -> std::io::Result<Socket>
     }
     let n = message.bytes;
     match received {
-        Some(fd) => {
-            let socket = Socket::from(fd);
-            socket.set_nonblocking(true)?;
-            Ok(socket)
-        }
+        Some(fd) => Ok(fd),
         None => Err(std::io::Error::other(format!(
             "the node network keeper made no socket: {}",
             String::from_utf8_lossy(data.get(1..n).unwrap_or_default())

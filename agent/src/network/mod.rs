@@ -105,6 +105,8 @@ pub struct NetworkConfig {
     pub domain: String,
     pub subordinate: Option<(u32, u32, u32, u32)>,
     pub egress: bool,
+    /// `wireguardPort`: the overlay's UDP port on the node's addresses.
+    pub overlay_port: Option<u16>,
     /// How often to look for the subnet and DNS records.
     pub poll: Duration,
 }
@@ -135,6 +137,7 @@ pub async fn run(
             cluster_cidr: config.cluster_cidr,
             subordinate: config.subordinate,
             egress: config.egress,
+            overlay_port: config.overlay_port,
         };
         match tokio::task::spawn_blocking(move || NodeNetwork::start(node_config)).await {
             Ok(Ok(node)) => break Arc::new(node),
