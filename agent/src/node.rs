@@ -288,7 +288,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
     // It starts at once: a node whose control plane is down still brings its workloads
     // back, with their addresses, from its local copy.
     tasks.spawn(crate::network::run(
-        network_config(&layout, &cluster, caps.rootless)?,
+        network_config(&layout, &node, &cluster, caps.rootless)?,
         network,
         control_rx,
         settings_tx,
@@ -337,6 +337,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
 /// How this node makes its container network, from `cluster.kat` and who runs the agent.
 fn network_config(
     layout: &Layout,
+    node: &str,
     cluster: &ClusterConfiguration,
     rootless: bool,
 ) -> Result<crate::network::NetworkConfig> {
@@ -354,12 +355,14 @@ fn network_config(
         None
     };
     Ok(crate::network::NetworkConfig {
+        node: node.to_string(),
         dir: kat_netns::node::network_dir(&layout.root),
         helper: std::env::current_exe().context("finding this program (the network helper)")?,
         cluster_cidr,
         domain: cluster.spec.cluster_domain.clone(),
         subordinate,
         egress: true,
+        overlay_port: u16::try_from(cluster.spec.wireguard_port).ok(),
         poll: Duration::from_secs(1),
     })
 }
@@ -545,7 +548,11 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
     )
     .await?;
 
-    let link = Arc::new(StoreLink::new(store.clone(), &node));
+    let link = Arc::new(StoreLink::new(
+        store.clone(),
+        &node,
+        cluster.spec.wireguard_port,
+    ));
     if let Some(n) = network {
         n.connect(link.clone());
     }

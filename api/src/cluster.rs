@@ -48,6 +48,9 @@ pub struct ClusterSpec {
     pub etcd_peer_port: u32,
     #[serde(default = "defaults::etcd_client_port")]
     pub etcd_client_port: u32,
+    /// The UDP port of the WireGuard overlay on every node's addresses.
+    #[serde(default = "defaults::wireguard_port")]
+    pub wireguard_port: u32,
     #[serde(default = "defaults::volume_base_path")]
     pub volume_base_path: String,
     #[serde(default = "defaults::backup_path")]
@@ -72,6 +75,7 @@ impl ClusterSpec {
             (self.agent_port, "agentPort"),
             (self.etcd_client_port, "etcdClientPort"),
             (self.etcd_peer_port, "etcdPeerPort"),
+            (self.wireguard_port, "wireguardPort"),
         ]
     }
 
@@ -103,6 +107,9 @@ pub mod defaults {
     }
     pub fn cluster_domain() -> String {
         "kat.cluster.local".into()
+    }
+    pub fn wireguard_port() -> u32 {
+        51820
     }
     pub fn agent_port() -> u32 {
         9116
@@ -215,6 +222,7 @@ impl ClusterConfiguration {
             ("apiPort", spec.api_port),
             ("etcdPeerPort", spec.etcd_peer_port),
             ("etcdClientPort", spec.etcd_client_port),
+            ("wireguardPort", spec.wireguard_port),
         ] {
             if !(1..=65535).contains(&port) {
                 s.error(field, format!("{port} is not a port (expected 1-65535)"));

@@ -115,6 +115,10 @@ pub fn instance(node: &str, instance_id: &str) -> String {
 pub fn node_subnet(node: &str) -> String {
     format!("/kat/network/nodes/{node}/subnet")
 }
+/// A node's WireGuard public key (base64); its endpoint is its address and `wireguardPort`.
+pub fn wireguard_key(node: &str) -> String {
+    format!("/kat/network/nodes/{node}/wg_pubkey")
+}
 pub fn node_subnets() -> &'static str {
     "/kat/network/nodes/"
 }
@@ -165,6 +169,9 @@ pub enum Key<'a> {
     NodeStatus {
         node: &'a str,
     },
+    WireguardKey {
+        node: &'a str,
+    },
     NodeSubnet {
         node: &'a str,
     },
@@ -202,6 +209,7 @@ pub fn parse(key: &str) -> Option<Key<'_>> {
         ["nodes", "registration", node] => Key::NodeRegistration { node },
         ["nodes", "status", node] => Key::NodeStatus { node },
         ["network", "nodes", node, "subnet"] => Key::NodeSubnet { node },
+        ["network", "nodes", node, "wg_pubkey"] => Key::WireguardKey { node },
         ["dns", _, _, _, _] => Key::DnsRecord,
         ["instances", node, id] => Key::Instance { node, id },
         ["jobs", "runs", ns, name, run] => Key::JobRun { ns, name, run },

@@ -542,6 +542,43 @@ mod tests {
     }
 }
 
+/// Another node as the overlay needs it (`GET /nodes/{name}/peers`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OverlayPeer {
+    pub node: String,
+    /// WireGuard public key, base64.
+    pub public_key: String,
+    /// `address:wireguardPort`, from the node's registration.
+    pub endpoint: String,
+    pub subnet: String,
+}
+
+/// A node's WireGuard public key (`POST /nodes/{name}/wireguard`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WireguardKey {
+    pub public_key: String,
+}
+
+impl WireguardKey {
+    /// A WireGuard public key is 32 bytes in base64 (44 characters ending in `=`).
+    pub fn problem(&self) -> Option<String> {
+        let k = self.public_key.as_bytes();
+        let base64 = |c: &u8| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/';
+        let ok = k.len() == 44
+            && k[..43].iter().all(base64)
+            && k[43] == b'='
+            && b"AEIMQUYcgkosw048".contains(&k[42]);
+        (!ok).then(|| {
+            format!(
+                "{:?} is not a WireGuard public key (expected 32 bytes in base64, 44 characters)",
+                self.public_key
+            )
+        })
+    }
+}
+
 /// One address of a workload in the cluster's DNS (`/kat/dns/{ns}/{workload}/{A|AAAA}/{ip}`),
 /// written by the leader for every running instance that has an address. The workload's name
 /// answers with the `ready` ones (healthy, or running where there is no health check); the

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod namespaces;
 pub mod node_admin;
 pub mod nodes;
+pub mod overlay;
 pub mod scheduler;
 pub mod services;
 #[cfg(feature = "sim")]

@@ -179,6 +179,7 @@ impl ClusterView {
             Key::WorkloadManifest { .. }
             | Key::WorkloadStatus { .. }
             | Key::Namespace { .. }
+            | Key::WireguardKey { .. }
             | Key::Event => {}
         }
     }

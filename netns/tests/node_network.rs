@@ -319,6 +319,8 @@ async fn the_overlay_carries_container_traffic_encrypted() {
     use kat_netns::overlay::Peer;
     let tmp = tempfile::tempdir().unwrap();
     let (port_a, port_b) = (free_udp_port(), free_udp_port());
+    // Rekeys every 2 s (WireGuard's own are every 2 minutes), inherited by the holders.
+    std::env::set_var("KAT_WG_REKEY_SECONDS", "2");
     let make = |name: &str, third: u8, port: u16| {
         let mut c = config(&tmp.path().join(name), third);
         c.overlay_port = Some(port);

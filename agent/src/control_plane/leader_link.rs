@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use kat_api::wire::{
     AssignmentUpdate, DnsRecord, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord,
-    NodeHeartbeat, TemplateProblem,
+    NodeHeartbeat, OverlayPeer, TemplateProblem, WireguardKey,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -275,6 +275,35 @@ impl ControlPlane for LeaderLink {
             return Err(refusal("DNS records", response).await);
         }
         response.json().await.context("the DNS records")
+    }
+
+    async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
+        let body = WireguardKey {
+            public_key: key.to_string(),
+        };
+        let response = self
+            .send("WireGuard key", |c, base| {
+                c.post(self.url(base, "wireguard"))
+                    .json(&body)
+                    .timeout(REQUEST_TIMEOUT)
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal("WireGuard key", response).await);
+        }
+        Ok(())
+    }
+
+    async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
+        let response = self
+            .send("overlay peers", |c, base| {
+                c.get(self.url(base, "peers")).timeout(REQUEST_TIMEOUT)
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal("overlay peers", response).await);
+        }
+        response.json().await.context("the overlay peers")
     }
 
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {

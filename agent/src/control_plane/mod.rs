@@ -11,7 +11,9 @@ mod leader_link;
 mod store_link;
 
 use anyhow::Result;
-use kat_api::wire::{AssignmentUpdate, DnsRecord, InstanceRecord, NodeHeartbeat, TemplateProblem};
+use kat_api::wire::{
+    AssignmentUpdate, DnsRecord, InstanceRecord, NodeHeartbeat, OverlayPeer, TemplateProblem,
+};
 use tokio::sync::mpsc;
 
 pub use leader_link::{write_endpoints, LeaderLink};
@@ -39,4 +41,10 @@ pub trait ControlPlane: Send + Sync {
 
     /// The cluster's DNS records, for this node's DNS server.
     async fn dns_records(&self) -> Result<Vec<DnsRecord>>;
+
+    /// Publishes this node's WireGuard public key (base64).
+    async fn publish_wireguard_key(&self, key: &str) -> Result<()>;
+
+    /// Every node of the overlay (this one included).
+    async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>>;
 }

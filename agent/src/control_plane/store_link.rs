@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use kat_api::keys;
-use kat_api::wire::{DnsRecord, EventType, InstanceRecord, NodeHeartbeat, TemplateProblem};
+use kat_api::wire::{
+    DnsRecord, EventType, InstanceRecord, NodeHeartbeat, OverlayPeer, TemplateProblem,
+};
 use kat_leader::assignments::AssignmentWatch;
 use kat_leader::events::EventLog;
 use kat_store::{StateStore, Txn};
@@ -16,12 +18,14 @@ pub struct StoreLink {
     store: Arc<dyn StateStore>,
     node: String,
     events: EventLog,
+    wireguard_port: u32,
 }
 
 impl StoreLink {
-    pub fn new(store: Arc<dyn StateStore>, node: &str) -> Self {
+    pub fn new(store: Arc<dyn StateStore>, node: &str, wireguard_port: u32) -> Self {
         StoreLink {
             store,
+            wireguard_port,
             node: node.to_string(),
             events: EventLog::new(kat_leader::events::DEFAULT_CAPACITY),
         }
@@ -85,6 +89,21 @@ impl ControlPlane for StoreLink {
             .iter()
             .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
             .collect())
+    }
+
+    async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
+        self.store
+            .put(
+                &keys::wireguard_key(&self.node),
+                key.as_bytes().to_vec(),
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
+        Ok(kat_leader::overlay::peers(&*self.store, self.wireguard_port).await?)
     }
 
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {

@@ -9,6 +9,7 @@
 
 mod dns;
 mod host_ports;
+mod overlay;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -98,6 +99,8 @@ impl NetworkNamespaces for ContainerNetwork {
 /// How this node's network is made.
 #[derive(Debug, Clone)]
 pub struct NetworkConfig {
+    /// This node's name.
+    pub node: String,
     pub dir: PathBuf,
     /// The agent's own binary (holder and attach helper).
     pub helper: PathBuf,
@@ -159,6 +162,11 @@ pub async fn run(
         config.domain.clone(),
     ));
     tasks.spawn(host_ports::serve(node.clone(), published));
+    tasks.spawn(overlay::keep_peers(
+        node.clone(),
+        control.clone(),
+        config.node.clone(),
+    ));
     // Nothing here should end; if the holder goes (killed by hand), say so loudly.
     loop {
         tokio::time::sleep(Duration::from_secs(5)).await;

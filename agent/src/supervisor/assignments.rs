@@ -315,7 +315,7 @@ mod tests {
     async fn first_snapshot(store: Arc<dyn StateStore>, node: &str) -> Snapshot {
         let dir = tempfile::tempdir().unwrap();
         let (tx, mut rx) = watch::channel(None);
-        let link = Arc::new(crate::control_plane::StoreLink::new(store, node));
+        let link = Arc::new(crate::control_plane::StoreLink::new(store, node, 51820));
         let feed = tokio::spawn(Feed::new(link, dir.path()).run(tx));
         let snapshot = loop {
             rx.changed().await.expect("the feed publishes");

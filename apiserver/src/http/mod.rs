@@ -62,7 +62,7 @@ pub struct ClientSerial(pub Option<String>);
 #[derive(Debug, PartialEq, Eq)]
 enum NodeRoute<'a> {
     /// A node's own records: heartbeat, assignments, templates, template problems, and the
-    /// cluster's DNS records its DNS server answers from. Only the
+    /// cluster's DNS records and overlay peers, and its WireGuard key. Only the
     /// node the path names may use them.
     Own(&'a str),
     /// Logs of and exec into an instance: what a control-plane node proxies to the node that
@@ -75,8 +75,11 @@ enum NodeRoute<'a> {
 fn node_route<'a>(method: &Method, path: &'a str) -> NodeRoute<'a> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match (method.clone(), parts.as_slice()) {
-        (Method::POST, ["v1alpha1", "nodes", node, "status" | "template-problems"])
-        | (Method::GET, ["v1alpha1", "nodes", node, "assignments" | "dns"])
+        (
+            Method::POST,
+            ["v1alpha1", "nodes", node, "status" | "template-problems" | "wireguard"],
+        )
+        | (Method::GET, ["v1alpha1", "nodes", node, "assignments" | "dns" | "peers"])
         | (Method::GET, ["v1alpha1", "nodes", node, "templates", _, _, _]) => NodeRoute::Own(node),
         (
             Method::GET | Method::POST,
@@ -154,6 +157,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/nodes/:name/status", post(nodes::heartbeat))
         .route("/nodes/:name/assignments", get(nodes::assignments))
         .route("/nodes/:name/dns", get(nodes::dns_records))
+        .route("/nodes/:name/peers", get(nodes::overlay_peers))
+        .route("/nodes/:name/wireguard", post(nodes::set_wireguard_key))
         .route(
             "/nodes/:name/templates/:ns/:workload/:hash",
             get(nodes::template),

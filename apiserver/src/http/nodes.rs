@@ -10,7 +10,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kat_api::wire::{AssignmentUpdate, NodeHeartbeat, Taint, TemplateProblem};
+use kat_api::wire::{AssignmentUpdate, NodeHeartbeat, Taint, TemplateProblem, WireguardKey};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
@@ -47,6 +47,25 @@ pub async fn heartbeat(
 ) -> Result<impl IntoResponse, ApiError> {
     let hb: NodeHeartbeat = json_body(req, HEARTBEAT_BODY, "heartbeat body").await?;
     Ok(Json(state.service.worker_heartbeat(&name, hb).await?))
+}
+
+/// A worker's WireGuard public key.
+pub async fn set_wireguard_key(
+    State(state): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let key: WireguardKey = json_body(req, 4096, "wireguard body ({publicKey})").await?;
+    state.service.set_wireguard_key(&name, key).await?;
+    Ok(Json(serde_json::json!({"accepted": true})))
+}
+
+/// The overlay's peers, for a worker.
+pub async fn overlay_peers(
+    State(state): State<Arc<ApiState>>,
+    Path(_name): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.overlay_peers().await?))
 }
 
 /// The cluster's DNS records, for a worker's DNS server.

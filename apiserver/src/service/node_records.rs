@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use kat_api::keys;
 use kat_api::wire::{
     rfc3339, DnsRecord, EventType, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
-    NodeRegistration, RevokedNode, TemplateProblem,
+    NodeRegistration, OverlayPeer, RevokedNode, TemplateProblem, WireguardKey,
 };
 use kat_leader::assignments::AssignmentWatch;
 use kat_store::Txn;
@@ -167,6 +167,38 @@ impl Service {
             revoked_serials,
             subnet,
         })
+    }
+
+    /// Node `name`'s WireGuard public key (a worker's; members write theirs to etcd).
+    pub async fn set_wireguard_key(&self, name: &str, key: WireguardKey) -> Result<()> {
+        self.require_leader().await?;
+        if let Some(problem) = key.problem() {
+            return Err(Error::bad_request(format!(
+                "wireguard body: publicKey: {problem}"
+            )));
+        }
+        if self
+            .store
+            .get(&keys::node_registration(name))
+            .await?
+            .is_none()
+        {
+            return Err(Error::not_found(format!("node {name} is not registered")));
+        }
+        self.store
+            .put(
+                &keys::wireguard_key(name),
+                key.public_key.into_bytes(),
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The overlay's peers, for a worker.
+    pub async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
+        self.require_leader().await?;
+        Ok(kat_leader::overlay::peers(&*self.store, self.cluster.spec.wireguard_port).await?)
     }
 
     /// The cluster's DNS records, for a worker's DNS server (a control-plane node reads them

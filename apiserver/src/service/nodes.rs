@@ -182,6 +182,7 @@ impl Service {
             ),
             TxnOp::delete(keys::node_registration(name)),
             TxnOp::delete(keys::node_status(name)),
+            TxnOp::delete(keys::wireguard_key(name)),
         ]);
         self.store.txn(txn).await?;
         let ops = self.events.ops(&kat_leader::events::event(
