@@ -786,6 +786,20 @@ fn one_node_cluster_end_to_end() {
         before,
         "instances changed across an agent restart"
     );
+    // The containers kept their network across the restart.
+    let web = c.instances("web");
+    let (a, b) = (
+        web[0]["instanceID"].as_str().unwrap(),
+        web[1]["ip"].as_str().unwrap(),
+    );
+    let fetch = format!("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {b} 8080");
+    let out = c.katcall(&["exec", &format!("web/{a}"), "--", "sh", "-c", &fetch]);
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.ends_with("\nhi\n"),
+        "after an agent restart: {page} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for id in before.iter().chain([&ticker]) {
         let inits = containers_of(id);
         assert_eq!(inits, 1, "instance {id} must run exactly one container");
