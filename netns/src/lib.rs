@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod dns;
 pub mod holder;
+pub mod host_ports;
 mod ip;
 pub mod node;
 pub mod node_sockets;

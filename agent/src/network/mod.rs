@@ -8,7 +8,6 @@
 //! running instances publish ([`PublishedPort`]).
 
 mod dns;
-mod host_ports;
 mod overlay;
 
 use std::net::Ipv4Addr;
@@ -24,7 +23,7 @@ use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
 
-pub use host_ports::PublishedPort;
+pub use kat_netns::host_ports::PublishedPort;
 
 /// What a container on this node is given besides its address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +160,7 @@ pub async fn run(
         control.clone(),
         config.domain.clone(),
     ));
-    tasks.spawn(host_ports::serve(node.clone(), published));
+    tasks.spawn(kat_netns::host_ports::serve(node.clone(), published));
     tasks.spawn(overlay::keep_peers(
         node.clone(),
         control.clone(),

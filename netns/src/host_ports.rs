@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kat_api::load_balancer::Protocol;
-use kat_netns::NodeNetwork;
+use crate::NodeNetwork;
 use socket2::{Domain, Type};
 use tokio::net::{TcpListener, TcpSocket, UdpSocket};
 use tokio::sync::{watch, Mutex};
@@ -36,7 +36,7 @@ const UDP_IDLE: Duration = Duration::from_secs(60);
 const RETRY: Duration = Duration::from_secs(5);
 
 /// Keeps one relay per published port, following `published` as instances come and go.
-pub(super) async fn serve(
+pub async fn serve(
     node: Arc<NodeNetwork>,
     mut published: watch::Receiver<Vec<PublishedPort>>,
 ) {
