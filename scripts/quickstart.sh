@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The newcomer's command: install what is needed, build KAT, and bring up a one-node cluster
-# on this machine running the example Service in examples/hello (two replicas of a busybox
-# web greeter, served from a registry on loopback), then show `katcall get workloads`.
+# on this machine running the example Service in examples/hello (a busybox web greeter from a
+# registry on loopback, published on port 8080), show `katcall get workloads` and fetch its
+# page through the published port.
 #
 # Run it again at any time: the node resumes (kat-agent init does not re-initialize).
 # Stop the node with: kill $(cat "$KAT_DATA_DIR/agent.pid")   (containers keep running and
@@ -56,13 +57,17 @@ fi
 echo "==> katcall apply -f examples/hello"
 "$BIN/katcall" apply -f examples/hello
 for _ in $(seq 1 150); do
-    "$BIN/katcall" get workloads 2>/dev/null | grep -Eq '^hello +Service +2/2' && break
+    "$BIN/katcall" get workloads 2>/dev/null | grep -Eq '^hello +Service +1/1' && break
     sleep 0.2
 done
 echo "==> katcall get workloads"
 "$BIN/katcall" get workloads
 echo
-"$BIN/katcall" get instances
+"$BIN/katcall" get instances -o wide
+echo
+echo "==> curl http://127.0.0.1:8080/ (examples/hello's published port)"
+for _ in $(seq 1 50); do curl -fsS --max-time 2 http://127.0.0.1:8080/ 2>/dev/null && break; sleep 0.2; done
+curl -fsS --max-time 2 http://127.0.0.1:8080/ >/dev/null || { echo "the page did not answer; see $KAT_DATA_DIR/agent.log" >&2; exit 1; }
 cat <<EOT
 
 KAT is running one node with the example Service. Try:

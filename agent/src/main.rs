@@ -137,6 +137,17 @@ struct NodeArgs {
     /// Most files, directories and links one image may unpack to (inodes run out first).
     #[arg(long, value_name = "N", default_value_t = kat_runtime::image::UnpackLimits::default().max_entries)]
     image_max_entries: u64,
+    /// Where the node's DNS sends names outside the cluster domain (IP or IP:PORT; repeat
+    /// for several). Default: the nameservers of the host's /etc/resolv.conf.
+    #[arg(long = "dns-upstream", value_name = "ADDRESS", value_parser = parse_upstream)]
+    dns_upstreams: Vec<std::net::SocketAddr>,
+}
+
+/// `IP` (port 53) or `IP:PORT`.
+fn parse_upstream(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse::<std::net::SocketAddr>()
+        .or_else(|_| s.parse::<IpAddr>().map(|ip| std::net::SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("{s:?} is not an IP address or IP:PORT (expected e.g. 192.168.1.1 or 10.0.0.2:5353)"))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -167,6 +178,7 @@ impl NodeArgs {
             cgroup_parent: self.cgroup_parent,
             pids_limit: self.container_pids_limit,
             seccomp: self.seccomp == SeccompArg::Default,
+            dns_upstreams: self.dns_upstreams,
             image_limits: kat_runtime::image::UnpackLimits {
                 max_bytes: self.image_max_unpacked_bytes,
                 max_entries: self.image_max_entries,

@@ -61,6 +61,8 @@ pub struct NodeOptions {
     pub cgroup_manager: kat_runtime::CgroupManager,
     pub pids_limit: u64,
     pub seccomp: bool,
+    /// The node DNS's upstream resolvers; empty: the host's /etc/resolv.conf.
+    pub dns_upstreams: Vec<SocketAddr>,
     pub image_limits: kat_runtime::image::UnpackLimits,
     /// Set by `init`: the first join token, stored and printed once the store is up.
     pub first_join_token: Option<JoinToken>,
@@ -288,7 +290,13 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
     // It starts at once: a node whose control plane is down still brings its workloads
     // back, with their addresses, from its local copy.
     tasks.spawn(crate::network::run(
-        network_config(&layout, &node, &cluster, caps.rootless)?,
+        network_config(
+            &layout,
+            &node,
+            &cluster,
+            caps.rootless,
+            options.dns_upstreams.clone(),
+        )?,
         network,
         control_rx,
         settings_tx,
@@ -340,6 +348,7 @@ fn network_config(
     node: &str,
     cluster: &ClusterConfiguration,
     rootless: bool,
+    dns_upstreams: Vec<SocketAddr>,
 ) -> Result<crate::network::NetworkConfig> {
     let cluster_cidr = cluster.spec.cluster_cidr.parse().with_context(|| {
         format!(
@@ -363,6 +372,7 @@ fn network_config(
         subordinate,
         egress: true,
         overlay_port: u16::try_from(cluster.spec.wireguard_port).ok(),
+        dns_upstreams,
         poll: Duration::from_secs(1),
     })
 }

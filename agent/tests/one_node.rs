@@ -34,6 +34,39 @@ struct Cluster {
     agent: Option<Child>,
     registry: String,
     init: PathBuf,
+    /// A resolver standing in for the internet: the node's DNS forwards other names here.
+    upstream: std::net::SocketAddr,
+}
+
+/// A DNS server on loopback that knows `www.outside.example.test` (192.0.2.77): what the
+/// node's forwarder asks for names outside the cluster domain in this test.
+fn outside_resolver() -> std::net::SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let record = kat_api::wire::DnsRecord {
+                namespace: "outside".into(),
+                workload: "www".into(),
+                instance_id: "www-1".into(),
+                ip: "192.0.2.77".parse().unwrap(),
+                ready: true,
+            };
+            let table = kat_netns::dns::Table::new("example.test", &[record]).unwrap();
+            let (_keep, table) = tokio::sync::watch::channel(std::sync::Arc::new(table));
+            let server = kat_netns::dns::DnsServer::new(
+                table,
+                kat_netns::dns::Forwarder::new(vec![], Duration::from_secs(1)),
+            );
+            let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            tx.send(socket.local_addr().unwrap()).unwrap();
+            let _ = server.serve_udp(socket).await;
+        });
+    });
+    rx.recv().expect("the outside resolver")
 }
 
 /// The unprivileged user the agent runs as, if any.
@@ -113,6 +146,7 @@ spec:
             agent: None,
             registry: var("KAT_TEST_REGISTRY"),
             init: PathBuf::from(var("KAT_INIT")),
+            upstream: outside_resolver(),
         };
         c.spawn_agent(&["init", "--config", &c.path("cluster.kat")]);
         c.wait("the node to be Ready", Duration::from_secs(30), |c| {
@@ -150,6 +184,7 @@ spec:
             .args(["--insecure-registry", &self.registry])
             .args(["--stop-grace-seconds", "2"])
             .args(["--api-bind", "127.0.0.1"])
+            .args(["--dns-upstream", &self.upstream.to_string()])
             .env("KAT_INIT", &self.init)
             .stdout(Stdio::from(log.try_clone().expect("log")))
             .stderr(Stdio::from(log));
@@ -1284,6 +1319,36 @@ fn container_network(c: &Cluster, image: &str) {
         lookup.contains("NXDOMAIN") || lookup.contains("can't resolve"),
         "{lookup}"
     );
+    // A name outside the cluster, through the node's forwarder to the (stand-in) internet.
+    let outside = run(a_id, "nslookup www.outside.example.test 10.100.0.1 || true");
+    assert!(outside.contains("192.0.2.77"), "{outside}");
+
+    // Health decides the answer set: unhealthy instances leave it and come back. (Both
+    // replicas check the same file on their shared volume, so both go.)
+    let b_ip = b["ip"].as_str().expect("an address").to_string();
+    let answers = |c: &Cluster| -> String {
+        let script = "nslookup web.default.kat.cluster.local 10.100.0.1 || true";
+        let out = c.katcall(&["exec", &format!("web/{a_id}"), "--", "sh", "-c", script]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(b_id, "mv /data/www/index.html /data/www/away.html");
+    c.wait(
+        "the unhealthy instances out of the answers",
+        Duration::from_secs(20),
+        |c| {
+            let a = answers(c);
+            !a.contains(a_ip) && !a.contains(&b_ip)
+        },
+    );
+    run(b_id, "mv /data/www/away.html /data/www/index.html");
+    c.wait(
+        "the healthy instance back in the answers",
+        Duration::from_secs(20),
+        |c| {
+            let a = answers(c);
+            a.contains(a_ip) && a.contains(&b_ip)
+        },
+    );
 
     // A published port, reached from the host through the node's address.
     let port = free_port();
@@ -1321,11 +1386,31 @@ spec:
         code == 200 && body.trim() == "published page"
     });
     c.must(&["delete", "workload", "published"]);
+
+    // The quickstart's example, as shipped: its page on the node's port 8080.
+    let hello = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hello");
+    c.must(&["apply", "-f", &hello.display().to_string()]);
+    c.wait(
+        "examples/hello on port 8080",
+        Duration::from_secs(30),
+        |c| {
+            let (code, body) = c.curl(&["--max-time", "2", "http://127.0.0.1:8080/"]);
+            code == 200 && body.starts_with("hello from hello-")
+        },
+    );
+    c.must(&["delete", "workload", "hello"]);
     c.wait(
         "the published port to close",
         Duration::from_secs(30),
         |_| std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
     );
+    // A deleted workload's names are gone.
+    c.wait("published's name NXDOMAIN", Duration::from_secs(20), |c| {
+        let script = "nslookup published.default.kat.cluster.local 10.100.0.1 || true";
+        let out = c.katcall(&["exec", &format!("web/{a_id}"), "--", "sh", "-c", script]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.contains("NXDOMAIN") || text.contains("can't find")
+    });
 }
 
 /// `katcall exec` killed (a closed laptop, a dropped link): the process it started inside

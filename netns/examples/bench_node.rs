@@ -56,7 +56,11 @@ fn serve(a: &[String]) -> Result<(), String> {
     let host_port: u16 = a[5].parse().map_err(|x| e(&x))?;
     let address = subnet.hosts().nth(1).ok_or("subnet too small")?;
     let container = node
-        .attach(address, vec![(0, 300_000, 65536)], vec![(0, 300_000, 65536)])
+        .attach(
+            address,
+            vec![(0, 300_000, 65536)],
+            vec![(0, 300_000, 65536)],
+        )
         .map_err(|x| e(&x))?;
     let keeper = container
         .network_namespace()
@@ -85,8 +89,12 @@ fn serve(a: &[String]) -> Result<(), String> {
         let table = Table::new("kat.cluster.local", &[record]).map_err(|x| e(&x))?;
         let (_tables, rx) = watch::channel(Arc::new(table));
         let server = DnsServer::new(rx, Forwarder::new(vec![], Duration::from_secs(1)));
-        let udp = node.socket(Domain::IPV4, Type::DGRAM).await.map_err(|x| e(&x))?;
-        udp.bind(&SocketAddr::from((node.gateway(), 53)).into()).map_err(|x| e(&x))?;
+        let udp = node
+            .socket(Domain::IPV4, Type::DGRAM)
+            .await
+            .map_err(|x| e(&x))?;
+        udp.bind(&SocketAddr::from((node.gateway(), 53)).into())
+            .map_err(|x| e(&x))?;
         let udp = tokio::net::UdpSocket::from_std(udp.into()).map_err(|x| e(&x))?;
         tokio::spawn(server.serve_udp(udp));
         let (_published, published) = watch::channel(vec![PublishedPort {
@@ -115,7 +123,9 @@ fn query(server: &str, name: &str, count: &str) -> Result<(), String> {
     let count: usize = count.parse().map_err(|e| format!("{e}"))?;
     let name = Name::from_ascii(name).map_err(|e| e.to_string())?;
     let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(|e| e.to_string())?;
-    socket.set_read_timeout(Some(Duration::from_secs(1))).map_err(|e| e.to_string())?;
+    socket
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .map_err(|e| e.to_string())?;
     socket.connect(server).map_err(|e| e.to_string())?;
     let mut times = Vec::with_capacity(count);
     let mut buffer = [0u8; 1500];
@@ -126,7 +136,9 @@ fn query(server: &str, name: &str, count: &str) -> Result<(), String> {
         let bytes = m.to_vec().map_err(|e| e.to_string())?;
         let started = Instant::now();
         socket.send(&bytes).map_err(|e| e.to_string())?;
-        let n = socket.recv(&mut buffer).map_err(|e| format!("no answer from {server}: {e}"))?;
+        let n = socket
+            .recv(&mut buffer)
+            .map_err(|e| format!("no answer from {server}: {e}"))?;
         times.push(started.elapsed());
         let answer = Message::from_vec(&buffer[..n]).map_err(|e| e.to_string())?;
         if answer.answers.is_empty() {

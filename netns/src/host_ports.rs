@@ -12,8 +12,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kat_api::load_balancer::Protocol;
 use crate::NodeNetwork;
+use kat_api::load_balancer::Protocol;
 use socket2::{Domain, Type};
 use tokio::net::{TcpListener, TcpSocket, UdpSocket};
 use tokio::sync::{watch, Mutex};
@@ -36,10 +36,7 @@ const UDP_IDLE: Duration = Duration::from_secs(60);
 const RETRY: Duration = Duration::from_secs(5);
 
 /// Keeps one relay per published port, following `published` as instances come and go.
-pub async fn serve(
-    node: Arc<NodeNetwork>,
-    mut published: watch::Receiver<Vec<PublishedPort>>,
-) {
+pub async fn serve(node: Arc<NodeNetwork>, mut published: watch::Receiver<Vec<PublishedPort>>) {
     let mut relays: BTreeMap<(u16, Protocol), (PublishedPort, JoinHandle<()>)> = BTreeMap::new();
     loop {
         let wanted: BTreeMap<(u16, Protocol), PublishedPort> = published

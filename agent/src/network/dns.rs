@@ -24,6 +24,7 @@ pub(super) async fn serve(
     node: Arc<NodeNetwork>,
     mut control: watch::Receiver<Option<Arc<dyn ControlPlane>>>,
     domain: String,
+    upstreams: Vec<SocketAddr>,
 ) {
     let address = SocketAddr::from((node.gateway(), 53));
     let (udp, tcp) = loop {
@@ -33,10 +34,16 @@ pub(super) async fn serve(
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     };
-    let upstreams = upstreams_from_resolv_conf(Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
-        tracing::warn!("reading /etc/resolv.conf: {e}: names outside the cluster will not resolve");
-        vec![]
-    });
+    let upstreams = if upstreams.is_empty() {
+        upstreams_from_resolv_conf(Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
+            tracing::warn!(
+                "reading /etc/resolv.conf: {e}: names outside the cluster will not resolve"
+            );
+            vec![]
+        })
+    } else {
+        upstreams
+    };
     let empty = match Table::empty(&domain) {
         Ok(t) => t,
         Err(e) => {

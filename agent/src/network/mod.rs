@@ -109,6 +109,8 @@ pub struct NetworkConfig {
     pub egress: bool,
     /// `wireguardPort`: the overlay's UDP port on the node's addresses.
     pub overlay_port: Option<u16>,
+    /// Resolvers for names outside the cluster domain; empty: the host's resolv.conf.
+    pub dns_upstreams: Vec<std::net::SocketAddr>,
     /// How often to look for the subnet and DNS records.
     pub poll: Duration,
 }
@@ -159,6 +161,7 @@ pub async fn run(
         node.clone(),
         control.clone(),
         config.domain.clone(),
+        config.dns_upstreams.clone(),
     ));
     tasks.spawn(kat_netns::host_ports::serve(node.clone(), published));
     tasks.spawn(overlay::keep_peers(
