@@ -295,6 +295,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
             &node,
             &cluster,
             caps.rootless,
+            caps.cgroup_mode == kat_runtime::CgroupMode::Systemd,
             options.dns_upstreams.clone(),
         )?,
         network,
@@ -348,6 +349,7 @@ fn network_config(
     node: &str,
     cluster: &ClusterConfiguration,
     rootless: bool,
+    systemd_scope: bool,
     dns_upstreams: Vec<SocketAddr>,
 ) -> Result<crate::network::NetworkConfig> {
     let cluster_cidr = cluster.spec.cluster_cidr.parse().with_context(|| {
@@ -372,6 +374,7 @@ fn network_config(
         subordinate,
         egress: true,
         overlay_port: u16::try_from(cluster.spec.wireguard_port).ok(),
+        systemd_scope,
         dns_upstreams,
         poll: Duration::from_secs(1),
     })

@@ -51,6 +51,7 @@ fn serve(a: &[String]) -> Result<(), String> {
         subordinate: None,
         egress: false,
         overlay_port: Some(a[4].parse().map_err(|x| e(&x))?),
+        systemd_scope: false,
     })
     .map_err(|x| e(&x))?;
     let host_port: u16 = a[5].parse().map_err(|x| e(&x))?;

@@ -37,6 +37,10 @@ pub struct NodeNetworkConfig {
     pub egress: bool,
     /// The overlay's UDP port (`wireguardPort`); `None`: no overlay.
     pub overlay_port: Option<u16>,
+    /// Start the holder in a systemd scope of its own (`systemd-run --user --scope`): an
+    /// agent that is a systemd service would otherwise take it along when it restarts (the
+    /// service's processes are all stopped), and every container would lose its network.
+    pub systemd_scope: bool,
 }
 
 /// A node network, running.
@@ -220,7 +224,23 @@ fn spawn_holder(config: &NodeNetworkConfig) -> Result<HolderRecord, NetError> {
         .append(true)
         .open(&log_path)
         .map_err(|e| NetError::new(what(), format!("{}: {e}", log_path.display())))?;
-    let mut child = Command::new(&config.helper)
+    let mut command = if config.systemd_scope {
+        let mut c = Command::new("systemd-run");
+        c.args([
+            "--user",
+            "--scope",
+            "--quiet",
+            "--collect",
+            "--slice=kat.slice",
+        ])
+        .arg(format!("--unit=kat-network-{}", std::process::id()))
+        .arg("--")
+        .arg(&config.helper);
+        c
+    } else {
+        Command::new(&config.helper)
+    };
+    let mut child = command
         .arg(HOLDER_ARG)
         .arg(json)
         .stdin(Stdio::null())

@@ -55,6 +55,7 @@ fn config(dir: &std::path::Path, third: u8) -> NodeNetworkConfig {
         subordinate: subordinate(),
         egress: true,
         overlay_port: None,
+        systemd_scope: false,
     }
 }
 

@@ -136,6 +136,45 @@ s_cluster_up() {
   sudo systemd-cgls --no-pager "$(slice | sed 's|/sys/fs/cgroup||')" | head -8
 }
 
+# A web Service publishing port 8080 and a client that fetches it by DNS name through the
+# node's network (node namespaces held by the agent's user, slirp4netns egress, the node's DNS).
+web() {  # NAME HOSTPORT
+  local dir=$HERE/w/$1
+  mkdir -p "$dir"
+  cat > "$dir/workload.kat" <<EOW
+apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata: {name: $1, namespace: default}
+spec:
+  type: Service
+  source: {image: 127.0.0.1:5000/kat/busybox:latest}
+  replicas: 1
+  updateStrategy: {type: Simultaneous}
+  restartPolicy: {condition: Always}
+  container:
+    command: ["/bin/sh", "-c", 'mkdir -p /tmp/w; echo page of \$HOSTNAME > /tmp/w/index.html; exec httpd -f -p 8080 -h /tmp/w']
+EOW
+  cat > "$dir/VirtualLoadBalancer.kat" <<EOW
+apiVersion: kat.dws.rip/v1alpha1
+kind: VirtualLoadBalancer
+spec:
+  ports: [{name: http, containerPort: 8080, hostPort: $2}]
+EOW
+  K apply -f "$dir"
+}
+fetch_by_name() {  # from the ticker's container: web's page by its DNS name
+  K exec "ticker/$(instance_of ticker)" -- sh -c "printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 5 web 8080" | grep -q "page of web-"
+}
+s_network() {
+  web web 8080 || return 1
+  until_ok 120 running "$(instance_of web)" || { K get instances -o wide; return 1; }
+  K get instances -o wide
+  until_ok 60 curl -sf http://127.0.0.1:8080/index.html || { log "hostPort 8080 did not answer"; return 1; }
+  log "published port: $(curl -s http://127.0.0.1:8080/index.html)"
+  until_ok 60 fetch_by_name || { log "the ticker could not fetch web by name"; return 1; }
+  log "ticker → web by DNS name: ok"
+}
+
 s_limits() {
   local ok=0
   # The guest has 2 cpus (1900m allocatable) and limits count as requests: ticker and
@@ -202,7 +241,12 @@ s_agent_restart() {
   sleep 6   # a few supervisor passes: nothing may be recreated
   local scopes_after; scopes_after=$(ls -d "$(slice)"/kat-*.scope | wc -l)
   log "container scopes: $scopes_before -> $scopes_after"
-  if [ "$scopes_before" = "$scopes_after" ] && running "$spin"; then return 0; fi
+  if [ "$scopes_before" = "$scopes_after" ] && running "$spin"; then
+    # The node network (its own scope) outlived the service: pages still flow.
+    curl -sf http://127.0.0.1:8080/index.html >/dev/null || { log "hostPort lost across the restart"; return 1; }
+    until_ok 20 fetch_by_name || { log "container network lost across the restart"; return 1; }
+    return 0
+  fi
   ls "$(slice)"; K get instances
   sudo journalctl --user -M kat@ -u kat-agent --no-pager 2>/dev/null | grep -v " INFO " | tail -25
   return 1
@@ -244,6 +288,7 @@ scenario runtime-v2 s_runtime_v2
 scenario setup s_setup
 if [ "${results[-1]:-}" = "PASS setup" ]; then
   scenario cluster-up s_cluster_up
+  scenario network s_network
   scenario limits s_limits
   scenario agent-restart s_agent_restart
   scenario reboot s_reboot

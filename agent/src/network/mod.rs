@@ -111,6 +111,8 @@ pub struct NetworkConfig {
     pub overlay_port: Option<u16>,
     /// Resolvers for names outside the cluster domain; empty: the host's resolv.conf.
     pub dns_upstreams: Vec<std::net::SocketAddr>,
+    /// The holder in a systemd scope of its own (the agent is a systemd service).
+    pub systemd_scope: bool,
     /// How often to look for the subnet and DNS records.
     pub poll: Duration,
 }
@@ -142,6 +144,7 @@ pub async fn run(
             subordinate: config.subordinate,
             egress: config.egress,
             overlay_port: config.overlay_port,
+            systemd_scope: config.systemd_scope,
         };
         match tokio::task::spawn_blocking(move || NodeNetwork::start(node_config)).await {
             Ok(Ok(node)) => break Arc::new(node),
