@@ -501,6 +501,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn wireguard_keys_are_32_bytes_of_canonical_base64() {
+        let key = |k: &str| WireguardKey {
+            public_key: k.into(),
+        };
+        assert_eq!(
+            key("xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=").problem(),
+            None
+        );
+        for bad in [
+            "",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dh=",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8D==",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=\n",
+            "xTIBA5rb Uvnh4htodjb6e697QjLERt1NAB4mZqp8Dg=",
+        ] {
+            let problem = key(bad).problem().expect(bad);
+            assert!(problem.contains("not a WireGuard public key"), "{problem}");
+        }
+    }
+
+    #[test]
     fn error_body_shape() {
         let body = ErrorBody {
             error: ErrorCode::InvalidQuadlet,

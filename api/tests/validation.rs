@@ -1020,6 +1020,8 @@ fn cluster_rules() {
         ("spec.nodeSubnetBits", "4294967295", "spec.nodeSubnetBits: 4294967295 does not fit clusterCIDR"),
         ("spec.apiPort", "2379", "cluster.kat: spec.etcdClientPort: 2379 is also apiPort (every port must be different)"),
         ("spec.agentPort", "70000", "spec.agentPort: 70000 is not a port (expected 1-65535)"),
+        ("spec.wireguardPort", "9115", "cluster.kat: spec.wireguardPort: 9115 is also apiPort (every port must be different)"),
+        ("spec.wireguardPort", "0", "spec.wireguardPort: 0 is not a port (expected 1-65535)"),
         ("spec.volumeBasePath", "var/lib", "spec.volumeBasePath: \"var/lib\" is not an absolute path"),
         ("spec.clusterDomain", "bad_domain", "spec.clusterDomain: \"bad_domain\" is not a DNS name"),
         ("spec.agentTickSeconds", "0", "spec.agentTickSeconds: 0 must be at least 1"),

@@ -399,3 +399,88 @@ async fn a_node_that_does_not_lead_names_the_leader() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+/// A worker publishes its own WireGuard key (validated) and reads the overlay's peers; it
+/// cannot set another node's key, and nothing is stored on a refusal.
+#[tokio::test]
+async fn a_worker_publishes_its_own_wireguard_key_and_reads_the_peers() {
+    let api = Api::new(None).await;
+    for (node, address, subnet) in [
+        ("w1", "10.0.0.1", "10.100.0.0/23"),
+        ("w2", "10.0.0.2", "10.100.2.0/23"),
+    ] {
+        let reg = format!(r#"{{"name":"{node}","addresses":["{address}"]}}"#);
+        api.store
+            .put(&keys::node_registration(node), reg.into_bytes(), None)
+            .await
+            .unwrap();
+        api.store
+            .put(&keys::node_subnet(node), subnet.as_bytes().to_vec(), None)
+            .await
+            .unwrap();
+    }
+    let (k1, k2) = (
+        "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+        "BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBA=",
+    );
+    let body = |k: &str| format!(r#"{{"publicKey":"{k}"}}"#);
+
+    let (status, text) = api
+        .send(W1, Method::POST, "/v1alpha1/nodes/w1/wireguard", &body(k1))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let before = api.dump().await;
+    // Another node's key: forbidden; a malformed key: 400 naming the field; nothing stored.
+    let (status, _) = api
+        .send(W1, Method::POST, "/v1alpha1/nodes/w2/wireguard", &body(k2))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    for bad in [
+        "short",
+        "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAB=",
+        "!AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+    ] {
+        let (status, text) = api
+            .send(W1, Method::POST, "/v1alpha1/nodes/w1/wireguard", &body(bad))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {text}");
+        assert!(text.contains("publicKey"), "{text}");
+    }
+    let (status, _) = api
+        .send(
+            W1,
+            Method::POST,
+            "/v1alpha1/nodes/w1/wireguard",
+            r#"{"publicKey":"x","endpoint":"6.6.6.6:1"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "an endpoint cannot be set");
+    assert_eq!(api.dump().await, before, "a refused key changed the store");
+
+    let (status, _) = api
+        .send(W2, Method::POST, "/v1alpha1/nodes/w2/wireguard", &body(k2))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, text) = api
+        .send(W1, Method::GET, "/v1alpha1/nodes/w1/peers", "")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let peers: Vec<kat_api::wire::OverlayPeer> = serde_json::from_str(&text).unwrap();
+    let w2 = peers
+        .iter()
+        .find(|p| p.node == "w2")
+        .expect("w2 among the peers");
+    assert_eq!(
+        (
+            w2.public_key.as_str(),
+            w2.endpoint.as_str(),
+            w2.subnet.as_str()
+        ),
+        (k2, "10.0.0.2:51820", "10.100.2.0/23")
+    );
+    assert_eq!(peers.len(), 2);
+    let (status, _) = api
+        .send(W1, Method::GET, "/v1alpha1/nodes/w2/peers", "")
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}

@@ -19,6 +19,39 @@ pub struct HostReport {
     pub unified: bool,
 }
 
+/// The programs the node network runs that `found` does not find.
+fn missing_network_tools(found: &dyn Fn(&str) -> bool) -> Vec<&'static str> {
+    ["ip", "iptables", "nsenter", "slirp4netns"]
+        .into_iter()
+        .filter(|t| !found(t))
+        .collect()
+}
+
+fn on_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .any(|d| d.join(name).is_file())
+}
+
+/// Whether the kernel has NAT: loaded, built in (`modules.builtin`), or a module it can load.
+/// `read` reads a file.
+fn nat_available(read: &dyn Fn(&str) -> Option<String>) -> bool {
+    match read("/proc/modules") {
+        // A kernel without module support has what it was built with; the node network
+        // reports a NAT it cannot set up when it starts.
+        None => return true,
+        Some(m) if m.lines().any(|l| l.starts_with("nf_nat ")) => return true,
+        Some(_) => {}
+    }
+    let release = read("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim();
+    ["modules.builtin", "modules.dep"].iter().any(|f| {
+        read(&format!("/lib/modules/{release}/{f}"))
+            .is_some_and(|m| m.lines().any(|l| l.contains("/nf_nat.ko")))
+    })
+}
+
 /// `major.minor` of a kernel release string (`6.1.0-28-amd64` → (6, 1)).
 /// Whether an unprivileged user may create user namespaces: `Err` says what stops it and
 /// how to allow it. `read` reads a /proc/sys file (absent: not restricted that way).
@@ -182,6 +215,28 @@ pub fn check(uid: Option<u32>, pending_delegation: bool) -> HostReport {
         },
         consequence: "rootless networking (slirp4netns/pasta, the userspace WireGuard overlay) will not be available to containers",
     });
+    let tools = missing_network_tools(&|name| on_path(name));
+    checks.push(Check {
+        name: "network tools",
+        ok: tools.is_empty(),
+        found: if tools.is_empty() {
+            "ip, iptables, nsenter, slirp4netns present".into()
+        } else {
+            format!("missing: {} (apt install iproute2 iptables util-linux slirp4netns)", tools.join(", "))
+        },
+        consequence: "without ip or nsenter containers get no network (they wait); without iptables or slirp4netns no egress",
+    });
+    let nat = nat_available(&|p| std::fs::read_to_string(p).ok());
+    checks.push(Check {
+        name: "kernel NAT",
+        ok: nat,
+        found: if nat {
+            "nf_nat available".into()
+        } else {
+            "nf_nat is neither loaded nor a module of this kernel (modprobe nf_nat; echo nf_nat > /etc/modules-load.d/kat.conf)".into()
+        },
+        consequence: "containers cannot reach addresses outside the cluster",
+    });
     checks.push(Check {
         name: "overlayfs in userns",
         ok: version >= (5, 11),
@@ -247,6 +302,35 @@ impl HostReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn network_tools_and_nat_say_what_is_missing() {
+        assert!(missing_network_tools(&|_| true).is_empty());
+        assert_eq!(
+            missing_network_tools(&|t| t != "slirp4netns"),
+            ["slirp4netns"]
+        );
+        let files = |modules: &'static str, builtin: &'static str| {
+            move |p: &str| -> Option<String> {
+                match p {
+                    "/proc/modules" => Some(modules.to_string()),
+                    "/proc/sys/kernel/osrelease" => Some("6.1.0\n".to_string()),
+                    "/lib/modules/6.1.0/modules.builtin" => Some(builtin.to_string()),
+                    _ => None,
+                }
+            }
+        };
+        assert!(nat_available(&files("nf_nat 61440 2 - Live\n", "")));
+        assert!(nat_available(&files(
+            "",
+            "kernel/net/netfilter/nf_nat.ko\n"
+        )));
+        assert!(!nat_available(&files(
+            "nf_tables 1 0\n",
+            "kernel/net/netfilter/nf_tables.ko\n"
+        )));
+        assert!(nat_available(&|_| None), "no module support: built in");
+    }
 
     #[test]
     fn reads_kernel_versions() {
