@@ -567,3 +567,98 @@ fn rand_u64() -> u64 {
         .unwrap();
     t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
 }
+
+/// Published ports: the relay carries TCP and UDP from the host's addresses to a container,
+/// and stops when the port is no longer published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_ports_relay_tcp_and_udp() {
+    use kat_api::load_balancer::Protocol;
+    use kat_netns::host_ports::PublishedPort;
+    let tmp = tempfile::tempdir().unwrap();
+    let net = std::sync::Arc::new(NodeNetwork::start(config(tmp.path(), 3)).expect("node network"));
+    let (uid, gid) = slice();
+    let address = Ipv4Addr::new(10, 231, 3, 2);
+    let c = net
+        .attach(address, vec![(0, uid, 65536)], vec![(0, gid, 65536)])
+        .unwrap();
+    let k = keeper_of(&c);
+    let server = "import socket\n\
+u=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); u.bind(('0.0.0.0',9999))\n\
+t=socket.socket(); t.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); t.bind(('0.0.0.0',9998)); t.listen(1)\n\
+d,a=u.recvfrom(100); u.sendto(b'udp '+d,a)\n\
+s,_=t.accept(); s.sendall(b'tcp '+s.recv(100)); s.close()\n";
+    let mut py = Command::new("nsenter")
+        .args([
+            "--target",
+            &k.to_string(),
+            "--user",
+            "--net",
+            "--preserve-credentials",
+            "--",
+        ])
+        .args(["python3", "-c", server])
+        .spawn()
+        .expect("python3 in the container");
+    let tcp_port = TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let udp_port = free_udp_port();
+    let ports = vec![
+        PublishedPort {
+            host_port: tcp_port,
+            protocol: Protocol::TCP,
+            address,
+            container_port: 9998,
+        },
+        PublishedPort {
+            host_port: udp_port,
+            protocol: Protocol::UDP,
+            address,
+            container_port: 9999,
+        },
+    ];
+    let (published, rx) = tokio::sync::watch::channel(ports);
+    tokio::spawn(kat_netns::host_ports::serve(net.clone(), rx));
+    std::thread::sleep(Duration::from_millis(500));
+
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut answer = vec![0u8; 100];
+    let mut got = None;
+    for _ in 0..20 {
+        udp.send_to(b"ping", ("127.0.0.1", udp_port)).await.unwrap();
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(300), udp.recv(&mut answer)).await
+        {
+            got = Some(String::from_utf8_lossy(&answer[..n]).into_owned());
+            break;
+        }
+    }
+    assert_eq!(got.as_deref(), Some("udp ping"));
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", tcp_port))
+        .await
+        .expect("the TCP port");
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, b"hello")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut tcp, &mut reply)
+        .await
+        .unwrap();
+    assert_eq!(reply, "tcp hello");
+    let _ = py.wait();
+
+    // No longer published: the host port closes.
+    published.send_replace(vec![]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(("127.0.0.1", tcp_port))
+        .await
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "the port stayed open");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(c);
+    net.remove();
+}
