@@ -1296,6 +1296,11 @@ fn container_network(h: &mut Hosts) {
         if page.contains(&token) {
             break;
         }
+        eprintln!(
+            "{:.1} s after the kill: {}",
+            killed.elapsed().as_secs_f64(),
+            page.trim()
+        );
     }
     assert!(
         page.contains(&token),
@@ -1309,7 +1314,24 @@ fn container_network(h: &mut Hosts) {
     wait("the worker Ready again", Duration::from_secs(60), || {
         h.ready_nodes(1).len() == HOSTS
     });
-    let page = fetch_inside(h, "pb", &pb_id, "pa");
+    // (If the agent was down longer than nodeLossTimeoutSeconds, pb was replaced: ask again.)
+    wait(
+        "pb running on the worker again",
+        Duration::from_secs(60),
+        || h.running(1, "pb").get(&format!("n{WORKER}")) == Some(&1),
+    );
+    let pb_now = instances(h, 1, "pb")
+        .iter()
+        .find(|i| i["state"] == "Running")
+        .and_then(|i| i["instanceID"].as_str().map(str::to_string))
+        .expect("a running pb");
+    let mut page = String::new();
+    for _ in 0..10 {
+        page = fetch_inside(h, "pb", &pb_now, "pa");
+        if page.contains(&token) {
+            break;
+        }
+    }
     assert!(page.contains(&token), "after the worker's restart: {page}");
 
     // Rekeys (forced every 4 s here): the tunnel keeps working across them.
@@ -1332,7 +1354,13 @@ fn container_network(h: &mut Hosts) {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    let page = fetch_inside(h, "pa", &pa_id, "pb");
+    let mut page = String::new();
+    for _ in 0..10 {
+        page = fetch_inside(h, "pa", &pa_id, "pb");
+        if page.contains(&token) {
+            break;
+        }
+    }
     assert!(page.contains(&token), "after rekeys: {page}");
     for w in ["pa", "pb"] {
         let out = h.katcall(1, &["delete", "workload", w]);

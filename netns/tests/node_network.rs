@@ -544,6 +544,42 @@ async fn the_overlay_carries_container_traffic_encrypted() {
         state[0].handshakes >= 1 && state[0].rx_bytes > 0,
         "{state:?}"
     );
+    // Forced rekeys (every 2 s here) complete, and pages keep coming across meanwhile.
+    let mut web = Command::new("nsenter")
+        .args([
+            "--target",
+            &kb.to_string(),
+            "--user",
+            "--net",
+            "--preserve-credentials",
+            "--",
+        ])
+        .args(["busybox", "httpd", "-f", "-p", "9003", "-h", "/"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let (mut ok, mut failed) = (0, Vec::new());
+    while started.elapsed() < Duration::from_secs(8) {
+        let get = "exec 3<>/dev/tcp/10.231.12.2/9003; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; head -c 12 <&3";
+        let out = inside(ka, "timeout", &["2", "bash", "-c", get]);
+        if String::from_utf8_lossy(&out.stdout).starts_with("HTTP/1") {
+            ok += 1;
+        } else {
+            failed.push(format!("{:.1} s", started.elapsed().as_secs_f64()));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = web.kill();
+    let _ = web.wait();
+    let state = a.overlay_state();
+    assert!(state[0].handshakes >= 3, "no rekeys: {state:?}");
+    assert!(
+        failed.is_empty(),
+        "{ok} pages, none at {failed:?} (rekeys: {state:?})"
+    );
     drop((ca, cb));
     a.remove();
     b.remove();
