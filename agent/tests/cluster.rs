@@ -1301,6 +1301,53 @@ fn container_network(h: &mut Hosts) {
             killed.elapsed().as_secs_f64(),
             page.trim()
         );
+        if std::env::var("KAT_TEST_DIAG").is_ok() {
+            for i in [2, WORKER] {
+                let ov = std::fs::read_to_string(h.data(i).join("network/overlay.json"))
+                    .unwrap_or_default();
+                let rec: Value = serde_json::from_slice(
+                    &std::fs::read(h.data(i).join("network/holder.json")).unwrap_or_default(),
+                )
+                .unwrap_or_default();
+                let k = rec["keeperPid"].as_i64().unwrap_or(0).to_string();
+                let link = Command::new("nsenter")
+                    .args([
+                        "-t",
+                        &k,
+                        "-U",
+                        "-n",
+                        "--preserve-credentials",
+                        "--",
+                        "ip",
+                        "-s",
+                        "-o",
+                        "link",
+                        "show",
+                        "kat-wg",
+                    ])
+                    .output()
+                    .unwrap();
+                let neigh = Command::new("nsenter")
+                    .args([
+                        "-t",
+                        &k,
+                        "-U",
+                        "-n",
+                        "--preserve-credentials",
+                        "--",
+                        "ip",
+                        "neigh",
+                    ])
+                    .output()
+                    .unwrap();
+                eprintln!(
+                    "DIAG n{i}: {}\n{}\n{}",
+                    ov.replace('\n', " "),
+                    String::from_utf8_lossy(&link.stdout),
+                    String::from_utf8_lossy(&neigh.stdout)
+                );
+            }
+        }
     }
     assert!(
         page.contains(&token),
