@@ -1074,6 +1074,25 @@ fn fetch_inside(h: &Hosts, workload: &str, id: &str, host: &str) -> String {
     )
 }
 
+/// [`fetch_inside`] until the page has `token` or `timeout` passed; the last answer.
+fn fetch_until(
+    h: &Hosts,
+    workload: &str,
+    id: &str,
+    host: &str,
+    token: &str,
+    timeout: Duration,
+) -> String {
+    let started = Instant::now();
+    loop {
+        let page = fetch_inside(h, workload, id, host);
+        if page.contains(token) || started.elapsed() > timeout {
+            return page;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 /// Container networking across the test hosts: pages by DNS name and instance name across
 /// the overlay in both directions (a member and the worker), a capture of the underlay
 /// showing only WireGuard, egress with the node's address as source, a published hostPort
@@ -1145,15 +1164,7 @@ fn container_network(h: &mut Hosts) {
         ("pb", &pb_id, "pa".to_string()),
         ("pb", &pb_id, format!("{pa_id}.{}", full("pa"))),
     ] {
-        let mut page = String::new();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(20) {
-            page = fetch_inside(h, from, from_id, &to);
-            if page.contains(&token) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        let page = fetch_until(h, from, from_id, &to, &token, Duration::from_secs(20));
         assert!(
             page.starts_with("HTTP/1.1 200") && page.contains(&token),
             "{from} → {to}: {page}"
@@ -1372,13 +1383,7 @@ fn container_network(h: &mut Hosts) {
         .find(|i| i["state"] == "Running")
         .and_then(|i| i["instanceID"].as_str().map(str::to_string))
         .expect("a running pb");
-    let mut page = String::new();
-    for _ in 0..10 {
-        page = fetch_inside(h, "pb", &pb_now, "pa");
-        if page.contains(&token) {
-            break;
-        }
-    }
+    let page = fetch_until(h, "pb", &pb_now, "pa", &token, Duration::from_secs(20));
     assert!(page.contains(&token), "after the worker's restart: {page}");
 
     // Rekeys (forced every 4 s here): the tunnel keeps working across them.
@@ -1401,13 +1406,7 @@ fn container_network(h: &mut Hosts) {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    let mut page = String::new();
-    for _ in 0..10 {
-        page = fetch_inside(h, "pa", &pa_id, "pb");
-        if page.contains(&token) {
-            break;
-        }
-    }
+    let page = fetch_until(h, "pa", &pa_id, "pb", &token, Duration::from_secs(20));
     assert!(page.contains(&token), "after rekeys: {page}");
     for w in ["pa", "pb"] {
         let out = h.katcall(1, &["delete", "workload", w]);

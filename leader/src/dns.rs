@@ -10,9 +10,20 @@ use std::net::IpAddr;
 use kat_api::keys;
 use kat_api::wire::{DnsRecord, InstanceState};
 use kat_api::WorkloadKey;
-use kat_store::TxnOp;
+use kat_store::{StateStore, StoreError, TxnOp};
 
 use crate::controller::{Round, WorkloadCtx};
+
+/// Every DNS record of the cluster, as stored (what a node's DNS server answers from).
+pub async fn records(store: &dyn StateStore) -> Result<Vec<DnsRecord>, StoreError> {
+    Ok(store
+        .list(keys::dns_records())
+        .await?
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect())
+}
 
 pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {
     let health_checked: HashMap<&WorkloadKey, bool> = workloads

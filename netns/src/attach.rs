@@ -132,22 +132,9 @@ pub fn attach(program: &Path, request: &AttachRequest) -> Result<Attachment, Net
     }
 }
 
-/// The helper's `main`.
+/// The attach helper's `main`.
 pub(crate) fn main(request: &str) -> ExitCode {
-    let request: AttachRequest = match serde_json::from_str(request) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("{ATTACH_ARG}: bad request: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&request) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("{message}");
-            ExitCode::FAILURE
-        }
-    }
+    crate::run_request::<AttachRequest>(ATTACH_ARG, request, run)
 }
 
 fn run(r: &AttachRequest) -> Result<(), String> {

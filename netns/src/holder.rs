@@ -91,20 +91,7 @@ pub(crate) const SOCKETS_FILE: &str = "node-sockets.sock";
 
 /// The holder's `main`.
 pub(crate) fn main(request: &str) -> ExitCode {
-    let request: HolderRequest = match serde_json::from_str(request) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("{HOLDER_ARG}: bad request: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match run(&request) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("{HOLDER_ARG}: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    crate::run_request::<HolderRequest>(HOLDER_ARG, request, run)
 }
 
 fn run(request: &HolderRequest) -> Result<(), String> {

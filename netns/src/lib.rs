@@ -34,6 +34,29 @@ impl NetError {
     }
 }
 
+/// A helper's life: parse its JSON request (2 when it is not one), run it, and say why it
+/// failed on standard error (the caller shows or logs that text).
+fn run_request<T: serde::de::DeserializeOwned>(
+    name: &str,
+    request: &str,
+    run: impl FnOnce(&T) -> Result<(), String>,
+) -> ExitCode {
+    let request: T = match serde_json::from_str(request) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{name}: bad request: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&request) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// When this process was started as one of the network helpers (the node holder or the
 /// attach helper), runs it and returns its exit code. Call it first in `main`, before any
 /// thread starts: both join user namespaces, which a multi-threaded process cannot.

@@ -59,17 +59,32 @@ fn config(dir: &std::path::Path, third: u8) -> NodeNetworkConfig {
     }
 }
 
+/// `nsenter` into the user and network namespaces of `pid`, keeping our credentials.
+fn nsenter(pid: i32) -> Command {
+    let mut c = Command::new("nsenter");
+    c.args([
+        "--target",
+        &pid.to_string(),
+        "--user",
+        "--net",
+        "--preserve-credentials",
+        "--",
+    ]);
+    c
+}
+
+/// A container's namespaces at `address`, mapping the test's id slice.
+fn attach_at(
+    net: &NodeNetwork,
+    address: Ipv4Addr,
+) -> Result<kat_netns::Attachment, kat_netns::NetError> {
+    let (uid, gid) = slice();
+    net.attach(address, vec![(0, uid, 65536)], vec![(0, gid, 65536)])
+}
+
 /// Runs `program args` in the user and network namespaces of `pid`.
 fn inside(pid: i32, program: &str, args: &[&str]) -> Output {
-    Command::new("nsenter")
-        .args([
-            "--target",
-            &pid.to_string(),
-            "--user",
-            "--net",
-            "--preserve-credentials",
-            "--",
-        ])
+    nsenter(pid)
         .arg(program)
         .args(args)
         .output()
@@ -113,21 +128,9 @@ async fn containers_talk_to_each_other_the_node_and_the_outside() {
     let tmp = tempfile::tempdir().unwrap();
     let net = NodeNetwork::start(config(tmp.path(), 1)).expect("node network");
     assert_eq!(net.gateway(), Ipv4Addr::new(10, 231, 1, 1));
-    let (uid, gid) = slice();
-    let a = net
-        .attach(
-            Ipv4Addr::new(10, 231, 1, 2),
-            vec![(0, uid, 65536)],
-            vec![(0, gid, 65536)],
-        )
-        .expect("container a");
-    let b = net
-        .attach(
-            Ipv4Addr::new(10, 231, 1, 3),
-            vec![(0, uid, 65536)],
-            vec![(0, gid, 65536)],
-        )
-        .expect("container b");
+    let (uid, _) = slice();
+    let a = attach_at(&net, Ipv4Addr::new(10, 231, 1, 2)).expect("container a");
+    let b = attach_at(&net, Ipv4Addr::new(10, 231, 1, 3)).expect("container b");
     let (ka, kb) = (keeper_of(&a), keeper_of(&b));
 
     // Each container's namespaces map its slice: container root is the slice's first id.
@@ -171,15 +174,7 @@ async fn containers_talk_to_each_other_the_node_and_the_outside() {
 
     // Container to container across the bridge: b listens (bash cannot, so a node-made
     // socket cannot either: use busybox nc in b).
-    let mut nc = Command::new("nsenter")
-        .args([
-            "--target",
-            &kb.to_string(),
-            "--user",
-            "--net",
-            "--preserve-credentials",
-            "--",
-        ])
+    let mut nc = nsenter(kb)
         .args([
             "busybox",
             "nc",
@@ -280,12 +275,9 @@ async fn containers_talk_to_each_other_the_node_and_the_outside() {
 fn an_address_outside_the_node_subnet_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let net = NodeNetwork::start(config(tmp.path(), 2)).expect("node network");
-    let (uid, gid) = slice();
+    let (_, gid) = slice();
     for bad in [Ipv4Addr::new(10, 231, 9, 2), Ipv4Addr::new(10, 231, 2, 1)] {
-        let e = net
-            .attach(bad, vec![(0, uid, 65536)], vec![(0, gid, 65536)])
-            .err()
-            .expect("refused");
+        let e = attach_at(&net, bad).err().expect("refused");
         assert!(e.to_string().contains("not a container address"), "{e}");
     }
     // Ids outside what the node user namespace maps are refused with the reason.
@@ -347,21 +339,8 @@ async fn the_overlay_carries_container_traffic_encrypted() {
     );
     assert_eq!(mode & 0o777, 0o600);
 
-    let (uid, gid) = slice();
-    let ca = a
-        .attach(
-            Ipv4Addr::new(10, 231, 11, 2),
-            vec![(0, uid, 65536)],
-            vec![(0, gid, 65536)],
-        )
-        .unwrap();
-    let cb = b
-        .attach(
-            Ipv4Addr::new(10, 231, 12, 2),
-            vec![(0, uid, 65536)],
-            vec![(0, gid, 65536)],
-        )
-        .unwrap();
+    let ca = attach_at(&a, Ipv4Addr::new(10, 231, 11, 2)).unwrap();
+    let cb = attach_at(&b, Ipv4Addr::new(10, 231, 12, 2)).unwrap();
     let (ka, kb) = (keeper_of(&ca), keeper_of(&cb));
 
     // Capture the underlay (loopback) while the page goes across: as root (an unprivileged
@@ -410,18 +389,7 @@ async fn the_overlay_carries_container_traffic_encrypted() {
 
     let token = format!("token-{:016x}", rand_u64());
     let serve = format!("echo {token} | busybox nc -l -p 9000");
-    let mut server = Command::new("nsenter")
-        .args([
-            "--target",
-            &kb.to_string(),
-            "--user",
-            "--net",
-            "--preserve-credentials",
-            "--",
-        ])
-        .args(["sh", "-c", &serve])
-        .spawn()
-        .unwrap();
+    let mut server = nsenter(kb).args(["sh", "-c", &serve]).spawn().unwrap();
     let fetch = "exec 3<>/dev/tcp/10.231.12.2/9000; head -c 64 <&3";
     let deadline = Instant::now() + Duration::from_secs(10);
     let out = loop {
@@ -482,15 +450,7 @@ async fn the_overlay_carries_container_traffic_encrypted() {
     }
     // A container of b claiming an address of a's subnet: b's overlay carries the packet,
     // a's drops it (a peer speaks only for its own subnet), so the connection never opens.
-    let listen = Command::new("nsenter")
-        .args([
-            "--target",
-            &ka.to_string(),
-            "--user",
-            "--net",
-            "--preserve-credentials",
-            "--",
-        ])
+    let listen = nsenter(ka)
         .args(["busybox", "nc", "-l", "-p", "9001", "-e", "echo", "reached"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -545,15 +505,7 @@ async fn the_overlay_carries_container_traffic_encrypted() {
         "{state:?}"
     );
     // Forced rekeys (every 2 s here) complete, and pages keep coming across meanwhile.
-    let mut web = Command::new("nsenter")
-        .args([
-            "--target",
-            &kb.to_string(),
-            "--user",
-            "--net",
-            "--preserve-credentials",
-            "--",
-        ])
+    let mut web = nsenter(kb)
         .args(["busybox", "httpd", "-f", "-p", "9003", "-h", "/"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -612,26 +564,15 @@ async fn published_ports_relay_tcp_and_udp() {
     use kat_netns::host_ports::PublishedPort;
     let tmp = tempfile::tempdir().unwrap();
     let net = std::sync::Arc::new(NodeNetwork::start(config(tmp.path(), 3)).expect("node network"));
-    let (uid, gid) = slice();
     let address = Ipv4Addr::new(10, 231, 3, 2);
-    let c = net
-        .attach(address, vec![(0, uid, 65536)], vec![(0, gid, 65536)])
-        .unwrap();
+    let c = attach_at(&net, address).unwrap();
     let k = keeper_of(&c);
     let server = "import socket\n\
 u=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); u.bind(('0.0.0.0',9999))\n\
 t=socket.socket(); t.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); t.bind(('0.0.0.0',9998)); t.listen(1)\n\
 d,a=u.recvfrom(100); u.sendto(b'udp '+d,a)\n\
 s,_=t.accept(); s.sendall(b'tcp '+s.recv(100)); s.close()\n";
-    let mut py = Command::new("nsenter")
-        .args([
-            "--target",
-            &k.to_string(),
-            "--user",
-            "--net",
-            "--preserve-credentials",
-            "--",
-        ])
+    let mut py = nsenter(k)
         .args(["python3", "-c", server])
         .spawn()
         .expect("python3 in the container");

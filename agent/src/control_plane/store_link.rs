@@ -81,14 +81,7 @@ impl ControlPlane for StoreLink {
     }
 
     async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
-        Ok(self
-            .store
-            .list(keys::dns_records())
-            .await?
-            .kvs
-            .iter()
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-            .collect())
+        Ok(kat_leader::dns::records(&*self.store).await?)
     }
 
     async fn publish_wireguard_key(&self, key: &str) -> Result<()> {

@@ -205,14 +205,7 @@ impl Service {
     /// from etcd).
     pub async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
         self.require_leader().await?;
-        Ok(self
-            .store
-            .list(keys::dns_records())
-            .await?
-            .kvs
-            .iter()
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-            .collect())
+        Ok(kat_leader::dns::records(&*self.store).await?)
     }
 
     /// Node `name`'s assignment stream, resuming after revision `resume` if given.
