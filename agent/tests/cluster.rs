@@ -1373,16 +1373,18 @@ fn container_network(h: &mut Hosts) {
         h.ready_nodes(1).len() == HOSTS
     });
     // (If the agent was down longer than nodeLossTimeoutSeconds, pb was replaced: ask again.)
+    let running_pb = || {
+        instances(h, 1, "pb")
+            .iter()
+            .find(|i| i["state"] == "Running" && i["node"] == format!("n{WORKER}").as_str())
+            .and_then(|i| i["instanceID"].as_str().map(str::to_string))
+    };
     wait(
         "pb running on the worker again",
         Duration::from_secs(60),
-        || h.running(1, "pb").get(&format!("n{WORKER}")) == Some(&1),
+        || running_pb().is_some(),
     );
-    let pb_now = instances(h, 1, "pb")
-        .iter()
-        .find(|i| i["state"] == "Running")
-        .and_then(|i| i["instanceID"].as_str().map(str::to_string))
-        .expect("a running pb");
+    let pb_now = running_pb().expect("a running pb");
     let page = fetch_until(h, "pb", &pb_now, "pa", &token, Duration::from_secs(20));
     assert!(page.contains(&token), "after the worker's restart: {page}");
 
