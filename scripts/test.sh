@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
+# A test run gains nothing from incremental state (gigabytes in target/); iterate with cargo itself.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
