@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kat_api::wire::{rfc3339, InstanceStatus, NodeHeartbeat, ResourceList};
+use kat_api::wire::{rfc3339, NodeHeartbeat, ResourceList};
 use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
+use crate::supervisor::Statuses;
 use crate::usage::UsageMeter;
 
 /// What the host has: CPUs, memory and the pid limit.
@@ -49,13 +50,18 @@ pub async fn run(
     link: Arc<dyn ControlPlane>,
     node: String,
     tick: Duration,
-    mut statuses: watch::Receiver<Vec<InstanceStatus>>,
+    mut statuses: watch::Receiver<Statuses>,
     mut meter: UsageMeter,
 ) {
     let capacity = capacity();
     let allocatable = allocatable(capacity);
+    // Not before the supervisor knows what runs here: a restarted agent's first heartbeat
+    // must carry the containers it adopted, not an empty list.
+    if statuses.wait_for(Option::is_some).await.is_err() {
+        return;
+    }
     loop {
-        let mut instances = statuses.borrow_and_update().clone();
+        let mut instances = statuses.borrow_and_update().clone().unwrap_or_default();
         let usage = meter.measure(&mut instances).await;
         let hb = NodeHeartbeat {
             node: node.clone(),

@@ -187,7 +187,7 @@ struct NodeBase {
     runtime: Arc<dyn ContainerRuntime>,
     tasks: tokio::task::JoinSet<()>,
     feed_tx: watch::Sender<Option<(Source, assignments::Snapshot)>>,
-    status_rx: watch::Receiver<Vec<kat_api::wire::InstanceStatus>>,
+    status_rx: watch::Receiver<crate::supervisor::Statuses>,
     /// A local copy of assignments exists (the node ran workloads before this start).
     has_copy: bool,
     tick: Duration,
@@ -281,7 +281,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
         tracing::warn!("{note}");
     }
 
-    let (status_tx, status_rx) = watch::channel(Vec::new());
+    let (status_tx, status_rx) = watch::channel(None);
     let (feed_tx, feed_rx) = watch::channel(None);
     let mut tasks = tokio::task::JoinSet::new();
     let (settings_tx, settings_rx) = watch::channel(None);

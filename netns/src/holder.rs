@@ -226,6 +226,16 @@ fn make_keeper(socket_path: &Path) -> Result<Keeper, String> {
     }
 }
 
+/// The bridge's hardware address, fixed and derived from the node's gateway address
+/// (locally administered: `02:4b:` and the four bytes of the address). A bridge without one
+/// takes the lowest of its ports' addresses, so a container's veth coming or going would
+/// change the gateway's address under every other container, which keeps sending to the old
+/// one until its neighbour entry goes stale (about ten seconds of lost packets).
+pub(crate) fn bridge_mac(gateway: std::net::Ipv4Addr) -> String {
+    let [a, b, c, d] = gateway.octets();
+    format!("02:4b:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
+}
+
 /// Reads one message from a forked helper and checks it is `expected`.
 pub(crate) fn expect(from: &OwnedFd, expected: &str) -> Result<(), String> {
     let mut buffer = [0u8; 512];
@@ -253,7 +263,10 @@ fn set_up(
         Some(pid),
         &[
             "link set lo up".to_string(),
-            format!("link add {BRIDGE} type bridge"),
+            format!(
+                "link add {BRIDGE} address {} type bridge",
+                bridge_mac(gateway)
+            ),
             format!(
                 "addr add {gateway}/{} dev {BRIDGE}",
                 request.subnet.prefix_len()

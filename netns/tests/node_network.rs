@@ -128,10 +128,26 @@ async fn containers_talk_to_each_other_the_node_and_the_outside() {
     let tmp = tempfile::tempdir().unwrap();
     let net = NodeNetwork::start(config(tmp.path(), 1)).expect("node network");
     assert_eq!(net.gateway(), Ipv4Addr::new(10, 231, 1, 1));
+    let bridge_mac = || {
+        let out = inside(net.keeper_pid(), "ip", &["-br", "link", "show", "kat0"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(bridge_mac(), "02:4b:0a:e7:01:01");
     let (uid, _) = slice();
     let a = attach_at(&net, Ipv4Addr::new(10, 231, 1, 2)).expect("container a");
     let b = attach_at(&net, Ipv4Addr::new(10, 231, 1, 3)).expect("container b");
     let (ka, kb) = (keeper_of(&a), keeper_of(&b));
+    // Containers coming and going leave the gateway's hardware address alone (a bridge
+    // takes its lowest port's address unless given one; the others would keep sending to
+    // the old address until their neighbour entries went stale).
+    for i in 10..14 {
+        drop(attach_at(&net, Ipv4Addr::new(10, 231, 1, i)).expect("a passing container"));
+    }
+    assert_eq!(bridge_mac(), "02:4b:0a:e7:01:01");
 
     // Each container's namespaces map its slice: container root is the slice's first id.
     let map = std::fs::read_to_string(format!("/proc/{ka}/uid_map")).unwrap();

@@ -48,6 +48,10 @@ const POLL: Duration = Duration::from_secs(1);
 /// Wait between attempts to get an image or volume ready.
 const PREPARE_RETRY: Duration = Duration::from_secs(2);
 
+/// What the supervisor says runs here: `None` until it has had its first snapshot and
+/// looked at this node's containers (the heartbeat waits for it).
+pub type Statuses = Option<Vec<InstanceStatus>>;
+
 #[derive(Debug, Clone)]
 pub struct SupervisorConfig {
     pub node: String,
@@ -163,7 +167,7 @@ pub struct Supervisor {
     pulls: Arc<std::sync::Mutex<HashMap<String, Option<String>>>>,
     probes_tx: mpsc::Sender<(String, u32, bool)>,
     probes_rx: mpsc::Receiver<(String, u32, bool)>,
-    statuses: watch::Sender<Vec<InstanceStatus>>,
+    statuses: watch::Sender<Statuses>,
     source: Option<Source>,
     stop_seq: u64,
 }
@@ -172,7 +176,7 @@ impl Supervisor {
     pub fn new(
         config: SupervisorConfig,
         runtime: Arc<dyn ContainerRuntime>,
-        statuses: watch::Sender<Vec<InstanceStatus>>,
+        statuses: watch::Sender<Statuses>,
     ) -> Self {
         let (probes_tx, probes_rx) = mpsc::channel(64);
         Supervisor {
@@ -638,14 +642,18 @@ impl Supervisor {
                 .filter(|(s, _)| !s.workload.is_empty())
                 .map(|(s, _)| s.clone()),
         );
-        self.statuses.send_if_modified(|current| {
-            if *current == statuses {
-                false
-            } else {
-                *current = statuses;
-                true
-            }
-        });
+        // Nothing is said before the first snapshot: an empty list would tell the leader
+        // that a restarted agent's running containers are gone.
+        if self.source.is_some() {
+            self.statuses.send_if_modified(|current| {
+                if current.as_ref() == Some(&statuses) {
+                    false
+                } else {
+                    *current = Some(statuses);
+                    true
+                }
+            });
+        }
         let mut published: Vec<PublishedPort> = self
             .tracked
             .values()

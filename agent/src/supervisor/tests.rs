@@ -63,7 +63,7 @@ const HEALTH: &str = "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalance
 struct Node {
     runtime: Arc<FakeRuntime>,
     feed: watch::Sender<Option<(Source, Snapshot)>>,
-    statuses: watch::Receiver<Vec<InstanceStatus>>,
+    statuses: watch::Receiver<super::Statuses>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -87,7 +87,7 @@ fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
         .1,
         published: watch::channel(Vec::new()).0,
     };
-    let (status_tx, statuses) = watch::channel(Vec::new());
+    let (status_tx, statuses) = watch::channel(None);
     let (feed, feed_rx) = watch::channel(Some((Source::Store, snap(snapshot))));
     let rt: Arc<dyn ContainerRuntime> = runtime.clone();
     let task = tokio::spawn(Supervisor::new(config, rt, status_tx).run(feed_rx));
@@ -110,6 +110,7 @@ impl Node {
         self.statuses
             .borrow()
             .iter()
+            .flatten()
             .find(|s| s.instance_id == instance)
             .cloned()
     }
@@ -408,10 +409,10 @@ async fn running_instances_report_what_their_cgroups_use() {
     });
     let node = web_1_running(&rt).await;
     let mut meter = crate::usage::UsageMeter::new(rt.clone(), std::env::temp_dir());
-    let mut first = node.statuses.borrow().clone();
+    let mut first = node.statuses.borrow().clone().unwrap_or_default();
     meter.measure(&mut first).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let mut statuses = node.statuses.borrow().clone();
+    let mut statuses = node.statuses.borrow().clone().unwrap_or_default();
     let host = meter.measure(&mut statuses).await;
     let usage = statuses[0].usage.expect("a running instance has a usage");
     // A quarter of a core over the 5 s between the readings.
