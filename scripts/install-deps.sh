@@ -33,6 +33,10 @@ command -v tcpdump >/dev/null 2>&1 || missing+=(tcpdump)
 command -v iperf3 >/dev/null 2>&1 || missing+=(iperf3)
 command -v wireguard-go >/dev/null 2>&1 || missing+=(wireguard-go)
 command -v wg >/dev/null 2>&1 || missing+=(wireguard-tools)
+# Builds from Git: libgit2 is compiled in (git2) with the system's OpenSSL for https; the
+# tests serve repositories with git daemon; setpriv/unshare are util-linux.
+dpkg -s libssl-dev >/dev/null 2>&1 || missing+=(libssl-dev)
+command -v git >/dev/null 2>&1 || missing+=(git)
 # promtool checks that /metrics is valid exposition text (the Prometheus server itself is not
 # started: without systemd as PID 1 nothing starts it, and on systemd hosts it is stopped below).
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)

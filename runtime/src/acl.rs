@@ -76,6 +76,32 @@ pub fn share_log_dir(dir: &Path, workload_uid: u32, agent_uid: u32) -> std::io::
     set(dir, "system.posix_acl_default", &default)
 }
 
+/// Opens the directory `dir` (owned by us, 0700) to `uid` as well: a build's workspace,
+/// which the build slice's root must write and nobody else may enter. No default ACL: what
+/// the build creates keeps its plain mode bits.
+pub fn open_dir_to(dir: &Path, uid: u32) -> std::io::Result<()> {
+    let access = encode(&[
+        (USER_OBJ, 7, UNDEFINED),
+        (USER, 7, uid),
+        (GROUP_OBJ, 0, UNDEFINED),
+        (MASK, 7, UNDEFINED),
+        (OTHER, 0, UNDEFINED),
+    ]);
+    set(dir, "system.posix_acl_access", &access)
+}
+
+/// Lets `uid` read the file `file` (owned by us, 0600) too: a build's copy of the auth file.
+pub fn open_file_to(file: &Path, uid: u32) -> std::io::Result<()> {
+    let access = encode(&[
+        (USER_OBJ, 6, UNDEFINED),
+        (USER, 4, uid),
+        (GROUP_OBJ, 0, UNDEFINED),
+        (MASK, 4, UNDEFINED),
+        (OTHER, 0, UNDEFINED),
+    ]);
+    set(file, "system.posix_acl_access", &access)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

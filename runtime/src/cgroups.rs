@@ -333,6 +333,132 @@ impl Cgroups {
     }
 }
 
+impl Cgroups {
+    /// A cgroup `id` for a build (or anything that is not a container), with memory, CPU
+    /// and pids limits written by us; its `cgroup.procs` files, for [`join_on_exec`]. Under
+    /// systemd, builds run in a transient scope instead ([`Cgroups::systemd_run`]) and this
+    /// returns nothing; without usable cgroups, nothing either (the build is not limited,
+    /// and the node's notes say cgroups are not enforced).
+    pub fn build_group(
+        &self,
+        id: &str,
+        memory: u64,
+        cpu_millis: u64,
+        pids: u64,
+    ) -> Result<Vec<PathBuf>> {
+        match self.mode {
+            CgroupMode::None | CgroupMode::Systemd => return Ok(Vec::new()),
+            _ => {}
+        }
+        for dir in self.dirs(id) {
+            fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+            // A new v1 cpuset has no CPUs and no memory nodes, and joining it fails with
+            // ENOSPC: take the parent's.
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                let own = dir.join(file);
+                if own.exists() && fs::read_to_string(&own).is_ok_and(|v| v.trim().is_empty()) {
+                    if let Some(value) = dir
+                        .parent()
+                        .and_then(|p| fs::read_to_string(p.join(file)).ok())
+                    {
+                        fs::write(&own, value.trim())
+                            .context(|| format!("writing {}", own.display()))?;
+                    }
+                }
+            }
+        }
+        if self.mode == CgroupMode::V1 {
+            self.apply_v1_limits(
+                id,
+                &crate::types::Resources {
+                    memory_limit_bytes: memory,
+                    cpu_limit_millis: cpu_millis,
+                    pids_limit: pids,
+                    ..Default::default()
+                },
+            )?;
+        } else {
+            for dir in self.dirs(id) {
+                let write = |file: &str, value: String| -> Result<()> {
+                    let p = dir.join(file);
+                    fs::write(&p, value).context(|| format!("writing {}", p.display()))
+                };
+                if self.memory {
+                    write("memory.max", memory.to_string())?;
+                }
+                if self.cpu {
+                    let period = crate::types::Resources::CPU_PERIOD_US;
+                    write(
+                        "cpu.max",
+                        format!("{} {period}", cpu_millis * period / 1000),
+                    )?;
+                }
+                if self.pids {
+                    write("pids.max", pids.to_string())?;
+                }
+            }
+        }
+        Ok(self.procs_files(id))
+    }
+
+    /// Under systemd, the `systemd-run` prefix that runs a build in a transient scope of
+    /// `kat.slice` with these limits; `None` elsewhere.
+    pub fn systemd_run(&self, memory: u64, cpu_millis: u64, pids: u64) -> Option<Vec<String>> {
+        if self.mode != CgroupMode::Systemd {
+            return None;
+        }
+        let mut prefix = vec!["systemd-run".to_string()];
+        if !nix::unistd::geteuid().is_root() {
+            prefix.push("--user".into());
+        }
+        prefix.extend([
+            "--scope".to_string(),
+            "--quiet".into(),
+            "--collect".into(),
+            format!("--slice={SYSTEMD_SLICE}"),
+            "-p".into(),
+            format!("MemoryMax={memory}"),
+            "-p".into(),
+            format!("CPUQuota={}%", cpu_millis.div_ceil(10)),
+            "-p".into(),
+            format!("TasksMax={pids}"),
+            "--".into(),
+        ]);
+        Some(prefix)
+    }
+}
+
+/// Makes the child of `command` join the cgroups whose `cgroup.procs` files are `procs`
+/// between fork and exec, so that everything it starts is limited from the first instruction.
+pub fn join_on_exec(command: &mut std::process::Command, procs: Vec<PathBuf>) {
+    use std::os::unix::process::CommandExt;
+    if procs.is_empty() {
+        return;
+    }
+    let paths: Vec<std::ffi::CString> = procs
+        .iter()
+        .filter_map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok())
+        .collect();
+    // SAFETY: between fork and exec only open(2), write(2) and close(2) run, on memory
+    // prepared before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            for path in &paths {
+                let fd = nix::libc::open(path.as_ptr(), nix::libc::O_WRONLY | nix::libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let rc = nix::libc::write(fd, b"0".as_ptr().cast(), 1);
+                nix::libc::close(fd);
+                if rc < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Where this process's systemd instance keeps its units, when systemd can make container
 /// scopes: `` (the root cgroup) for root's system instance, `/user.slice/…/user@UID.service`
 /// for an unprivileged agent's user instance.

@@ -56,6 +56,10 @@ pub fn run_if_requested() -> Option<ExitCode> {
     if let Some(code) = crate::id_tool::run_if_requested() {
         return Some(code);
     }
+    // And as the build sandbox (see `crate::build::buildah`).
+    if let Some(code) = crate::build::buildah::run_if_requested() {
+        return Some(code);
+    }
     let mut args = std::env::args_os().skip(1);
     if args.next().as_deref() != Some(std::ffi::OsStr::new(HELPER_ARG)) {
         return None;

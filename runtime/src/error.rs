@@ -32,6 +32,8 @@ pub enum RuntimeError {
         source_path: PathBuf,
         reason: String,
     },
+    #[error(transparent)]
+    Build(#[from] crate::build::BuildError),
     #[error("impossible limits: {0}")]
     BadLimits(String),
     #[error("container {0} not found")]

@@ -60,6 +60,7 @@ impl Run {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
     Pull(String),
+    Build(String),
     Create(String),
     Start(String),
     Stop { id: String, grace: Duration },
@@ -247,6 +248,30 @@ impl ContainerRuntime for FakeRuntime {
 
     async fn prune_images(&self) -> Result<u64> {
         Ok(0)
+    }
+
+    /// A build that takes `pull_time` of its reference and fails when the repository's URL
+    /// ends in `/broken` (as a broken Dockerfile would).
+    async fn build_image(
+        &self,
+        request: &crate::build::BuildRequest,
+        _limits: crate::build::BuildLimits,
+        progress: &tokio::sync::watch::Sender<crate::build::BuildPhase>,
+    ) -> Result<ImageSummary> {
+        self.record(Call::Build(request.reference.clone()));
+        let key = normalized(&request.reference);
+        progress.send_replace(crate::build::BuildPhase::Building(None));
+        let took = self.lock().pull_time.get(&key).copied().unwrap_or_default();
+        tokio::time::sleep(took).await;
+        if request.repository.ends_with("/broken") {
+            return Err(crate::build::BuildError::Failed {
+                step: "step 2 of 2: RUN false".into(),
+                tail: "error building at STEP \"RUN false\": exit status 1".into(),
+            }
+            .into());
+        }
+        self.lock().images.insert(key.clone());
+        Ok(summary(&key))
     }
 
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {

@@ -14,6 +14,7 @@
 //! `docs/runtime.md` describes what every container gets and what is enforced.
 
 pub mod acl;
+pub mod build;
 pub mod cgroups;
 pub mod create_helper;
 pub mod error;
@@ -69,6 +70,14 @@ pub trait ContainerRuntime: Send + Sync {
     async fn remove_image(&self, reference: &str) -> Result<u64>;
     /// Removes every image no container uses; returns the bytes reclaimed.
     async fn prune_images(&self) -> Result<u64>;
+    /// Builds a commit of a Git repository ([`build`]) and keeps the image under
+    /// `request.reference`; `progress` follows the build.
+    async fn build_image(
+        &self,
+        request: &build::BuildRequest,
+        limits: build::BuildLimits,
+        progress: &tokio::sync::watch::Sender<build::BuildPhase>,
+    ) -> Result<ImageSummary>;
 
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus>;
     async fn start(&self, id: &str) -> Result<()>;

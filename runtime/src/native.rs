@@ -300,6 +300,28 @@ impl NativeRuntime {
         })
     }
 
+    /// Builds run as root of the last id slice, which no workload is given.
+    pub fn builder(&self) -> Result<crate::build::Builder> {
+        let range = self.range.as_ref().map_err(|e| {
+            crate::build::BuildError::Unavailable(format!("no subordinate id range: {e}"))
+        })?;
+        if range.slots() < 2 {
+            return Err(crate::build::BuildError::Unavailable(format!(
+                "the node's id range has one slice of {SLICE_SIZE} ids, for workloads; builds need a second"
+            ))
+            .into());
+        }
+        let (uid, gid) = range.slot_root(range.slots() - 1);
+        Ok(crate::build::Builder {
+            root: self.config.root.join("builds"),
+            slice: (uid, gid, SLICE_SIZE),
+            insecure: self.config.registries.insecure.clone(),
+            auth_file: self.config.registries.auth_file(),
+            cgroups: self.cgroups.clone(),
+            helper: self.config.create_helper.clone(),
+        })
+    }
+
     pub fn images(&self) -> &ImageStore {
         &self.images
     }
@@ -732,7 +754,8 @@ impl NativeRuntime {
         if guard.is_none() {
             *guard = Some(IdSlices::load(
                 &self.config.root.join("id-slices.json"),
-                range.slots(),
+                // The last slice is the builds' (`builder`).
+                range.slots().saturating_sub(1).max(1),
             )?);
         }
         let table = guard
@@ -1025,6 +1048,18 @@ impl ContainerRuntime for NativeRuntime {
 
     async fn import_image(&self, layout: &Path, reference: &str) -> Result<ImageSummary> {
         image::layout::import(&self.images, layout, reference).await
+    }
+
+    async fn build_image(
+        &self,
+        request: &crate::build::BuildRequest,
+        limits: crate::build::BuildLimits,
+        progress: &tokio::sync::watch::Sender<crate::build::BuildPhase>,
+    ) -> Result<ImageSummary> {
+        let built = self.builder()?.build(request, limits, progress).await?;
+        let imported = image::layout::import(&self.images, &built.layout, &request.reference).await;
+        built.remove().await;
+        imported
     }
 
     async fn list_images(&self) -> Result<Vec<ImageSummary>> {

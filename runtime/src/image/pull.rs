@@ -54,6 +54,11 @@ impl RegistryConfig {
         files
     }
 
+    /// The first auth file that exists (the one a build's buildah reads).
+    pub fn auth_file(&self) -> Option<PathBuf> {
+        self.auth_files().into_iter().find(|f| f.is_file())
+    }
+
     /// Basic credentials for `registry` from the first auth file that has them.
     pub fn auth_for(&self, registry: &str) -> RegistryAuth {
         for file in self.auth_files() {

@@ -1,0 +1,295 @@
+//! Git for builds, with `git2` (libgit2): which commit a branch or tag names (the
+//! leader asks once, at apply time), and a checkout of exactly one commit into a workspace,
+//! shallow where the server allows it, within a size cap and a deadline.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use git2::{
+    build::CheckoutBuilder, Direction, FetchOptions, Oid, Remote, RemoteCallbacks, Repository,
+};
+
+/// What went wrong with a repository, in words a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum GitError {
+    #[error("{url}: {what} (expected an https://, http:// or git:// repository URL)")]
+    BadUrl { url: String, what: String },
+    #[error("cannot reach {url}: {message}")]
+    Unreachable { url: String, message: String },
+    #[error("{url} has no {what}")]
+    NotFound { url: String, what: String },
+    #[error("fetching {commit} from {url}: {message}")]
+    Fetch {
+        url: String,
+        commit: String,
+        message: String,
+    },
+    #[error("the checkout of {url} is larger than the build workspace cap of {cap} bytes")]
+    TooLarge { url: String, cap: u64 },
+    #[error("fetching {url} took longer than the build timeout")]
+    TimedOut { url: String },
+    #[error("checking out {commit}: {message}")]
+    Checkout { commit: String, message: String },
+}
+
+/// Only network repositories: a `file://` URL or a path would let whoever applies a
+/// workload read repositories on the node's disk with the agent's rights.
+pub fn check_url(url: &str) -> Result<(), GitError> {
+    let lower = url.to_ascii_lowercase();
+    let scheme_ok = ["https://", "http://", "git://"]
+        .iter()
+        .any(|s| lower.starts_with(s) && lower.len() > s.len());
+    if !scheme_ok {
+        return Err(GitError::BadUrl {
+            url: url.to_string(),
+            what: "not a network repository URL".into(),
+        });
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(GitError::BadUrl {
+            url: url.to_string(),
+            what: "contains whitespace or control characters".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The commit `branch` or `tag` of `url` names now (the remote's HEAD when both are
+/// `None`), as 40 hexadecimal digits. An annotated tag is peeled to its commit.
+pub fn resolve(url: &str, branch: Option<&str>, tag: Option<&str>) -> Result<String, GitError> {
+    check_url(url)?;
+    set_timeouts();
+    let mut remote = Remote::create_detached(url).map_err(|e| unreachable(url, &e))?;
+    let connection = remote
+        .connect_auth(Direction::Fetch, None, None)
+        .map_err(|e| unreachable(url, &e))?;
+    let heads = connection.list().map_err(|e| unreachable(url, &e))?;
+    let (wanted, what): (Vec<String>, String) = match (branch, tag) {
+        (Some(b), _) => (vec![format!("refs/heads/{b}")], format!("branch {b:?}")),
+        (None, Some(t)) => (
+            // The peeled entry first: an annotated tag's own id is not a commit.
+            vec![format!("refs/tags/{t}^{{}}"), format!("refs/tags/{t}")],
+            format!("tag {t:?}"),
+        ),
+        (None, None) => (vec!["HEAD".into()], "HEAD (default branch)".into()),
+    };
+    for name in wanted {
+        if let Some(head) = heads.iter().find(|h| h.name() == name) {
+            return Ok(head.oid().to_string());
+        }
+    }
+    Err(GitError::NotFound {
+        url: url.to_string(),
+        what,
+    })
+}
+
+fn unreachable(url: &str, e: &git2::Error) -> GitError {
+    GitError::Unreachable {
+        url: url.to_string(),
+        message: e.message().to_string(),
+    }
+}
+
+/// Limits of one checkout.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckoutLimits {
+    /// Bytes received from the server and bytes of the checked-out tree, each at most this.
+    pub max_bytes: u64,
+    pub deadline: Instant,
+}
+
+/// Checks out `commit` of `url` into `dir` (created empty by the caller). Tries, in order:
+/// a shallow fetch of a branch or tag that points at the commit, a shallow fetch of the
+/// commit itself (servers that allow any reachable commit), then every branch and tag in
+/// full (a commit further back in history on a server that allows neither).
+pub fn checkout(
+    url: &str,
+    commit: &str,
+    dir: &Path,
+    limits: CheckoutLimits,
+) -> Result<(), GitError> {
+    check_url(url)?;
+    set_timeouts();
+    let fetch_error = |message: String| GitError::Fetch {
+        url: url.to_string(),
+        commit: commit.to_string(),
+        message,
+    };
+    let repo = Repository::init(dir).map_err(|e| fetch_error(e.message().to_string()))?;
+    let mut remote = repo
+        .remote_anonymous(url)
+        .map_err(|e| unreachable(url, &e))?;
+    let advertised: Vec<String> = {
+        let connection = remote
+            .connect_auth(Direction::Fetch, None, None)
+            .map_err(|e| unreachable(url, &e))?;
+        let heads = connection.list().map_err(|e| unreachable(url, &e))?;
+        heads
+            .iter()
+            .filter(|h| h.oid().to_string().starts_with(commit))
+            .map(|h| h.name().trim_end_matches("^{}").to_string())
+            .filter(|n| n.starts_with("refs/"))
+            .collect()
+    };
+    let exceeded = std::cell::Cell::new(None::<GitError>);
+    let mut attempt = |refspecs: &[String], depth: i32| -> Result<(), git2::Error> {
+        let mut callbacks = RemoteCallbacks::new();
+        callbacks.transfer_progress(|p| {
+            if p.received_bytes() as u64 > limits.max_bytes {
+                exceeded.set(Some(GitError::TooLarge {
+                    url: url.to_string(),
+                    cap: limits.max_bytes,
+                }));
+                return false;
+            }
+            if Instant::now() > limits.deadline {
+                exceeded.set(Some(GitError::TimedOut {
+                    url: url.to_string(),
+                }));
+                return false;
+            }
+            true
+        });
+        let mut options = FetchOptions::new();
+        options.remote_callbacks(callbacks);
+        options.download_tags(git2::AutotagOption::None);
+        if depth > 0 {
+            options.depth(depth);
+        }
+        let specs: Vec<&str> = refspecs.iter().map(String::as_str).collect();
+        remote.fetch(&specs, Some(&mut options), None)
+    };
+    let mut errors = Vec::new();
+    let mut tries: Vec<(Vec<String>, i32)> = advertised
+        .iter()
+        .map(|r| (vec![format!("+{r}:refs/kat/wanted")], 1))
+        .take(1)
+        .collect();
+    if commit.len() == 40 {
+        tries.push((vec![format!("+{commit}:refs/kat/wanted")], 1));
+    }
+    tries.push((
+        vec![
+            "+refs/heads/*:refs/kat/heads/*".to_string(),
+            "+refs/tags/*:refs/kat/tags/*".to_string(),
+        ],
+        0,
+    ));
+    let mut found = None;
+    for (specs, depth) in tries {
+        match attempt(&specs, depth) {
+            Ok(()) => {
+                if let Ok(object) = repo.revparse_single(commit) {
+                    if let Ok(c) = object.peel_to_commit() {
+                        found = Some(c.id());
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                if let Some(limit) = exceeded.take() {
+                    return Err(limit);
+                }
+                errors.push(e.message().to_string());
+            }
+        }
+    }
+    let Some(oid) = found else {
+        return Err(if errors.is_empty() {
+            GitError::NotFound {
+                url: url.to_string(),
+                what: format!("commit {commit}"),
+            }
+        } else {
+            fetch_error(errors.join("; "))
+        });
+    };
+    check_out(&repo, oid, commit)?;
+    let size = tree_size(dir);
+    if size > limits.max_bytes {
+        return Err(GitError::TooLarge {
+            url: url.to_string(),
+            cap: limits.max_bytes,
+        });
+    }
+    Ok(())
+}
+
+fn check_out(repo: &Repository, oid: Oid, commit: &str) -> Result<(), GitError> {
+    let error = |e: git2::Error| GitError::Checkout {
+        commit: commit.to_string(),
+        message: e.message().to_string(),
+    };
+    let object = repo.find_object(oid, None).map_err(error)?;
+    repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))
+        .map_err(error)?;
+    repo.set_head_detached(oid).map_err(error)
+}
+
+/// Bytes of regular files under `dir` (symbolic links not followed).
+pub fn tree_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+/// How long a remote may take to accept a connection, and to answer once connected: an
+/// unreachable server fails the build with a reason instead of holding it.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn set_timeouts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: libgit2's global options, set once before any other use by this process.
+        unsafe {
+            let _ = git2::opts::set_server_connect_timeout_in_milliseconds(
+                CONNECT_TIMEOUT.as_millis() as i32,
+            );
+            let _ = git2::opts::set_server_timeout_in_milliseconds(READ_TIMEOUT.as_millis() as i32);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_network_urls_are_accepted() {
+        for ok in [
+            "https://example.com/a.git",
+            "git://127.0.0.1:9418/r",
+            "http://h/r",
+        ] {
+            assert!(check_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "file:///etc",
+            "/srv/repo",
+            "ssh://h/r",
+            "https://",
+            "https://h/a b",
+            "ext::sh -c id",
+        ] {
+            let e = check_url(bad).unwrap_err().to_string();
+            assert!(e.contains("expected an https://"), "{bad}: {e}");
+        }
+    }
+}

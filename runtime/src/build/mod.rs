@@ -1,0 +1,532 @@
+//! Builds from Git: `git2` checks out one commit into a workspace, a `buildah` subprocess
+//! builds its Dockerfile into an OCI layout, and the image store imports it.
+//!
+//! Each build has a workspace `{root}/builds/{random}` (0700, the agent's; an ACL lets the
+//! build slice's root in): `src/` the checkout, `conf/` buildah's registry configuration
+//! and a copy of the auth file, `state/` buildah's storage and the layout it writes (owned
+//! by the build slice). Everything goes when the build ends, whatever the outcome: the
+//! storage is removed from inside the build's namespace (its files are not the agent's),
+//! then the workspace. Images are therefore not cached between builds; the image store
+//! keeps the result under `kat-local/{namespace}_{workload}:{sha7}`, which the agent reuses
+//! while the commit is the same.
+//!
+//! Limits: a timeout over the whole build, a cap on what is fetched and checked out, and a
+//! cgroup with memory, CPU and pids limits for buildah and everything it starts (see
+//! [`crate::cgroups::Cgroups::build_group`]).
+
+pub mod buildah;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::watch;
+
+pub use buildah::Step;
+
+/// One build: which commit of which repository, and how to build it.
+#[derive(Clone, Debug, Default)]
+pub struct BuildRequest {
+    pub repository: String,
+    /// The full commit id (the leader resolves branches and tags at apply time).
+    pub commit: String,
+    /// `build.kat` `buildContext`: relative to the repository's root.
+    pub context: String,
+    /// `build.kat` `dockerfilePath`: relative to the context.
+    pub dockerfile: String,
+    pub build_args: BTreeMap<String, String>,
+    pub target: Option<String>,
+    pub platform: Option<String>,
+    /// The reference the image store keeps the result under.
+    pub reference: String,
+    /// Where buildah's whole output goes (`katcall logs --build`); replaced per build.
+    pub log_file: Option<PathBuf>,
+}
+
+/// What one build may use.
+#[derive(Clone, Copy, Debug)]
+pub struct BuildLimits {
+    pub timeout: Duration,
+    pub memory_bytes: u64,
+    pub cpu_millis: u64,
+    pub pids: u64,
+    /// What the checkout may fetch and occupy.
+    pub workspace_bytes: u64,
+}
+
+impl Default for BuildLimits {
+    fn default() -> Self {
+        BuildLimits {
+            timeout: Duration::from_secs(20 * 60),
+            memory_bytes: 2 << 30,
+            cpu_millis: 1000,
+            pids: 1024,
+            workspace_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Where a build stands, for the instance's status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildPhase {
+    Cloning,
+    Building(Option<Step>),
+    Importing,
+}
+
+impl std::fmt::Display for BuildPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildPhase::Cloning => write!(f, "cloning"),
+            BuildPhase::Building(None) => write!(f, "building"),
+            BuildPhase::Building(Some(step)) => write!(f, "building, {step}"),
+            BuildPhase::Importing => write!(f, "importing the image"),
+        }
+    }
+}
+
+/// Why a build failed, with what a user needs to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Git(#[from] kat_git::GitError),
+    #[error("build.kat {field}: {reason}")]
+    BadPath { field: &'static str, reason: String },
+    #[error("buildah failed at {step}: {tail}")]
+    Failed { step: String, tail: String },
+    #[error("the build took longer than its timeout of {0:?} and was stopped")]
+    TimedOut(Duration),
+    #[error("builds cannot run on this node: {0}")]
+    Unavailable(String),
+    #[error("build workspace: {0}")]
+    Io(String),
+}
+
+/// What builds need from the node.
+#[derive(Clone, Debug)]
+pub struct Builder {
+    /// `{runtime root}/builds`.
+    pub root: PathBuf,
+    /// The build id slice: (host uid, host gid, count).
+    pub slice: (u32, u32, u32),
+    /// Plain-HTTP registries (as for pulls).
+    pub insecure: Vec<String>,
+    /// The auth file buildah may read (a copy goes into the workspace), if any.
+    pub auth_file: Option<PathBuf>,
+    pub cgroups: crate::cgroups::Cgroups,
+    /// The sandbox program (the runtime's create helper, i.e. the agent).
+    pub helper: PathBuf,
+}
+
+/// A finished build's OCI layout; the workspace goes when this is dropped.
+pub struct Built {
+    pub layout: PathBuf,
+    workspace: Workspace,
+}
+
+impl Built {
+    /// Removes the workspace now (also done on drop, without waiting).
+    pub async fn remove(mut self) {
+        self.workspace.remove().await;
+    }
+}
+
+struct Workspace {
+    dir: PathBuf,
+    sandbox: buildah::Sandbox,
+    removed: bool,
+}
+
+impl Workspace {
+    async fn remove(&mut self) {
+        if self.removed {
+            return;
+        }
+        self.removed = true;
+        // The build slice's files first, from inside its namespace.
+        let state = self.sandbox.state.clone();
+        if state.exists() {
+            let _ = self
+                .sandbox
+                .output("rm", &["-rf".into(), state.display().to_string()])
+                .await;
+        }
+        let dir = self.dir.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        if !self.removed {
+            let (dir, sandbox) = (self.dir.clone(), self.sandbox.clone());
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let mut w = Workspace {
+                        dir,
+                        sandbox,
+                        removed: false,
+                    };
+                    w.remove().await;
+                });
+            }
+        }
+    }
+}
+
+impl Builder {
+    /// Checks out and builds `request`; the result is an OCI layout in the workspace.
+    pub async fn build(
+        &self,
+        request: &BuildRequest,
+        limits: BuildLimits,
+        progress: &watch::Sender<BuildPhase>,
+    ) -> Result<Built, BuildError> {
+        let started = Instant::now();
+        let deadline = started + limits.timeout;
+        kat_git::check_url(&request.repository)?;
+        let mut workspace = self.workspace().await?;
+        let result = self
+            .build_in(&mut workspace, request, limits, deadline, progress)
+            .await;
+        match result {
+            Ok(layout) => Ok(Built { layout, workspace }),
+            Err(e) => {
+                workspace.remove().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn workspace(&self) -> Result<Workspace, BuildError> {
+        let io = |what: &str, e: std::io::Error| BuildError::Io(format!("{what}: {e}"));
+        let root = self.root.clone();
+        let (uid, gid, count) = self.slice;
+        let dir = tokio::task::spawn_blocking(move || -> Result<PathBuf, BuildError> {
+            std::fs::create_dir_all(&root).map_err(|e| io(&root.display().to_string(), e))?;
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
+                .map_err(|e| io(&root.display().to_string(), e))?;
+            let dir = root.join(format!("b{:016x}", rand_u64()));
+            std::fs::create_dir(&dir).map_err(|e| io(&dir.display().to_string(), e))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| io(&dir.display().to_string(), e))?;
+            crate::acl::open_dir_to(&dir, uid)
+                .map_err(|e| io(&format!("ACL on {}", dir.display()), e))?;
+            for sub in ["src", "conf", "conf/registries.d"] {
+                let d = dir.join(sub);
+                std::fs::create_dir_all(&d).map_err(|e| io(&d.display().to_string(), e))?;
+                std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+                    .map_err(|e| io(&d.display().to_string(), e))?;
+            }
+            Ok(dir)
+        })
+        .await
+        .map_err(|e| BuildError::Io(e.to_string()))??;
+        Ok(Workspace {
+            sandbox: buildah::Sandbox {
+                host_uid: uid,
+                host_gid: gid,
+                count,
+                state: dir.join("state"),
+                conf: dir.join("conf"),
+                prefix: Vec::new(),
+                helper: self.helper.clone(),
+            },
+            dir,
+            removed: false,
+        })
+    }
+
+    async fn build_in(
+        &self,
+        ws: &mut Workspace,
+        request: &BuildRequest,
+        limits: BuildLimits,
+        deadline: Instant,
+        progress: &watch::Sender<BuildPhase>,
+    ) -> Result<PathBuf, BuildError> {
+        progress.send_replace(BuildPhase::Cloning);
+        let src = ws.dir.join("src");
+        let (url, commit, dir) = (
+            request.repository.clone(),
+            request.commit.clone(),
+            src.clone(),
+        );
+        let cap = limits.workspace_bytes;
+        tokio::task::spawn_blocking(move || {
+            kat_git::checkout(
+                &url,
+                &commit,
+                &dir,
+                kat_git::CheckoutLimits {
+                    max_bytes: cap,
+                    deadline,
+                },
+            )?;
+            open_tree(&dir);
+            Ok::<(), BuildError>(())
+        })
+        .await
+        .map_err(|e| BuildError::Io(e.to_string()))??;
+        let (context, dockerfile) = paths_in(&src, &request.context, &request.dockerfile)?;
+        self.write_conf(ws).await?;
+        progress.send_replace(BuildPhase::Building(None));
+        let iid = ws.sandbox.state.join("iid");
+        let mut args = ws.sandbox.global_args();
+        args.extend(buildah::bud_args(&buildah::BudOptions {
+            context,
+            dockerfile,
+            build_args: request.build_args.clone(),
+            target: request.target.clone(),
+            platform: request.platform.clone(),
+            iid_file: iid.clone(),
+            auth_file: self
+                .auth_file
+                .as_ref()
+                .map(|_| ws.sandbox.conf.join("auth.json")),
+        }));
+        let log = match &request.log_file {
+            Some(path) => tokio::fs::File::create(path).await.ok(),
+            None => None,
+        };
+        let group = format!(
+            "build-{}",
+            ws.dir
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default()
+        );
+        let run = self
+            .run_limited(&ws.sandbox, &group, args, limits, deadline, log, progress)
+            .await;
+        self.cgroups.remove(&group);
+        run?;
+        progress.send_replace(BuildPhase::Importing);
+        let id = tokio::fs::read_to_string(&iid)
+            .await
+            .map_err(|e| BuildError::Io(format!("buildah wrote no image id ({e})")))?;
+        let layout = ws.sandbox.state.join("out");
+        let mut push = ws.sandbox.global_args();
+        push.extend([
+            "push".to_string(),
+            id.trim().to_string(),
+            format!("oci:{}:{}", layout.display(), request.reference),
+        ]);
+        let (ok, out) = ws
+            .sandbox
+            .output("buildah", &push)
+            .await
+            .map_err(|e| BuildError::Unavailable(format!("running buildah: {e}")))?;
+        if !ok {
+            return Err(BuildError::Failed {
+                step: "writing the OCI layout".into(),
+                tail: out.trim().to_string(),
+            });
+        }
+        Ok(layout)
+    }
+
+    async fn write_conf(&self, ws: &Workspace) -> Result<(), BuildError> {
+        let conf = ws.sandbox.conf.clone();
+        let state = ws.sandbox.state.clone();
+        let insecure = self.insecure.clone();
+        let auth = self.auth_file.clone();
+        let uid = self.slice.0;
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::write(
+                conf.join("registries.conf"),
+                buildah::registries_conf(&insecure),
+            )?;
+            std::fs::write(
+                conf.join("registries.d/default.yaml"),
+                buildah::registries_d(&state),
+            )?;
+            for f in ["registries.conf", "registries.d/default.yaml"] {
+                std::fs::set_permissions(conf.join(f), std::fs::Permissions::from_mode(0o644))?;
+            }
+            if let Some(auth) = auth {
+                // Readable by the build's root only (and the agent): other local users
+                // never see the credentials.
+                let copy = conf.join("auth.json");
+                std::fs::copy(&auth, &copy)?;
+                std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600))?;
+                crate::acl::open_file_to(&copy, uid)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| BuildError::Io(e.to_string()))?
+        .map_err(|e| BuildError::Io(format!("writing buildah's configuration: {e}")))
+    }
+
+    /// Runs buildah in the build's cgroup until it ends or the deadline passes; progress
+    /// from its output.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_limited(
+        &self,
+        sandbox: &buildah::Sandbox,
+        group: &str,
+        args: Vec<String>,
+        limits: BuildLimits,
+        deadline: Instant,
+        mut log: Option<tokio::fs::File>,
+        progress: &watch::Sender<BuildPhase>,
+    ) -> Result<(), BuildError> {
+        let mut sandbox = sandbox.clone();
+        if let Some(prefix) =
+            self.cgroups
+                .systemd_run(limits.memory_bytes, limits.cpu_millis, limits.pids)
+        {
+            sandbox.prefix = prefix;
+        }
+        let procs = self
+            .cgroups
+            .build_group(group, limits.memory_bytes, limits.cpu_millis, limits.pids)
+            .map_err(|e| BuildError::Unavailable(format!("the build's cgroup: {e}")))?;
+        let (mut child, stdout) = sandbox
+            .spawn("buildah", &args, procs)
+            .await
+            .map_err(|e| BuildError::Unavailable(format!("starting buildah: {e}")))?;
+        let pgid = child.id().map(|p| p as i32);
+        let mut out = stdout.lines();
+        let mut err = BufReader::new(
+            child
+                .stderr
+                .take()
+                .ok_or_else(|| BuildError::Io("no stderr".into()))?,
+        )
+        .lines();
+        let mut tail: VecDeque<String> = VecDeque::new();
+        let mut step = String::from("the start");
+        let (mut out_done, mut err_done) = (false, false);
+        let sleep = tokio::time::sleep_until(deadline.into());
+        tokio::pin!(sleep);
+        while !(out_done && err_done) {
+            let line = tokio::select! {
+                l = out.next_line(), if !out_done => match l { Ok(Some(l)) => l, _ => { out_done = true; continue } },
+                l = err.next_line(), if !err_done => match l { Ok(Some(l)) => l, _ => { err_done = true; continue } },
+                _ = &mut sleep => {
+                    if let Some(p) = pgid {
+                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
+                    }
+                    let _ = child.wait().await;
+                    return Err(BuildError::TimedOut(limits.timeout));
+                }
+            };
+            if let Some(s) = buildah::parse_step(&line) {
+                step = s.to_string();
+                progress.send_replace(BuildPhase::Building(Some(s)));
+            }
+            if let Some(f) = log.as_mut() {
+                let _ = f.write_all(format!("{line}\n").as_bytes()).await;
+            }
+            tail.push_back(line);
+            if tail.len() > 15 {
+                tail.pop_front();
+            }
+        }
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| BuildError::Io(format!("waiting for buildah: {e}")))?;
+        if let Some(f) = log.as_mut() {
+            let _ = f.flush().await;
+        }
+        if status.success() {
+            Ok(())
+        } else {
+            let oom = self.cgroups.oom_killed(group);
+            let mut text: Vec<String> = tail.into_iter().collect();
+            if oom {
+                text.push(format!(
+                    "(the build ran out of memory: its limit is {} bytes)",
+                    limits.memory_bytes
+                ));
+            }
+            Err(BuildError::Failed {
+                step,
+                tail: text.join("\n"),
+            })
+        }
+    }
+}
+
+/// The context and Dockerfile as paths inside the checkout; neither may leave it (through
+/// `..` or a symbolic link).
+fn paths_in(src: &Path, context: &str, dockerfile: &str) -> Result<(PathBuf, PathBuf), BuildError> {
+    let root = src
+        .canonicalize()
+        .map_err(|e| BuildError::Io(format!("{}: {e}", src.display())))?;
+    let context_path = src
+        .join(context)
+        .canonicalize()
+        .map_err(|_| BuildError::BadPath {
+            field: "buildContext",
+            reason: format!("{context:?} does not exist in the repository at this commit"),
+        })?;
+    if !context_path.starts_with(&root) || !context_path.is_dir() {
+        return Err(BuildError::BadPath {
+            field: "buildContext",
+            reason: format!("{context:?} is not a directory inside the repository"),
+        });
+    }
+    let file = context_path
+        .join(dockerfile)
+        .canonicalize()
+        .map_err(|_| BuildError::BadPath {
+            field: "dockerfilePath",
+            reason: format!("{dockerfile:?} does not exist in {context:?} at this commit"),
+        })?;
+    if !file.starts_with(&root) || !file.is_file() {
+        return Err(BuildError::BadPath {
+            field: "dockerfilePath",
+            reason: format!("{dockerfile:?} is not a file inside the repository"),
+        });
+    }
+    Ok((context_path, file))
+}
+
+/// Lets the build's root (another host id) read the checkout: directories 0755, files
+/// 0644 or 0755; symbolic links are left as they are.
+fn open_tree(dir: &Path) {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755));
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() {
+                let mode = if meta.permissions().mode() & 0o100 != 0 {
+                    0o755
+                } else {
+                    0o644
+                };
+                let _ =
+                    std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode));
+            }
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    u64::from_le_bytes(bytes) ^ (std::process::id() as u64).rotate_left(32)
+}
+
+/// The image reference a workload's build of `commit` is kept under.
+pub fn local_reference(namespace: &str, workload: &str, commit: &str) -> String {
+    let short: String = commit.chars().take(7).collect();
+    format!("kat-local/{namespace}_{workload}:{short}")
+}

@@ -1,0 +1,314 @@
+//! Builds from Git on the real system: a repository served by `git daemon` on loopback, a
+//! Dockerfile `FROM` the loopback registry's busybox, buildah in the build slice's user
+//! namespace, the result imported and run. Failures say why and leave no workspace; a
+//! Dockerfile cannot read the agent's files.
+
+mod support;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use kat_runtime::build::{BuildError, BuildLimits, BuildPhase, BuildRequest};
+use kat_runtime::{ContainerRuntime, RuntimeError};
+use support::*;
+
+/// A Git repository in `dir/repo.git`'s working copy `dir/work`, served by `git daemon`.
+struct Repo {
+    work: PathBuf,
+    url: String,
+    daemon: Child,
+}
+
+impl Drop for Repo {
+    fn drop(&mut self) {
+        // `git daemon` runs git-daemon as a child: the whole group goes.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.daemon.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.daemon.wait();
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=KAT test",
+            "-c",
+            "user.email=test@kat.invalid",
+        ])
+        .args(args)
+        .output()
+        .expect("git");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn repo(dir: &Path) -> Repo {
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    let port = free_port();
+    let daemon = Command::new("git")
+        .args([
+            "daemon",
+            "--reuseaddr",
+            "--export-all",
+            "--listen=127.0.0.1",
+            &format!("--port={port}"),
+            &format!("--base-path={}", dir.display()),
+        ])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("git daemon");
+    let url = format!("git://127.0.0.1:{port}/work");
+    // Ready when it accepts connections.
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Repo { work, url, daemon }
+}
+
+/// Writes `files` (path, content) into the working copy and commits them; the commit id.
+fn commit(repo: &Repo, files: &[(&str, &str)], message: &str) -> String {
+    for (path, content) in files {
+        let p = repo.work.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, content).unwrap();
+    }
+    git(&repo.work, &["add", "-A"]);
+    git(&repo.work, &["commit", "-q", "-m", message]);
+    git(&repo.work, &["rev-parse", "HEAD"])
+}
+
+fn request(repo: &Repo, commit: &str, reference: &str) -> BuildRequest {
+    BuildRequest {
+        repository: repo.url.clone(),
+        commit: commit.to_string(),
+        context: "app".into(),
+        dockerfile: "Dockerfile".into(),
+        reference: reference.into(),
+        ..Default::default()
+    }
+}
+
+fn builds_left(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir.join("root/builds"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn build(
+    rt: &dyn ContainerRuntime,
+    request: &BuildRequest,
+) -> (
+    Result<kat_runtime::ImageSummary, RuntimeError>,
+    Vec<BuildPhase>,
+) {
+    let (tx, mut rx) = tokio::sync::watch::channel(BuildPhase::Cloning);
+    let seen = tokio::spawn(async move {
+        let mut seen = vec![rx.borrow_and_update().clone()];
+        while rx.changed().await.is_ok() {
+            seen.push(rx.borrow_and_update().clone());
+        }
+        seen
+    });
+    let result = rt.build_image(request, BuildLimits::default(), &tx).await;
+    drop(tx);
+    (result, seen.await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_a_commit_with_its_options_and_runs_it() {
+    let f = fixtures();
+    let (rt, dir) = runtime(&f);
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    let token = format!("token-{}", std::process::id());
+    let dockerfile = format!(
+        "FROM {} AS base\nARG GREETING=unset\nRUN echo \"$GREETING\" > /greeting\n\
+         FROM base AS final\nCOPY commit.txt /commit.txt\nCMD [\"sh\", \"-c\", \"cat /greeting /commit.txt\"]\n\
+         FROM base AS other\nRUN echo the-wrong-stage > /greeting\n",
+        image(&f)
+    );
+    let first = commit(
+        &r,
+        &[
+            ("app/Dockerfile", &dockerfile),
+            ("app/commit.txt", &token),
+            ("README", "outside the build context\n"),
+        ],
+        "first",
+    );
+    // The leader's question: which commit is `main` now?
+    let url = r.url.clone();
+    let resolved = tokio::task::spawn_blocking(move || kat_git::resolve(&url, Some("main"), None))
+        .await
+        .unwrap()
+        .expect("resolve main");
+    assert_eq!(resolved, first);
+    let reference = kat_runtime::build::local_reference("default", "app", &first);
+    let mut req = request(&r, &first, &reference);
+    req.build_args = [("GREETING".to_string(), "hello-from-build-args".to_string())].into();
+    req.target = Some("final".into());
+    let started = std::time::Instant::now();
+    let (result, phases) = build(&rt, &req).await;
+    let summary = result.expect("the build");
+    eprintln!("build took {:.1} s", started.elapsed().as_secs_f64());
+    assert!(
+        summary
+            .references
+            .iter()
+            .any(|r| r.contains("kat-local/default_app:")),
+        "{summary:?}"
+    );
+    assert!(
+        phases
+            .iter()
+            .any(|p| matches!(p, BuildPhase::Building(Some(s)) if s.steps > 0)),
+        "progress by step: {phases:?}"
+    );
+    assert!(
+        builds_left(dir.path()).is_empty(),
+        "workspace left: {:?}",
+        builds_left(dir.path())
+    );
+    let (code, out) = run(&rt, "built", &reference, "cat /greeting /commit.txt").await;
+    assert_eq!(code, 0);
+    assert_eq!(out, ["hello-from-build-args", token.as_str()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_say_why_and_leave_no_workspace() {
+    let f = fixtures();
+    let (rt, dir) = runtime(&f);
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    let broken = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            &format!("FROM {}\nRUN echo about to fail && false\n", image(&f)),
+        )],
+        "broken",
+    );
+    let (result, _) = build(&rt, &request(&r, &broken, "kat-local/default_app:broken")).await;
+    match result {
+        Err(RuntimeError::Build(BuildError::Failed { step, tail })) => {
+            assert!(step.contains("RUN echo about to fail"), "{step}");
+            assert!(tail.contains("about to fail"), "{tail}");
+        }
+        other => panic!("a broken Dockerfile: {other:?}"),
+    }
+    assert!(builds_left(dir.path()).is_empty());
+
+    let unknown = "0123456789abcdef0123456789abcdef01234567";
+    let (result, _) = build(&rt, &request(&r, unknown, "kat-local/default_app:unknown")).await;
+    let e = result.expect_err("an unknown commit").to_string();
+    assert!(e.contains(unknown), "{e}");
+    assert!(builds_left(dir.path()).is_empty());
+
+    let mut missing = request(&r, &broken, "kat-local/default_app:missing");
+    missing.context = "no-such-dir".into();
+    let (result, _) = build(&rt, &missing).await;
+    let e = result.expect_err("a missing context").to_string();
+    assert!(
+        e.contains("buildContext") && e.contains("no-such-dir"),
+        "{e}"
+    );
+
+    let port = free_port();
+    let mut unreachable = request(&r, &broken, "kat-local/default_app:x");
+    unreachable.repository = format!("git://127.0.0.1:{port}/nothing");
+    let (result, _) = build(&rt, &unreachable).await;
+    let e = result.expect_err("an unreachable repository").to_string();
+    assert!(e.contains("cannot reach") || e.contains("fetching"), "{e}");
+
+    unreachable.repository = "file:///etc".into();
+    let (result, _) = build(&rt, &unreachable).await;
+    let e = result.expect_err("a local path").to_string();
+    assert!(e.contains("expected an https://"), "{e}");
+    assert!(builds_left(dir.path()).is_empty());
+    assert!(rt
+        .list_images()
+        .await
+        .unwrap()
+        .iter()
+        .all(|i| !i.references.iter().any(|r| r.contains("kat-local"))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dockerfile_cannot_read_the_agents_files() {
+    let f = fixtures();
+    let (rt, dir) = runtime(&f);
+    // A secret of the agent's, as its PKI keys are: 0600 in a 0700 directory.
+    let private = dir.path().join("root/pki");
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let secret = private.join("node.key");
+    std::fs::write(&secret, "AGENT-SECRET-KEY\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    std::fs::create_dir_all(r.work.join("app")).unwrap();
+    std::os::unix::fs::symlink(&secret, r.work.join("app/leak")).unwrap();
+    let reading = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            &format!(
+                "FROM {}\nRUN (cat {} || echo denied) > /out 2>&1; (ls {} || echo denied) >> /out 2>&1\n",
+                image(&f),
+                secret.display(),
+                private.display()
+            ),
+        )],
+        "reads the host",
+    );
+    let (result, _) = build(&rt, &request(&r, &reading, "kat-local/default_app:reads")).await;
+    result.expect("the build itself succeeds");
+    let (_, out) = run(&rt, "reads", "kat-local/default_app:reads", "cat /out").await;
+    assert!(!out.join("\n").contains("AGENT-SECRET"), "{out:?}");
+
+    // A symbolic link in the context that points at the key: COPY must not follow it out.
+    let copying = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            &format!("FROM {}\nCOPY leak /leak\n", image(&f)),
+        )],
+        "copies a link",
+    );
+    let (result, _) = build(&rt, &request(&r, &copying, "kat-local/default_app:copies")).await;
+    if result.is_ok() {
+        let (_, out) = run(&rt, "copies", "kat-local/default_app:copies", "cat /leak").await;
+        assert!(!out.join("\n").contains("AGENT-SECRET"), "{out:?}");
+    }
+    assert!(builds_left(dir.path()).is_empty());
+}
