@@ -513,6 +513,7 @@ fn one_node_cluster_end_to_end() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi\n{id}\n"));
 
     container_network(&c, &image);
+    git_builds(&c, &image);
 
     // Killing the workload process restarts it (Always).
     let other = first
@@ -1416,6 +1417,251 @@ spec:
 
 /// `katcall exec` killed (a closed laptop, a dropped link): the process it started inside
 /// the container goes too, instead of running on unseen.
+/// A Git repository served by `git daemon` on loopback (killed with its process group).
+struct GitRepo {
+    work: PathBuf,
+    url: String,
+    daemon: Child,
+}
+
+impl Drop for GitRepo {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.daemon.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.daemon.wait();
+    }
+}
+
+impl GitRepo {
+    fn new(dir: &Path) -> GitRepo {
+        use std::os::unix::process::CommandExt;
+        let work = dir.join("app");
+        std::fs::create_dir_all(&work).unwrap();
+        let port = free_port();
+        let repo = GitRepo {
+            url: format!("git://127.0.0.1:{port}/app"),
+            daemon: Command::new("git")
+                .args([
+                    "daemon",
+                    "--reuseaddr",
+                    "--export-all",
+                    "--listen=127.0.0.1",
+                ])
+                .arg(format!("--port={port}"))
+                .arg(format!("--base-path={}", dir.display()))
+                .arg(dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .expect("git daemon"),
+            work,
+        };
+        repo.git(&["init", "-q", "-b", "main"]);
+        for _ in 0..100 {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        repo
+    }
+
+    fn git(&self, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .current_dir(&self.work)
+            .args(["-c", "user.name=KAT", "-c", "user.email=kat@test.invalid"])
+            .args(args)
+            .output()
+            .expect("git");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Writes files and commits them on the current branch; the commit id.
+    fn commit(&self, files: &[(&str, String)]) -> String {
+        for (path, text) in files {
+            let p = self.work.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        self.git(&["add", "-A"]);
+        self.git(&["commit", "-q", "-m", "change"]);
+        self.git(&["rev-parse", "HEAD"])
+    }
+}
+
+fn git_workload(name: &str, repo: &str, source: &str, policy: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "workload.kat",
+            format!(
+                "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source:\n    git: {{repository: \"{repo}\", {source}}}\n  replicas: 1\n  restartPolicy: {{condition: {policy}}}\n  container:\n    command: [/bin/sh, -c, 'cat /greeting /commit.txt; exec sleep 3600']\n"
+            ),
+        ),
+        (
+            "build.kat",
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: BuildDefinition\nspec:\n  buildContext: app\n  dockerfilePath: Dockerfile\n  targetStage: final\n  buildArgs: {GREETING: hello-from-build-args}\n".to_string(),
+        ),
+    ]
+}
+
+/// The logs of the workload's running instance at `generation`, once it has one.
+fn running_logs(c: &Cluster, name: &str, generation: u64) -> Option<String> {
+    let instances = c.instances(name);
+    let i = instances
+        .iter()
+        .find(|i| i["state"] == "Running" && i["generation"] == generation)?;
+    let id = i["instanceID"].as_str()?;
+    Some(c.katcall_ok(&["logs", &format!("{name}/{id}")]))
+}
+
+/// Git-native builds on the node: apply → the leader resolves the branch → the agent clones
+/// and builds with buildah → running; a new commit and `redeploy` roll out; rollback runs
+/// the earlier image without building again; a broken Dockerfile and an unknown commit end
+/// Failed with the reason; nothing is left in the build workspace.
+fn git_builds(c: &Cluster, image: &str) {
+    let served = tempfile::tempdir().unwrap();
+    let repo = GitRepo::new(served.path());
+    let dockerfile = format!(
+        "FROM {image} AS base\nARG GREETING=unset\nRUN echo \"$GREETING\" > /greeting\nFROM base AS final\nCOPY commit.txt /commit.txt\nFROM base AS unwanted\nRUN echo wrong-stage > /greeting\n"
+    );
+    let first = repo.commit(&[
+        ("app/Dockerfile", dockerfile.clone()),
+        ("app/commit.txt", "first-commit\n".into()),
+    ]);
+    let started = Instant::now();
+    let out = c.apply(
+        "gitapp",
+        &git_workload("gitapp", &repo.url, "branch: main", "Always"),
+    );
+    assert!(out.contains("created (generation 1)"), "{out}");
+    // While it builds, the instance says so.
+    let mut said_building = false;
+    c.wait(
+        "the git workload built and running",
+        Duration::from_secs(180),
+        |c| {
+            said_building |= c
+                .instances("gitapp")
+                .iter()
+                .any(|i| i["reason"].as_str().is_some_and(|r| r.contains("building")));
+            running_logs(c, "gitapp", 1).is_some_and(|l| l.contains("first-commit"))
+        },
+    );
+    eprintln!(
+        "git workload: apply to running in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let logs = running_logs(c, "gitapp", 1).unwrap();
+    assert!(logs.contains("hello-from-build-args"), "{logs}");
+    assert!(said_building, "an instance waiting on its build says so");
+    let _ = first;
+
+    // A new commit on the branch, then redeploy: a rolling update to it.
+    let second = repo.commit(&[("app/commit.txt", "second-commit\n".into())]);
+    let out = c.must(&["redeploy", "gitapp"]);
+    assert!(out.contains("generation 2"), "{out}");
+    c.wait("the new commit running", Duration::from_secs(180), |c| {
+        running_logs(c, "gitapp", 2).is_some_and(|l| l.contains("second-commit"))
+    });
+    let out = c.must(&["redeploy", "gitapp"]);
+    assert!(out.contains("has not moved"), "{out}");
+    let builds = |c: &Cluster| {
+        std::fs::read_to_string(c.dir.path().join("agent.log"))
+            .unwrap_or_default()
+            .matches(" building ")
+            .count()
+    };
+    let built = builds(c);
+    assert!(built >= 2, "two builds logged: {built}");
+    // Rollback: the first commit's image is still here, nothing is built.
+    c.must(&["rollback", "workload", "gitapp"]);
+    c.wait(
+        "the first commit running again",
+        Duration::from_secs(120),
+        |c| running_logs(c, "gitapp", 3).is_some_and(|l| l.contains("first-commit")),
+    );
+    assert_eq!(builds(c), built, "rollback built again");
+    let _ = second;
+
+    // A broken Dockerfile and an unknown commit: Failed, with the reason.
+    repo.git(&["checkout", "-q", "-b", "broken"]);
+    repo.commit(&[(
+        "app/Dockerfile",
+        format!("FROM {image} AS final\nRUN echo about-to-fail && false\n"),
+    )]);
+    c.apply(
+        "gitbroken",
+        &git_workload("gitbroken", &repo.url, "branch: broken", "Never"),
+    );
+    c.apply(
+        "gitunknown",
+        &git_workload(
+            "gitunknown",
+            &repo.url,
+            "commit: 0123456789abcdef0123456789abcdef01234567",
+            "Never",
+        ),
+    );
+    for (name, says) in [
+        ("gitbroken", "about-to-fail"),
+        ("gitunknown", "0123456789abcdef"),
+    ] {
+        c.wait(
+            &format!("{name} Failed with its reason"),
+            Duration::from_secs(120),
+            |c| {
+                c.instances(name).iter().any(|i| {
+                    i["state"] == "Failed" && i["reason"].as_str().is_some_and(|r| r.contains(says))
+                })
+            },
+        );
+    }
+    // Refused at apply, with the field: a branch that does not exist, a repository that
+    // cannot be reached, a path on the node's disk.
+    for (source, says) in [
+        (
+            format!("git: {{repository: \"{}\", branch: nope}}", repo.url),
+            "no branch \"nope\"",
+        ),
+        (
+            "git: {repository: \"git://127.0.0.1:1/x\", branch: main}".to_string(),
+            "cannot reach",
+        ),
+        (
+            "git: {repository: \"file:///etc\", branch: main}".to_string(),
+            "expected an https://",
+        ),
+    ] {
+        let dir = c.dir.path().join("gitbad");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = git_workload("gitbad", "x", "branch: main", "Never");
+        let text = files[0]
+            .1
+            .replace("git: {repository: \"x\", branch: main}", &source);
+        std::fs::write(dir.join("workload.kat"), text).unwrap();
+        std::fs::write(dir.join("build.kat"), &files[1].1).unwrap();
+        let out = c.katcall(&["apply", "-f", &dir.display().to_string()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("spec.source.git") && err.contains(says),
+            "{source}: {err}"
+        );
+    }
+    assert!(c.workload("gitbad").is_none());
+    for w in ["gitapp", "gitbroken", "gitunknown"] {
+        c.must(&["delete", "workload", w]);
+    }
+    let left: Vec<_> = std::fs::read_dir(c.path("runtime/builds"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "build workspaces left: {left:?}");
+}
+
 fn an_exec_ends_with_its_client(c: &Cluster, instance: &str) {
     let marker = ["sleep", "3072"];
     let mut exec = Command::new(bin("katcall"))

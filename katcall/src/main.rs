@@ -85,6 +85,14 @@ enum Command {
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
+    /// Resolve a git workload's branch or tag again and roll out if it moved (what a git
+    /// server's push hook calls: POST /v1alpha1/n/NS/workloads/NAME/redeploy).
+    Redeploy {
+        /// NAME or NAMESPACE/NAME.
+        name: String,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+    },
     /// Create a namespace, or a join token for new nodes.
     Create {
         #[arg(value_parser = ["namespace", "join-token"])]
@@ -299,6 +307,10 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         } => {
             let (name, ns) = split_name(&name, &namespace);
             workloads::rollback(&client, &name, &ns).await?
+        }
+        Command::Redeploy { name, namespace } => {
+            let (name, ns) = split_name(&name, &namespace);
+            workloads::redeploy(&client, &name, &ns).await?
         }
         Command::Create {
             kind,

@@ -1,4 +1,4 @@
-//! `apply`, `get`, `describe`, `delete`, `rollback`, `create namespace`.
+//! `apply`, `get`, `describe`, `delete`, `rollback`, `redeploy`, `create namespace`.
 
 use std::path::Path;
 
@@ -360,6 +360,33 @@ pub async fn rollback(client: &Client, name: &str, ns: &str) -> Result<()> {
         "workload {ns}/{name} rolled back (now generation {})",
         w.metadata.generation
     );
+    Ok(())
+}
+
+pub async fn redeploy(client: &Client, name: &str, ns: &str) -> Result<()> {
+    let before: WorkloadObject = json(
+        client
+            .send(client.request(Method::GET, &format!("/n/{ns}/workloads/{name}")))
+            .await?,
+    )
+    .await?;
+    let w: WorkloadObject = json(
+        client
+            .send(client.request(Method::POST, &format!("/n/{ns}/workloads/{name}/redeploy")))
+            .await?,
+    )
+    .await?;
+    if w.metadata.generation == before.metadata.generation {
+        println!(
+            "workload {ns}/{name}: the source has not moved (generation {})",
+            w.metadata.generation
+        );
+    } else {
+        println!(
+            "workload {ns}/{name} redeployed from its source's new commit (generation {})",
+            w.metadata.generation
+        );
+    }
     Ok(())
 }
 

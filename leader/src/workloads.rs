@@ -149,6 +149,21 @@ pub async fn apply(
             bytes.clone(),
         ));
     }
+    // The commit a git source ran at (resolved from its branch or tag at apply): a rollback
+    // to this generation runs that commit again, not the branch's newest.
+    if let Some(commit) = bundle
+        .workload
+        .spec
+        .source
+        .git
+        .as_ref()
+        .and_then(|g| g.commit.as_ref())
+    {
+        ops.push(TxnOp::put(
+            keys::workload_archive(ns, name, generation, ARCHIVED_COMMIT),
+            commit.as_bytes().to_vec(),
+        ));
+    }
     // Immutable: the same hash is the same template, so rewriting it changes nothing.
     ops.push(TxnOp::put(
         keys::template(ns, name, &template_hash),
@@ -236,6 +251,21 @@ pub async fn archived(
     Ok(out)
 }
 
+/// The archive entry beside a generation's files that holds the commit its git source ran
+/// at (not a Quadlet file: rollback takes it out before parsing).
+pub const ARCHIVED_COMMIT: &str = "source.git.commit";
+
+/// A generation's archived files as a bundle, its git source at the commit it ran.
+fn archived_bundle(files: &BTreeMap<String, Vec<u8>>) -> Result<WorkloadBundle, String> {
+    let mut files = files.clone();
+    let commit = files.remove(ARCHIVED_COMMIT);
+    let mut bundle = WorkloadBundle::parse(files).map_err(|e| e.to_string())?;
+    if let (Some(git), Some(commit)) = (bundle.workload.spec.source.git.as_mut(), commit) {
+        git.commit = Some(String::from_utf8_lossy(&commit).trim().to_string());
+    }
+    Ok(bundle)
+}
+
 /// Re-apply the generation before the current one as a new generation.
 pub async fn rollback(
     store: &dyn StateStore,
@@ -262,7 +292,7 @@ pub async fn rollback(
         .iter()
         .rev()
         .filter(|(g, _)| **g < current)
-        .map(|(g, files)| (*g, WorkloadBundle::parse(files.clone())))
+        .map(|(g, files)| (*g, archived_bundle(files)))
         .find(|(_, parsed)| {
             parsed
                 .as_ref()
@@ -279,7 +309,7 @@ pub async fn rollback(
         ns: ns.into(),
         name: name.into(),
         generation,
-        message: e.to_string(),
+        message: e,
     })?;
     let applied = apply(store, events, clock, &bundle).await?;
     let message = format!(

@@ -13,6 +13,7 @@
 //! neither duplicates nor loses a running container.
 
 pub mod assignments;
+mod builds;
 pub mod container_spec;
 pub mod health;
 pub mod restart;
@@ -146,7 +147,7 @@ impl Tracked {
 }
 
 /// Why a container could not be made.
-enum StartError {
+pub(super) enum StartError {
     /// Try again later without counting a restart (image or volume not ready).
     NotReady(String),
     /// Counts as a failed run (bad spec, missing executable, impossible limits…).
@@ -165,6 +166,7 @@ pub struct Supervisor {
     /// registry never delays another instance's restart, stop or probe.
     /// `None` while a pull runs, its error once it failed (taken by the next attempt).
     pulls: Arc<std::sync::Mutex<HashMap<String, Option<String>>>>,
+    builds: builds::Builds,
     probes_tx: mpsc::Sender<(String, u32, bool)>,
     probes_rx: mpsc::Receiver<(String, u32, bool)>,
     statuses: watch::Sender<Statuses>,
@@ -187,6 +189,7 @@ impl Supervisor {
             stopping: HashMap::new(),
             images: HashSet::new(),
             pulls: Arc::default(),
+            builds: builds::Builds::default(),
             probes_tx,
             probes_rx,
             statuses,
@@ -392,7 +395,12 @@ impl Supervisor {
                     ran_for: Duration::ZERO,
                 };
                 let decision = t.restart.on_exit(now, exit);
-                Self::apply(t, decision, now, reason);
+                Self::apply(t, decision, now, reason.clone());
+                // Finished without a run: the only account of why is this reason.
+                if t.phase == Phase::Finished {
+                    let what = t.status.reason.take().unwrap_or_default();
+                    t.status.reason = Some(format!("{what}: {reason}"));
+                }
             }
         }
     }
@@ -403,12 +411,19 @@ impl Supervisor {
             .as_ref()
             .map_err(|e| StartError::Failed(e.clone()))?;
         let spec = &template.workload.spec;
-        let image = spec.source.image.as_deref().ok_or_else(|| {
-            StartError::Failed(
-                "source.git builds are not supported by this agent yet; set source.image".into(),
-            )
-        })?;
-        self.ensure_image(image).await?;
+        let image = match (&spec.source.image, &spec.source.git) {
+            (Some(image), _) => {
+                self.ensure_image(image).await?;
+                image.clone()
+            }
+            (None, Some(git)) => self.builds.ensure(&self.runtime, template, git).await?,
+            (None, None) => {
+                return Err(StartError::Failed(
+                    "source has neither image nor git".into(),
+                ))
+            }
+        };
+        let image = image.as_str();
         let record = &t.assignment.record;
         let mut paths = BTreeMap::new();
         for v in &spec.volumes {

@@ -142,6 +142,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         )
         .route("/n/:ns/workloads/:name/files/:file", get(workloads::file))
         .route("/n/:ns/workloads/:name/rollback", post(workloads::rollback))
+        .route("/n/:ns/workloads/:name/redeploy", post(workloads::redeploy))
         .route("/n/:ns/instances", get(workloads::instances))
         .route("/instances", get(workloads::all_instances))
         .route(

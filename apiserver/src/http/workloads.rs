@@ -69,6 +69,14 @@ pub async fn rollback(
     Ok(Json(state.service.rollback_workload(&key).await?))
 }
 
+pub async fn redeploy(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let key = WorkloadKey::new(ns, name);
+    Ok(Json(state.service.redeploy_workload(&key).await?))
+}
+
 pub async fn file(
     State(state): State<Arc<ApiState>>,
     Path((ns, name, file)): Path<(String, String, String)>,

@@ -205,8 +205,70 @@ impl Service {
                 }
             }
         }
+        let mut parsed = parsed;
+        resolve_git(&mut parsed, false).await?;
         Ok(parsed)
     }
+
+    /// `katcall redeploy`: the workload's stored files again, with its branch or tag
+    /// resolved anew. A moved branch is a new generation (a rolling update); an unmoved one
+    /// changes nothing. A git server's push hook can call this route with a token.
+    pub async fn redeploy_workload(&self, key: &WorkloadKey) -> Result<WorkloadObject> {
+        if !self.exists(key).await? {
+            return Err(Error::not_found(format!("workload {key} not found")));
+        }
+        let stored = self
+            .store
+            .list(&keys::workload_manifests(&key.namespace, &key.name))
+            .await?;
+        let files: BTreeMap<String, Vec<u8>> = stored
+            .kvs
+            .into_iter()
+            .map(|kv| {
+                (
+                    kv.key.rsplit('/').next().unwrap_or_default().to_string(),
+                    kv.value,
+                )
+            })
+            .collect();
+        let mut bundle = WorkloadBundle::parse(files)
+            .map_err(|e| Error::new(ErrorCode::InvalidQuadlet, e.to_string()))?;
+        if bundle.workload.spec.source.git.is_none() {
+            return Err(Error::bad_request(format!(
+                "workload {key} runs an image (source.image), not a git source: apply a new image instead"
+            )));
+        }
+        resolve_git(&mut bundle, true).await?;
+        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        self.workload(key).await
+    }
+}
+
+/// Records which commit a `source.git` branch or tag names now, so that every replica on
+/// every node builds and runs that one commit. A commit given in the file is kept unless
+/// `again` (redeploy) and a branch or tag is named too.
+async fn resolve_git(bundle: &mut WorkloadBundle, again: bool) -> Result<()> {
+    let Some(git) = bundle.workload.spec.source.git.as_mut() else {
+        return Ok(());
+    };
+    let named = git.branch.is_some() || git.tag.is_some();
+    if git.commit.is_some() && !(again && named) {
+        return Ok(());
+    }
+    let (url, branch, tag) = (git.repository.clone(), git.branch.clone(), git.tag.clone());
+    let commit = tokio::task::spawn_blocking(move || {
+        kat_git::resolve(&url, branch.as_deref(), tag.as_deref())
+    })
+    .await
+    .map_err(|e| Error::new(ErrorCode::Internal, format!("resolving source.git: {e}")))?
+    .map_err(|e| {
+        Error::new(
+            ErrorCode::InvalidQuadlet,
+            format!("workload.kat: spec.source.git: {e}"),
+        )
+    })?;
+    git.commit = Some(commit);
+    Ok(())
 }
 
 fn object(meta: WorkloadMeta, revision: i64, status: WorkloadStatus) -> WorkloadObject {
