@@ -312,3 +312,85 @@ async fn a_dockerfile_cannot_read_the_agents_files() {
     }
     assert!(builds_left(dir.path()).is_empty());
 }
+
+/// `bench/build.sh`: a cold build of a git commit through the runtime (clone, buildah,
+/// import) until its container runs, against `git clone` + `buildah bud` of the same commit
+/// by hand with the same storage driver and isolation, 3 runs each, medians. Prints one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: bench/build.sh runs it"]
+async fn build_benchmark() {
+    let f = fixtures();
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    let first = commit(
+        &r,
+        &[
+            (
+                "app/Dockerfile",
+                &format!(
+                    "FROM {}\nRUN echo built > /built && for i in 1 2 3; do echo step $i; done\nCOPY commit.txt /commit.txt\n",
+                    image(&f)
+                ),
+            ),
+            ("app/commit.txt", "bench\n"),
+        ],
+        "bench",
+    );
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let mut kat = Vec::new();
+    for run in 0..3 {
+        let (rt, _dir) = runtime(&f);
+        let reference = format!("kat-local/default_bench{run}:{}", &first[..7]);
+        let started = std::time::Instant::now();
+        let (result, _) = build(&rt, &request(&r, &first, &reference)).await;
+        result.expect("build");
+        let id = format!("bench{run}");
+        rt.create(&options(&id, &reference, "cat /built"))
+            .await
+            .expect("create");
+        rt.start(&id).await.expect("start");
+        kat.push(started.elapsed().as_secs_f64());
+        rt.remove(&id, true).await.ok();
+    }
+    let mut by_hand = Vec::new();
+    for _ in 0..3 {
+        let work = tempfile::tempdir_in(test_root()).unwrap();
+        let w = work.path().display().to_string();
+        let script = format!(
+            "set -e; cd {w}; git clone -q {url} src; cd src; git checkout -q {first}; \
+             printf 'default-docker:\\n  lookaside: file://{w}/sig\\n' > {w}/d.yaml; mkdir -p {w}/regd; mv {w}/d.yaml {w}/regd/default.yaml; \
+             printf '[[registry]]\\nlocation = \"{reg}\"\\ninsecure = true\\n' > {w}/registries.conf; \
+             buildah --root {w}/st --runroot {w}/run --storage-driver vfs --registries-conf {w}/registries.conf --registries-conf-dir {w}/regd \
+               bud -q --isolation chroot --layers=false -f app/Dockerfile -t bench app >/dev/null",
+            url = r.url,
+            reg = f.registry,
+        );
+        let started = std::time::Instant::now();
+        let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        by_hand.push(started.elapsed().as_secs_f64());
+        let _ = Command::new("buildah")
+            .args([
+                "--root",
+                &format!("{w}/st"),
+                "--runroot",
+                &format!("{w}/run"),
+                "--storage-driver",
+                "vfs",
+                "rm",
+                "-a",
+            ])
+            .output();
+        let _ = Command::new("sh")
+            .args(["-c", &format!("chmod -R u+w {w} 2>/dev/null; true")])
+            .output();
+    }
+    let (cold, hand) = (median(kat), median(by_hand));
+    println!(
+        "build cold_s={cold:.2} buildah_s={hand:.2} kat/buildah={:.2} cache_hit_s=na",
+        cold / hand
+    );
+}

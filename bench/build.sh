@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Build benchmark: a cold build of a git commit served by git daemon on loopback, through the
+# runtime (git2 clone + buildah in the build slice's user namespace + import) until its
+# container starts, against `git clone` + `buildah bud` of the same commit by hand (same
+# storage driver and isolation); medians of 3. cache_hit_s is "na": the cache image is not
+# built yet (docs/builds.md, "Not yet"). Last line:
+#   build cold_s=X buildah_s=Y kat/buildah=R cache_hit_s=Z
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/install-deps.sh >/dev/null
+source <(scripts/test-fixtures.sh)
+cargo test --release -q -p kat-runtime --test build -- --ignored --nocapture build_benchmark 2>&1 \
+  | grep -E "^build " | tail -n 1
