@@ -1321,36 +1321,16 @@ fn container_network(h: &mut Hosts) {
                 )
                 .unwrap_or_default();
                 let k = rec["keeperPid"].as_i64().unwrap_or(0).to_string();
-                let link = Command::new("nsenter")
-                    .args([
-                        "-t",
-                        &k,
-                        "-U",
-                        "-n",
-                        "--preserve-credentials",
-                        "--",
-                        "ip",
-                        "-s",
-                        "-o",
-                        "link",
-                        "show",
-                        "kat-wg",
-                    ])
-                    .output()
-                    .unwrap();
-                let neigh = Command::new("nsenter")
-                    .args([
-                        "-t",
-                        &k,
-                        "-U",
-                        "-n",
-                        "--preserve-credentials",
-                        "--",
-                        "ip",
-                        "neigh",
-                    ])
-                    .output()
-                    .unwrap();
+                // `ip ARGS` in the node's namespaces, through its keeper.
+                let ip = |args: &[&str]| {
+                    Command::new("nsenter")
+                        .args(["-t", &k, "-U", "-n", "--preserve-credentials", "--", "ip"])
+                        .args(args)
+                        .output()
+                        .unwrap()
+                };
+                let link = ip(&["-s", "-o", "link", "show", "kat-wg"]);
+                let neigh = ip(&["neigh"]);
                 eprintln!(
                     "DIAG n{i}: {}\n{}\n{}",
                     ov.replace('\n', " "),
