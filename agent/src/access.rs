@@ -12,11 +12,13 @@ use kat_apiserver::http::{
 use kat_runtime::{ContainerRuntime, ExecOptions, LogOptions, LogStream};
 use tokio::sync::mpsc;
 
+use crate::supervisor::builds::{BuildLog, Builds};
 use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
 
 pub struct LocalAccess {
     pub node: String,
     pub runtime: Arc<dyn ContainerRuntime>,
+    pub builds: Builds,
 }
 
 impl LocalAccess {
@@ -67,6 +69,108 @@ impl LocalAccess {
     }
 }
 
+impl LocalAccess {
+    /// The output of the newest build of the instance's workload on this node; with
+    /// `follow`, until that build ends.
+    async fn build_logs(
+        &self,
+        record: &InstanceRecord,
+        query: LogQuery,
+    ) -> Result<mpsc::Receiver<LogLine>, AccessError> {
+        if record.node != self.node {
+            return Err(AccessError::Unavailable(format!(
+                "instance {} runs on node {}, not {}",
+                record.instance_id, record.node, self.node
+            )));
+        }
+        let log = self
+            .builds
+            .log_of(&record.namespace, &record.workload)
+            .ok_or_else(|| {
+                AccessError::NotFound(format!(
+                    "{}/{} has no build on node {}: its image came from the build cache or was built before this agent started",
+                    record.namespace, record.workload, record.node
+                ))
+            })?;
+        let written = tokio::fs::try_exists(&log.path).await.unwrap_or(false);
+        if log.phase.is_none() && !written {
+            return Err(AccessError::NotFound(format!(
+                "the newest build of {}/{} on node {} ran no buildah: its image came from the build cache, or it failed before building (see `katcall describe workload {}`)",
+                record.namespace, record.workload, record.node, record.workload
+            )));
+        }
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(stream_build_log(log, query.follow, query.tail, tx));
+        Ok(rx)
+    }
+}
+
+/// Sends a build log's lines, the last `tail` of them first; with `follow`, what is added
+/// until the build ends.
+async fn stream_build_log(
+    log: BuildLog,
+    follow: bool,
+    tail: Option<usize>,
+    tx: mpsc::Sender<LogLine>,
+) {
+    let BuildLog { path, mut phase } = log;
+    let mut offset = 0u64;
+    let mut pending = String::new();
+    let mut first = true;
+    loop {
+        let running = phase.is_some();
+        if let Ok(bytes) = read_from(&path, offset).await {
+            offset += bytes.len() as u64;
+            pending.push_str(&String::from_utf8_lossy(&bytes));
+        }
+        let mut lines: Vec<String> = Vec::new();
+        while let Some(end) = pending.find('\n') {
+            lines.push(pending[..end].to_string());
+            pending.drain(..=end);
+        }
+        if !running && !pending.is_empty() {
+            lines.push(std::mem::take(&mut pending));
+        }
+        if first {
+            if let Some(n) = tail {
+                lines.drain(..lines.len().saturating_sub(n));
+            }
+            first = false;
+        }
+        let time = kat_api::wire::rfc3339(std::time::SystemTime::now());
+        for text in lines {
+            let line = LogLine {
+                time: time.clone(),
+                stream: "stdout".into(),
+                partial: false,
+                text,
+            };
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+        if !follow || !running {
+            return;
+        }
+        if let Some(p) = phase.as_mut() {
+            tokio::select! {
+                changed = p.changed() => if changed.is_err() { phase = None },
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = tx.closed() => return,
+            }
+        }
+    }
+}
+
+async fn read_from(path: &std::path::Path, offset: u64) -> std::io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut file = tokio::fs::File::open(path).await?;
+    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).await?;
+    Ok(bytes)
+}
+
 #[async_trait::async_trait]
 impl InstanceAccess for LocalAccess {
     async fn logs(
@@ -74,6 +178,9 @@ impl InstanceAccess for LocalAccess {
         record: &InstanceRecord,
         query: LogQuery,
     ) -> Result<mpsc::Receiver<LogLine>, AccessError> {
+        if query.build {
+            return self.build_logs(record, query).await;
+        }
         let id = self.container_of(record, query.previous).await?;
         let mut records = self
             .runtime

@@ -1,11 +1,12 @@
-//! Heartbeats: this node's capacity, allocatable and usage, and every instance's state and
-//! usage, written to its status key every `agentTickSeconds` and at once (debounced) when an
-//! instance changes; through the store on a control-plane node, the leader's API on a worker.
+//! Heartbeats: this node's capacity, allocatable and usage, every instance's state and usage,
+//! and its builds, written to its status key every `agentTickSeconds` and at once (debounced)
+//! when an instance or a build changes; through the store on a control-plane node, the
+//! leader's API on a worker.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kat_api::wire::{rfc3339, NodeHeartbeat, ResourceList};
+use kat_api::wire::{rfc3339, BuildReport, NodeHeartbeat, ResourceList};
 use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
@@ -51,6 +52,7 @@ pub async fn run(
     node: String,
     tick: Duration,
     mut statuses: watch::Receiver<Statuses>,
+    mut builds: watch::Receiver<Vec<BuildReport>>,
     mut meter: UsageMeter,
 ) {
     let capacity = capacity();
@@ -71,6 +73,7 @@ pub async fn run(
             gpus: vec![],
             instances,
             usage: Some(usage),
+            builds: builds.borrow_and_update().clone(),
         };
         if let Err(e) = link.heartbeat(&hb).await {
             tracing::warn!(error = %e, "heartbeat failed; sending again in 0.5 s");
@@ -81,6 +84,9 @@ pub async fn run(
             changed = statuses.changed() => {
                 if changed.is_err() { return; }
                 // Let a burst of changes settle into one heartbeat.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(()) = builds.changed() => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             _ = tokio::time::sleep(tick) => {}

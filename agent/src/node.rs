@@ -38,6 +38,7 @@ use crate::network::ContainerNetwork;
 use crate::remote_access::ClusterAccess;
 use crate::server;
 use crate::supervisor::assignments::{self, Feed, Source};
+use crate::supervisor::builds::Builds;
 use crate::supervisor::{Supervisor, SupervisorConfig};
 use crate::usage::UsageMeter;
 use kat_pki::{self as pki, Authority, JoinToken, NodeRole, Pki};
@@ -188,6 +189,7 @@ struct NodeBase {
     tasks: tokio::task::JoinSet<()>,
     feed_tx: watch::Sender<Option<(Source, assignments::Snapshot)>>,
     status_rx: watch::Receiver<crate::supervisor::Statuses>,
+    builds: Builds,
     /// A local copy of assignments exists (the node ran workloads before this start).
     has_copy: bool,
     tick: Duration,
@@ -304,6 +306,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
         published_rx,
     ));
     let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
+    let builds = Builds::new(layout.agent().join("build-logs"));
     tasks.spawn(
         Supervisor::new(
             SupervisorConfig {
@@ -314,6 +317,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
                 pids_limit: options.pids_limit,
                 network: settings_rx,
                 published: published_tx,
+                builds: builds.clone(),
             },
             runtime.clone(),
             status_tx,
@@ -337,6 +341,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
         tasks,
         feed_tx,
         status_rx,
+        builds,
         has_copy,
         tick,
         network: Some(NetworkStart(control_tx)),
@@ -408,6 +413,7 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
         node.clone(),
         base.tick,
         base.status_rx.clone(),
+        base.builds.reports(),
         meter,
     ));
 
@@ -439,6 +445,7 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
         access: Arc::new(LocalAccess {
             node: node.clone(),
             runtime: base.runtime.clone(),
+            builds: base.builds.clone(),
         }),
         limiter: http::default_rate_limiter(),
     });
@@ -576,6 +583,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
         node.clone(),
         base.tick,
         base.status_rx.clone(),
+        base.builds.reports(),
         meter,
     ));
 
@@ -621,6 +629,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
             local: LocalAccess {
                 node: node.clone(),
                 runtime: base.runtime.clone(),
+                builds: base.builds.clone(),
             },
             store: store.clone(),
             api_port: cluster.spec.api_port,

@@ -96,6 +96,7 @@ impl InstanceAccess for ClusterAccess {
         let mut params: Vec<(&str, String)> = vec![
             ("follow", query.follow.to_string()),
             ("previous", query.previous.to_string()),
+            ("build", query.build.to_string()),
         ];
         if let Some(tail) = query.tail {
             params.push(("tail", tail.to_string()));

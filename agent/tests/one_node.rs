@@ -1508,6 +1508,37 @@ fn git_workload(name: &str, repo: &str, source: &str, policy: &str) -> Vec<(&'st
     ]
 }
 
+/// The events about workload `name`: (reason, message).
+fn events_of(c: &Cluster, name: &str) -> Vec<(String, String)> {
+    let out = c.katcall(&["events", "--for-name", name, "-o", "json"]);
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    list.iter()
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap_or_default().to_string(),
+                e["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A git server's push notification to the workload's webhook, signed with `secret`.
+fn push_hook(c: &Cluster, url: &str, secret: &str, branch: &str) -> (u16, String) {
+    let body = format!("{{\"ref\":\"refs/heads/{branch}\",\"after\":\"0000\"}}");
+    let signature = kat_pki::webhook::sign(secret, body.as_bytes());
+    c.curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "-H",
+        &format!("X-Hub-Signature-256: sha256={signature}"),
+        "--data-binary",
+        &body,
+        url,
+    ])
+}
+
 /// The logs of the workload's running instance at `generation`, once it has one.
 fn running_logs(c: &Cluster, name: &str, generation: u64) -> Option<String> {
     let instances = c.instances(name);
@@ -1519,9 +1550,11 @@ fn running_logs(c: &Cluster, name: &str, generation: u64) -> Option<String> {
 }
 
 /// Git-native builds on the node: apply → the leader resolves the branch → the agent clones
-/// and builds with buildah → running; a new commit and `redeploy` roll out; rollback runs
-/// the earlier image without building again; a broken Dockerfile and an unknown commit end
-/// Failed with the reason; nothing is left in the build workspace.
+/// and builds with buildah → running, with progress in describe, events and the build's
+/// output in `logs --build`; the build pushed to its cache is pulled, not built, for another
+/// workload; a signed push notification and `redeploy` roll out a new commit (forged ones are
+/// refused); rollback runs the earlier image without building again; a broken Dockerfile and
+/// an unknown commit end Failed with the reason in events; nothing is left in the workspace.
 fn git_builds(c: &Cluster, image: &str) {
     let served = tempfile::tempdir().unwrap();
     let repo = GitRepo::new(served.path());
@@ -1532,14 +1565,22 @@ fn git_builds(c: &Cluster, image: &str) {
         ("app/Dockerfile", dockerfile.clone()),
         ("app/commit.txt", "first-commit\n".into()),
     ]);
+    let registry = image.split('/').next().unwrap_or_default();
+    let cache = format!("{registry}/kat-cache/gitapp-{}", std::process::id());
+    let with_cache = |name: &str, source: &str| {
+        let mut files = git_workload(name, &repo.url, source, "Always");
+        files[0].1 = files[0].1.replace(
+            "  source:\n",
+            &format!("  source:\n    cacheImage: {cache}\n"),
+        );
+        files
+    };
     let started = Instant::now();
-    let out = c.apply(
-        "gitapp",
-        &git_workload("gitapp", &repo.url, "branch: main", "Always"),
-    );
+    let out = c.apply("gitapp", &with_cache("gitapp", "branch: main"));
     assert!(out.contains("created (generation 1)"), "{out}");
-    // While it builds, the instance says so.
+    // While it builds, the instance says so, and describe shows the step.
     let mut said_building = false;
+    let mut described_step = false;
     c.wait(
         "the git workload built and running",
         Duration::from_secs(180),
@@ -1548,44 +1589,138 @@ fn git_builds(c: &Cluster, image: &str) {
                 .instances("gitapp")
                 .iter()
                 .any(|i| i["reason"].as_str().is_some_and(|r| r.contains("building")));
+            if !described_step {
+                let d = c.katcall_ok(&["describe", "workload", "gitapp"]);
+                described_step = d.contains("Building") && d.contains(" of ");
+            }
             running_logs(c, "gitapp", 1).is_some_and(|l| l.contains("first-commit"))
         },
     );
     eprintln!(
-        "git workload: apply to running in {:.1} s",
+        "git workload: apply to running in {:.1} s (progress in describe seen: {described_step})",
         started.elapsed().as_secs_f64()
     );
     let logs = running_logs(c, "gitapp", 1).unwrap();
     assert!(logs.contains("hello-from-build-args"), "{logs}");
     assert!(said_building, "an instance waiting on its build says so");
-    let _ = first;
+    // The page shows the commit; the build's events and its whole output are there.
+    let described = c.katcall_ok(&["describe", "workload", "gitapp"]);
+    assert!(
+        described.contains(&format!("at {first}")) && described.contains("Succeeded"),
+        "{described}"
+    );
+    c.wait(
+        "BuildStarted and BuildSucceeded",
+        Duration::from_secs(20),
+        |c| {
+            let events = events_of(c, "gitapp");
+            events.iter().any(|(r, _)| r == "BuildStarted")
+                && events
+                    .iter()
+                    .any(|(r, m)| r == "BuildSucceeded" && m.contains("pushed to"))
+        },
+    );
+    let build_log = c.katcall_ok(&["logs", "--build", "gitapp"]);
+    assert!(
+        build_log.contains("STEP") && build_log.contains("COPY commit.txt"),
+        "{build_log}"
+    );
+    let tail = c.katcall_ok(&["logs", "--build", "--tail", "1", "gitapp"]);
+    assert_eq!(tail.lines().count(), 1, "{tail}");
 
-    // A new commit on the branch, then redeploy: a rolling update to it.
+    // The same commit for another workload with the same cache: pulled, not built.
+    let started = Instant::now();
+    c.apply(
+        "gitcached",
+        &with_cache("gitcached", &format!("commit: {first}")),
+    );
+    c.wait("the cached image running", Duration::from_secs(60), |c| {
+        running_logs(c, "gitcached", 1).is_some_and(|l| l.contains("first-commit"))
+    });
+    let cache_hit = started.elapsed();
+    eprintln!(
+        "git workload from the build cache: apply to running in {:.1} s",
+        cache_hit.as_secs_f64()
+    );
+    c.wait(
+        "BuildSucceeded from the cache",
+        Duration::from_secs(20),
+        |c| {
+            events_of(c, "gitcached")
+                .iter()
+                .any(|(r, m)| r == "BuildSucceeded" && m.contains("from the build cache"))
+        },
+    );
+    // No buildah ran for it: buildah's output is what the build log holds, and there is none.
+    let out = c.katcall(&["logs", "--build", "gitcached"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("build cache"),
+        "{err}"
+    );
+    assert!(cache_hit < Duration::from_secs(15), "{cache_hit:?}");
+    c.must(&["delete", "workload", "gitcached"]);
+
+    // Push-to-deploy: a webhook secret, then a new commit and its signed notification.
+    let hook: Value =
+        serde_json::from_str(&c.katcall_ok(&["webhook", "gitapp", "-o", "json"])).unwrap();
+    let (url, secret) = (
+        hook["url"].as_str().unwrap().to_string(),
+        hook["secret"].as_str().unwrap().to_string(),
+    );
     let second = repo.commit(&[("app/commit.txt", "second-commit\n".into())]);
-    let out = c.must(&["redeploy", "gitapp"]);
-    assert!(out.contains("generation 2"), "{out}");
+    // Forged (another secret), unsigned, or for another workload: refused, nothing moves.
+    let (code, body) = push_hook(c, &url, "not-the-secret", "main");
+    assert_eq!(code, 401, "{body}");
+    let (code, _) = c.curl(&["-X", "POST", "-d", "{}", &url]);
+    assert_eq!(code, 401);
+    let (code, _) = push_hook(c, &url.replace("/gitapp", "/gitbroken"), &secret, "main");
+    assert_eq!(code, 401);
+    // A push to another branch: ignored.
+    let (code, body) = push_hook(c, &url, &secret, "feature");
+    assert!(code == 200 && body.contains("ignored"), "{code} {body}");
+    assert_eq!(c.workload("gitapp").unwrap()["metadata"]["generation"], 1);
+    let (code, body) = push_hook(c, &url, &secret, "main");
+    assert!(
+        code == 200 && body.contains("\"redeployed\":true"),
+        "{code} {body}"
+    );
     c.wait("the new commit running", Duration::from_secs(180), |c| {
         running_logs(c, "gitapp", 2).is_some_and(|l| l.contains("second-commit"))
     });
     let out = c.must(&["redeploy", "gitapp"]);
     assert!(out.contains("has not moved"), "{out}");
+    // katcall redeploy does the same as the hook.
+    let third = repo.commit(&[("app/commit.txt", "third-commit\n".into())]);
+    let out = c.must(&["redeploy", "gitapp"]);
+    assert!(out.contains("generation 3"), "{out}");
+    c.wait("the third commit running", Duration::from_secs(180), |c| {
+        running_logs(c, "gitapp", 3).is_some_and(|l| l.contains("third-commit"))
+    });
     let builds = |c: &Cluster| {
-        std::fs::read_to_string(c.dir.path().join("agent.log"))
-            .unwrap_or_default()
-            .matches(" building ")
+        events_of(c, "gitapp")
+            .iter()
+            .filter(|(r, _)| r == "BuildStarted")
             .count()
     };
+    c.wait("three builds in events", Duration::from_secs(20), |c| {
+        builds(c) >= 3
+    });
     let built = builds(c);
-    assert!(built >= 2, "two builds logged: {built}");
-    // Rollback: the first commit's image is still here, nothing is built.
+    // A hook turned off refuses what it accepted before.
+    c.must(&["webhook", "gitapp", "--delete"]);
+    let (code, _) = push_hook(c, &url, &secret, "main");
+    assert_eq!(code, 401);
+    // Rollback: the second commit's image is still here, nothing is built.
     c.must(&["rollback", "workload", "gitapp"]);
     c.wait(
-        "the first commit running again",
+        "the second commit running again",
         Duration::from_secs(120),
-        |c| running_logs(c, "gitapp", 3).is_some_and(|l| l.contains("first-commit")),
+        |c| running_logs(c, "gitapp", 4).is_some_and(|l| l.contains("second-commit")),
     );
+    std::thread::sleep(Duration::from_secs(1));
     assert_eq!(builds(c), built, "rollback built again");
-    let _ = second;
+    let _ = (second, third);
 
     // A broken Dockerfile and an unknown commit: Failed, with the reason.
     repo.git(&["checkout", "-q", "-b", "broken"]);
@@ -1619,7 +1754,24 @@ fn git_builds(c: &Cluster, image: &str) {
                 })
             },
         );
+        c.wait(
+            &format!("BuildFailed for {name} with the reason"),
+            Duration::from_secs(20),
+            |c| {
+                events_of(c, name)
+                    .iter()
+                    .any(|(r, m)| r == "BuildFailed" && m.contains(says))
+            },
+        );
     }
+    // The failing step and the last lines of output, in the event.
+    let failed = events_of(c, "gitbroken");
+    assert!(
+        failed
+            .iter()
+            .any(|(r, m)| r == "BuildFailed" && m.contains("RUN echo about-to-fail")),
+        "{failed:?}"
+    );
     // Refused at apply, with the field: a branch that does not exist, a repository that
     // cannot be reached, a path on the node's disk.
     for (source, says) in [

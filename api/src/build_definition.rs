@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::names::relative_path_problem;
 use crate::report::Scope;
-use crate::workload::image_reference_problem;
+use crate::workload::cache_path_problem;
 
 #[cfg(test)]
 use proptest_derive::Arbitrary;
@@ -111,7 +111,7 @@ impl BuildDefinition {
             registry_path: Some(path),
         }) = &self.spec.cache
         {
-            if let Some(p) = image_reference_problem(path) {
+            if let Some(p) = cache_path_problem(path) {
                 s.error("cache.registryPath", p);
             }
         }

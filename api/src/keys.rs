@@ -83,6 +83,10 @@ pub fn workload_status(ns: &str, name: &str) -> String {
 pub fn workload_statuses(ns: &str) -> String {
     format!("/kat/workloads/status/{ns}/")
 }
+/// The secret a git server signs a workload's push notifications with (`katcall webhook`).
+pub fn workload_webhook(ns: &str, name: &str) -> String {
+    format!("/kat/workloads/webhooks/{ns}/{name}")
+}
 /// Quadlet files of an earlier generation, kept for rollback.
 pub fn workload_archive(ns: &str, name: &str, generation: u64, file: &str) -> String {
     format!("/kat/workloads/archive/{ns}/{name}/{generation:020}/{file}")

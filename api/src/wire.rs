@@ -181,6 +181,41 @@ pub struct WorkloadStatus {
     pub rollout: Option<RolloutStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Builds of this workload's images (`source.git`) the nodes report: running ones and
+    /// those that ended in the last minutes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub builds: Vec<BuildReport>,
+}
+
+/// One build of a `source.git` workload's image on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildReport {
+    pub namespace: String,
+    pub workload: String,
+    pub commit: String,
+    /// The reference the node keeps the image under (`kat-local/{ns}_{workload}:{sha7}`).
+    pub image: String,
+    /// Set by the leader from the heartbeat that carried it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub state: BuildState,
+    /// Where a running build is ("step 2 of 3: RUN make"), how one ended ("built in 4.2 s,
+    /// pushed to …"), or why it failed (the failing step and the last lines of output).
+    pub message: String,
+    /// True when the image came from the build cache and nothing was built.
+    #[serde(default)]
+    pub from_cache: bool,
+    pub started_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BuildState {
+    Building,
+    Succeeded,
+    Failed,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,6 +231,16 @@ pub struct RolloutStatus {
     pub message: Option<String>,
 }
 
+/// `POST /n/{ns}/workloads/{name}/webhook`: where a git server sends push notifications for
+/// the workload and the secret it signs them with (shown once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookInfo {
+    /// The route's path on any control-plane node's API (`/v1alpha1/hooks/git/{ns}/{name}`).
+    pub path: String,
+    pub secret: String,
+}
+
 /// `GET /workloads/...`: metadata and status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -203,6 +248,9 @@ pub struct WorkloadObject {
     pub metadata: ObjectMeta,
     pub spec_hash: String,
     pub workload_type: crate::workload::WorkloadType,
+    /// The commit this generation builds and runs (`source.git`), as resolved at apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
     pub status: WorkloadStatus,
 }
 
@@ -436,6 +484,9 @@ pub struct NodeHeartbeat {
     pub instances: Vec<InstanceStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Builds running on the node and those that ended in the last minutes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub builds: Vec<BuildReport>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -523,7 +523,7 @@ fn validate_source(source: &Source, s: &mut Scope<'_>) {
     if let Some(cache) = &source.cache_image {
         if source.git.is_none() {
             s.error("cacheImage", "is used only with a git source; remove it");
-        } else if let Some(p) = image_reference_problem(cache) {
+        } else if let Some(p) = cache_path_problem(cache) {
             s.error("cacheImage", p);
         }
     }
@@ -604,6 +604,21 @@ pub fn image_reference_problem(image: &str) -> Option<String> {
         !(b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-' | b'/'))
     }) {
         return bad();
+    }
+    None
+}
+
+/// A build cache's repository (`source.cacheImage`, `build.kat` `cache.registryPath`): an
+/// image name without tag or digest, since each build is kept under `{path}:{commit}`.
+pub fn cache_path_problem(path: &str) -> Option<String> {
+    if let Some(p) = image_reference_problem(path) {
+        return Some(p);
+    }
+    let last = &path[path.rfind('/').map_or(0, |i| i + 1)..];
+    if path.contains('@') || last.contains(':') {
+        return Some(format!(
+            "{path:?} names a tag or digest; give the repository only (e.g. \"registry.example.com/app-cache\"): each build is kept under {{repository}}:{{commit}}"
+        ));
     }
     None
 }

@@ -137,6 +137,7 @@ fn heartbeat(node: &str) -> String {
         gpus: vec![],
         instances: vec![],
         usage: None,
+        builds: vec![],
     })
     .unwrap()
 }

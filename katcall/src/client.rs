@@ -36,6 +36,11 @@ impl Client {
         })
     }
 
+    /// The API's address, as the configuration names it.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         self.http
             .request(method, format!("{}/v1alpha1{path}", self.base))

@@ -85,13 +85,24 @@ enum Command {
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
-    /// Resolve a git workload's branch or tag again and roll out if it moved (what a git
-    /// server's push hook calls: POST /v1alpha1/n/NS/workloads/NAME/redeploy).
+    /// Resolve a git workload's branch or tag again and roll out if it moved.
     Redeploy {
         /// NAME or NAMESPACE/NAME.
         name: String,
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
+    },
+    /// Push-to-deploy: a new webhook secret for a git workload (replacing any before) and
+    /// the URL a git server's push hook posts to; with --delete, turn the hook off.
+    Webhook {
+        /// NAME or NAMESPACE/NAME.
+        name: String,
+        #[arg(short = 'n', long, default_value = "default")]
+        namespace: String,
+        #[arg(long)]
+        delete: bool,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
     },
     /// Create a namespace, or a join token for new nodes.
     Create {
@@ -124,6 +135,10 @@ enum Command {
         /// The output of the instance's previous container (the run before its last restart).
         #[arg(short = 'p', long)]
         previous: bool,
+        /// The output of the workload's newest build (source.git) instead; with -f, until
+        /// the build ends.
+        #[arg(long, conflicts_with = "previous")]
+        build: bool,
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
     },
@@ -312,6 +327,15 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             let (name, ns) = split_name(&name, &namespace);
             workloads::redeploy(&client, &name, &ns).await?
         }
+        Command::Webhook {
+            name,
+            namespace,
+            delete,
+            output,
+        } => {
+            let (name, ns) = split_name(&name, &namespace);
+            workloads::webhook(&client, &name, &ns, delete, output).await?
+        }
         Command::Create {
             kind,
             name,
@@ -329,6 +353,7 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             since,
             tail,
             previous,
+            build,
             namespace,
         } => {
             let filter = streams::LogFilter {
@@ -336,6 +361,7 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
                 since,
                 tail,
                 previous,
+                build,
             };
             streams::logs(&client, &target, &namespace, &filter).await?
         }

@@ -50,13 +50,48 @@ pub struct LogFilter {
     pub since: Option<String>,
     pub tail: Option<usize>,
     pub previous: bool,
+    /// The newest build's output instead of the container's.
+    pub build: bool,
+}
+
+/// For `logs --build WORKLOAD`: an instance on the node of the workload's newest build.
+async fn resolve_build(client: &Client, target: &str, ns: &str) -> Result<(String, String)> {
+    if target.contains('/') {
+        return resolve(client, target, ns).await;
+    }
+    let w: WorkloadObject = client
+        .get_json(&format!("/n/{ns}/workloads/{target}"))
+        .await?;
+    let newest = w
+        .status
+        .builds
+        .iter()
+        .max_by(|a, b| a.started_at.cmp(&b.started_at))
+        .and_then(|b| b.node.clone());
+    let on_node = newest.and_then(|node| {
+        w.status
+            .instances
+            .iter()
+            .find(|i| i.node.as_deref() == Some(node.as_str()))
+    });
+    match on_node {
+        Some(i) => Ok((target.to_string(), i.instance_id.clone())),
+        None => resolve(client, target, ns).await,
+    }
 }
 
 pub async fn logs(client: &Client, target: &str, ns: &str, filter: &LogFilter) -> Result<()> {
-    let (workload, instance) = resolve(client, target, ns).await?;
+    let (workload, instance) = if filter.build {
+        resolve_build(client, target, ns).await?
+    } else {
+        resolve(client, target, ns).await?
+    };
     let mut query = vec![("follow", filter.follow.to_string())];
     if filter.previous {
         query.push(("previous", "true".to_string()));
+    }
+    if filter.build {
+        query.push(("build", "true".to_string()));
     }
     if let Some(s) = &filter.since {
         humantime::parse_duration(s)

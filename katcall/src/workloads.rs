@@ -257,10 +257,24 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
     println!("Created:     {}", w.metadata.creation_timestamp);
     if let Some(kat_api::Quadlet::Workload(wl)) = spec {
         let s = &wl.spec;
-        println!(
-            "Image:       {}",
-            s.source.image.as_deref().unwrap_or("(built from git)")
-        );
+        match (&s.source.image, &s.source.git) {
+            (Some(image), _) => println!("Image:       {image}"),
+            (None, Some(git)) => {
+                let from = git
+                    .branch
+                    .as_ref()
+                    .map(|b| format!(" branch {b}"))
+                    .or_else(|| git.tag.as_ref().map(|t| format!(" tag {t}")))
+                    .unwrap_or_default();
+                let commit = w
+                    .commit
+                    .as_deref()
+                    .or(git.commit.as_deref())
+                    .unwrap_or("(not resolved)");
+                println!("Source:      {}{from} at {commit}", git.repository);
+            }
+            (None, None) => {}
+        }
         if !s.container.command.is_empty() || !s.container.args.is_empty() {
             println!(
                 "Command:     {:?} {:?}",
@@ -305,6 +319,27 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
     }
     if let Some(m) = &w.status.message {
         println!("Message:     {m}");
+    }
+    if !w.status.builds.is_empty() {
+        println!("\nBuilds:");
+        let rows: Vec<Vec<String>> = w
+            .status
+            .builds
+            .iter()
+            .map(|b| {
+                vec![
+                    b.commit.chars().take(7).collect(),
+                    b.node.clone().unwrap_or_else(|| "-".into()),
+                    format!("{:?}", b.state),
+                    format!("{} ago", age(Some(&b.started_at))),
+                    // A failure's message has many lines: the first here, all in events.
+                    b.message.lines().next().unwrap_or_default().to_string(),
+                ]
+            })
+            .collect();
+        for line in table(&["COMMIT", "NODE", "STATE", "STARTED", "PROGRESS"], &rows).lines() {
+            println!("  {line}");
+        }
     }
     println!("\nInstances:");
     if w.status.instances.is_empty() {
@@ -387,6 +422,50 @@ pub async fn redeploy(client: &Client, name: &str, ns: &str) -> Result<()> {
             w.metadata.generation
         );
     }
+    Ok(())
+}
+
+pub async fn webhook(
+    client: &Client,
+    name: &str,
+    ns: &str,
+    delete: bool,
+    format: Format,
+) -> Result<()> {
+    let path = format!("/n/{ns}/workloads/{name}/webhook");
+    if delete {
+        client.send(client.request(Method::DELETE, &path)).await?;
+        println!("webhook of {ns}/{name} deleted: push notifications are refused from now on");
+        return Ok(());
+    }
+    let hook: kat_api::wire::WebhookInfo =
+        json(client.send(client.request(Method::POST, &path)).await?).await?;
+    let url = format!("{}{}", client.base(), hook.path);
+    if structured(
+        format,
+        &serde_json::json!({"url": url, "secret": hook.secret}),
+    )? {
+        return Ok(());
+    }
+    println!("Payload URL:  {url}");
+    println!("Secret:       {}", hook.secret);
+    println!("Content type: application/json");
+    println!();
+    println!(
+        "Give both to your git server's push webhook (Gitea, Forgejo, GitHub: \"Add webhook\")."
+    );
+    println!(
+        "Each push to the branch the workload follows is a redeploy; a push elsewhere is ignored."
+    );
+    println!("The secret is shown once; run this again for a new one (the old one stops working).");
+    println!("From a bare repository's post-receive hook:");
+    println!("  body='{{\"ref\":\"refs/heads/BRANCH\"}}'");
+    println!(
+        "  sig=$(printf %s \"$body\" | openssl dgst -sha256 -hmac \"$SECRET\" | sed 's/.* //')"
+    );
+    println!(
+        "  curl -fsS --cacert ca.pem -H \"X-Hub-Signature-256: sha256=$sig\" -d \"$body\" {url}"
+    );
     Ok(())
 }
 

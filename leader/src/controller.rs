@@ -108,6 +108,7 @@ pub struct Memory {
     pub pending_reason: HashMap<WorkloadKey, String>,
     pub statuses: HashMap<WorkloadKey, WorkloadStatus>,
     pub first_seen: HashMap<WorkloadKey, u64>,
+    pub builds: crate::builds::BuildMemory,
 }
 
 /// What the controllers need to know about a workload, extracted once per round.
@@ -514,12 +515,15 @@ impl Leader {
             view.workloads.values().filter_map(workload_ctx).collect();
         let live: HashSet<&WorkloadKey> = workloads.iter().map(|w| &w.key).collect();
         dns::reconcile(&mut round, &workloads);
+        let builds = crate::builds::reported(&round);
+        crate::builds::reconcile(&mut round, memory, &builds);
         for w in &workloads {
-            let status = match w.workload_type {
+            let mut status = match w.workload_type {
                 WorkloadType::Service => services::reconcile(&mut round, memory, w),
                 WorkloadType::DaemonService => daemons::reconcile(&mut round, memory, w),
                 WorkloadType::Job => jobs::reconcile(&mut round, memory, w),
             };
+            status.builds = crate::builds::of(&builds, &w.key);
             if memory.statuses.get(&w.key) != Some(&status) {
                 let op = TxnOp::put(
                     keys::workload_status(&w.key.namespace, &w.key.name),

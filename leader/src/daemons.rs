@@ -158,5 +158,6 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         instances: round.instance_statuses(&records),
         rollout: None,
         message,
+        builds: Vec::new(), // filled in by crate::builds
     }
 }

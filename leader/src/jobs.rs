@@ -68,6 +68,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
                 )
             })
         }),
+        builds: Vec::new(), // filled in by crate::builds
     }
 }
 

@@ -3,7 +3,8 @@
 //! - [`scheduler`]: placement, a pure function of nodes, loads and a request;
 //! - [`controller`]: the reconcile loop over an in-memory [`view`] of the store, committing
 //!   batched, leadership-fenced transactions;
-//! - [`services`], [`daemons`], [`jobs`], [`nodes`]: the per-kind controllers;
+//! - [`services`], [`daemons`], [`jobs`], [`nodes`]: the per-kind controllers; [`builds`]:
+//!   events and status of the builds nodes report;
 //! - [`workloads`], [`node_admin`]: the desired-state writes the API makes;
 //! - [`events`]: the capped event log;
 //! - [`metrics`]: the control plane's Prometheus families; [`namespaces`]: namespace records;
@@ -15,6 +16,7 @@
 //! simulated time; production uses etcd.
 
 pub mod assignments;
+pub mod builds;
 pub mod clock;
 pub mod controller;
 pub mod daemons;

@@ -406,6 +406,7 @@ mod tests {
             gpus: vec![],
             instances,
             usage: None,
+            builds: vec![],
         }
     }
 

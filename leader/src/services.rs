@@ -153,6 +153,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         instances: round.instance_statuses(&records),
         rollout,
         message: pending,
+        builds: Vec::new(), // filled in by crate::builds
     }
 }
 

@@ -69,6 +69,8 @@ pub struct SimNode {
     pub partitioned: bool,
     pub start_delay: Duration,
     pub stop_delay: Duration,
+    /// Builds the node reports in its heartbeats.
+    pub builds: Vec<kat_api::wire::BuildReport>,
     instances: BTreeMap<String, SimInstance>,
 }
 
@@ -85,6 +87,7 @@ impl SimNode {
             taints: vec![],
             gpus: vec![],
             partitioned: false,
+            builds: vec![],
             start_delay: Duration::from_secs(1),
             stop_delay: Duration::from_secs(1),
             instances: BTreeMap::new(),
@@ -199,6 +202,7 @@ impl SimNode {
                 })
                 .collect(),
             usage: None,
+            builds: self.builds.clone(),
         }
     }
 

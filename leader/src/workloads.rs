@@ -348,6 +348,7 @@ pub async fn delete(
         .collect();
     ops.push(TxnOp::delete(meta_key.clone()));
     ops.push(TxnOp::delete(keys::workload_status(ns, name)));
+    ops.push(TxnOp::delete(keys::workload_webhook(ns, name)));
     ops.extend(events.ops(&event(
         clock.rfc3339(),
         EventType::Normal,

@@ -302,6 +302,7 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
         gpus: vec![],
         instances: fake,
         usage: None,
+        builds: vec![],
     };
     c.store
         .put(

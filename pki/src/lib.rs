@@ -20,6 +20,8 @@
 //! certificate or another node's name. The joining node checks the CA it is sent against
 //! the pin the operator gave it (`sha256:` of the CA certificate) before it sends anything.
 
+pub mod webhook;
+
 use std::io::Write;
 use std::net::IpAddr;
 use std::os::unix::fs::OpenOptionsExt;

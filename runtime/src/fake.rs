@@ -257,7 +257,7 @@ impl ContainerRuntime for FakeRuntime {
         request: &crate::build::BuildRequest,
         _limits: crate::build::BuildLimits,
         progress: &tokio::sync::watch::Sender<crate::build::BuildPhase>,
-    ) -> Result<ImageSummary> {
+    ) -> Result<crate::build::BuildOutcome> {
         self.record(Call::Build(request.reference.clone()));
         let key = normalized(&request.reference);
         progress.send_replace(crate::build::BuildPhase::Building(None));
@@ -271,7 +271,10 @@ impl ContainerRuntime for FakeRuntime {
             .into());
         }
         self.lock().images.insert(key.clone());
-        Ok(summary(&key))
+        Ok(crate::build::BuildOutcome {
+            image: summary(&key),
+            cache: crate::build::CacheOutcome::Unused,
+        })
     }
 
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {

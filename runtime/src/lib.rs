@@ -77,7 +77,7 @@ pub trait ContainerRuntime: Send + Sync {
         request: &build::BuildRequest,
         limits: build::BuildLimits,
         progress: &tokio::sync::watch::Sender<build::BuildPhase>,
-    ) -> Result<ImageSummary>;
+    ) -> Result<build::BuildOutcome>;
 
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus>;
     async fn start(&self, id: &str) -> Result<()>;

@@ -1055,11 +1055,32 @@ impl ContainerRuntime for NativeRuntime {
         request: &crate::build::BuildRequest,
         limits: crate::build::BuildLimits,
         progress: &tokio::sync::watch::Sender<crate::build::BuildPhase>,
-    ) -> Result<ImageSummary> {
+    ) -> Result<crate::build::BuildOutcome> {
+        use crate::build::{BuildOutcome, BuildPhase, CacheOutcome};
+        if let Some(cache) = &request.cache {
+            let cached = crate::build::cache_reference(cache, &request.commit);
+            progress.send_replace(BuildPhase::CheckingCache);
+            match image::pull::pull(&self.images, &self.config.registries, &cached, None).await {
+                Ok(_) => {
+                    let image = self.images.rename(&cached, &request.reference)?;
+                    return Ok(BuildOutcome {
+                        image,
+                        cache: CacheOutcome::Hit(cached),
+                    });
+                }
+                Err(e) => {
+                    tracing::info!(image = %cached, error = %e, "not in the build cache; building")
+                }
+            }
+        }
         let built = self.builder()?.build(request, limits, progress).await?;
         let imported = image::layout::import(&self.images, &built.layout, &request.reference).await;
+        let cache = built.cache.clone();
         built.remove().await;
-        imported
+        Ok(BuildOutcome {
+            image: imported?,
+            cache,
+        })
     }
 
     async fn list_images(&self) -> Result<Vec<ImageSummary>> {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
 
-use kat_runtime::build::{BuildError, BuildLimits, BuildPhase, BuildRequest};
+use kat_runtime::build::{BuildError, BuildLimits, BuildPhase, BuildRequest, CacheOutcome};
 use kat_runtime::{ContainerRuntime, RuntimeError};
 use support::*;
 
@@ -124,7 +124,7 @@ async fn build(
     rt: &dyn ContainerRuntime,
     request: &BuildRequest,
 ) -> (
-    Result<kat_runtime::ImageSummary, RuntimeError>,
+    Result<kat_runtime::build::BuildOutcome, RuntimeError>,
     Vec<BuildPhase>,
 ) {
     let (tx, mut rx) = tokio::sync::watch::channel(BuildPhase::Cloning);
@@ -175,7 +175,7 @@ async fn builds_a_commit_with_its_options_and_runs_it() {
     req.target = Some("final".into());
     let started = std::time::Instant::now();
     let (result, phases) = build(&rt, &req).await;
-    let summary = result.expect("the build");
+    let summary = result.expect("the build").image;
     eprintln!("build took {:.1} s", started.elapsed().as_secs_f64());
     assert!(
         summary
@@ -257,6 +257,72 @@ async fn failures_say_why_and_leave_no_workspace() {
         .unwrap()
         .iter()
         .all(|i| !i.references.iter().any(|r| r.contains("kat-local"))));
+}
+
+/// A build pushed to its cache repository is pulled, not built, by a node that lacks it
+/// (here a second runtime with an empty image store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_build_is_pulled_instead_of_built() {
+    let f = fixtures();
+    let (first_rt, first_dir) = runtime(&f);
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    let token = format!("cached-{}-{}", std::process::id(), free_port());
+    let commit_id = commit(
+        &r,
+        &[
+            (
+                "app/Dockerfile",
+                &format!("FROM {}\nCOPY token /token\n", image(&f)),
+            ),
+            ("app/token", &token),
+        ],
+        "cached",
+    );
+    let cache = format!("{}/kat-cache/app-{}", f.registry, std::process::id());
+    let reference = kat_runtime::build::local_reference("default", "app", &commit_id);
+    let mut req = request(&r, &commit_id, &reference);
+    req.cache = Some(cache.clone());
+    let (result, _) = build(&first_rt, &req).await;
+    let outcome = result.expect("the first build");
+    assert_eq!(
+        outcome.cache,
+        CacheOutcome::Pushed(kat_runtime::build::cache_reference(&cache, &commit_id))
+    );
+    assert!(builds_left(first_dir.path()).is_empty());
+
+    // Another node: nothing in its store, the repository gone (a build could not even clone).
+    drop(r);
+    let (second_rt, second_dir) = runtime(&f);
+    let started = std::time::Instant::now();
+    let (result, phases) = build(&second_rt, &req).await;
+    let took = started.elapsed();
+    let outcome = result.expect("the cache hit");
+    assert!(
+        matches!(&outcome.cache, CacheOutcome::Hit(from) if from.ends_with(&commit_id)),
+        "{:?}",
+        outcome.cache
+    );
+    // (The first phase is the channel's initial value.)
+    assert!(
+        !phases[1..]
+            .iter()
+            .any(|p| matches!(p, BuildPhase::Cloning | BuildPhase::Building(_))),
+        "nothing was cloned or built: {phases:?}"
+    );
+    assert!(took < Duration::from_secs(3), "a cache hit took {took:?}");
+    assert!(
+        !second_dir.path().join("root/builds").exists()
+            || builds_left(second_dir.path()).is_empty()
+    );
+    // Kept under the workload's name only, and it is the image that was built.
+    let images = second_rt.list_images().await.unwrap();
+    assert!(images
+        .iter()
+        .all(|i| !i.references.iter().any(|r| r.contains("kat-cache"))));
+    let (code, out) = run(&second_rt, "cached", &reference, "cat /token").await;
+    assert_eq!(code, 0);
+    assert_eq!(out, [token.as_str()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@
 //! neither duplicates nor loses a running container.
 
 pub mod assignments;
-mod builds;
+pub mod builds;
 pub mod container_spec;
 pub mod health;
 pub mod restart;
@@ -68,6 +68,8 @@ pub struct SupervisorConfig {
     pub network: watch::Receiver<Option<NetworkSettings>>,
     /// Where the ports running instances publish (`hostPort`) are announced.
     pub published: watch::Sender<Vec<PublishedPort>>,
+    /// Builds of `source.git` images (shared with heartbeats and `logs --build`).
+    pub builds: builds::Builds,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +168,6 @@ pub struct Supervisor {
     /// registry never delays another instance's restart, stop or probe.
     /// `None` while a pull runs, its error once it failed (taken by the next attempt).
     pulls: Arc<std::sync::Mutex<HashMap<String, Option<String>>>>,
-    builds: builds::Builds,
     probes_tx: mpsc::Sender<(String, u32, bool)>,
     probes_rx: mpsc::Receiver<(String, u32, bool)>,
     statuses: watch::Sender<Statuses>,
@@ -189,7 +190,6 @@ impl Supervisor {
             stopping: HashMap::new(),
             images: HashSet::new(),
             pulls: Arc::default(),
-            builds: builds::Builds::default(),
             probes_tx,
             probes_rx,
             statuses,
@@ -416,7 +416,12 @@ impl Supervisor {
                 self.ensure_image(image).await?;
                 image.clone()
             }
-            (None, Some(git)) => self.builds.ensure(&self.runtime, template, git).await?,
+            (None, Some(git)) => {
+                self.config
+                    .builds
+                    .ensure(&self.runtime, template, git)
+                    .await?
+            }
             (None, None) => {
                 return Err(StartError::Failed(
                     "source has neither image nor git".into(),

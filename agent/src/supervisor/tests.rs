@@ -86,6 +86,7 @@ fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
         }))
         .1,
         published: watch::channel(Vec::new()).0,
+        builds: super::builds::Builds::new(std::env::temp_dir().join("kat-fake-build-logs")),
     };
     let (status_tx, statuses) = watch::channel(None);
     let (feed, feed_rx) = watch::channel(Some((Source::Store, snap(snapshot))));

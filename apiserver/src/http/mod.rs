@@ -143,6 +143,11 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/n/:ns/workloads/:name/files/:file", get(workloads::file))
         .route("/n/:ns/workloads/:name/rollback", post(workloads::rollback))
         .route("/n/:ns/workloads/:name/redeploy", post(workloads::redeploy))
+        .route(
+            "/n/:ns/workloads/:name/webhook",
+            post(workloads::create_webhook).delete(workloads::delete_webhook),
+        )
+        .route("/hooks/git/:ns/:name", post(workloads::push_hook))
         .route("/n/:ns/instances", get(workloads::instances))
         .route("/instances", get(workloads::all_instances))
         .route(
@@ -219,6 +224,9 @@ async fn method_not_allowed(req: Request) -> ApiError {
 /// Routes that need no bearer token: joining (authenticated by the join token in the body)
 /// and the public CA certificate.
 const PUBLIC_PATHS: [&str; 2] = ["/v1alpha1/join", "/v1alpha1/ca"];
+/// Push notifications from git servers: authenticated by the workload's webhook secret
+/// (a signature of the body), not by the admin token.
+const HOOK_PREFIX: &str = "/v1alpha1/hooks/git/";
 
 /// Rate limit, authentication, metrics and audit for every request.
 async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
@@ -235,7 +243,7 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
     let response = if path == "/healthz" {
         next.run(req).await
-    } else if PUBLIC_PATHS.contains(&path.as_str()) {
+    } else if PUBLIC_PATHS.contains(&path.as_str()) || path.starts_with(HOOK_PREFIX) {
         // No bearer token (a joining node has none), but rate-limited like the rest.
         match state.limiter.check(client) {
             Ok(()) => next.run(req).await,

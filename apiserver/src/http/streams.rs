@@ -32,6 +32,8 @@ pub struct LogQuery {
     pub tail: Option<usize>,
     /// The instance's previous container: the run before its last restart.
     pub previous: bool,
+    /// The output of the newest build of the instance's workload on its node instead.
+    pub build: bool,
 }
 
 #[derive(Debug)]
@@ -128,6 +130,8 @@ pub struct LogsParams {
     tail: Option<usize>,
     #[serde(default)]
     previous: bool,
+    #[serde(default)]
+    build: bool,
 }
 
 fn parse_since(text: &str, now: SystemTime) -> Result<SystemTime, ApiError> {
@@ -173,7 +177,9 @@ pub async fn logs<S: StreamSource>(
     params: Result<Query<LogsParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(p) = params.map_err(|e| {
-        ApiError::bad_request(format!("{e} (expected follow, since, tail, previous)"))
+        ApiError::bad_request(format!(
+            "{e} (expected follow, since, tail, previous, build)"
+        ))
     })?;
     let since = p
         .since
@@ -190,6 +196,7 @@ pub async fn logs<S: StreamSource>(
                 since,
                 tail: p.tail,
                 previous: p.previous,
+                build: p.build,
             },
         )
         .await?;

@@ -77,6 +77,56 @@ pub async fn redeploy(
     Ok(Json(state.service.redeploy_workload(&key).await?))
 }
 
+pub async fn create_webhook(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let key = WorkloadKey::new(ns, name);
+    Ok((
+        StatusCode::CREATED,
+        Json(state.service.create_webhook(&key).await?),
+    ))
+}
+
+pub async fn delete_webhook(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let key = WorkloadKey::new(ns, name);
+    state.service.delete_webhook(&key).await?;
+    Ok(Json(
+        serde_json::json!({"deleted": format!("webhook of {key}")}),
+    ))
+}
+
+/// The most a push notification may carry (GitHub caps its payloads at 25 MB; a push of
+/// many commits is large, but what we read of it is one field).
+const HOOK_BODY_LIMIT: u64 = 25 << 20;
+
+pub async fn push_hook(
+    State(state): State<Arc<ApiState>>,
+    Path((ns, name)): Path<(String, String)>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let key = WorkloadKey::new(ns, name);
+    let signature = [
+        "x-hub-signature-256",
+        "x-gitea-signature",
+        "x-gogs-signature",
+    ]
+    .iter()
+    .find_map(|h| req.headers().get(*h))
+    .and_then(|v| v.to_str().ok())
+    .map(str::to_string);
+    let body = read_body(req, HOOK_BODY_LIMIT).await?;
+    Ok(Json(
+        state
+            .service
+            .push_hook(&key, signature.as_deref(), &body)
+            .await?,
+    ))
+}
+
 pub async fn file(
     State(state): State<Arc<ApiState>>,
     Path((ns, name, file)): Path<(String, String, String)>,

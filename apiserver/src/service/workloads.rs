@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use kat_api::wire::{ErrorCode, WorkloadMeta, WorkloadObject, WorkloadStatus};
+use kat_api::wire::{ErrorCode, WebhookInfo, WorkloadMeta, WorkloadObject, WorkloadStatus};
 use kat_api::{bundle, keys, WorkloadBundle, WorkloadKey};
 use kat_leader::{namespaces, workloads};
 
@@ -212,8 +212,16 @@ impl Service {
 
     /// `katcall redeploy`: the workload's stored files again, with its branch or tag
     /// resolved anew. A moved branch is a new generation (a rolling update); an unmoved one
-    /// changes nothing. A git server's push hook can call this route with a token.
+    /// changes nothing. A git server's push hook reaches it through [`Service::push_hook`].
     pub async fn redeploy_workload(&self, key: &WorkloadKey) -> Result<WorkloadObject> {
+        let mut bundle = self.git_bundle(key).await?;
+        resolve_git(&mut bundle, true).await?;
+        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        self.workload(key).await
+    }
+
+    /// The stored bundle of a `source.git` workload.
+    async fn git_bundle(&self, key: &WorkloadKey) -> Result<WorkloadBundle> {
         if !self.exists(key).await? {
             return Err(Error::not_found(format!("workload {key} not found")));
         }
@@ -231,17 +239,117 @@ impl Service {
                 )
             })
             .collect();
-        let mut bundle = WorkloadBundle::parse(files)
+        let bundle = WorkloadBundle::parse(files)
             .map_err(|e| Error::new(ErrorCode::InvalidQuadlet, e.to_string()))?;
         if bundle.workload.spec.source.git.is_none() {
             return Err(Error::bad_request(format!(
                 "workload {key} runs an image (source.image), not a git source: apply a new image instead"
             )));
         }
-        resolve_git(&mut bundle, true).await?;
-        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
-        self.workload(key).await
+        Ok(bundle)
     }
+
+    /// `katcall webhook`: a new push-hook secret for a `source.git` workload, replacing any
+    /// before it. The secret is in the answer only (and in the store, which the hook route
+    /// needs to check signatures).
+    pub async fn create_webhook(&self, key: &WorkloadKey) -> Result<WebhookInfo> {
+        self.git_bundle(key).await?;
+        let secret = kat_pki::webhook::generate_secret()
+            .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+        self.store
+            .put(
+                &keys::workload_webhook(&key.namespace, &key.name),
+                secret.clone().into_bytes(),
+                None,
+            )
+            .await?;
+        Ok(WebhookInfo {
+            path: format!("/v1alpha1/hooks/git/{}/{}", key.namespace, key.name),
+            secret,
+        })
+    }
+
+    /// Removes the workload's push hook: notifications are refused from then on.
+    pub async fn delete_webhook(&self, key: &WorkloadKey) -> Result<()> {
+        let removed = self
+            .store
+            .delete(&keys::workload_webhook(&key.namespace, &key.name))
+            .await?;
+        if !removed {
+            return Err(Error::not_found(format!("workload {key} has no webhook")));
+        }
+        Ok(())
+    }
+
+    /// A git server's push notification: when `signature` signs `body` with the workload's
+    /// secret, a redeploy (unless the push was to another branch than the workload follows).
+    /// Any failure to authenticate is the same answer, whether the workload, its hook or the
+    /// signature is wrong, so the route tells an outsider nothing.
+    pub async fn push_hook(
+        &self,
+        key: &WorkloadKey,
+        signature: Option<&str>,
+        body: &[u8],
+    ) -> Result<HookOutcome> {
+        let denied = || {
+            Error::new(
+                ErrorCode::Unauthorized,
+                "the push notification's signature does not match this workload's webhook secret (X-Hub-Signature-256: sha256=HMAC-SHA256 of the body)",
+            )
+        };
+        let secret = self
+            .store
+            .get(&keys::workload_webhook(&key.namespace, &key.name))
+            .await?
+            .ok_or_else(denied)?;
+        let secret = String::from_utf8(secret.value).map_err(|_| denied())?;
+        let signature = signature.ok_or_else(denied)?;
+        if !kat_pki::webhook::verify(&secret, body, signature) {
+            return Err(denied());
+        }
+        let bundle = self.git_bundle(key).await?;
+        let before = self.workload(key).await?.metadata.generation;
+        let pushed = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("ref")?.as_str().map(str::to_string));
+        let followed = bundle
+            .workload
+            .spec
+            .source
+            .git
+            .as_ref()
+            .and_then(|g| g.branch.clone());
+        if let (Some(pushed), Some(branch)) = (&pushed, &followed) {
+            if pushed.strip_prefix("refs/heads/") != Some(branch.as_str()) {
+                return Ok(HookOutcome {
+                    redeployed: false,
+                    generation: before,
+                    message: format!(
+                        "ignored: the push was to {pushed}; {key} follows branch {branch}"
+                    ),
+                });
+            }
+        }
+        let after = self.redeploy_workload(key).await?.metadata.generation;
+        Ok(HookOutcome {
+            redeployed: after != before,
+            generation: after,
+            message: if after != before {
+                format!("{key} redeployed: generation {after}")
+            } else {
+                format!("{key}: the branch has not moved; nothing to do")
+            },
+        })
+    }
+}
+
+/// What a push notification did.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookOutcome {
+    pub redeployed: bool,
+    pub generation: u64,
+    pub message: String,
 }
 
 /// Records which commit a `source.git` branch or tag names now, so that every replica on
@@ -274,10 +382,16 @@ async fn resolve_git(bundle: &mut WorkloadBundle, again: bool) -> Result<()> {
 fn object(meta: WorkloadMeta, revision: i64, status: WorkloadStatus) -> WorkloadObject {
     let mut metadata = meta.metadata;
     metadata.resource_version = revision;
+    let commit = meta
+        .desired
+        .as_ref()
+        .and_then(|t| t.workload.spec.source.git.as_ref())
+        .and_then(|g| g.commit.clone());
     WorkloadObject {
         metadata,
         spec_hash: meta.spec_hash,
         workload_type: meta.workload_type,
+        commit,
         status,
     }
 }

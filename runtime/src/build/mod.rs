@@ -43,6 +43,37 @@ pub struct BuildRequest {
     pub reference: String,
     /// Where buildah's whole output goes (`katcall logs --build`); replaced per build.
     pub log_file: Option<PathBuf>,
+    /// The cache repository (`source.cacheImage`, `build.kat` `cache.registryPath`): the
+    /// build is looked up there as `{cache}:{commit}` first and pushed there after.
+    pub cache: Option<String>,
+}
+
+/// Where a build is kept in its cache repository.
+pub fn cache_reference(cache: &str, commit: &str) -> String {
+    format!("{cache}:{commit}")
+}
+
+/// How long pushing a build to its cache may take.
+const CACHE_PUSH_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What happened with the cache repository.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// No cache repository is configured.
+    Unused,
+    /// The image was pulled from this reference; nothing was built.
+    Hit(String),
+    /// Built and pushed to this reference.
+    Pushed(String),
+    /// Built, but the push failed (the build is kept on this node all the same).
+    PushFailed { reference: String, error: String },
+}
+
+/// A build's result: the image in the store and how the cache was used.
+#[derive(Clone, Debug)]
+pub struct BuildOutcome {
+    pub image: crate::ImageSummary,
+    pub cache: CacheOutcome,
 }
 
 /// What one build may use.
@@ -71,6 +102,8 @@ impl Default for BuildLimits {
 /// Where a build stands, for the instance's status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BuildPhase {
+    /// Pulling `{cache}:{commit}` from the cache repository.
+    CheckingCache,
     Cloning,
     Building(Option<Step>),
     Importing,
@@ -79,6 +112,7 @@ pub enum BuildPhase {
 impl std::fmt::Display for BuildPhase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            BuildPhase::CheckingCache => write!(f, "looking in the build cache"),
             BuildPhase::Cloning => write!(f, "cloning"),
             BuildPhase::Building(None) => write!(f, "building"),
             BuildPhase::Building(Some(step)) => write!(f, "building, {step}"),
@@ -123,6 +157,7 @@ pub struct Builder {
 /// A finished build's OCI layout; the workspace goes when this is dropped.
 pub struct Built {
     pub layout: PathBuf,
+    pub cache: CacheOutcome,
     workspace: Workspace,
 }
 
@@ -192,7 +227,11 @@ impl Builder {
             .build_in(&mut workspace, request, limits, deadline, progress)
             .await;
         match result {
-            Ok(layout) => Ok(Built { layout, workspace }),
+            Ok((layout, cache)) => Ok(Built {
+                layout,
+                cache,
+                workspace,
+            }),
             Err(e) => {
                 workspace.remove().await;
                 Err(e)
@@ -246,7 +285,7 @@ impl Builder {
         limits: BuildLimits,
         deadline: Instant,
         progress: &watch::Sender<BuildPhase>,
-    ) -> Result<PathBuf, BuildError> {
+    ) -> Result<(PathBuf, CacheOutcome), BuildError> {
         progress.send_replace(BuildPhase::Cloning);
         let src = ws.dir.join("src");
         let (url, commit, dir) = (
@@ -307,11 +346,19 @@ impl Builder {
         let id = tokio::fs::read_to_string(&iid)
             .await
             .map_err(|e| BuildError::Io(format!("buildah wrote no image id ({e})")))?;
+        let id = id.trim().to_string();
+        let cache = match &request.cache {
+            Some(cache) => {
+                self.push_to_cache(ws, &id, &cache_reference(cache, &request.commit))
+                    .await
+            }
+            None => CacheOutcome::Unused,
+        };
         let layout = ws.sandbox.state.join("out");
         let mut push = ws.sandbox.global_args();
         push.extend([
             "push".to_string(),
-            id.trim().to_string(),
+            id,
             format!("oci:{}:{}", layout.display(), request.reference),
         ]);
         let (ok, out) = ws
@@ -325,7 +372,42 @@ impl Builder {
                 tail: out.trim().to_string(),
             });
         }
-        Ok(layout)
+        Ok((layout, cache))
+    }
+
+    /// Pushes the built image to the cache repository; a failure is reported, not fatal.
+    async fn push_to_cache(&self, ws: &Workspace, id: &str, reference: &str) -> CacheOutcome {
+        let mut push = ws.sandbox.global_args();
+        push.push("push".into());
+        if let Some(auth) = self
+            .auth_file
+            .as_ref()
+            .map(|_| ws.sandbox.conf.join("auth.json"))
+        {
+            push.extend(["--authfile".into(), auth.display().to_string()]);
+        }
+        push.extend([id.to_string(), format!("docker://{reference}")]);
+        let pushed = tokio::time::timeout(CACHE_PUSH_TIMEOUT, ws.sandbox.output("buildah", &push));
+        match pushed.await.unwrap_or_else(|_| {
+            Err(std::io::Error::other(format!(
+                "no answer within {CACHE_PUSH_TIMEOUT:?}"
+            )))
+        }) {
+            Ok((true, _)) => CacheOutcome::Pushed(reference.to_string()),
+            Ok((false, out)) => CacheOutcome::PushFailed {
+                reference: reference.to_string(),
+                error: out
+                    .trim()
+                    .lines()
+                    .last()
+                    .unwrap_or("buildah push failed")
+                    .to_string(),
+            },
+            Err(e) => CacheOutcome::PushFailed {
+                reference: reference.to_string(),
+                error: e.to_string(),
+            },
+        }
     }
 
     async fn write_conf(&self, ws: &Workspace) -> Result<(), BuildError> {

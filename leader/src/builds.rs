@@ -1,0 +1,114 @@
+//! Builds of `source.git` images as the nodes report them in their heartbeats: an event when
+//! one starts, succeeds or fails (`BuildStarted`, `BuildSucceeded`, `BuildFailed`), and each
+//! workload's builds in its status (`katcall describe` shows the step a running build is at).
+//!
+//! A node's report counts only for a workload with an instance assigned to that node: a
+//! worker cannot put builds, and so events, on workloads it does not run.
+
+use std::collections::{HashMap, HashSet};
+
+use kat_api::wire::{BuildReport, BuildState, EventType};
+use kat_api::WorkloadKey;
+
+use crate::controller::{Memory, Round};
+use crate::events::workload_ref;
+
+/// The longest build message kept in an event or a status (a failure's last lines).
+const MESSAGE_LIMIT: usize = 4000;
+
+/// What the leader remembers of the builds it has reported.
+#[derive(Default)]
+pub struct BuildMemory {
+    /// The state last turned into an event, by (node, image).
+    seen: HashMap<(String, String), BuildState>,
+    /// False until the first round: a new leader takes what is reported then as already
+    /// told (the previous leader did), so a failover repeats no event.
+    primed: bool,
+}
+
+/// Every report that counts, with its node set and its message bounded.
+pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
+    let runs: HashSet<(&str, &str, &str)> = round
+        .view
+        .instances
+        .values()
+        .map(|r| (r.node.as_str(), r.namespace.as_str(), r.workload.as_str()))
+        .collect();
+    let mut out = Vec::new();
+    for (node, entry) in &round.view.nodes {
+        let Some(hb) = &entry.heartbeat else { continue };
+        for b in &hb.builds {
+            if !runs.contains(&(node.as_str(), b.namespace.as_str(), b.workload.as_str())) {
+                continue;
+            }
+            let mut b = b.clone();
+            b.node = Some(node.clone());
+            if b.message.len() > MESSAGE_LIMIT {
+                let mut cut = b.message.len() - MESSAGE_LIMIT;
+                while !b.message.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                b.message = format!("…{}", &b.message[cut..]);
+            }
+            out.push(b);
+        }
+    }
+    out.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+    out
+}
+
+/// Events for builds that started, succeeded or failed since the last round.
+pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, builds: &[BuildReport]) {
+    let memory = &mut memory.builds;
+    let mut live = HashSet::new();
+    for b in builds {
+        let node = b.node.clone().unwrap_or_default();
+        let key = (node.clone(), b.image.clone());
+        live.insert(key.clone());
+        let before = memory.seen.insert(key, b.state);
+        if before == Some(b.state) || !memory.primed {
+            continue;
+        }
+        let short: String = b.commit.chars().take(7).collect();
+        let started = format!("building {short} on {node} as {}", b.image);
+        if before.is_none() && b.state != BuildState::Building {
+            // Started and ended between two rounds: both are told.
+            round.event(
+                EventType::Normal,
+                "BuildStarted",
+                workload_ref(&b.namespace, &b.workload),
+                started.clone(),
+            );
+        }
+        let (kind, reason, message) = match b.state {
+            BuildState::Building => (EventType::Normal, "BuildStarted", started),
+            BuildState::Succeeded => (
+                EventType::Normal,
+                "BuildSucceeded",
+                format!("{short} on {node}: {}", b.message),
+            ),
+            BuildState::Failed => (
+                EventType::Warning,
+                "BuildFailed",
+                format!("{short} on {node}: {}", b.message),
+            ),
+        };
+        round.event(
+            kind,
+            reason,
+            workload_ref(&b.namespace, &b.workload),
+            message,
+        );
+    }
+    memory.seen.retain(|k, _| live.contains(k));
+    memory.primed = true;
+}
+
+/// The reports of one workload.
+pub fn of(builds: &[BuildReport], key: &WorkloadKey) -> Vec<BuildReport> {
+    builds
+        .iter()
+        .filter(|b| b.namespace == key.namespace && b.workload == key.name)
+        .cloned()
+        .collect()
+}
