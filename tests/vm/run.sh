@@ -6,7 +6,8 @@
 # /var/tmp/vm-guest), copies in the binaries, etcd, a registry and the test image, and runs
 # tests/vm/scenarios.sh there as `tester`:
 #   runtime-v2 (the runtime's lifecycle suite, unprivileged, on delegated cgroup v2 and as
-#   systemd scopes), setup, cluster-up, limits (memory OOMKilled, cpu.max and throttling, pids.max vs a fork
+#   systemd scopes), setup, cluster-up, network, build (a git workload built by buildah in
+#   the guest: VM_EXTRA_PKGS adds buildah to the image), limits (memory OOMKilled, cpu.max and throttling, pids.max vs a fork
 #   bomb), agent-restart (containers survive, re-adopted), reboot (workloads back, logs
 #   intact), uninstall (nothing left).
 # Prints one PASS/FAIL line per scenario; exits non-zero if any failed.
@@ -52,6 +53,8 @@ cp -a target/kat-fixtures/registry/. "$STAGE/kat-vm/registry/"
 cp tests/vm/scenarios.sh "$STAGE/kat-vm/"
 echo "${KAT_VM_SCENARIOS:-}" > "$STAGE/kat-vm/only"
 
+# The build scenario runs buildah in the guest (part of the image's cache key).
+export VM_EXTRA_PKGS="${VM_EXTRA_PKGS:-buildah}"
 echo "==> booting the VM and running the scenarios (software emulation: minutes)"
 t0=$SECONDS
 set +e

@@ -175,6 +175,60 @@ s_network() {
   log "ticker → web by DNS name: ok"
 }
 
+# A git workload built on the node: a repository served by git daemon in the guest, buildah
+# run by the agent (a user service of kat) in a transient scope of kat.slice, in the user
+# namespace of the node's last id slice; the result runs, its build log and events are there,
+# and no workspace is left.
+s_build() {
+  local repo=$HERE/git ok=0
+  rm -rf "$repo"; mkdir -p "$repo/app/ctx"
+  git -C "$repo/app" init -q -b main
+  printf 'FROM 127.0.0.1:5000/kat/busybox:latest\nRUN echo built-in-the-vm > /built\nCOPY msg /msg\n' > "$repo/app/ctx/Dockerfile"
+  echo "commit one" > "$repo/app/ctx/msg"
+  git -C "$repo/app" add -A
+  git -C "$repo/app" -c user.name=KAT -c user.email=kat@test.invalid commit -q -m one
+  local commit; commit=$(git -C "$repo/app" rev-parse HEAD)
+  setsid git daemon --reuseaddr --export-all --listen=127.0.0.1 --port=9418 --base-path="$repo" "$repo" \
+    > gitd.log 2>&1 < /dev/null &
+  until_ok 30 git ls-remote git://127.0.0.1:9418/app || { log "git daemon did not start"; cat gitd.log; return 1; }
+  local dir=$HERE/w/gitvm
+  mkdir -p "$dir"
+  cat > "$dir/workload.kat" <<EOW
+apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata: {name: gitvm, namespace: default}
+spec:
+  type: Service
+  source:
+    git: {repository: "git://127.0.0.1:9418/app", branch: main}
+  replicas: 1
+  restartPolicy: {condition: Always}
+  container:
+    command: ["/bin/sh", "-c", 'cat /built /msg; exec sleep 3600']
+EOW
+  cat > "$dir/build.kat" <<EOW
+apiVersion: kat.dws.rip/v1alpha1
+kind: BuildDefinition
+spec: {buildContext: ctx}
+EOW
+  local t0=$SECONDS
+  K apply -f "$dir" || return 1
+  local id; id=$(instance_of gitvm)
+  until_ok 900 running "$id" || { K describe workload gitvm; K get instances -o wide; return 1; }
+  log "apply to running: $((SECONDS - t0)) s (build under emulation)"
+  K logs "gitvm/$id" | grep -q built-in-the-vm || { log "the built image did not run"; ok=1; }
+  K describe workload gitvm | sed -n '/^Source/p;/^Builds/,/^$/p' | sed 's/^/   /'
+  K describe workload gitvm | grep -q "at $commit" || { log "describe does not show the commit"; ok=1; }
+  K logs --build gitvm | grep -q "STEP" || { log "no build output"; ok=1; }
+  until_ok 30 bash -c "sudo katcall --config $STATE/katcall.yaml events --for-name gitvm | grep -q BuildSucceeded" \
+    || { log "no BuildSucceeded event"; K events --for-name gitvm; ok=1; }
+  local left; left=$(sudo ls -A "$STATE/node/runtime/builds" 2>/dev/null | grep -v '^logs$' || true)
+  [ -z "$left" ] || { log "build workspaces left: $left"; ok=1; }
+  K delete workload gitvm >/dev/null
+  pkill -f "git daemon" || true
+  return $ok
+}
+
 s_limits() {
   local ok=0
   # The guest has 2 cpus (1900m allocatable) and limits count as requests: ticker and
@@ -289,6 +343,7 @@ scenario setup s_setup
 if [ "${results[-1]:-}" = "PASS setup" ]; then
   scenario cluster-up s_cluster_up
   scenario network s_network
+  scenario build s_build
   scenario limits s_limits
   scenario agent-restart s_agent_restart
   scenario reboot s_reboot
