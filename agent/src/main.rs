@@ -8,6 +8,7 @@
 //! - [`sd_notify`]: readiness and watchdog for systemd;
 //! - [`malloc`]: fewer malloc arenas, free pages trimmed when idle;
 //! - [`setup`]: root's one-time host preparation, and its undoing;
+//! - [`restore`]: disaster recovery: a backup restored on one node, the others rejoining;
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
@@ -20,6 +21,7 @@ mod malloc;
 mod network;
 mod node;
 mod remote_access;
+mod restore;
 mod sd_notify;
 mod server;
 mod setup;
@@ -79,6 +81,31 @@ enum Command {
     Run {
         #[command(flatten)]
         node: NodeArgs,
+    },
+    /// Disaster recovery, with the agent stopped: make this control-plane node the only etcd
+    /// member of a new cluster holding a backup's state (the checksum beside the snapshot is
+    /// checked first; the old etcd data is moved aside). Then start the agent here and run
+    /// `kat-agent rejoin` on the other control-plane nodes (docs/operations.md).
+    Restore {
+        /// The snapshot (`kat-{cluster}-{node}-{time}.db`, with its `.sha256` beside it).
+        #[arg(long, value_name = "FILE")]
+        snapshot: PathBuf,
+        /// The node's data directory (default /var/lib/kat, or ~/.local/share/kat when not root).
+        #[arg(long, env = "KAT_DATA_DIR", value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// etcd's command-line tool, which restores the file.
+        #[arg(long, value_name = "FILE", default_value = "etcdctl")]
+        etcdctl: PathBuf,
+    },
+    /// After a restore elsewhere, with the agent stopped: take this control-plane node back
+    /// into the restored cluster's etcd (its own certificate is its credential), then start
+    /// the agent. Its containers keep running and are adopted.
+    Rejoin {
+        /// API address of the restored node.
+        #[arg(long, value_name = "HOST:PORT")]
+        leader_api: String,
+        #[arg(long, env = "KAT_DATA_DIR", value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Prepare this host for a rootless agent (run once as root): a `kat` user with subuids,
     /// directories, delegation, linger and a systemd user service; checks the host first.
@@ -242,6 +269,22 @@ fn main() -> ExitCode {
             node.options(),
         )),
         Command::Run { node } => runtime.block_on(node::run(node.options())),
+        Command::Restore {
+            snapshot,
+            data_dir,
+            etcdctl,
+        } => restore::restore(restore::RestoreOptions {
+            snapshot,
+            data_dir: data_dir.unwrap_or_else(layout::Layout::default_root),
+            etcdctl,
+        }),
+        Command::Rejoin {
+            leader_api,
+            data_dir,
+        } => runtime.block_on(restore::rejoin(
+            &leader_api,
+            &data_dir.unwrap_or_else(layout::Layout::default_root),
+        )),
         Command::Setup(args) => setup::run(args),
         Command::Completion { shell } => {
             clap_complete::generate(

@@ -69,7 +69,7 @@ pub struct NodeOptions {
     pub first_join_token: Option<JoinToken>,
 }
 
-fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
+pub(crate) fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let name = path.display().to_string();
     kat_api::parse_cluster(&name, &bytes).map_err(|e| anyhow::anyhow!("{e}"))
@@ -386,7 +386,7 @@ fn network_config(
 }
 
 /// The HTTPS client a node uses towards other nodes: its certificate, the cluster CA only.
-fn node_client(pki: &Pki) -> Result<reqwest::Client> {
+pub(crate) fn node_client(pki: &Pki) -> Result<reqwest::Client> {
     ClusterAccess::client(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)
         .context("the HTTPS client for other nodes")
 }
@@ -596,7 +596,9 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
     );
     tasks.spawn(leader_role(
         store.clone(),
+        etcd_store.clone(),
         cluster.clone(),
+        node.clone(),
         endpoint.clone(),
         metrics.clone(),
     ));
@@ -622,6 +624,10 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
                     etcd: Some(etcd_store.clone()),
                 }),
             api_endpoint: Some(endpoint.clone()),
+            backups: Some(kat_apiserver::service::BackupTarget {
+                etcd: etcd_store.clone(),
+                config: backup_config(cluster, &node),
+            }),
             ..Service::new(store.clone(), events, clock, cluster.clone())
         },
         token_sha256,
@@ -730,10 +736,13 @@ fn write_client_config(path: &Path, config: &ClientConfig) -> Result<()> {
 /// Campaign for leadership; while leading, run the controllers. Forever.
 async fn leader_role(
     store: Arc<dyn StateStore>,
+    etcd: EtcdStore,
     cluster: ClusterConfiguration,
+    node: String,
     endpoint: String,
     metrics: Arc<Metrics>,
 ) {
+    let backups = backup_config(&cluster, &node);
     // Short: a killed leader (kill -9, a crash) is replaced within seconds.
     let ttl = Duration::from_secs(3);
     loop {
@@ -759,6 +768,13 @@ async fn leader_role(
             tracing::warn!(error = %e, "cannot record the leader endpoint");
         }
         let config = LeaderConfig::from_cluster(&cluster.spec);
+        // The backup schedule runs while this node leads.
+        let schedule = tokio::spawn(kat_leader::backups::run(
+            etcd.clone(),
+            store.clone(),
+            backups.clone(),
+            metrics.clone(),
+        ));
         match Leader::start(
             store.clone(),
             config,
@@ -782,9 +798,21 @@ async fn leader_role(
             }
             Err(e) => tracing::warn!(error = %e, "cannot start the leader"),
         }
+        schedule.abort();
         metrics.set_leader(false);
         let _ = leadership.resign().await;
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Where and how often this node writes backups, from `cluster.kat`.
+fn backup_config(cluster: &ClusterConfiguration, node: &str) -> kat_leader::backups::BackupConfig {
+    kat_leader::backups::BackupConfig {
+        cluster: cluster.metadata.name.clone(),
+        node: node.to_string(),
+        dir: PathBuf::from(&cluster.spec.backup_path),
+        interval: Duration::from_secs(u64::from(cluster.spec.backup_interval_minutes.max(1)) * 60),
+        retention: cluster.spec.backup_retention.max(1) as usize,
     }
 }
 

@@ -133,10 +133,14 @@ spec:
   agentTickSeconds: 2
   nodeLossTimeoutSeconds: 30
   volumeBasePath: {}
+  backupPath: {}
+  backupIntervalMinutes: 1
+  backupRetention: 2
 ",
             etcd_port,
             free_port(),
-            dir.path().join("volumes").display()
+            dir.path().join("volumes").display(),
+            dir.path().join("backups").display()
         );
         std::fs::write(dir.path().join("cluster.kat"), cluster).expect("write cluster.kat");
         let mut c = Cluster {
@@ -996,6 +1000,60 @@ fn one_node_cluster_end_to_end() {
             }
         }
     }
+    backups(&c);
+}
+
+/// The leader's scheduled backups (every minute here) and `katcall backup create`: files with
+/// their checksum in backupPath, recorded and listed, events, the newest two kept.
+fn backups(c: &Cluster) {
+    let list = |c: &Cluster| -> Vec<Value> {
+        serde_json::from_str(&c.katcall_ok(&["get", "backups", "-o", "json"])).unwrap_or_default()
+    };
+    c.wait("a scheduled backup", Duration::from_secs(90), |c| {
+        list(c).iter().any(|b| b["trigger"] == "schedule")
+    });
+    for _ in 0..3 {
+        let made: Value =
+            serde_json::from_str(&c.katcall_ok(&["backup", "create", "-o", "json"])).unwrap();
+        assert_eq!(made["trigger"], "manual");
+        let path = PathBuf::from(made["path"].as_str().unwrap());
+        assert!(path.starts_with(c.path("backups")), "{path:?}");
+        let sum = std::fs::read_to_string(format!("{}.sha256", path.display())).unwrap();
+        assert!(sum.starts_with(made["sha256"].as_str().unwrap()), "{sum}");
+        // `sha256sum -c` agrees.
+        let check = Command::new("sha256sum")
+            .arg("-c")
+            .arg(format!("{}.sha256", path.display()))
+            .current_dir(c.path("backups"))
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{check:?}");
+    }
+    // Retention 2: the files and the records of the older ones are gone.
+    let files: Vec<_> = std::fs::read_dir(c.path("backups"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".db"))
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let listed = list(c);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let out = c.katcall(&["events", "--for-kind", "Cluster", "-o", "json"]);
+    let events: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        events
+            .iter()
+            .filter(|e| e["reason"] == "BackupCreated")
+            .count()
+            >= 4,
+        "{events:?}"
+    );
+    let table = c.katcall_ok(&["get", "backups"]);
+    assert!(
+        table.contains("SHA256") && table.contains("manual"),
+        "{table}"
+    );
 }
 
 /// The node (state, lastHeartbeat) as `katcall get nodes -o json` shows it.

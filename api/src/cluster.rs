@@ -57,6 +57,9 @@ pub struct ClusterSpec {
     pub backup_path: String,
     #[serde(default = "defaults::backup_interval_minutes")]
     pub backup_interval_minutes: u32,
+    /// How many snapshots each node keeps in `backupPath` (the oldest go first).
+    #[serde(default = "defaults::backup_retention")]
+    pub backup_retention: u32,
     #[serde(default = "defaults::agent_tick_seconds")]
     pub agent_tick_seconds: u32,
     #[serde(default = "defaults::node_loss_timeout_seconds")]
@@ -131,6 +134,9 @@ pub mod defaults {
     }
     pub fn backup_interval_minutes() -> u32 {
         30
+    }
+    pub fn backup_retention() -> u32 {
+        5
     }
     pub fn agent_tick_seconds() -> u32 {
         15
@@ -254,6 +260,7 @@ impl ClusterConfiguration {
         }
         for (field, v) in [
             ("backupIntervalMinutes", spec.backup_interval_minutes),
+            ("backupRetention", spec.backup_retention),
             ("agentTickSeconds", spec.agent_tick_seconds),
             ("nodeLossTimeoutSeconds", spec.node_loss_timeout_seconds),
         ] {

@@ -83,6 +83,14 @@ pub fn workload_status(ns: &str, name: &str) -> String {
 pub fn workload_statuses(ns: &str) -> String {
     format!("/kat/workloads/status/{ns}/")
 }
+/// A backup (etcd snapshot) some node took: where, when, its size and checksum.
+pub fn backup(name: &str) -> String {
+    format!("/kat/backups/{name}")
+}
+pub fn backups() -> &'static str {
+    "/kat/backups/"
+}
+
 /// The secret a git server signs a workload's push notifications with (`katcall webhook`).
 pub fn workload_webhook(ns: &str, name: &str) -> String {
     format!("/kat/workloads/webhooks/{ns}/{name}")

@@ -231,6 +231,30 @@ pub struct RolloutStatus {
     pub message: Option<String>,
 }
 
+/// `POST /nodes/{node}/etcd-member` (`kat-agent rejoin`): the member list a control-plane
+/// node starts its etcd with to join the (restored) cluster again, as a learner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdMembership {
+    pub initial_cluster: String,
+}
+
+/// A backup: an etcd snapshot a node wrote to its `backupPath` (`katcall get backups`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRecord {
+    /// The file's name, `kat-{cluster}-{node}-{YYYYMMDDTHHMMSS.mmm}Z.db`.
+    pub name: String,
+    /// The node whose disk holds it.
+    pub node: String,
+    pub path: String,
+    pub taken_at: String,
+    pub size_bytes: u64,
+    pub sha256: String,
+    /// `schedule` (the leader's) or `manual` (`katcall backup create`).
+    pub trigger: String,
+}
+
 /// `POST /n/{ns}/workloads/{name}/webhook`: where a git server sends push notifications for
 /// the workload and the secret it signs them with (shown once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

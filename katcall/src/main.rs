@@ -7,6 +7,7 @@
 //! - [`top`]: what nodes and instances use;
 //! - [`validate`]: offline checks of Quadlet files, exactly as the leader makes them.
 
+mod backups;
 mod client;
 mod events;
 mod join_tokens;
@@ -48,9 +49,9 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// List workloads, instances, nodes or namespaces.
+    /// List workloads, instances, nodes, namespaces, join tokens or backups.
     Get {
-        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns", "join-tokens", "join-token"])]
+        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns", "join-tokens", "join-token", "backups", "backup"])]
         what: String,
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
@@ -101,6 +102,13 @@ enum Command {
         namespace: String,
         #[arg(long)]
         delete: bool,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
+    /// Take a backup (an etcd snapshot) now, on the control-plane node katcall talks to.
+    Backup {
+        #[arg(value_parser = ["create"])]
+        action: String,
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
@@ -289,6 +297,10 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         Command::Get { what, output, .. } if what.starts_with("join-token") => {
             join_tokens::list(&client, output).await?
         }
+        Command::Get { what, output, .. } if what.starts_with("backup") => {
+            backups::list(&client, output).await?
+        }
+        Command::Backup { output, .. } => backups::create(&client, output).await?,
         Command::Get {
             what,
             namespace,

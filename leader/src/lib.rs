@@ -6,7 +6,7 @@
 //! - [`services`], [`daemons`], [`jobs`], [`nodes`]: the per-kind controllers; [`builds`]:
 //!   events and status of the builds nodes report;
 //! - [`workloads`], [`node_admin`]: the desired-state writes the API makes;
-//! - [`events`]: the capped event log;
+//! - [`events`]: the capped event log; [`backups`]: the leader's etcd snapshots;
 //! - [`metrics`]: the control plane's Prometheus families; [`namespaces`]: namespace records;
 //! - [`sim`]: simulated nodes for deterministic tests and benchmarks.
 //!
@@ -16,6 +16,7 @@
 //! simulated time; production uses etcd.
 
 pub mod assignments;
+pub mod backups;
 pub mod builds;
 pub mod clock;
 pub mod controller;

@@ -76,6 +76,8 @@ pub struct Metrics {
     is_leader: Gauge,
     etcd_up: Gauge,
     etcd_restarts: Gauge,
+    backup_last_success: Gauge,
+    backup_failures: Counter,
     node_cpu: Family<NodeLabels, Gauge>,
     node_memory: Family<NodeLabels, Gauge>,
     node_disk_used: Family<NodeLabels, Gauge>,
@@ -142,6 +144,18 @@ impl Default for Metrics {
             "1 while the store answers this node",
             etcd_up.clone(),
         );
+        let backup_last_success = Gauge::default();
+        registry.register(
+            "kat_backup_last_success_timestamp_seconds",
+            "When this node last wrote a backup (Unix time; 0: none since it started)",
+            backup_last_success.clone(),
+        );
+        let backup_failures = Counter::default();
+        registry.register(
+            "kat_backup_failures",
+            "Backups this node failed to take",
+            backup_failures.clone(),
+        );
         let etcd_restarts = Gauge::default();
         registry.register(
             "kat_etcd_restarts",
@@ -201,6 +215,8 @@ impl Default for Metrics {
             is_leader,
             etcd_up,
             etcd_restarts,
+            backup_last_success,
+            backup_failures,
             node_cpu,
             node_memory,
             node_disk_used,
@@ -263,6 +279,19 @@ impl Metrics {
         self.etcd_up.set(i64::from(up));
         self.etcd_restarts
             .set(i64::try_from(restarts).unwrap_or(i64::MAX));
+    }
+
+    /// A backup written at `unix_seconds`, or (`None`) one that failed.
+    pub fn record_backup(&self, unix_seconds: Option<u64>) {
+        match unix_seconds {
+            Some(t) => {
+                self.backup_last_success
+                    .set(i64::try_from(t).unwrap_or(i64::MAX));
+            }
+            None => {
+                self.backup_failures.inc();
+            }
+        }
     }
 
     /// The exposition, with the gauges the nodes' last heartbeats give: instances by state,

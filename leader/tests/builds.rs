@@ -52,9 +52,15 @@ async fn build_reports_become_events_and_status_once_per_change() {
     c.node(&on).builds = vec![report("web", BuildState::Building, "step 2 of 3: RUN make")];
     c.tick().await.unwrap();
     c.tick().await.unwrap();
-    assert_eq!(status(&c, "web").await.builds[0].message, "step 2 of 3: RUN make");
+    assert_eq!(
+        status(&c, "web").await.builds[0].message,
+        "step 2 of 3: RUN make"
+    );
 
-    let failure = format!("buildah failed at step 2 of 3: RUN make: {}", "x".repeat(10_000));
+    let failure = format!(
+        "buildah failed at step 2 of 3: RUN make: {}",
+        "x".repeat(10_000)
+    );
     c.node(&on).builds = vec![report("web", BuildState::Failed, &failure)];
     for _ in 0..3 {
         c.tick().await.unwrap();
@@ -79,7 +85,12 @@ async fn build_reports_become_events_and_status_once_per_change() {
     let reasons: Vec<String> = build_events(&c).await.into_iter().map(|e| e.1).collect();
     assert_eq!(
         reasons,
-        ["BuildStarted", "BuildFailed", "BuildStarted", "BuildSucceeded"]
+        [
+            "BuildStarted",
+            "BuildFailed",
+            "BuildStarted",
+            "BuildSucceeded"
+        ]
     );
 
     // Another node claims builds of a workload it runs no instance of: ignored.
@@ -112,6 +123,10 @@ async fn a_new_leader_does_not_repeat_build_events() {
     for _ in 0..3 {
         c.tick().await.unwrap();
     }
-    assert_eq!(build_events(&c).await.len(), 2, "a failover repeats nothing");
+    assert_eq!(
+        build_events(&c).await.len(),
+        2,
+        "a failover repeats nothing"
+    );
     assert_eq!(status(&c, "web").await.builds.len(), 1);
 }

@@ -462,7 +462,10 @@ async fn build_benchmark() {
         let mut req = request(&r, &first, "kat-local/default_benchcache:seed");
         req.cache = Some(cache.clone());
         let (result, _) = build(&rt, &req).await;
-        assert!(matches!(result.expect("seeding the cache").cache, CacheOutcome::Pushed(_)));
+        assert!(matches!(
+            result.expect("seeding the cache").cache,
+            CacheOutcome::Pushed(_)
+        ));
     }
     let mut hits = Vec::new();
     for run in 0..3 {
@@ -472,7 +475,10 @@ async fn build_benchmark() {
         req.cache = Some(cache.clone());
         let started = std::time::Instant::now();
         let (result, _) = build(&rt, &req).await;
-        assert!(matches!(result.expect("cache hit").cache, CacheOutcome::Hit(_)));
+        assert!(matches!(
+            result.expect("cache hit").cache,
+            CacheOutcome::Hit(_)
+        ));
         let id = format!("hit{run}");
         rt.create(&options(&id, &reference, "cat /built"))
             .await

@@ -48,6 +48,10 @@ impl EtcdStore {
         })
     }
 
+    pub(crate) fn client(&self) -> &ec::Client {
+        &self.client
+    }
+
     /// The TLS identity this store connected with, to open more connections like it.
     pub fn tls(&self) -> Option<&EtcdTls> {
         self.tls.as_ref()

@@ -8,13 +8,14 @@
 //! Leader election ([`election`]) is written once on top of the trait's primitives, using the
 //! same algorithm as etcd's `concurrency` package: candidates create leased keys under a
 //! prefix, and the one with the lowest create revision leads. [`etcd_server`] starts and
-//! supervises the etcd process the agent owns.
+//! supervises the etcd process the agent owns; [`snapshot`] writes and checks its backups.
 
 pub mod election;
 pub mod etcd;
 pub mod etcd_server;
 pub mod etcd_tls;
 pub mod mem;
+pub mod snapshot;
 mod types;
 
 pub use election::{campaign, current_leader, Leadership};

@@ -1,4 +1,4 @@
-//! `/v1alpha1/events`, `/v1alpha1/config/cluster` and `/metrics`.
+//! `/v1alpha1/events`, `/v1alpha1/backups`, `/v1alpha1/config/cluster` and `/metrics`.
 
 use std::sync::Arc;
 
@@ -58,5 +58,18 @@ pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResp
     Ok((
         [(header::CONTENT_TYPE, kat_leader::metrics::CONTENT_TYPE)],
         state.metrics.render(&heartbeats),
+    ))
+}
+
+pub async fn backups(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.backups().await?))
+}
+
+pub async fn create_backup(
+    State(state): State<Arc<ApiState>>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok((
+        axum::http::StatusCode::CREATED,
+        Json(state.service.create_backup().await?),
     ))
 }

@@ -77,7 +77,7 @@ fn node_route<'a>(method: &Method, path: &'a str) -> NodeRoute<'a> {
     match (method.clone(), parts.as_slice()) {
         (
             Method::POST,
-            ["v1alpha1", "nodes", node, "status" | "template-problems" | "wireguard"],
+            ["v1alpha1", "nodes", node, "status" | "template-problems" | "wireguard" | "etcd-member"],
         )
         | (Method::GET, ["v1alpha1", "nodes", node, "assignments" | "dns" | "peers"])
         | (Method::GET, ["v1alpha1", "nodes", node, "templates", _, _, _]) => NodeRoute::Own(node),
@@ -165,6 +165,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/nodes/:name/dns", get(nodes::dns_records))
         .route("/nodes/:name/peers", get(nodes::overlay_peers))
         .route("/nodes/:name/wireguard", post(nodes::set_wireguard_key))
+        .route("/nodes/:name/etcd-member", post(nodes::readmit_etcd_member))
         .route(
             "/nodes/:name/templates/:ns/:workload/:hash",
             get(nodes::template),
@@ -178,6 +179,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/nodes/:name/drain", post(nodes::drain))
         .route("/nodes/:name/uncordon", post(nodes::uncordon))
         .route("/events", get(events::list))
+        .route("/backups", get(events::backups).post(events::create_backup))
         .route(
             "/join-tokens",
             get(join::list_tokens).post(join::create_token),

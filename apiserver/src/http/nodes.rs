@@ -49,6 +49,16 @@ pub async fn heartbeat(
     Ok(Json(state.service.worker_heartbeat(&name, hb).await?))
 }
 
+/// `kat-agent rejoin`: a control-plane node's etcd member back into a restored cluster.
+pub async fn readmit_etcd_member(
+    State(state): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let role = super::client_node(&req).map(|(_, role)| role);
+    Ok(Json(state.service.readmit_etcd_member(&name, role).await?))
+}
+
 /// A worker's WireGuard public key.
 pub async fn set_wireguard_key(
     State(state): State<Arc<ApiState>>,

@@ -45,6 +45,55 @@ impl Service {
         })
     }
 
+    /// `kat-agent rejoin`: a control-plane node of this cluster (its certificate says so, and
+    /// it is registered) becomes an etcd member again after a restore, as a learner at the
+    /// peer URL of its registered address. The answer is the member list it starts with.
+    pub async fn readmit_etcd_member(
+        &self,
+        node: &str,
+        role: Option<NodeRole>,
+    ) -> Result<kat_api::wire::EtcdMembership> {
+        if role == Some(NodeRole::Worker) {
+            return Err(Error::forbidden(format!(
+                "node {node} is a worker: it has no etcd member to rejoin with"
+            )));
+        }
+        let admission = self.admission()?;
+        let members = admission.etcd.as_ref().ok_or_else(|| {
+            Error::new(
+                ErrorCode::Unavailable,
+                "this node cannot add etcd members; rejoin through the restored node",
+            )
+        })?;
+        let registration: kat_api::wire::NodeRegistration = self
+            .store
+            .get(&keys::node_registration(node))
+            .await?
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok())
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "node {node} is not registered in this cluster's state: join it as a new node instead"
+                ))
+            })?;
+        if registration.labels.get(ROLE_LABEL).map(String::as_str) == Some("worker") {
+            return Err(Error::forbidden(format!(
+                "node {node} is registered as a worker"
+            )));
+        }
+        let address = registration
+            .addresses
+            .first()
+            .ok_or_else(|| Error::bad_request(format!("node {node} has no registered address")))?;
+        let peer_url = format!(
+            "https://{}:{}",
+            kat_api::wire::url_host(address),
+            self.cluster.spec.etcd_peer_port
+        );
+        let initial_cluster = members.add_learner(node, &peer_url).await?;
+        tracing::info!(%node, %peer_url, "etcd member readmitted");
+        Ok(kat_api::wire::EtcdMembership { initial_cluster })
+    }
+
     /// A new join token valid for `ttl`. Its secret is in the answer only.
     pub async fn create_join_token(
         &self,

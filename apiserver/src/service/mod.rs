@@ -8,6 +8,7 @@
 //! Every operation validates completely before it writes, and writes in one transaction, so
 //! a refused request leaves the store as it was.
 
+mod backups;
 mod events;
 mod instances;
 mod join;
@@ -28,6 +29,7 @@ use kat_leader::workloads::WorkloadError;
 use kat_leader::Clock;
 use kat_store::{StateStore, StoreError};
 
+pub use backups::BackupTarget;
 pub use join::Admission;
 pub use node_records::{NodeLimits, MAX_PROBLEMS};
 pub use nodes::node_object;
@@ -46,6 +48,8 @@ pub struct Service {
     pub api_endpoint: Option<String>,
     /// What each node may send through the leader, and how often (`node_records`).
     pub node_limits: node_records::NodeLimits,
+    /// Set on control-plane nodes: their etcd member, for `katcall backup create`.
+    pub backups: Option<BackupTarget>,
 }
 
 impl Service {
@@ -64,6 +68,7 @@ impl Service {
             admission: None,
             api_endpoint: None,
             node_limits: Default::default(),
+            backups: None,
         }
     }
 }

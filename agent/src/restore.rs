@@ -1,0 +1,212 @@
+//! Disaster recovery (RFC 001 §5.5): `kat-agent restore` makes this control-plane node the
+//! one member of a new etcd cluster holding a backup's state; `kat-agent rejoin` makes
+//! another control-plane node a member of it again. Both run with the agent stopped and
+//! touch etcd's data only: the node's identity, keys and containers stay, so its workloads
+//! are adopted, not started twice, when the agent runs again.
+//!
+//! Restoring a snapshot file is etcd's own offline operation (`etcdctl snapshot restore`:
+//! it rewrites the member list and cluster id in the backend, which no Rust crate writes);
+//! taking snapshots goes through the maintenance API instead (`kat_leader::backups`).
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use kat_api::wire::{rfc3339, url_host};
+
+use crate::layout::{Layout, NodeIdentity};
+
+pub struct RestoreOptions {
+    pub snapshot: PathBuf,
+    pub data_dir: PathBuf,
+    /// `etcdctl` (default: from PATH).
+    pub etcdctl: PathBuf,
+}
+
+fn stamp() -> String {
+    rfc3339(SystemTime::now())
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect()
+}
+
+fn read_identity(layout: &Layout) -> Result<NodeIdentity> {
+    let path = layout.identity();
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!(
+            "{} not found: {} is not the data directory of an initialized node (--data-dir)",
+            path.display(),
+            layout.root.display()
+        )
+    })?;
+    serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", path.display()))
+}
+
+fn write_identity(layout: &Layout, identity: &NodeIdentity) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(identity)?;
+    kat_runtime::state_file::write_atomic(&layout.identity(), &bytes, 0o600)
+        .with_context(|| format!("cannot write {}", layout.identity().display()))
+}
+
+/// Refuses while this node's etcd answers: its data must not change under it.
+fn ensure_stopped(identity: &NodeIdentity, client_port: u32) -> Result<()> {
+    let host = url_host(&identity.advertise_address);
+    let address: Option<SocketAddr> = format!("{host}:{client_port}").parse().ok();
+    if let Some(a) = address {
+        if TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok() {
+            bail!(
+                "etcd answers on {a}: stop kat-agent on this node first (systemctl --user stop kat-agent, or kill it)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Moves this node's etcd data aside (never deleted: a restore that went wrong can be undone
+/// by moving it back); where it went.
+fn move_aside(etcd_dir: &Path, why: &str) -> Result<Option<PathBuf>> {
+    if !etcd_dir.exists() {
+        return Ok(None);
+    }
+    let aside = etcd_dir.with_file_name(format!("etcd.before-{why}-{}", stamp()));
+    std::fs::rename(etcd_dir, &aside)
+        .with_context(|| format!("cannot move {} to {}", etcd_dir.display(), aside.display()))?;
+    Ok(Some(aside))
+}
+
+/// `kat-agent restore --snapshot FILE`.
+pub fn restore(options: RestoreOptions) -> Result<()> {
+    let layout = Layout::new(&options.data_dir);
+    let identity = read_identity(&layout)?;
+    let cluster = crate::node::read_cluster(&layout.cluster_config())?;
+    if !layout.pki().join("ca.key").exists() {
+        bail!(
+            "{} holds no cluster CA key: restore on a control-plane node (the one that ran `kat-agent init`, or one joined with --etcd-peer)",
+            layout.root.display()
+        );
+    }
+    ensure_stopped(&identity, cluster.spec.etcd_client_port)?;
+    let sha = kat_store::snapshot::verify(&options.snapshot)
+        .map_err(|e| anyhow::anyhow!("--snapshot: {e}"))?;
+    println!("{}: checksum ok (sha256 {sha})", options.snapshot.display());
+    let etcd_dir = layout.root.join("etcd");
+    // etcdctl restores into a directory of its own; only a good result replaces the data.
+    let staging = layout.root.join(format!("etcd.restoring-{}", stamp()));
+    let peer_url = format!(
+        "https://{}:{}",
+        url_host(&identity.advertise_address),
+        cluster.spec.etcd_peer_port
+    );
+    let name = identity.node_name.clone();
+    let out = std::process::Command::new(&options.etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .arg("restore")
+        .arg(&options.snapshot)
+        .arg(format!("--name={name}"))
+        .arg(format!("--initial-cluster={name}={peer_url}"))
+        .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+        .arg(format!("--initial-cluster-token=kat-restore-{}", stamp()))
+        .arg(format!("--data-dir={}", staging.display()))
+        .output()
+        .with_context(|| {
+            format!(
+                "cannot run {} (Debian: apt install etcd-client)",
+                options.etcdctl.display()
+            )
+        })?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&staging);
+        bail!(
+            "etcdctl snapshot restore failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let aside = move_aside(&etcd_dir, "restore")?;
+    std::fs::rename(&staging, &etcd_dir)
+        .with_context(|| format!("cannot move {} into place", staging.display()))?;
+    set_mode(&etcd_dir, 0o700)?;
+    // From now on this is the first member of a new cluster, as after `init`.
+    let restored = NodeIdentity {
+        etcd_initial_cluster: None,
+        ..identity
+    };
+    write_identity(&layout, &restored)?;
+    println!(
+        "restored into {} as the only etcd member ({name} at {peer_url})",
+        etcd_dir.display()
+    );
+    if let Some(a) = aside {
+        println!("the previous etcd data is kept in {}", a.display());
+    }
+    println!("next:");
+    println!(
+        "  1. start kat-agent on this node (kat-agent run, or systemctl --user start kat-agent)"
+    );
+    println!("  2. on every other control-plane node, with its agent stopped:");
+    println!(
+        "       kat-agent rejoin --leader-api {}:{}",
+        url_host(&restored.advertise_address),
+        cluster.spec.api_port
+    );
+    println!("     then start its agent; workers need nothing: they find the API again");
+    Ok(())
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot chmod {}", path.display()))
+}
+
+/// `kat-agent rejoin --leader-api HOST:PORT`: this control-plane node asks the (restored)
+/// cluster, with its own node certificate, to take it back as an etcd member, and keeps the
+/// member list it is given for its next start. Its old etcd data is moved aside.
+pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
+    let layout = Layout::new(data_dir);
+    let identity = read_identity(&layout)?;
+    let cluster = crate::node::read_cluster(&layout.cluster_config())?;
+    ensure_stopped(&identity, cluster.spec.etcd_client_port)?;
+    let pki = kat_pki::Pki::load(&layout.pki())?;
+    let client = crate::node::node_client(&pki)?;
+    let url = format!(
+        "https://{}/v1alpha1/nodes/{}/etcd-member",
+        leader_api
+            .trim_start_matches("https://")
+            .trim_end_matches('/'),
+        identity.node_name
+    );
+    let response =
+        client.post(&url).send().await.with_context(|| {
+            format!("cannot reach {url} (--leader-api: the restored node's API)")
+        })?;
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        let message = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_string))
+            .unwrap_or(body);
+        bail!("the cluster refused: {status}: {message}");
+    }
+    let answer: kat_api::wire::EtcdMembership = serde_json::from_str(&body)
+        .context("the cluster's answer is not what kat-agent expects")?;
+    let aside = move_aside(&layout.root.join("etcd"), "rejoin")?;
+    write_identity(
+        &layout,
+        &NodeIdentity {
+            etcd_initial_cluster: Some(answer.initial_cluster.clone()),
+            ..identity
+        },
+    )?;
+    println!(
+        "the cluster takes this node back as an etcd member ({})",
+        answer.initial_cluster
+    );
+    if let Some(a) = aside {
+        println!("the previous etcd data is kept in {}", a.display());
+    }
+    println!("start kat-agent on this node now: its etcd joins as a learner and is promoted once in sync");
+    Ok(())
+}

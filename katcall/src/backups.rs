@@ -1,0 +1,64 @@
+//! `katcall backup create` and `katcall get backups`: etcd snapshots the control-plane nodes
+//! keep in their `backupPath`.
+
+use anyhow::Result;
+use kat_api::wire::BackupRecord;
+use reqwest::Method;
+
+use crate::client::Client;
+use crate::output::{self, structured, Format};
+use crate::workloads::json;
+
+pub async fn create(client: &Client, format: Format) -> Result<()> {
+    let record: BackupRecord = json(
+        client
+            .send(client.request(Method::POST, "/backups"))
+            .await?,
+    )
+    .await?;
+    if structured(format, &record)? {
+        return Ok(());
+    }
+    println!(
+        "backup {} written on node {}: {} ({})",
+        record.name,
+        record.node,
+        record.path,
+        output::bytes(record.size_bytes)
+    );
+    println!("sha256 {}", record.sha256);
+    println!("copy it (and {}.sha256) off the node; restore with `kat-agent restore --snapshot FILE` (docs/operations.md)", record.path);
+    Ok(())
+}
+
+pub async fn list(client: &Client, format: Format) -> Result<()> {
+    let list: Vec<BackupRecord> = client.get_json("/backups").await?;
+    if structured(format, &list)? {
+        return Ok(());
+    }
+    if list.is_empty() {
+        eprintln!("no backups yet (take one with `katcall backup create`; the leader takes one every backupIntervalMinutes)");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|b| {
+            vec![
+                b.name.clone(),
+                b.taken_at.clone(),
+                output::bytes(b.size_bytes),
+                b.sha256.chars().take(16).collect(),
+                b.node.clone(),
+                b.trigger.clone(),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        output::table(
+            &["NAME", "TIME", "SIZE", "SHA256", "NODE", "TRIGGER"],
+            &rows
+        )
+    );
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! Backups (RFC 001 §5.4): the leader snapshots etcd every `backupIntervalMinutes` through
+//! the maintenance API of its own member, into `backupPath` as
+//! `kat-{cluster}-{node}-{YYYYMMDDTHHMMSS.mmm}Z.db` with its SHA-256 beside it
+//! ([`kat_store::snapshot`]), keeps the newest `backupRetention` there, and records each in
+//! the store (`/kat/backups/{name}`: node, path, time, size, checksum) with a `BackupCreated`
+//! event in the same transaction. A failure is a `BackupFailed` event and a metric, never
+//! silence. The schedule follows the newest record, whoever wrote it, so a new leader carries
+//! it on instead of starting over. `katcall backup create` takes one at once ([`take`]), on
+//! the node whose API it reaches.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use kat_api::keys;
+use kat_api::wire::{rfc3339, BackupRecord, EventType, ObjectReference};
+use kat_store::{EtcdStore, StateStore, Txn, TxnOp};
+
+use crate::events::{event, EventLog};
+use crate::metrics::Metrics;
+
+/// What a node's backups need to know.
+#[derive(Debug, Clone)]
+pub struct BackupConfig {
+    pub cluster: String,
+    pub node: String,
+    pub dir: PathBuf,
+    pub interval: Duration,
+    pub retention: usize,
+}
+
+/// After a failure, the next attempt comes this soon (or at the interval, if shorter).
+const RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// The object backup events are about: the cluster.
+fn cluster_ref(cluster: &str) -> ObjectReference {
+    ObjectReference {
+        kind: "Cluster".into(),
+        name: cluster.to_string(),
+        namespace: None,
+        uid: None,
+    }
+}
+
+/// What every snapshot file `node` takes of `cluster` starts with (the node is in the name:
+/// copies from several nodes in one place stay apart, and each prunes only its own).
+pub fn file_prefix(cluster: &str, node: &str) -> String {
+    format!("kat-{cluster}-{node}-")
+}
+
+/// The snapshot file `node` takes of `cluster` at `at`: its name sorts by time.
+pub fn file_name(cluster: &str, node: &str, at: SystemTime) -> String {
+    let stamp: String = rfc3339(at)
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    format!("{}{stamp}.db", file_prefix(cluster, node))
+}
+
+/// Every recorded backup, oldest first.
+pub async fn list(store: &dyn StateStore) -> kat_store::Result<Vec<BackupRecord>> {
+    let listing = store.list(keys::backups()).await?;
+    let mut records: Vec<BackupRecord> = listing
+        .kvs
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect();
+    records.sort_by(|a, b| a.taken_at.cmp(&b.taken_at));
+    Ok(records)
+}
+
+/// When the next scheduled backup is due: `interval` after the newest one any node took;
+/// `None` when there is none.
+pub fn next_due(records: &[BackupRecord], interval: Duration) -> Option<SystemTime> {
+    records
+        .iter()
+        .filter_map(|r| humantime::parse_rfc3339_weak(&r.taken_at).ok())
+        .max()
+        .map(|last| last + interval)
+}
+
+/// Takes a backup now: the snapshot, its record and event, then this node's older files (and
+/// their records) beyond the retention go.
+pub async fn take(
+    etcd: &EtcdStore,
+    store: &dyn StateStore,
+    events: &EventLog,
+    config: &BackupConfig,
+    trigger: &str,
+) -> Result<BackupRecord, String> {
+    let at = SystemTime::now();
+    let name = file_name(&config.cluster, &config.node, at);
+    let file = etcd
+        .snapshot_to(&config.dir, &name)
+        .await
+        .map_err(|e| format!("snapshot into {}: {e}", config.dir.display()))?;
+    let record = BackupRecord {
+        name: name.clone(),
+        node: config.node.clone(),
+        path: file.path.display().to_string(),
+        taken_at: rfc3339(at),
+        size_bytes: file.size,
+        sha256: file.sha256,
+        trigger: trigger.to_string(),
+    };
+    let mut ops = vec![TxnOp::put(
+        keys::backup(&name),
+        serde_json::to_vec(&record).unwrap_or_default(),
+    )];
+    ops.extend(events.ops(&event(
+        record.taken_at.clone(),
+        EventType::Normal,
+        "BackupCreated",
+        cluster_ref(&config.cluster),
+        format!(
+            "{} on {} ({} bytes, sha256 {})",
+            record.path,
+            record.node,
+            record.size_bytes,
+            &record.sha256[..12]
+        ),
+    )));
+    store
+        .txn(Txn::new().and_then(ops))
+        .await
+        .map_err(|e| format!("recording backup {name}: {e}"))?;
+    let (dir, prefix, keep) = (
+        config.dir.clone(),
+        file_prefix(&config.cluster, &config.node),
+        config.retention,
+    );
+    let removed =
+        tokio::task::spawn_blocking(move || kat_store::snapshot::prune(&dir, &prefix, keep))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("removing old backups in {}: {e}", config.dir.display()))?;
+    if !removed.is_empty() {
+        let names: Vec<String> = removed
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
+            .collect();
+        let records = list(store).await.map_err(|e| e.to_string())?;
+        let ops: Vec<TxnOp> = records
+            .iter()
+            .filter(|r| r.node == config.node && names.contains(&r.name))
+            .map(|r| TxnOp::delete(keys::backup(&r.name)))
+            .collect();
+        if !ops.is_empty() {
+            store
+                .txn(Txn::new().and_then(ops))
+                .await
+                .map_err(|e| format!("forgetting old backups: {e}"))?;
+        }
+    }
+    Ok(record)
+}
+
+/// The leader's schedule, until the task is dropped (when leadership ends).
+pub async fn run(
+    etcd: EtcdStore,
+    store: Arc<dyn StateStore>,
+    config: BackupConfig,
+    metrics: Arc<Metrics>,
+) {
+    let events = EventLog::new(crate::events::DEFAULT_CAPACITY);
+    let mut retry_at: Option<SystemTime> = None;
+    loop {
+        let now = SystemTime::now();
+        let due = match retry_at {
+            Some(t) => t,
+            None => match list(&*store).await {
+                // None yet: the first an interval after this node took the lead.
+                Ok(records) => next_due(&records, config.interval).unwrap_or(now + config.interval),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the backup records; trying again in 10 s");
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    continue;
+                }
+            },
+        };
+        if let Ok(wait) = due.duration_since(now) {
+            tokio::time::sleep(wait).await;
+            if retry_at.is_none() {
+                // Another node may have taken one meanwhile (`katcall backup create`).
+                if let Ok(records) = list(&*store).await {
+                    let later = next_due(&records, config.interval)
+                        .is_some_and(|d| d > SystemTime::now() + Duration::from_secs(1));
+                    if later {
+                        continue;
+                    }
+                }
+            }
+        }
+        match take(&etcd, &*store, &events, &config, "schedule").await {
+            Ok(record) => {
+                tracing::info!(file = %record.path, bytes = record.size_bytes, "backup written");
+                metrics.record_backup(Some(
+                    SystemTime::now()
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                ));
+                retry_at = None;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "backup failed");
+                metrics.record_backup(None);
+                let failed = event(
+                    rfc3339(SystemTime::now()),
+                    EventType::Warning,
+                    "BackupFailed",
+                    cluster_ref(&config.cluster),
+                    format!("on {}: {e}", config.node),
+                );
+                if let Err(e) = store.txn(Txn::new().and_then(events.ops(&failed))).await {
+                    tracing::warn!(error = %e, "cannot record the failed backup's event");
+                }
+                retry_at = Some(SystemTime::now() + RETRY_AFTER.min(config.interval));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sort_by_time_and_the_schedule_follows_the_newest() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        let a = file_name("home", "n1", t0);
+        let b = file_name("home", "n1", t0 + Duration::from_millis(1500));
+        assert!(a.starts_with("kat-home-n1-") && a.ends_with("Z.db"), "{a}");
+        assert!(!a.contains(':') && a < b, "{a} {b}");
+        let interval = Duration::from_secs(1800);
+        assert_eq!(next_due(&[], interval), None);
+        let record = |at: SystemTime| BackupRecord {
+            name: file_name("home", "n1", at),
+            node: "n1".into(),
+            path: String::new(),
+            taken_at: rfc3339(at),
+            size_bytes: 1,
+            sha256: String::new(),
+            trigger: "schedule".into(),
+        };
+        let older = t0 - Duration::from_secs(3000);
+        let newer = t0 - Duration::from_secs(600);
+        // A new leader: due an interval after the newest, whoever took it.
+        assert_eq!(
+            next_due(&[record(newer), record(older)], interval),
+            Some(newer + interval)
+        );
+        // Overdue: at once.
+        assert!(next_due(&[record(older)], interval).unwrap() < t0);
+    }
+}
