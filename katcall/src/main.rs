@@ -249,6 +249,15 @@ fn split_name(name: &str, ns: &str) -> (String, String) {
 }
 
 fn main() -> ExitCode {
+    // Output piped into `head` or `grep -q` that stops reading ends katcall quietly, as any
+    // command-line tool, instead of a panic about a broken pipe.
+    // SAFETY: restoring a signal's default disposition before any thread starts.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
     let cli = Cli::parse();
     let config = cli
         .config

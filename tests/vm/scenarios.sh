@@ -216,10 +216,14 @@ EOW
   local id; id=$(instance_of gitvm)
   until_ok 900 running "$id" || { K describe workload gitvm; K get instances -o wide; return 1; }
   log "apply to running: $((SECONDS - t0)) s (build under emulation)"
-  K logs "gitvm/$id" | grep -q built-in-the-vm || { log "the built image did not run"; ok=1; }
-  K describe workload gitvm | sed -n '/^Source/p;/^Builds/,/^$/p' | sed 's/^/   /'
-  K describe workload gitvm | grep -q "at $commit" || { log "describe does not show the commit"; ok=1; }
-  K logs --build gitvm | grep -q "STEP" || { log "no build output"; ok=1; }
+  local out; out=$(K logs "gitvm/$id")
+  grep -q built-in-the-vm <<<"$out" || { log "the built image did not run: $out"; ok=1; }
+  out=$(K describe workload gitvm)
+  sed -n '/^Source/p;/^Builds/,/^$/p' <<<"$out" | sed 's/^/   /'
+  grep -q "at $commit" <<<"$out" || { log "describe does not show the commit"; ok=1; }
+  out=$(K logs --build gitvm)
+  grep -q "STEP" <<<"$out" || { log "no build output: $out"; ok=1; }
+  log "build output: $(grep -c . <<<"$out") lines"
   until_ok 30 bash -c "sudo katcall --config $STATE/katcall.yaml events --for-name gitvm | grep -q BuildSucceeded" \
     || { log "no BuildSucceeded event"; K events --for-name gitvm; ok=1; }
   local left; left=$(sudo ls -A "$STATE/node/runtime/builds" 2>/dev/null | grep -v '^logs$' || true)
