@@ -1631,19 +1631,16 @@ fn restore_drill() {
         "{printed}"
     );
     h.spawn(1, &["run"]);
-    wait(
-        "n1 leads the restored cluster",
-        Duration::from_secs(60),
-        || h.leader(1).is_some(),
-    );
     let leader_api = format!("{}:{API_PORT}", ip(1));
+    // (The restored state holds the old leader's endpoint until its lease runs out: wait
+    // for the API itself.)
+    let other = format!("https://{leader_api}/v1alpha1/nodes/n3/etcd-member");
+    let mut refused = String::new();
+    wait("n1's API answers", Duration::from_secs(60), || {
+        refused = h.request_as(2, "POST", &other, None);
+        refused != "000"
+    });
     // A node's certificate cannot make another node an etcd member.
-    let refused = h.request_as(
-        2,
-        "POST",
-        &format!("https://{leader_api}/v1alpha1/nodes/n3/etcd-member"),
-        None,
-    );
     assert_eq!(refused, "403");
     for i in 2..=NODES {
         let out = h
@@ -1657,9 +1654,25 @@ fn restore_drill() {
         );
         h.spawn(i, &["run"]);
     }
-    wait("3 Ready nodes", Duration::from_secs(120), || {
-        h.ready_nodes(1).len() == NODES
-    });
+    // Ready from heartbeats sent after the restore (the snapshot holds older ones).
+    let restored_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    wait(
+        "3 nodes heartbeating again",
+        Duration::from_secs(120),
+        || {
+            h.json(1, &["get", "nodes", "-o", "json"])
+                .as_array()
+                .is_some_and(|l| {
+                    l.len() == NODES
+                        && l.iter().all(|n| {
+                            n["state"] == "Ready"
+                                && n["lastHeartbeat"]
+                                    .as_str()
+                                    .is_some_and(|t| t > restored_at.as_str())
+                        })
+                })
+        },
+    );
     let mut back = 0;
     wait("every workload back", Duration::from_secs(120), || {
         back = expected
