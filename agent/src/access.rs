@@ -83,9 +83,15 @@ impl LocalAccess {
                 record.instance_id, record.node, self.node
             )));
         }
-        let log = self
-            .builds
-            .log_of(&record.namespace, &record.workload)
+        // Without a build in memory it reads the log directory: blocking.
+        let (builds, ns, wl) = (
+            self.builds.clone(),
+            record.namespace.clone(),
+            record.workload.clone(),
+        );
+        let log = tokio::task::spawn_blocking(move || builds.log_of(&ns, &wl))
+            .await
+            .map_err(|e| AccessError::Failed(e.to_string()))?
             .ok_or_else(|| {
                 AccessError::NotFound(format!(
                     "{}/{} has no build on node {}: its image came from the build cache or was built before this agent started",

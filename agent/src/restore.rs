@@ -124,8 +124,25 @@ pub fn restore(options: RestoreOptions) -> Result<()> {
         );
     }
     let aside = move_aside(&etcd_dir, "restore")?;
-    std::fs::rename(&staging, &etcd_dir)
-        .with_context(|| format!("cannot move {} into place", staging.display()))?;
+    if let Err(e) = std::fs::rename(&staging, &etcd_dir) {
+        // Put the node back as it was rather than leave it without etcd data.
+        let back = aside.as_ref().map(|a| std::fs::rename(a, &etcd_dir));
+        bail!(
+            "cannot move {} into place: {e}; {}",
+            staging.display(),
+            match back {
+                Some(Ok(())) => "the previous etcd data is back in place".to_string(),
+                Some(Err(b)) => format!(
+                    "and the previous data could not be moved back ({b}): it is in {}",
+                    aside
+                        .as_ref()
+                        .map(|a| a.display().to_string())
+                        .unwrap_or_default()
+                ),
+                None => "there was no previous etcd data".to_string(),
+            }
+        );
+    }
     set_mode(&etcd_dir, 0o700)?;
     // From now on this is the first member of a new cluster, as after `init`.
     let restored = NodeIdentity {
@@ -165,10 +182,16 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
 /// member list it is given for its next start. Its old etcd data is moved aside.
 pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
     let layout = Layout::new(data_dir);
-    let identity = read_identity(&layout)?;
-    let cluster = crate::node::read_cluster(&layout.cluster_config())?;
-    ensure_stopped(&identity, cluster.spec.etcd_client_port)?;
-    let pki = kat_pki::Pki::load(&layout.pki())?;
+    // The node's files and the check that its etcd is down are blocking work.
+    let local = layout.clone();
+    let (identity, pki) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let identity = read_identity(&local)?;
+        let cluster = crate::node::read_cluster(&local.cluster_config())?;
+        ensure_stopped(&identity, cluster.spec.etcd_client_port)?;
+        let pki = kat_pki::Pki::load(&local.pki())?;
+        Ok((identity, pki))
+    })
+    .await??;
     let client = crate::node::node_client(&pki)?;
     let url = format!(
         "https://{}/v1alpha1/nodes/{}/etcd-member",
@@ -192,14 +215,19 @@ pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
     }
     let answer: kat_api::wire::EtcdMembership = serde_json::from_str(&body)
         .context("the cluster's answer is not what kat-agent expects")?;
-    let aside = move_aside(&layout.root.join("etcd"), "rejoin")?;
-    write_identity(
-        &layout,
-        &NodeIdentity {
-            etcd_initial_cluster: Some(answer.initial_cluster.clone()),
-            ..identity
-        },
-    )?;
+    let initial_cluster = answer.initial_cluster.clone();
+    let aside = tokio::task::spawn_blocking(move || -> Result<_> {
+        let aside = move_aside(&layout.root.join("etcd"), "rejoin")?;
+        write_identity(
+            &layout,
+            &NodeIdentity {
+                etcd_initial_cluster: Some(initial_cluster),
+                ..identity
+            },
+        )?;
+        Ok(aside)
+    })
+    .await??;
     println!(
         "the cluster takes this node back as an etcd member ({})",
         answer.initial_cluster

@@ -117,3 +117,10 @@ impl BuildDefinition {
         }
     }
 }
+
+/// The image reference a workload's build of `commit` is kept under on a node:
+/// `kat-local/{namespace}_{workload}:{sha7}`.
+pub fn local_reference(namespace: &str, workload: &str, commit: &str) -> String {
+    let short: String = commit.chars().take(7).collect();
+    format!("kat-local/{namespace}_{workload}:{short}")
+}

@@ -129,27 +129,36 @@ pub async fn take(
         file_prefix(&config.cluster, &config.node),
         config.retention,
     );
-    let removed =
-        tokio::task::spawn_blocking(move || kat_store::snapshot::prune(&dir, &prefix, keep))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("removing old backups in {}: {e}", config.dir.display()))?;
+    // The backup is written and recorded: old ones that cannot go are a warning, not a
+    // failed backup (which would take another at once).
+    let pruned =
+        tokio::task::spawn_blocking(move || kat_store::snapshot::prune(&dir, &prefix, keep)).await;
+    let removed = match pruned {
+        Ok(Ok(removed)) => removed,
+        Ok(Err(e)) => {
+            tracing::warn!(dir = %config.dir.display(), error = %e, "old backups not removed");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "old backups not removed");
+            Vec::new()
+        }
+    };
     if !removed.is_empty() {
         let names: Vec<String> = removed
             .iter()
             .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
             .collect();
-        let records = list(store).await.map_err(|e| e.to_string())?;
+        let records = list(store).await.unwrap_or_default();
         let ops: Vec<TxnOp> = records
             .iter()
             .filter(|r| r.node == config.node && names.contains(&r.name))
             .map(|r| TxnOp::delete(keys::backup(&r.name)))
             .collect();
         if !ops.is_empty() {
-            store
-                .txn(Txn::new().and_then(ops))
-                .await
-                .map_err(|e| format!("forgetting old backups: {e}"))?;
+            if let Err(e) = store.txn(Txn::new().and_then(ops)).await {
+                tracing::warn!(error = %e, "records of removed backups not deleted");
+            }
         }
     }
     Ok(record)

@@ -2,11 +2,14 @@
 //! one starts, succeeds or fails (`BuildStarted`, `BuildSucceeded`, `BuildFailed`), and each
 //! workload's builds in its status (`katcall describe` shows the step a running build is at).
 //!
-//! A node's report counts only for a workload with an instance assigned to that node: a
-//! worker cannot put builds, and so events, on workloads it does not run.
+//! A node's report counts only for a workload with an instance assigned to that node, for the
+//! image name the node builds for that commit, once, and at most [`PER_NODE_LIMIT`] per
+//! heartbeat: a worker cannot put builds, and so events, on workloads it does not run, nor
+//! flood the event log with made-up images.
 
 use std::collections::{HashMap, HashSet};
 
+use kat_api::build_definition::local_reference;
 use kat_api::wire::{BuildReport, BuildState, EventType};
 use kat_api::WorkloadKey;
 
@@ -15,6 +18,9 @@ use crate::events::workload_ref;
 
 /// The longest build message kept in an event or a status (a failure's last lines).
 const MESSAGE_LIMIT: usize = 4000;
+/// The most builds one node's heartbeat counts (a node builds one image per workload and
+/// commit at a time; more is a node flooding the event log).
+const PER_NODE_LIMIT: usize = 32;
 
 /// What the leader remembers of the builds it has reported.
 #[derive(Default)]
@@ -37,9 +43,23 @@ pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
     let mut out = Vec::new();
     for (node, entry) in &round.view.nodes {
         let Some(hb) = &entry.heartbeat else { continue };
+        let mut seen = HashSet::new();
         for b in &hb.builds {
             if !runs.contains(&(node.as_str(), b.namespace.as_str(), b.workload.as_str())) {
                 continue;
+            }
+            // The image is the one the node builds for that workload and commit (not a
+            // name made up to mint events), once.
+            let expected = local_reference(&b.namespace, &b.workload, &b.commit);
+            if b.image != expected
+                || b.commit.len() != 40
+                || !b.commit.bytes().all(|c| c.is_ascii_hexdigit())
+                || !seen.insert(b.image.as_str())
+            {
+                continue;
+            }
+            if seen.len() > PER_NODE_LIMIT {
+                break;
             }
             let mut b = b.clone();
             b.node = Some(node.clone());

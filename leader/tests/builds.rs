@@ -78,8 +78,12 @@ async fn build_reports_become_events_and_status_once_per_change() {
     c.node(&on).builds = vec![];
     c.tick().await.unwrap();
     let mut done = report("web", BuildState::Succeeded, "built in 3.0 s");
+    done.commit = "fedcba9876543210fedcba9876543210fedcba98".into();
     done.image = "kat-local/default_web:fedcba9".into();
-    c.node(&on).builds = vec![done];
+    // With it, made-up images and the same build twice: not counted.
+    let mut made_up = report("web", BuildState::Failed, "made up");
+    made_up.image = "kat-local/default_web:nothing".into();
+    c.node(&on).builds = vec![done.clone(), made_up, done];
     c.tick().await.unwrap();
     c.tick().await.unwrap();
     let reasons: Vec<String> = build_events(&c).await.into_iter().map(|e| e.1).collect();

@@ -24,12 +24,12 @@ pub fn sign(secret: &str, body: &[u8]) -> String {
 /// True when `signature` (hex, with or without a `sha256=` prefix) signs `body` under
 /// `secret`; compared in constant time.
 pub fn verify(secret: &str, body: &[u8], signature: &str) -> bool {
+    let mut mac = mac(secret);
+    mac.update(body);
     let hex_part = signature.trim().trim_start_matches("sha256=");
     let Ok(given) = hex::decode(hex_part) else {
         return false;
     };
-    let mut mac = mac(secret);
-    mac.update(body);
     mac.verify_slice(&given).is_ok()
 }
 

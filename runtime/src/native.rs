@@ -1058,11 +1058,14 @@ impl ContainerRuntime for NativeRuntime {
     ) -> Result<crate::build::BuildOutcome> {
         use crate::build::{BuildOutcome, BuildPhase, CacheOutcome};
         if let Some(cache) = &request.cache {
-            let cached = crate::build::cache_reference(cache, &request.commit);
+            let cached = crate::build::cache_reference(cache, request);
             progress.send_replace(BuildPhase::CheckingCache);
             match image::pull::pull(&self.images, &self.config.registries, &cached, None).await {
-                Ok(_) => {
-                    let image = self.images.rename(&cached, &request.reference)?;
+                Ok(pulled) => {
+                    // A small index update, as `list_images` reads it.
+                    let image = self
+                        .images
+                        .rename(&pulled.id, &cached, &request.reference)?;
                     return Ok(BuildOutcome {
                         image,
                         cache: CacheOutcome::Hit(cached),

@@ -287,7 +287,7 @@ async fn a_cached_build_is_pulled_instead_of_built() {
     let outcome = result.expect("the first build");
     assert_eq!(
         outcome.cache,
-        CacheOutcome::Pushed(kat_runtime::build::cache_reference(&cache, &commit_id))
+        CacheOutcome::Pushed(kat_runtime::build::cache_reference(&cache, &req))
     );
     assert!(builds_left(first_dir.path()).is_empty());
 
@@ -299,7 +299,7 @@ async fn a_cached_build_is_pulled_instead_of_built() {
     let took = started.elapsed();
     let outcome = result.expect("the cache hit");
     assert!(
-        matches!(&outcome.cache, CacheOutcome::Hit(from) if from.ends_with(&commit_id)),
+        matches!(&outcome.cache, CacheOutcome::Hit(from) if from.contains(&commit_id)),
         "{:?}",
         outcome.cache
     );

@@ -73,17 +73,26 @@ impl EtcdStore {
         };
         file.sync_all().await.map_err(|e| io(&tmp, e))?;
         drop(file);
-        tokio::fs::rename(&tmp, &path)
-            .await
-            .map_err(|e| io(&path, e))?;
+        // The checksum first: a snapshot is never in place without it.
         let sum = checksum_path(&path);
         let sum_tmp = dir.join(format!("{name}.sha256.tmp"));
-        tokio::fs::write(&sum_tmp, format!("{sha256}  {name}\n"))
-            .await
-            .map_err(|e| io(&sum_tmp, e))?;
-        tokio::fs::rename(&sum_tmp, &sum)
-            .await
-            .map_err(|e| io(&sum, e))?;
+        let placed = async {
+            tokio::fs::write(&sum_tmp, format!("{sha256}  {name}\n"))
+                .await
+                .map_err(|e| io(&sum_tmp, e))?;
+            tokio::fs::rename(&sum_tmp, &sum)
+                .await
+                .map_err(|e| io(&sum, e))?;
+            tokio::fs::rename(&tmp, &path)
+                .await
+                .map_err(|e| io(&path, e))
+        };
+        if let Err(e) = placed.await {
+            for leftover in [&tmp, &sum_tmp, &sum] {
+                let _ = tokio::fs::remove_file(leftover).await;
+            }
+            return Err(e);
+        }
         let d = dir.to_path_buf();
         let _ =
             tokio::task::spawn_blocking(move || std::fs::File::open(d).and_then(|f| f.sync_all()))
@@ -152,8 +161,27 @@ pub fn verify(db: &Path) -> std::result::Result<String, String> {
     Ok(actual)
 }
 
-/// The snapshots in `dir` whose names start with `prefix`, oldest first (the names carry
-/// the time, so they sort by it).
+/// Whether `name` is `{prefix}{stamp}.db` with a time stamp (`20261124T143600.123Z`) and
+/// nothing else: the prefix of node `cp1` must not take in the files of node `cp1-b`.
+fn is_snapshot_of(name: &str, prefix: &str) -> bool {
+    let Some(stamp) = name
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.strip_suffix(".db"))
+    else {
+        return false;
+    };
+    let b = stamp.as_bytes();
+    b.len() == 20
+        && b[8] == b'T'
+        && b[15] == b'.'
+        && b[19] == b'Z'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 8 | 15 | 19) || c.is_ascii_digit())
+}
+
+/// The snapshots in `dir` named `{prefix}{stamp}.db`, oldest first (the names carry the
+/// time, so they sort by it).
 pub fn list(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -164,7 +192,7 @@ pub fn list(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".db"))
+                .is_some_and(|n| is_snapshot_of(n, prefix))
         })
         .collect();
     found.sort();
@@ -173,14 +201,34 @@ pub fn list(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 
 /// Deletes all but the newest `keep` snapshots named `prefix…` in `dir` (and their
 /// checksums); what was deleted. Blocking.
+/// A file already gone (another backup pruning at the same time) is no error. Temporary
+/// files of the prefix an hour old (a snapshot cut short) go too.
 pub fn prune(dir: &Path, prefix: &str, keep: usize) -> std::io::Result<Vec<PathBuf>> {
     let all = list(dir, prefix);
     let old = all.len().saturating_sub(keep.max(1));
     let mut removed = Vec::new();
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
     for db in &all[..old] {
-        std::fs::remove_file(db)?;
-        let _ = std::fs::remove_file(checksum_path(db));
+        gone(std::fs::remove_file(db))?;
+        gone(std::fs::remove_file(checksum_path(db)))?;
         removed.push(db.clone());
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let stale = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+            if name.starts_with(prefix) && name.ends_with(".tmp") && stale {
+                gone(std::fs::remove_file(e.path()))?;
+            }
+        }
     }
     Ok(removed)
 }
@@ -193,22 +241,25 @@ mod tests {
     fn verify_and_prune() {
         let dir = tempfile::tempdir().unwrap();
         for (i, body) in ["a", "bb", "ccc"].iter().enumerate() {
-            let db = dir.path().join(format!("kat-x-2026112{i}T000000Z.db"));
+            let db = dir.path().join(format!("kat-x-2026112{i}T000000.000Z.db"));
             std::fs::write(&db, body).unwrap();
             let sum = hex::encode(Sha256::digest(body.as_bytes()));
             std::fs::write(checksum_path(&db), format!("{sum}  name\n")).unwrap();
             assert_eq!(verify(&db).unwrap(), sum);
         }
-        let newest = dir.path().join("kat-x-20261122T000000Z.db");
+        let newest = dir.path().join("kat-x-20261122T000000.000Z.db");
         std::fs::write(&newest, "cCc").unwrap();
         let e = verify(&newest).unwrap_err();
         assert!(e.contains("damaged"), "{e}");
         std::fs::remove_file(checksum_path(&newest)).unwrap();
         assert!(verify(&newest).unwrap_err().contains("checksum"));
         std::fs::write(dir.path().join("other.db"), "x").unwrap();
+        // Another node whose name starts like this one's: its files are not this node's.
+        let neighbour = dir.path().join("kat-x-b-20261101T000000.000Z.db");
+        std::fs::write(&neighbour, "x").unwrap();
         let removed = prune(dir.path(), "kat-x-", 2).unwrap();
-        assert_eq!(removed, [dir.path().join("kat-x-20261120T000000Z.db")]);
+        assert_eq!(removed, [dir.path().join("kat-x-20261120T000000.000Z.db")]);
         assert_eq!(list(dir.path(), "kat-x-").len(), 2);
-        assert!(dir.path().join("other.db").exists());
+        assert!(dir.path().join("other.db").exists() && neighbour.exists());
     }
 }

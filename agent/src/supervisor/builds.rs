@@ -148,25 +148,10 @@ impl Builds {
         let building = |phase: &BuildPhase| {
             StartError::NotReady(format!("building {short} from {}: {phase}", git.repository))
         };
-        {
-            let table = self.lock();
-            match table.entries.get(&normalized) {
-                Some(Entry {
-                    phase: Some(phase), ..
-                }) => return Err(building(&phase.borrow())),
-                Some(Entry {
-                    report,
-                    ended: Some(at),
-                    ..
-                }) if report.state == BuildState::Failed && at.elapsed() < RETRY_FAILED_AFTER => {
-                    return Err(StartError::Failed(format!(
-                        "building {short}: {}",
-                        report.message
-                    )));
-                }
-                _ => {}
-            }
+        if let Some(wait) = waiting(&self.lock(), &normalized, &building, &short, None) {
+            return Err(wait);
         }
+        let looked = Instant::now();
         if let Ok(list) = runtime.list_images().await {
             if list.iter().any(|i| i.references.contains(&normalized)) {
                 return Ok(reference);
@@ -207,13 +192,10 @@ impl Builds {
         let first = building(&rx.borrow());
         {
             let mut table = self.lock();
-            if table
-                .entries
-                .get(&normalized)
-                .is_some_and(|e| e.phase.is_some())
-            {
-                // Another replica started it while the store was read.
-                return Err(first);
+            // Another replica may have started it, or it may have ended, while the store
+            // was read.
+            if let Some(wait) = waiting(&table, &normalized, &building, &short, Some(looked)) {
+                return Err(wait);
             }
             table.entries.insert(
                 normalized.clone(),
@@ -305,17 +287,49 @@ impl Builds {
                 (BuildState::Failed, e.to_string(), false)
             }
         };
-        let mut table = self.lock();
-        if let Some(e) = table.entries.get_mut(&key) {
-            e.report.state = state;
-            e.report.message = message;
-            e.report.from_cache = from_cache;
-            e.report.finished_at = Some(rfc3339(SystemTime::now()));
-            e.phase = None;
-            e.ended = Some(Instant::now());
+        {
+            let mut table = self.lock();
+            if let Some(e) = table.entries.get_mut(&key) {
+                e.report.state = state;
+                e.report.message = message;
+                e.report.from_cache = from_cache;
+                e.report.finished_at = Some(rfc3339(SystemTime::now()));
+                e.phase = None;
+                e.ended = Some(Instant::now());
+            }
+            table.publish();
         }
-        table.publish();
+        // The report leaves the heartbeats when its time is up, whether or not another
+        // build changes the table before.
+        tokio::time::sleep(REPORT_FINISHED_FOR + Duration::from_secs(1)).await;
+        self.lock().publish();
     }
+}
+
+/// Why an instance must wait for the build under `key` (running, failed a moment ago, or —
+/// with `since` — ended after the image store was looked at), or `None` to build.
+fn waiting(
+    table: &Table,
+    key: &str,
+    building: &dyn Fn(&BuildPhase) -> StartError,
+    short: &str,
+    since: Option<Instant>,
+) -> Option<StartError> {
+    let entry = table.entries.get(key)?;
+    if let Some(phase) = &entry.phase {
+        return Some(building(&phase.borrow()));
+    }
+    let ended = entry.ended?;
+    if entry.report.state == BuildState::Failed && ended.elapsed() < RETRY_FAILED_AFTER {
+        return Some(StartError::Failed(format!(
+            "building {short}: {}",
+            entry.report.message
+        )));
+    }
+    if since.is_some_and(|looked| ended >= looked) && entry.report.state == BuildState::Succeeded {
+        return Some(StartError::NotReady(format!("{short} built; starting")));
+    }
+    None
 }
 
 /// The workload's build logs in `dir`, oldest first.

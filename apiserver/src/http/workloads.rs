@@ -99,9 +99,10 @@ pub async fn delete_webhook(
     ))
 }
 
-/// The most a push notification may carry (GitHub caps its payloads at 25 MB; a push of
-/// many commits is large, but what we read of it is one field).
-const HOOK_BODY_LIMIT: u64 = 25 << 20;
+/// The most a push notification may carry: read before it is authenticated, so small (a
+/// push's payload is a few KiB; one of very many commits is cut short by the git server,
+/// and what KAT reads of it is one field).
+const HOOK_BODY_LIMIT: u64 = 5 << 20;
 
 pub async fn push_hook(
     State(state): State<Arc<ApiState>>,

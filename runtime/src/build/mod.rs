@@ -44,13 +44,39 @@ pub struct BuildRequest {
     /// Where buildah's whole output goes (`katcall logs --build`); replaced per build.
     pub log_file: Option<PathBuf>,
     /// The cache repository (`source.cacheImage`, `build.kat` `cache.registryPath`): the
-    /// build is looked up there as `{cache}:{commit}` first and pushed there after.
+    /// build is looked up there first and pushed there after ([`cache_reference`]).
     pub cache: Option<String>,
 }
 
-/// Where a build is kept in its cache repository.
-pub fn cache_reference(cache: &str, commit: &str) -> String {
-    format!("{cache}:{commit}")
+/// Where a build is kept in its cache repository: `{cache}:{commit}-{options}`, where
+/// `options` is a short hash of everything besides the commit that shapes the image (build
+/// context, Dockerfile, arguments, target stage, and the platform or, without one, this
+/// node's architecture), so that two workloads sharing a cache, or one workload after a
+/// change of `build.kat`, never take each other's image.
+pub fn cache_reference(cache: &str, request: &BuildRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let platform = request
+        .platform
+        .clone()
+        .unwrap_or_else(|| format!("linux/{}", std::env::consts::ARCH));
+    for part in [
+        request.context.as_str(),
+        request.dockerfile.as_str(),
+        request.target.as_deref().unwrap_or(""),
+        platform.as_str(),
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    for (k, v) in &request.build_args {
+        h.update(k.as_bytes());
+        h.update([1]);
+        h.update(v.as_bytes());
+        h.update([0]);
+    }
+    let options = hex::encode(&h.finalize()[..6]);
+    format!("{cache}:{}-{options}", request.commit)
 }
 
 /// How long pushing a build to its cache may take.
@@ -349,7 +375,7 @@ impl Builder {
         let id = id.trim().to_string();
         let cache = match &request.cache {
             Some(cache) => {
-                self.push_to_cache(ws, &id, &cache_reference(cache, &request.commit))
+                self.push_to_cache(ws, &id, &cache_reference(cache, request))
                     .await
             }
             None => CacheOutcome::Unused,
@@ -607,8 +633,45 @@ fn rand_u64() -> u64 {
     u64::from_le_bytes(bytes) ^ (std::process::id() as u64).rotate_left(32)
 }
 
-/// The image reference a workload's build of `commit` is kept under.
-pub fn local_reference(namespace: &str, workload: &str, commit: &str) -> String {
-    let short: String = commit.chars().take(7).collect();
-    format!("kat-local/{namespace}_{workload}:{short}")
+pub use kat_api::build_definition::local_reference;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_tag_changes_with_what_shapes_the_image() {
+        let base = BuildRequest {
+            commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            context: ".".into(),
+            dockerfile: "Dockerfile".into(),
+            ..Default::default()
+        };
+        let tag = cache_reference("reg.example/cache", &base);
+        assert!(
+            tag.starts_with("reg.example/cache:0123456789abcdef"),
+            "{tag}"
+        );
+        let tag_part = tag.rsplit_once(':').unwrap().1;
+        assert!(
+            tag_part.len() <= 128
+                && tag_part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        );
+        assert_eq!(tag, cache_reference("reg.example/cache", &base.clone()));
+        let mut args = base.clone();
+        args.build_args = [("V".to_string(), "2".to_string())].into();
+        let mut target = base.clone();
+        target.target = Some("final".into());
+        let mut platform = base.clone();
+        platform.platform = Some("linux/arm64".into());
+        let mut context = base.clone();
+        context.context = "app".into();
+        let tags: std::collections::BTreeSet<String> = [&base, &args, &target, &platform, &context]
+            .iter()
+            .map(|r| cache_reference("reg.example/cache", r))
+            .collect();
+        assert_eq!(tags.len(), 5, "{tags:?}");
+    }
 }

@@ -300,23 +300,23 @@ impl ImageStore {
         Ok(record)
     }
 
-    /// Moves `from`'s image to the name `to` (`from` is dropped): a cached build pulled
-    /// under its cache name is kept under the workload's local name only.
-    pub fn rename(&self, from: &str, to: &str) -> Result<ImageSummary> {
-        let record = self.resolve(from)?;
+    /// Names image `id` `to`, dropping its name `from`: a cached build pulled under its
+    /// cache name is kept under the workload's local name only. By id, so another pull that
+    /// moves `from` meanwhile cannot make this fail.
+    pub fn rename(&self, id: &str, from: &str, to: &str) -> Result<ImageSummary> {
         let (from, to) = (normalize_reference(from)?, normalize_reference(to)?);
         self.update(|index| {
             for other in index.images.values_mut() {
                 other.references.retain(|r| *r != to);
             }
-            let record = index.images.get_mut(&record.id)?;
+            let record = index.images.get_mut(id)?;
             record.references.retain(|r| *r != from);
             record.references.push(to.clone());
             record.references.sort();
             let record = record.clone();
             Some(summarize(&record, index))
         })?
-        .ok_or(RuntimeError::ImageNotPresent(from))
+        .ok_or_else(|| RuntimeError::ImageNotPresent(id.to_string()))
     }
 
     /// Finds an image by reference or by id (`sha256:…`).
