@@ -253,17 +253,8 @@ impl Hosts {
 
     /// `kat-agent ARGS` in host `i`'s namespace, as its user, with the node's usual options.
     fn agent_command(&self, i: usize, args: &[&str]) -> Command {
-        let mut c = self.in_ns(i);
-        if self.unprivileged {
-            // setpriv executes the agent in place: the pid we hold (and kill -9) is the agent's.
-            c.args(["setpriv", "--reuid", &user(i), "--regid", &user(i)])
-                .args(["--init-groups", "--"])
-                .env("HOME", self.data(i));
-        }
-        c.arg(bin("kat-agent"))
-            .args(args)
-            .args(["--data-dir", &self.data(i).display().to_string()])
-            .args(["--node-name", &format!("n{i}")])
+        let mut c = self.tool_command(i, args);
+        c.args(["--node-name", &format!("n{i}")])
             .args(["--advertise-address", &ip(i)])
             .args([
                 "--client-config",
@@ -283,6 +274,7 @@ impl Hosts {
     fn tool_command(&self, i: usize, args: &[&str]) -> Command {
         let mut c = self.in_ns(i);
         if self.unprivileged {
+            // setpriv executes the agent in place: the pid we hold (and kill -9) is the agent's.
             c.args(["setpriv", "--reuid", &user(i), "--regid", &user(i)])
                 .args(["--init-groups", "--"])
                 .env("HOME", self.data(i));

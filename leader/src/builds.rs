@@ -34,6 +34,15 @@ pub struct BuildMemory {
 
 /// Every report that counts, with its node set and its message bounded.
 pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
+    let any = round
+        .view
+        .nodes
+        .values()
+        .any(|n| n.heartbeat.as_ref().is_some_and(|hb| !hb.builds.is_empty()));
+    if !any {
+        // Every round, for every workload: nothing to index when no node builds.
+        return Vec::new();
+    }
     let runs: HashSet<(&str, &str, &str)> = round
         .view
         .instances

@@ -214,7 +214,16 @@ impl Service {
     /// resolved anew. A moved branch is a new generation (a rolling update); an unmoved one
     /// changes nothing. A git server's push hook reaches it through [`Service::push_hook`].
     pub async fn redeploy_workload(&self, key: &WorkloadKey) -> Result<WorkloadObject> {
-        let mut bundle = self.git_bundle(key).await?;
+        let bundle = self.git_bundle(key).await?;
+        self.redeploy_bundle(key, bundle).await
+    }
+
+    /// A `source.git` workload's stored `bundle` with its branch or tag resolved anew.
+    async fn redeploy_bundle(
+        &self,
+        key: &WorkloadKey,
+        mut bundle: WorkloadBundle,
+    ) -> Result<WorkloadObject> {
         resolve_git(&mut bundle, true).await?;
         workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
         self.workload(key).await
@@ -356,7 +365,7 @@ impl Service {
                 });
             }
         }
-        let after = self.redeploy_workload(key).await?.metadata.generation;
+        let after = self.redeploy_bundle(key, bundle).await?.metadata.generation;
         Ok(HookOutcome {
             redeployed: after != before,
             generation: after,
