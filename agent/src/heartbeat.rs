@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kat_api::wire::{rfc3339, BuildReport, NodeHeartbeat, ResourceList};
+use kat_api::wire::{rfc3339, BuildReport, Detachment, NodeHeartbeat, ResourceList};
 use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
@@ -54,6 +54,7 @@ pub async fn run(
     mut statuses: watch::Receiver<Statuses>,
     mut builds: watch::Receiver<Vec<BuildReport>>,
     mut meter: UsageMeter,
+    detached: Option<Detachment>,
 ) {
     let capacity = capacity();
     let allocatable = allocatable(capacity);
@@ -74,6 +75,7 @@ pub async fn run(
             instances,
             usage: Some(usage),
             builds: builds.borrow_and_update().clone(),
+            detached: detached.clone(),
         };
         if let Err(e) = link.heartbeat(&hb).await {
             tracing::warn!(error = %e, "heartbeat failed; sending again in 0.5 s");

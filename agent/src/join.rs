@@ -74,6 +74,7 @@ pub async fn join(join: JoinOptions, options: NodeOptions) -> Result<()> {
         csr,
         address: advertise.to_string(),
         etcd_peer: join.etcd_peer,
+        node_type: options.node_type.clone(),
     };
     let response = send_join(&base, &ca, &request).await?;
 

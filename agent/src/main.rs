@@ -9,17 +9,21 @@
 //! - [`malloc`]: fewer malloc arenas, free pages trimmed when idle;
 //! - [`setup`]: root's one-time host preparation, and its undoing;
 //! - [`restore`]: disaster recovery: a backup restored on one node, the others rejoining;
+//! - [`detached`], [`rejoin_listener`]: a worker that lost its leader runs a one-node
+//!   cluster of its own, and rejoins when the parent's leader answers;
 //! - [`pki`], [`layout`]: the node's keys and files.
 
 mod access;
 mod advertise;
 mod control_plane;
+mod detached;
 mod heartbeat;
 mod join;
 mod layout;
 mod malloc;
 mod network;
 mod node;
+mod rejoin_listener;
 mod remote_access;
 mod restore;
 mod sd_notify;
@@ -168,6 +172,23 @@ struct NodeArgs {
     /// for several). Default: the nameservers of the host's /etc/resolv.conf.
     #[arg(long = "dns-upstream", value_name = "ADDRESS", value_parser = parse_upstream)]
     dns_upstreams: Vec<std::net::SocketAddr>,
+    /// The cluster this worker belongs to. With it, a worker that cannot reach the cluster's
+    /// leader for nodeLossTimeoutSeconds runs detached: its workloads keep running, its own
+    /// API takes new ones (pinned to it), and it rejoins by itself when the leader answers
+    /// its REJOIN_REQUESTs (docs/operations.md, "Detached nodes").
+    #[arg(long, value_name = "NAME")]
+    parent_cluster_name: Option<String>,
+    /// What kind of machine this is (e.g. laptop, stable): the node's kat.dws.rip/nodeType
+    /// label, recorded when it joins.
+    #[arg(long, value_name = "TYPE", value_parser = parse_node_type)]
+    node_type: Option<String>,
+}
+
+fn parse_node_type(s: &str) -> Result<String, String> {
+    match kat_api::names::label_value_problem(s) {
+        Some(problem) => Err(format!("{s:?}: {problem}")),
+        None => Ok(s.to_string()),
+    }
 }
 
 /// `IP` (port 53) or `IP:PORT`.
@@ -211,6 +232,8 @@ impl NodeArgs {
                 max_entries: self.image_max_entries,
             },
             first_join_token: None,
+            parent_cluster: self.parent_cluster_name,
+            node_type: self.node_type,
             cgroup_manager: match self.cgroup_manager {
                 CgroupManagerArg::Auto => kat_runtime::CgroupManager::Auto,
                 CgroupManagerArg::Systemd => kat_runtime::CgroupManager::Systemd,

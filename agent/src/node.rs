@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
-use kat_api::wire::{rfc3339, url_host, HOSTNAME_LABEL, ROLE_LABEL};
+use kat_api::wire::{rfc3339, url_host};
 use kat_apiserver::http::{self, ApiState, WorkerApi};
 use kat_apiserver::Service;
 use kat_leader::metrics::Metrics;
@@ -67,6 +67,10 @@ pub struct NodeOptions {
     pub image_limits: kat_runtime::image::UnpackLimits,
     /// Set by `init`: the first join token, stored and printed once the store is up.
     pub first_join_token: Option<JoinToken>,
+    /// `--parent-cluster-name`: a worker may run detached from this cluster.
+    pub parent_cluster: Option<String>,
+    /// `--node-type`: the node's `kat.dws.rip/nodeType` label.
+    pub node_type: Option<String>,
 }
 
 pub(crate) fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {
@@ -385,6 +389,15 @@ fn network_config(
     })
 }
 
+/// The etcd binary: `--etcd-binary`, else `$ETCD_BIN`, else `etcd` from PATH.
+fn etcd_binary(options: &NodeOptions) -> PathBuf {
+    options
+        .etcd_binary
+        .clone()
+        .or_else(|| std::env::var_os("ETCD_BIN").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("etcd"))
+}
+
 /// The HTTPS client a node uses towards other nodes: its certificate, the cluster CA only.
 pub(crate) fn node_client(pki: &Pki) -> Result<reqwest::Client> {
     ClusterAccess::client(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)
@@ -405,16 +418,41 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     if let Some(n) = base.network.take() {
         n.connect(link.clone());
     }
+    if let Some(parent) = &options.parent_cluster {
+        if *parent != base.identity.cluster_name {
+            bail!(
+                "--parent-cluster-name: is {parent:?}, but this node joined cluster {:?} (see {})",
+                base.identity.cluster_name,
+                base.layout.identity().display()
+            );
+        }
+    }
+    // A node that may run detached feeds its supervisor the parent's instances and, while
+    // detached, its own cluster's.
+    let (parent_feed, local_feed) = match options.parent_cluster {
+        Some(_) => {
+            let (parent_tx, parent_rx) = watch::channel(base.feed_tx.borrow().clone());
+            let (local_tx, local_rx) = watch::channel(None);
+            base.tasks.spawn(crate::detached::merge_feeds(
+                parent_rx,
+                local_rx,
+                base.feed_tx.clone(),
+            ));
+            (parent_tx, Some(local_tx))
+        }
+        None => (base.feed_tx.clone(), None),
+    };
     base.tasks
-        .spawn(Feed::new(link.clone(), &base.layout.agent()).run(base.feed_tx.clone()));
+        .spawn(Feed::new(link.clone(), &base.layout.agent()).run(parent_feed));
     let meter = UsageMeter::new(base.runtime.clone(), base.layout.root.clone());
     base.tasks.spawn(heartbeat::run(
-        link,
+        link.clone(),
         node.clone(),
         base.tick,
         base.status_rx.clone(),
         base.builds.reports(),
         meter,
+        None,
     ));
 
     // The node's own records, for the API's logs and exec.
@@ -456,9 +494,41 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     let pki = &base.pki;
     let tls =
         server::tls_config_with_clients(&pki.node_cert_pem, &pki.node_key_pem, Some(&pki.ca_pem))?;
+    let worker_router = http::worker_router(api);
+    let (routers, routers_rx) = watch::channel(worker_router.clone());
     base.tasks
-        .spawn(server::serve(listener, tls, http::worker_router(api)));
-    eprintln!("kat-agent: worker node {node} is up; it talks to the leader's API (no etcd here)");
+        .spawn(server::serve_switchable(listener, tls, routers_rx));
+    if let (Some(parent), Some(local_feed)) = (&options.parent_cluster, local_feed) {
+        base.tasks.spawn(
+            crate::detached::Detacher {
+                parts: crate::detached::local_cluster::NodeParts {
+                    node: node.clone(),
+                    root: base.layout.root.clone(),
+                    cluster: base.cluster.clone(),
+                    pki: Arc::new(base.pki.clone()),
+                    advertise: base.identity.advertise_address.clone(),
+                    node_type: options.node_type.clone(),
+                    etcd_binary: etcd_binary(options),
+                    runtime: base.runtime.clone(),
+                    builds: base.builds.clone(),
+                    statuses: base.status_rx.clone(),
+                    tick: base.tick,
+                    client: node_client(&base.pki)?,
+                },
+                parent_cluster: parent.clone(),
+                link,
+                local_feed,
+                routers,
+                worker_router,
+            }
+            .run(),
+        );
+        eprintln!("kat-agent: worker node {node} of {parent} is up; it talks to the leader's API (no etcd here), and runs detached if it loses the leader for {} s", base.cluster.spec.node_loss_timeout_seconds);
+    } else {
+        eprintln!(
+            "kat-agent: worker node {node} is up; it talks to the leader's API (no etcd here)"
+        );
+    }
     Ok(())
 }
 
@@ -501,13 +571,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
         etcd_tls.clone(),
     );
     etcd_config.join = identity.etcd_initial_cluster.clone();
-    if let Some(bin) = options
-        .etcd_binary
-        .clone()
-        .or_else(|| std::env::var_os("ETCD_BIN").map(PathBuf::from))
-    {
-        etcd_config.binary = bin;
-    }
+    etcd_config.binary = etcd_binary(options);
     let etcd = loop {
         match EtcdServer::start(etcd_config.clone()).await {
             Ok(etcd) => break etcd,
@@ -561,10 +625,11 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
         &*store,
         &node,
         vec![identity.advertise_address.clone()],
-        BTreeMap::from([
-            (HOSTNAME_LABEL.to_string(), node.clone()),
-            (ROLE_LABEL.to_string(), NodeRole::ControlPlane.to_string()),
-        ]),
+        kat_apiserver::service::node_labels(
+            &node,
+            NodeRole::ControlPlane,
+            options.node_type.as_deref(),
+        ),
     )
     .await?;
 
@@ -585,6 +650,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
         base.status_rx.clone(),
         base.builds.reports(),
         meter,
+        None,
     ));
 
     // Leader role.
@@ -594,13 +660,28 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
         url_host(&identity.advertise_address),
         cluster.spec.api_port
     );
+    let rejoin = match identity.advertise_address.parse::<std::net::Ipv4Addr>() {
+        Ok(interface) => Some(crate::rejoin_listener::RejoinListener {
+            cluster: cluster.metadata.name.clone(),
+            pki: Arc::new(pki.clone()),
+            store: store.clone(),
+            metrics: metrics.clone(),
+            endpoint: endpoint.clone(),
+            port: cluster.spec.rejoin_port as u16,
+            interface,
+        }),
+        Err(_) => {
+            tracing::warn!("the advertise address is not IPv4: detached nodes cannot rejoin through this node (rejoin requests are IPv4 multicast)");
+            None
+        }
+    };
     tasks.spawn(leader_role(
         store.clone(),
-        etcd_store.clone(),
         cluster.clone(),
-        node.clone(),
         endpoint.clone(),
         metrics.clone(),
+        Some((etcd_store.clone(), backup_config(cluster, &node))),
+        rejoin,
     ));
     // etcd's health and restarts, for /metrics.
     let (probe, etcd_metrics) = (etcd.health_probe(), metrics.clone());
@@ -679,7 +760,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
 }
 
 /// The cluster's first keys, written only where absent (a resumed node changes nothing).
-async fn first_state(
+pub(crate) async fn first_state(
     store: &dyn StateStore,
     cluster: &ClusterConfiguration,
     token: &str,
@@ -733,16 +814,16 @@ fn write_client_config(path: &Path, config: &ClientConfig) -> Result<()> {
     pki::write_secret(path, &yaml_serde::to_string(config)?)
 }
 
-/// Campaign for leadership; while leading, run the controllers. Forever.
-async fn leader_role(
+/// Campaign for leadership; while leading, run the controllers, and the backup schedule
+/// and the rejoin listener when given. Forever.
+pub(crate) async fn leader_role(
     store: Arc<dyn StateStore>,
-    etcd: EtcdStore,
     cluster: ClusterConfiguration,
-    node: String,
     endpoint: String,
     metrics: Arc<Metrics>,
+    backups: Option<(EtcdStore, kat_leader::backups::BackupConfig)>,
+    rejoin: Option<crate::rejoin_listener::RejoinListener>,
 ) {
-    let backups = backup_config(&cluster, &node);
     // Short: a killed leader (kill -9, a crash) is replaced within seconds.
     let ttl = Duration::from_secs(3);
     loop {
@@ -768,13 +849,19 @@ async fn leader_role(
             tracing::warn!(error = %e, "cannot record the leader endpoint");
         }
         let config = LeaderConfig::from_cluster(&cluster.spec);
-        // The backup schedule runs while this node leads.
-        let schedule = tokio::spawn(kat_leader::backups::run(
-            etcd.clone(),
-            store.clone(),
-            backups.clone(),
-            metrics.clone(),
-        ));
+        // The backup schedule and the rejoin listener run while this node leads.
+        let mut duties = tokio::task::JoinSet::new();
+        if let Some((etcd, config)) = &backups {
+            duties.spawn(kat_leader::backups::run(
+                etcd.clone(),
+                store.clone(),
+                config.clone(),
+                metrics.clone(),
+            ));
+        }
+        if let Some(listener) = &rejoin {
+            duties.spawn(listener.clone().run());
+        }
         match Leader::start(
             store.clone(),
             config,
@@ -798,7 +885,7 @@ async fn leader_role(
             }
             Err(e) => tracing::warn!(error = %e, "cannot start the leader"),
         }
-        schedule.abort();
+        duties.shutdown().await;
         metrics.set_leader(false);
         let _ = leadership.resign().await;
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -38,6 +38,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
@@ -128,14 +129,30 @@ pub fn tls_config_with_clients(
 
 /// Accept connections until the task is dropped, with the default [`ServeLimits`].
 pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, router: Router) {
-    serve_with_limits(listener, tls, router, ServeLimits::default()).await
+    serve_with_limits(
+        listener,
+        tls,
+        watch::channel(router).1,
+        ServeLimits::default(),
+    )
+    .await
+}
+
+/// As [`serve`], with the router `routers` holds when a connection comes in: a worker's API
+/// becomes its local cluster's full API while it runs detached, and back.
+pub async fn serve_switchable(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    routers: watch::Receiver<Router>,
+) {
+    serve_with_limits(listener, tls, routers, ServeLimits::default()).await
 }
 
 /// Accept connections until the task is dropped.
 pub async fn serve_with_limits(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    router: Router,
+    routers: watch::Receiver<Router>,
     limits: ServeLimits,
 ) {
     let acceptor = TlsAcceptor::from(tls);
@@ -175,7 +192,7 @@ pub async fn serve_with_limits(
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let router = router.clone();
+        let router = routers.borrow().clone();
         let slots = slots.clone();
         let limits = limits.clone();
         tokio::spawn(async move {
@@ -377,7 +394,12 @@ mod tests {
             );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(serve_with_limits(listener, tls, router, limits));
+        let task = tokio::spawn(serve_with_limits(
+            listener,
+            tls,
+            watch::channel(router).1,
+            limits,
+        ));
         Server {
             addr,
             connector: TlsConnector::from(Arc::new(client)),

@@ -51,6 +51,10 @@ pub struct ClusterSpec {
     /// The UDP port of the WireGuard overlay on every node's addresses.
     #[serde(default = "defaults::wireguard_port")]
     pub wireguard_port: u32,
+    /// The UDP port a detached node's `REJOIN_REQUEST`s go to (multicast on its LAN), where
+    /// the control plane listens.
+    #[serde(default = "defaults::rejoin_port")]
+    pub rejoin_port: u32,
     #[serde(default = "defaults::volume_base_path")]
     pub volume_base_path: String,
     #[serde(default = "defaults::backup_path")]
@@ -79,6 +83,7 @@ impl ClusterSpec {
             (self.etcd_client_port, "etcdClientPort"),
             (self.etcd_peer_port, "etcdPeerPort"),
             (self.wireguard_port, "wireguardPort"),
+            (self.rejoin_port, "rejoinPort"),
         ]
     }
 
@@ -116,6 +121,9 @@ pub mod defaults {
     }
     pub fn agent_port() -> u32 {
         9116
+    }
+    pub fn rejoin_port() -> u32 {
+        9117
     }
     pub fn api_port() -> u32 {
         9115
@@ -229,6 +237,7 @@ impl ClusterConfiguration {
             ("etcdPeerPort", spec.etcd_peer_port),
             ("etcdClientPort", spec.etcd_client_port),
             ("wireguardPort", spec.wireguard_port),
+            ("rejoinPort", spec.rejoin_port),
         ] {
             if !(1..=65535).contains(&port) {
                 s.error(field, format!("{port} is not a port (expected 1-65535)"));

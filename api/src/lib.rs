@@ -21,6 +21,7 @@ pub mod keys;
 pub mod load_balancer;
 pub mod names;
 pub mod namespace;
+pub mod pinning;
 pub mod quadlet;
 pub mod quantity;
 pub mod report;

@@ -187,6 +187,98 @@ pub struct WorkloadStatus {
     pub builds: Vec<BuildReport>,
 }
 
+/// A node that lost its parent cluster's leader and leads a one-node cluster of its own
+/// (RFC 001 §4.9) until it rejoins.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Detachment {
+    pub parent_cluster: String,
+    /// RFC 3339.
+    pub since: String,
+}
+
+/// What a detached node multicasts on its LAN (to [`REJOIN_GROUP`] on `rejoinPort`), every
+/// 2 s, to find its parent's leader.
+/// The leader answers only if `certificate` chains to the cluster CA, names `node`, is not
+/// revoked, and `signature` (ECDSA P-256 with SHA-256, hex, by the certificate's key) covers
+/// [`RejoinRequest::signed_bytes`]; `timestamp` is within a minute and `nonce` is new.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RejoinRequest {
+    /// Always `REJOIN_REQUEST`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub parent_cluster: String,
+    pub node: String,
+    /// Seconds since the Unix epoch.
+    pub timestamp: u64,
+    /// 32 hex digits, new for every request; the answer repeats it.
+    pub nonce: String,
+    /// The node's certificate (PEM).
+    pub certificate: String,
+    pub signature: String,
+}
+
+/// The value of [`RejoinRequest::kind`].
+pub const REJOIN_REQUEST: &str = "REJOIN_REQUEST";
+
+impl RejoinRequest {
+    /// The bytes the signature covers: every field but the certificate and the signature.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        format!(
+            "kat-rejoin-v1\n{}\n{}\n{}\n{}\n{}",
+            self.kind, self.parent_cluster, self.node, self.timestamp, self.nonce
+        )
+        .into_bytes()
+    }
+}
+
+/// The parent leader's answer to a [`RejoinRequest`], sent straight back (UDP, to the
+/// address and port the request came from), proven as the request is: the leader's
+/// control-plane certificate and its signature over [`RejoinOffer::signed_bytes`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RejoinOffer {
+    /// Always `REJOIN_OFFER`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub parent_cluster: String,
+    /// The leader's API endpoint (`https://IP:PORT`).
+    pub leader: String,
+    /// The request's nonce.
+    pub nonce: String,
+    pub timestamp: u64,
+    pub certificate: String,
+    pub signature: String,
+}
+
+/// The value of [`RejoinOffer::kind`].
+pub const REJOIN_OFFER: &str = "REJOIN_OFFER";
+
+/// The multicast group detached nodes send [`RejoinRequest`]s to (organization-local scope,
+/// RFC 2365), on `rejoinPort`.
+pub const REJOIN_GROUP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(239, 255, 75, 75);
+
+impl RejoinOffer {
+    /// The bytes the signature covers: every field but the certificate and the signature.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        format!(
+            "kat-rejoin-v1\n{}\n{}\n{}\n{}\n{}",
+            self.kind, self.parent_cluster, self.leader, self.nonce, self.timestamp
+        )
+        .into_bytes()
+    }
+}
+
+/// What a rejoining node's submission of one locally created workload came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedWorkloadAnswer {
+    pub workload: String,
+    /// `false`: the same bundle was already there (a repeated submission).
+    pub created: bool,
+}
+
 /// One build of a `source.git` workload's image on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -356,6 +448,9 @@ pub struct Node {
     /// Its subnet of `clusterCIDR`, from which its instances get their addresses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet: Option<String>,
+    /// Set while the node runs detached from its parent cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached: Option<Detachment>,
 }
 
 /// A node removed with `katcall delete node`: its certificate is refused from then on.
@@ -417,6 +512,9 @@ pub struct JoinRequest {
     /// Become a member of the etcd quorum.
     #[serde(default)]
     pub etcd_peer: bool,
+    /// The agent's `--node-type`: the node's `kat.dws.rip/nodeType` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_type: Option<String>,
 }
 
 /// The answer to a join: the node's certificate, the CA, the cluster's configuration and, for
@@ -511,6 +609,9 @@ pub struct NodeHeartbeat {
     /// Builds running on the node and those that ended in the last minutes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub builds: Vec<BuildReport>,
+    /// Set while the node runs detached from its parent cluster (in its local cluster only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached: Option<Detachment>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -745,6 +846,11 @@ pub struct NodeRegistration {
 pub const HOSTNAME_LABEL: &str = "kat.dws.rip/hostname";
 /// The label that says what a node is: `control-plane` (an etcd member) or `worker`.
 pub const ROLE_LABEL: &str = "kat.dws.rip/role";
+/// Every node has it, with its own name, without being stored (RFC 001 §4.9): a detached
+/// node pins the workloads created on it with `nodeSelector: {kat.dws.rip/nodeName: NODE}`.
+pub const NODE_NAME_LABEL: &str = "kat.dws.rip/nodeName";
+/// The agent's `--node-type` (e.g. `laptop`, `stable`), recorded at join.
+pub const NODE_TYPE_LABEL: &str = "kat.dws.rip/nodeType";
 
 /// The taint `katcall drain` adds; `katcall uncordon` removes it.
 pub const DRAIN_TAINT_KEY: &str = "kat.dws.rip/unschedulable";

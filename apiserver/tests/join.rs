@@ -40,6 +40,7 @@ fn request(token: &str, node: &str) -> JoinRequest {
         csr,
         address: "10.0.0.9".into(),
         etcd_peer: false,
+        node_type: None,
     }
 }
 

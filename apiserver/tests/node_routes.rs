@@ -138,6 +138,7 @@ fn heartbeat(node: &str) -> String {
         instances: vec![],
         usage: None,
         builds: vec![],
+        detached: None,
     })
     .unwrap()
 }

@@ -114,9 +114,19 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
             let rows: Vec<Vec<String>> = list
                 .iter()
                 .map(|n| {
+                    // A detached node (its own local cluster) says so, and since when.
+                    let state = match &n.detached {
+                        Some(d) => format!(
+                            "{:?},Detached ({} ago, from {})",
+                            n.state,
+                            age(Some(&d.since)),
+                            d.parent_cluster
+                        ),
+                        None => format!("{:?}", n.state),
+                    };
                     let mut row = vec![
                         n.metadata.name.clone(),
-                        format!("{:?}", n.state),
+                        state,
                         n.metadata
                             .labels
                             .get(kat_api::wire::ROLE_LABEL)

@@ -42,6 +42,11 @@ struct StateLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NodeLabels {
     node: String,
 }
@@ -78,6 +83,7 @@ pub struct Metrics {
     etcd_restarts: Gauge,
     backup_last_success: Gauge,
     backup_failures: Counter,
+    rejoin_requests: Family<OutcomeLabels, Counter>,
     node_cpu: Family<NodeLabels, Gauge>,
     node_memory: Family<NodeLabels, Gauge>,
     node_disk_used: Family<NodeLabels, Gauge>,
@@ -156,6 +162,12 @@ impl Default for Metrics {
             "Backups this node failed to take",
             backup_failures.clone(),
         );
+        let rejoin_requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "kat_rejoin_requests",
+            "REJOIN_REQUESTs from detached nodes this node heard, by outcome: answered (the offer reached the node), unanswered (it did not), ignored (no valid proof, another cluster, stale or repeated)",
+            rejoin_requests.clone(),
+        );
         let etcd_restarts = Gauge::default();
         registry.register(
             "kat_etcd_restarts",
@@ -217,6 +229,7 @@ impl Default for Metrics {
             etcd_restarts,
             backup_last_success,
             backup_failures,
+            rejoin_requests,
             node_cpu,
             node_memory,
             node_disk_used,
@@ -292,6 +305,15 @@ impl Metrics {
                 self.backup_failures.inc();
             }
         }
+    }
+
+    /// A detached node's `REJOIN_REQUEST`: `answered`, `unanswered` or `ignored`.
+    pub fn record_rejoin_request(&self, outcome: &str) {
+        self.rejoin_requests
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// The exposition, with the gauges the nodes' last heartbeats give: instances by state,

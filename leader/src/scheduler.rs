@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use kat_api::load_balancer::HostPort;
+use kat_api::wire::NODE_NAME_LABEL;
 use kat_api::wire::{GpuInfo, InstanceRecord, ResourceList, Taint};
 use kat_api::workload::{GpuDriver, GpuRequest, TaintEffect, Toleration, TolerationOperator};
 use kat_api::WorkloadKey;
@@ -160,7 +161,7 @@ pub fn static_exclusion(node: &SchedNode, req: &Request<'_>) -> Option<Exclusion
     if !req
         .node_selector
         .iter()
-        .all(|(k, v)| node.labels.get(k) == Some(v))
+        .all(|(k, v)| node.labels.get(k) == Some(v) || (k == NODE_NAME_LABEL && *v == node.name))
     {
         return Some(Exclusion::NodeSelector);
     }

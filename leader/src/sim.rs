@@ -203,6 +203,7 @@ impl SimNode {
                 .collect(),
             usage: None,
             builds: self.builds.clone(),
+            detached: None,
         }
     }
 

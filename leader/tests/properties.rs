@@ -213,3 +213,46 @@ proptest! {
         })?;
     }
 }
+
+/// `kat.dws.rip/nodeName` (what a detached node pins its workloads with) matches the node of
+/// that name, though no node stores the label.
+#[test]
+fn a_node_name_selector_matches_that_node_only() {
+    let node = |name: &str| SchedNode {
+        name: name.into(),
+        schedulable: true,
+        labels: BTreeMap::new(),
+        taints: vec![],
+        allocatable: ResourceList {
+            cpu_millis: 4000,
+            memory_bytes: 8 * GI,
+            pids: 0,
+        },
+        gpus: vec![],
+        free_ips: 100,
+    };
+    let nodes = vec![node("n1"), node("laptop"), node("n3")];
+    let loads = vec![NodeLoad::default(); 3];
+    let workload = kat_api::WorkloadKey::new("default", "notes");
+    let selector = BTreeMap::from([(
+        kat_api::wire::NODE_NAME_LABEL.to_string(),
+        "laptop".to_string(),
+    )]);
+    let req = Request {
+        workload: &workload,
+        requests: ResourceList::default(),
+        node_selector: &selector,
+        tolerations: &[],
+        gpu: None,
+        host_ports: &[],
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for _ in 0..20 {
+        assert_eq!(
+            scheduler::place(&nodes, &loads, &req, &mut rng).ok(),
+            Some(1)
+        );
+    }
+    let gone = vec![node("n1"), node("n3")];
+    assert!(scheduler::place(&gone, &loads[..2], &req, &mut rng).is_err());
+}

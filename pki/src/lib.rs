@@ -20,6 +20,7 @@
 //! certificate or another node's name. The joining node checks the CA it is sent against
 //! the pin the operator gave it (`sha256:` of the CA certificate) before it sends anything.
 
+pub mod rejoin;
 pub mod webhook;
 
 use std::io::Write;
@@ -33,6 +34,7 @@ use rcgen::{
     ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
 };
 
+#[derive(Clone)]
 pub struct Pki {
     pub ca_pem: String,
     pub node_cert_pem: String,

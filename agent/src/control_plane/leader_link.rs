@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use kat_api::wire::{
@@ -39,6 +39,8 @@ pub struct LeaderLink {
     revoked: watch::Sender<Arc<HashSet<String>>>,
     /// The node's subnet, from the last heartbeat answer that had one.
     subnet: Mutex<Option<String>>,
+    /// When the leader last answered (any request); `None` before it ever did.
+    contact: watch::Sender<Option<Instant>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -68,6 +70,7 @@ impl LeaderLink {
             leader,
             revoked,
             subnet: Mutex::new(None),
+            contact: watch::channel(None).0,
         })
     }
 
@@ -75,6 +78,11 @@ impl LeaderLink {
     /// sends clients there).
     pub fn leader(&self) -> watch::Receiver<Option<String>> {
         self.leader.subscribe()
+    }
+
+    /// When the leader last answered a request.
+    pub fn contact(&self) -> watch::Receiver<Option<Instant>> {
+        self.contact.subscribe()
     }
 
     /// Serials of removed nodes' certificates, as the leader last said.
@@ -100,7 +108,7 @@ impl LeaderLink {
     }
 
     /// Talk to `leader` from now on.
-    fn follow(&self, leader: &str) {
+    pub fn follow(&self, leader: &str) {
         let mut e = self.lock();
         match e.list.iter().position(|l| l == leader) {
             Some(i) => e.current = i,
@@ -162,6 +170,7 @@ impl LeaderLink {
                     }
                 }
                 Ok(r) => {
+                    self.contact.send_replace(Some(Instant::now()));
                     if self.leader.borrow().as_deref() != Some(base.as_str()) {
                         self.leader.send_replace(Some(base.clone()));
                     }

@@ -62,8 +62,8 @@ pub struct ClientSerial(pub Option<String>);
 #[derive(Debug, PartialEq, Eq)]
 enum NodeRoute<'a> {
     /// A node's own records: heartbeat, assignments, templates, template problems, and the
-    /// cluster's DNS records and overlay peers, and its WireGuard key. Only the
-    /// node the path names may use them.
+    /// cluster's DNS records and overlay peers, and its WireGuard key; and the workloads it
+    /// created while detached, pinned to itself. Only the node the path names may use them.
     Own(&'a str),
     /// Logs of and exec into an instance: what a control-plane node proxies to the node that
     /// runs it.
@@ -79,6 +79,7 @@ fn node_route<'a>(method: &Method, path: &'a str) -> NodeRoute<'a> {
             Method::POST,
             ["v1alpha1", "nodes", node, "status" | "template-problems" | "wireguard" | "etcd-member"],
         )
+        | (Method::POST, ["v1alpha1", "nodes", node, "workloads", _])
         | (Method::GET, ["v1alpha1", "nodes", node, "assignments" | "dns" | "peers"])
         | (Method::GET, ["v1alpha1", "nodes", node, "templates", _, _, _]) => NodeRoute::Own(node),
         (
@@ -166,6 +167,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/nodes/:name/peers", get(nodes::overlay_peers))
         .route("/nodes/:name/wireguard", post(nodes::set_wireguard_key))
         .route("/nodes/:name/etcd-member", post(nodes::readmit_etcd_member))
+        .route("/nodes/:name/workloads/:ns", post(workloads::submit_pinned))
         .route(
             "/nodes/:name/templates/:ns/:workload/:hash",
             get(nodes::template),

@@ -42,6 +42,24 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
+/// A workload a rejoining node created while detached (its node certificate, its own path).
+pub async fn submit_pinned(
+    State(state): State<Arc<ApiState>>,
+    Path((node, ns)): Path<(String, String)>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let body = bundle_body(&state, req).await?;
+    let answer = state
+        .service
+        .accept_pinned_workload(&node, &ns, body)
+        .await?;
+    let status = match answer.created {
+        true => StatusCode::CREATED,
+        false => StatusCode::OK,
+    };
+    Ok((status, Json(answer)))
+}
+
 pub async fn update(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,

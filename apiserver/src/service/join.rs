@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use kat_api::keys;
 use kat_api::wire::{
     rfc3339, ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinTokenInfo, JoinTokenRecord,
-    NewJoinToken, NodeState, HOSTNAME_LABEL, ROLE_LABEL,
+    NewJoinToken, NodeState, HOSTNAME_LABEL, NODE_TYPE_LABEL, ROLE_LABEL,
 };
 use kat_pki::{Authority, JoinToken, NodeRole};
 use kat_store::{Compare, EtcdStore, KeyValue, Txn, TxnOp};
@@ -204,6 +204,13 @@ impl Service {
         if let Some(problem) = kat_api::names::dns_label_problem(&request.node_name) {
             return Err(Error::bad_request(format!("nodeName: {problem}")));
         }
+        if let Some(problem) = request
+            .node_type
+            .as_deref()
+            .and_then(kat_api::names::label_value_problem)
+        {
+            return Err(Error::bad_request(format!("nodeType: {problem}")));
+        }
         let address: IpAddr = request.address.parse().map_err(|_| {
             Error::bad_request(format!(
                 "address: {:?} is not an IP address",
@@ -285,10 +292,7 @@ impl Service {
                 &*self.store,
                 &request.node_name,
                 vec![address.to_string()],
-                BTreeMap::from([
-                    (HOSTNAME_LABEL.to_string(), request.node_name.clone()),
-                    (ROLE_LABEL.to_string(), role.to_string()),
-                ]),
+                node_labels(&request.node_name, role, request.node_type.as_deref()),
             )
             .await?;
         }
@@ -355,4 +359,21 @@ impl Service {
             })?;
         }
     }
+}
+
+/// The labels a node is registered with: its host name, its role and, if its agent was given
+/// `--node-type`, that.
+pub fn node_labels(
+    node: &str,
+    role: NodeRole,
+    node_type: Option<&str>,
+) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (HOSTNAME_LABEL.to_string(), node.to_string()),
+        (ROLE_LABEL.to_string(), role.to_string()),
+    ]);
+    if let Some(t) = node_type {
+        labels.insert(NODE_TYPE_LABEL.to_string(), t.to_string());
+    }
+    labels
 }

@@ -17,6 +17,8 @@ mod node_records;
 mod nodes;
 mod workloads;
 
+pub use join::node_labels;
+
 use std::sync::Arc;
 
 use kat_api::bundle::BundleLimits;
@@ -50,6 +52,9 @@ pub struct Service {
     pub node_limits: node_records::NodeLimits,
     /// Set on control-plane nodes: their etcd member, for `katcall backup create`.
     pub backups: Option<BackupTarget>,
+    /// Set on a detached node's local API: every workload applied there is pinned to it
+    /// (`nodeSelector: {kat.dws.rip/nodeName: NODE}`, RFC 001 §4.9).
+    pub pin_to_node: Option<String>,
 }
 
 impl Service {
@@ -69,6 +74,7 @@ impl Service {
             api_endpoint: None,
             node_limits: Default::default(),
             backups: None,
+            pin_to_node: None,
         }
     }
 }

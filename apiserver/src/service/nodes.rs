@@ -53,6 +53,7 @@ pub fn node_object(
         gpus: hb.as_ref().map(|h| h.gpus.clone()).unwrap_or_default(),
         taints: reg.taints,
         usage: hb.as_ref().and_then(|h| h.usage),
+        detached: hb.as_ref().and_then(|h| h.detached.clone()),
         last_heartbeat: hb.map(|h| h.timestamp),
         subnet: None,
     }

@@ -2,9 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use kat_api::wire::{ErrorCode, WebhookInfo, WorkloadMeta, WorkloadObject, WorkloadStatus};
+use kat_api::wire::{
+    rfc3339, ErrorCode, EventType, PinnedWorkloadAnswer, WebhookInfo, WorkloadMeta, WorkloadObject,
+    WorkloadStatus, NODE_NAME_LABEL,
+};
 use kat_api::{bundle, keys, WorkloadBundle, WorkloadKey};
 use kat_leader::{namespaces, workloads};
+use kat_store::Txn;
 
 use super::{Error, Result, Service};
 
@@ -87,6 +91,62 @@ impl Service {
         self.workload(&key).await
     }
 
+    /// A workload a rejoining node created while it was detached (RFC 001 §4.9), sent with
+    /// its node certificate: accepted only if it is pinned to that node, into a namespace
+    /// that exists here. The same bundle sent again (a retried rejoin) changes nothing; a
+    /// different workload of that name is a conflict, and the one here stays.
+    pub async fn accept_pinned_workload(
+        &self,
+        node: &str,
+        ns: &str,
+        body: Vec<u8>,
+    ) -> Result<PinnedWorkloadAnswer> {
+        if kat_api::namespace::SYSTEM_NAMESPACES.contains(&ns) && ns != "default" {
+            return Err(Error::forbidden(format!(
+                "namespace {ns} is KAT's own: a node cannot submit workloads there"
+            )));
+        }
+        let bundle = self.check_bundle(ns, None, body).await?;
+        let name = bundle.workload.metadata.name.clone();
+        if kat_api::pinning::pinned_node(&bundle.workload) != Some(node) {
+            return Err(Error::forbidden(format!(
+                "workload.kat: spec.nodeSelector.{NODE_NAME_LABEL}: node {node} may submit only workloads pinned to itself"
+            )));
+        }
+        if self.store.get(&keys::namespace(ns)).await?.is_none() {
+            return Err(Error::not_found(format!(
+                "namespace {ns} does not exist in this cluster (create it with `katcall create namespace {ns}`, then the node submits again)"
+            )));
+        }
+        let key = WorkloadKey::new(ns, &name);
+        if self.exists(&key).await? {
+            let stored = self.stored_files(&key).await?;
+            if stored.as_ref() == Some(&bundle.files) {
+                return Ok(PinnedWorkloadAnswer {
+                    workload: key.to_string(),
+                    created: false,
+                });
+            }
+            return Err(Error::new(
+                ErrorCode::Conflict,
+                format!("workload {key} already exists in this cluster and differs from node {node}'s; it stays as it is"),
+            ));
+        }
+        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        let ops = self.events.ops(&kat_leader::events::event(
+            rfc3339(self.clock.wall()),
+            EventType::Normal,
+            "DetachedWorkloadAccepted",
+            kat_leader::events::workload_ref(ns, &name),
+            format!("created on node {node} while it was detached; runs there only"),
+        ));
+        let _ = self.store.txn(Txn::new().and_then(ops)).await;
+        Ok(PinnedWorkloadAnswer {
+            workload: key.to_string(),
+            created: true,
+        })
+    }
+
     /// Replace an existing workload's bundle: a new generation.
     pub async fn update_workload(
         &self,
@@ -150,10 +210,15 @@ impl Service {
         body: Vec<u8>,
     ) -> Result<WorkloadBundle> {
         let limits = self.bundle_limits;
+        let pin = self.pin_to_node.clone();
         // Decompressing and parsing a bundle is CPU work: off the async threads.
         let parsed = tokio::task::spawn_blocking(move || {
-            let files = bundle::unpack(&body, &limits)
+            let mut files = bundle::unpack(&body, &limits)
                 .map_err(|e| Error::bad_request(format!("bundle: {e}")))?;
+            if let Some(node) = &pin {
+                kat_api::pinning::pin_to_node(&mut files, node)
+                    .map_err(|e| Error::new(ErrorCode::InvalidQuadlet, e))?;
+            }
             WorkloadBundle::parse(files)
                 .map_err(|e| Error::new(ErrorCode::InvalidQuadlet, e.to_string()))
         })
@@ -229,11 +294,11 @@ impl Service {
         self.workload(key).await
     }
 
-    /// The stored bundle of a `source.git` workload.
-    async fn git_bundle(&self, key: &WorkloadKey) -> Result<WorkloadBundle> {
-        if !self.exists(key).await? {
-            return Err(Error::not_found(format!("workload {key} not found")));
-        }
+    /// A workload's current files, by name, as stored; `None` if it has none.
+    pub async fn stored_files(
+        &self,
+        key: &WorkloadKey,
+    ) -> Result<Option<BTreeMap<String, Vec<u8>>>> {
         let stored = self
             .store
             .list(&keys::workload_manifests(&key.namespace, &key.name))
@@ -248,6 +313,15 @@ impl Service {
                 )
             })
             .collect();
+        Ok((!files.is_empty()).then_some(files))
+    }
+
+    /// The stored bundle of a `source.git` workload.
+    async fn git_bundle(&self, key: &WorkloadKey) -> Result<WorkloadBundle> {
+        if !self.exists(key).await? {
+            return Err(Error::not_found(format!("workload {key} not found")));
+        }
+        let files = self.stored_files(key).await?.unwrap_or_default();
         let bundle = WorkloadBundle::parse(files)
             .map_err(|e| Error::new(ErrorCode::InvalidQuadlet, e.to_string()))?;
         if bundle.workload.spec.source.git.is_none() {

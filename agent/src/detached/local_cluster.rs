@@ -1,0 +1,328 @@
+//! A detached node's own one-node cluster (RFC 001 §4.9): an etcd of its own on loopback,
+//! under mutual TLS with a CA made for it alone (`{data}/detached/pki`, never the cluster's),
+//! the leader's controllers, and the full API, in which every workload is pinned to this
+//! node. Its state lives in `{data}/detached/` and survives an agent restart; the directory
+//! goes (kept as `detached.previous`) once the node has rejoined.
+//!
+//! The workloads the node ran for its parent keep running from the parent's last snapshot;
+//! the local cluster's own instances join them (see `super::merge_feeds`). The local cluster
+//! is given the node's parent subnet, and sees the parent's containers in the heartbeats, so
+//! its addresses never collide with theirs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use axum::Router;
+use kat_api::client_config::ClientConfig;
+use kat_api::cluster::ClusterConfiguration;
+use kat_api::keys;
+use kat_api::wire::{rfc3339, Detachment};
+use kat_apiserver::http::{self, ApiState};
+use kat_apiserver::Service;
+use kat_leader::metrics::Metrics;
+use kat_leader::{namespaces, node_admin, Clock};
+use kat_pki::{NodeRole, Pki};
+use kat_runtime::ContainerRuntime;
+use kat_store::{EtcdServer, EtcdServerConfig, EtcdStore, EtcdTls, StateStore};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::access::LocalAccess;
+use crate::control_plane::StoreLink;
+use crate::heartbeat;
+use crate::remote_access::ClusterAccess;
+use crate::supervisor::assignments::{Feed, Snapshot, Source};
+use crate::supervisor::builds::Builds;
+use crate::supervisor::Statuses;
+use crate::usage::UsageMeter;
+
+/// What the local cluster keeps between agent restarts: `{data}/detached/state.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DetachedState {
+    pub parent_cluster: String,
+    /// RFC 3339.
+    pub since: String,
+    pub etcd_client_url: String,
+    pub etcd_peer_url: String,
+    /// The subnet the parent gave this node, which its bridge and containers use.
+    #[serde(default)]
+    pub subnet: Option<String>,
+}
+
+/// What the node lends its local cluster.
+#[derive(Clone)]
+pub struct NodeParts {
+    pub node: String,
+    pub root: PathBuf,
+    pub cluster: ClusterConfiguration,
+    /// The node's certificate and the cluster CA (its API keeps serving with them).
+    pub pki: Arc<Pki>,
+    pub advertise: String,
+    pub node_type: Option<String>,
+    pub etcd_binary: PathBuf,
+    pub runtime: Arc<dyn ContainerRuntime>,
+    pub builds: Builds,
+    pub statuses: watch::Receiver<Statuses>,
+    pub tick: Duration,
+    pub client: reqwest::Client,
+}
+
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    pub state: DetachedState,
+    pub store: Arc<dyn StateStore>,
+    /// The local cluster's full API (pinning every workload to this node).
+    pub router: Router,
+    /// Where `katcall` finds the local cluster.
+    pub client_config: PathBuf,
+    etcd: EtcdServer,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+/// `{data}/detached`.
+pub fn dir(root: &Path) -> PathBuf {
+    root.join("detached")
+}
+
+pub fn state_file(root: &Path) -> PathBuf {
+    dir(root).join("state.json")
+}
+
+impl LocalCluster {
+    /// Start (or, after an agent restart, resume) the local cluster; its instances go to
+    /// `feed`.
+    pub async fn start(
+        parts: &NodeParts,
+        parent_cluster: &str,
+        parent_subnet: Option<String>,
+        feed: watch::Sender<Option<(Source, Snapshot)>>,
+    ) -> Result<LocalCluster> {
+        let dir = dir(&parts.root);
+        let state = prepare(&dir, parent_cluster, parent_subnet).await?;
+        let pki_dir = dir.join("pki");
+        let local_pki = {
+            let (pki_dir, node) = (pki_dir.clone(), parts.node.clone());
+            tokio::task::spawn_blocking(move || -> Result<Pki> {
+                if pki_dir.join("ca.crt").exists() {
+                    Pki::load(&pki_dir)
+                } else {
+                    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+                    Pki::generate(&pki_dir, &format!("{node} detached"), &node, &[loopback])
+                }
+            })
+            .await??
+        };
+        let token = local_pki
+            .token
+            .clone()
+            .context("the local cluster's PKI has no admin token")?;
+        let tls = EtcdTls {
+            ca_file: local_pki.ca_file.clone(),
+            cert_file: local_pki.cert_file.clone(),
+            key_file: local_pki.key_file.clone(),
+            crl_file: None,
+            member_name: Some(kat_pki::ETCD_MEMBER_NAME.to_string()),
+        };
+        let etcd = EtcdServer::start(EtcdServerConfig {
+            binary: parts.etcd_binary.clone(),
+            name: parts.node.clone(),
+            data_dir: dir.join("etcd"),
+            client_url: state.etcd_client_url.clone(),
+            peer_url: state.etcd_peer_url.clone(),
+            log_file: dir.join("etcd.log"),
+            start_timeout: Duration::from_secs(30),
+            stop_timeout: Duration::from_secs(10),
+            tls: Some(tls.clone()),
+            join: None,
+        })
+        .await
+        .context("starting the local cluster's etcd")?;
+        let store: Arc<dyn StateStore> = Arc::new(
+            EtcdStore::connect(&[state.etcd_client_url.clone()], Some(&tls))
+                .await
+                .context("connecting to the local cluster's etcd")?,
+        );
+        let node = &parts.node;
+        crate::node::first_state(&*store, &parts.cluster, &token).await?;
+        let clock = Clock::system();
+        for ns in kat_api::namespace::SYSTEM_NAMESPACES {
+            namespaces::create(&*store, &clock, ns, true).await?;
+        }
+        node_admin::register(
+            &*store,
+            node,
+            vec![parts.advertise.clone()],
+            kat_apiserver::service::node_labels(node, NodeRole::Worker, parts.node_type.as_deref()),
+        )
+        .await?;
+        if let Some(subnet) = &state.subnet {
+            // Before the leader first runs, so that it keeps the node's own subnet.
+            let key = keys::node_subnet(node);
+            store
+                .txn(
+                    kat_store::Txn::new()
+                        .when([kat_store::Compare::absent(&key)])
+                        .and_then([kat_store::TxnOp::put(&key, subnet.clone().into_bytes())]),
+                )
+                .await?;
+        }
+
+        let mut tasks = tokio::task::JoinSet::new();
+        let metrics = Arc::new(Metrics::default());
+        let endpoint = format!("https://127.0.0.1:{}", parts.cluster.spec.api_port);
+        tasks.spawn(crate::node::leader_role(
+            store.clone(),
+            parts.cluster.clone(),
+            endpoint,
+            metrics.clone(),
+            None,
+            None,
+        ));
+        let link = Arc::new(StoreLink::new(
+            store.clone(),
+            node,
+            parts.cluster.spec.wireguard_port,
+        ));
+        tasks.spawn(Feed::new(link.clone(), &dir).run(feed));
+        tasks.spawn(heartbeat::run(
+            link,
+            node.clone(),
+            parts.tick,
+            parts.statuses.clone(),
+            parts.builds.reports(),
+            UsageMeter::new(parts.runtime.clone(), parts.root.clone()),
+            Some(Detachment {
+                parent_cluster: state.parent_cluster.clone(),
+                since: state.since.clone(),
+            }),
+        ));
+
+        let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
+        let api = Arc::new(ApiState {
+            service: Service {
+                pin_to_node: Some(node.clone()),
+                ..Service::new(store.clone(), events, clock, parts.cluster.clone())
+            },
+            token_sha256: http::token_sha256(&token),
+            access: Arc::new(ClusterAccess {
+                local: LocalAccess {
+                    node: node.clone(),
+                    runtime: parts.runtime.clone(),
+                    builds: parts.builds.clone(),
+                },
+                store: store.clone(),
+                api_port: parts.cluster.spec.api_port,
+                client: parts.client.clone(),
+            }),
+            metrics,
+            limiter: http::default_rate_limiter(),
+        });
+        let client_config = dir.join("katcall.yaml");
+        let config = ClientConfig {
+            endpoint: format!(
+                "https://{}:{}",
+                kat_api::wire::url_host(&parts.advertise),
+                parts.cluster.spec.api_port
+            ),
+            cluster_name: format!("{} (detached {node})", state.parent_cluster),
+            ca_certificate: parts.pki.ca_pem.clone(),
+            token,
+        };
+        let path = client_config.clone();
+        tokio::task::spawn_blocking(move || {
+            kat_pki::write_secret(&path, &yaml_serde::to_string(&config)?)
+        })
+        .await??;
+        Ok(LocalCluster {
+            dir,
+            state,
+            store,
+            router: http::router(api),
+            client_config,
+            etcd,
+            tasks,
+        })
+    }
+
+    /// Every workload of the local cluster: (namespace, name, its files as stored).
+    pub async fn workloads(&self) -> Result<Vec<(String, String, BTreeMap<String, Vec<u8>>)>> {
+        let list = self.store.list("/kat/workloads/desired/").await?;
+        let mut out: BTreeMap<(String, String), BTreeMap<String, Vec<u8>>> = BTreeMap::new();
+        for kv in list.kvs {
+            let rest = kv.key.trim_start_matches("/kat/workloads/desired/");
+            let parts: Vec<&str> = rest.split('/').collect();
+            if let [ns, name, "manifest", file] = parts.as_slice() {
+                out.entry((ns.to_string(), name.to_string()))
+                    .or_default()
+                    .insert(file.to_string(), kv.value);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|((ns, name), files)| (ns, name, files))
+            .collect())
+    }
+
+    /// Stop it; its state stays in `{data}/detached` until [`LocalCluster::retire`].
+    pub async fn stop(mut self) -> PathBuf {
+        self.tasks.shutdown().await;
+        self.etcd.stop().await;
+        self.dir
+    }
+}
+
+/// After the rejoin: `{data}/detached` becomes `{data}/detached.previous` (the one before it
+/// goes), so that nothing of it starts again.
+pub async fn retire(dir: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let previous = dir.with_file_name("detached.previous");
+        if previous.exists() {
+            std::fs::remove_dir_all(&previous)
+                .with_context(|| format!("cannot remove {}", previous.display()))?;
+        }
+        std::fs::rename(&dir, &previous)
+            .with_context(|| format!("cannot move {} aside", dir.display()))
+    })
+    .await?
+}
+
+/// The directory and its state file: read back after a restart, else new (free loopback
+/// ports for the local etcd, which keep from then on).
+async fn prepare(
+    dir: &Path,
+    parent_cluster: &str,
+    subnet: Option<String>,
+) -> Result<DetachedState> {
+    let dir = dir.to_path_buf();
+    let parent_cluster = parent_cluster.to_string();
+    tokio::task::spawn_blocking(move || -> Result<DetachedState> {
+        let file = dir.join("state.json");
+        if let Ok(bytes) = std::fs::read(&file) {
+            return serde_json::from_slice(&bytes).with_context(|| {
+                format!(
+                    "{} is corrupt (move it aside to start the local cluster afresh)",
+                    file.display()
+                )
+            });
+        }
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let ports = EtcdServerConfig::loopback("local", &dir)?;
+        let state = DetachedState {
+            parent_cluster,
+            since: rfc3339(SystemTime::now()),
+            etcd_client_url: ports.client_url.replace("http://", "https://"),
+            etcd_peer_url: ports.peer_url.replace("http://", "https://"),
+            subnet,
+        };
+        kat_runtime::state_file::write_atomic(&file, &serde_json::to_vec_pretty(&state)?, 0o600)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        Ok(state)
+    })
+    .await?
+}

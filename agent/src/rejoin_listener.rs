@@ -1,0 +1,141 @@
+//! The parent side of rejoining (RFC 001 §4.9): while this node leads, it listens for
+//! detached nodes' `REJOIN_REQUEST`s (multicast to `REJOIN_GROUP` on `rejoinPort`, on the
+//! interface of its advertise address) and answers each valid one straight back with a
+//! signed `REJOIN_OFFER` naming its API endpoint. A request that does not prove a worker
+//! certificate of this cluster's CA, or comes from a removed node or one the cluster does
+//! not know, is ignored: no answer, a log line, and `kat_rejoin_requests{outcome="ignored"}`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use kat_api::keys;
+use kat_api::wire::REJOIN_GROUP;
+use kat_leader::metrics::Metrics;
+use kat_pki::Pki;
+use kat_store::StateStore;
+use tokio::net::UdpSocket;
+
+use crate::detached::protocol::{self, Nonces, MAX_DATAGRAM};
+
+#[derive(Clone)]
+pub struct RejoinListener {
+    pub cluster: String,
+    pub pki: Arc<Pki>,
+    pub store: Arc<dyn StateStore>,
+    pub metrics: Arc<Metrics>,
+    /// This leader's API endpoint, which the offers name.
+    pub endpoint: String,
+    pub port: u16,
+    /// The interface (by its address) to join the group on.
+    pub interface: Ipv4Addr,
+}
+
+impl RejoinListener {
+    fn bind(&self) -> std::io::Result<UdpSocket> {
+        let socket =
+            std::net::UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, self.port)))?;
+        socket.join_multicast_v4(&REJOIN_GROUP, &self.interface)?;
+        socket.set_nonblocking(true)?;
+        UdpSocket::from_std(socket)
+    }
+
+    /// Until the task is dropped (when this node stops leading).
+    pub async fn run(self) {
+        let socket = loop {
+            match self.bind() {
+                Ok(s) => break s,
+                Err(e) => {
+                    tracing::warn!(error = %e, port = self.port, "cannot listen for rejoin requests (rejoinPort in cluster.kat); retrying in 5 s");
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            }
+        };
+        tracing::info!(port = self.port, group = %REJOIN_GROUP, "listening for detached nodes' rejoin requests");
+        let mut nonces = Nonces::default();
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        // A flood of junk is logged once in a while, not once per datagram.
+        let mut last_word: Option<Instant> = None;
+        loop {
+            let (n, from) = match socket.recv_from(&mut buf).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading a rejoin request");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            match self.check(&buf[..n], &mut nonces).await {
+                Ok(request) => {
+                    let answered = match protocol::offer(
+                        &request,
+                        &self.endpoint,
+                        &self.pki,
+                        SystemTime::now(),
+                    ) {
+                        Ok(offer) => match serde_json::to_vec(&offer) {
+                            Ok(bytes) => socket.send_to(&bytes, from).await.is_ok(),
+                            Err(_) => false,
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot sign a rejoin offer");
+                            false
+                        }
+                    };
+                    self.metrics.record_rejoin_request(if answered {
+                        "answered"
+                    } else {
+                        "unanswered"
+                    });
+                    tracing::info!(node = %request.node, %from, answered, "a detached node asks to rejoin; offered this leader's endpoint");
+                }
+                Err(why) => {
+                    self.metrics.record_rejoin_request("ignored");
+                    if last_word.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                        last_word = Some(Instant::now());
+                        tracing::warn!(%from, %why, "ignored a rejoin request");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The request, if it is one to answer.
+    async fn check(
+        &self,
+        datagram: &[u8],
+        nonces: &mut Nonces,
+    ) -> Result<kat_api::wire::RejoinRequest, String> {
+        let (request, proven) = protocol::check_request(
+            datagram,
+            &self.cluster,
+            &self.pki.ca_pem,
+            SystemTime::now(),
+            nonces,
+        )?;
+        let node = &request.node;
+        let removed = self
+            .store
+            .get(&keys::revoked_node(node))
+            .await
+            .map_err(|e| format!("cannot check node {node}: {e}"))?;
+        if let Some(kv) = removed {
+            let revoked: Option<kat_api::wire::RevokedNode> =
+                serde_json::from_slice(&kv.value).ok();
+            if revoked.and_then(|r| r.serial) == proven.serial || proven.serial.is_none() {
+                return Err(format!(
+                    "node {node} was removed; its certificate is revoked"
+                ));
+            }
+        }
+        let registered = self
+            .store
+            .get(&keys::node_registration(node))
+            .await
+            .map_err(|e| format!("cannot check node {node}: {e}"))?;
+        if registered.is_none() {
+            return Err(format!("node {node} is not a node of this cluster"));
+        }
+        Ok(request)
+    }
+}
