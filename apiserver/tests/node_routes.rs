@@ -94,11 +94,29 @@ impl Api {
         path: &str,
         body: &str,
     ) -> (StatusCode, String) {
+        self.send_bytes(
+            node,
+            method,
+            path,
+            "application/json",
+            body.as_bytes().to_vec(),
+        )
+        .await
+    }
+
+    async fn send_bytes(
+        &self,
+        node: Option<(&str, NodeRole)>,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, String) {
         let mut req = Request::builder()
             .method(method)
             .uri(path)
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string()))
+            .header("content-type", content_type)
+            .body(Body::from(body))
             .unwrap();
         req.extensions_mut()
             .insert(ClientNode(node.map(|(n, r)| (n.to_string(), r))));
@@ -485,4 +503,97 @@ async fn a_worker_publishes_its_own_wireguard_key_and_reads_the_peers() {
         .send(W1, Method::GET, "/v1alpha1/nodes/w2/peers", "")
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+/// A one-file bundle: Service `name` in namespace `ns`, pinned to `node` if given.
+fn pinned_bundle(name: &str, ns: &str, node: Option<&str>, command: &str) -> Vec<u8> {
+    let selector = node
+        .map(|n| format!("  nodeSelector: {{kat.dws.rip/nodeName: {n}}}\n"))
+        .unwrap_or_default();
+    let text = format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  type: Service\n  replicas: 1\n{selector}  source: {{image: busybox:1}}\n  restartPolicy: {{condition: Always}}\n  container: {{command: [{command}]}}\n");
+    kat_api::bundle::pack(&std::collections::BTreeMap::from([(
+        "workload.kat".to_string(),
+        text.into_bytes(),
+    )]))
+}
+
+/// A rejoining node's submission of what it created while detached: only workloads pinned
+/// to itself, under its own path, into namespaces that exist (not KAT's own); the same bundle
+/// again is no change; a different workload of that name is refused and the stored one kept.
+#[tokio::test]
+async fn a_rejoining_node_submits_only_workloads_pinned_to_itself() {
+    let api = Api::new(None).await;
+    for ns in kat_api::namespace::SYSTEM_NAMESPACES {
+        kat_leader::namespaces::create(&*api.store, &Clock::system(), ns, true)
+            .await
+            .unwrap();
+    }
+    let gz = "application/gzip";
+    let path = "/v1alpha1/nodes/w1/workloads/default";
+    let notes = pinned_bundle("notes", "default", Some("w1"), "httpd");
+    let (status, body) = api
+        .send_bytes(W1, Method::POST, path, gz, notes.clone())
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(body.contains("\"created\":true"), "{body}");
+    let (status, body) = api
+        .send_bytes(W1, Method::POST, path, gz, notes.clone())
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a repeated submission changes nothing: {body}"
+    );
+    let before = api.dump().await;
+
+    let refusals = [
+        // Another node's path.
+        (W2, path, notes.clone(), StatusCode::FORBIDDEN),
+        // Its own path, but pinned to another node, or not pinned at all.
+        (
+            W2,
+            "/v1alpha1/nodes/w2/workloads/default",
+            notes.clone(),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            W1,
+            path,
+            pinned_bundle("free", "default", None, "httpd"),
+            StatusCode::FORBIDDEN,
+        ),
+        // A namespace this cluster does not have, or KAT's own.
+        (
+            W1,
+            "/v1alpha1/nodes/w1/workloads/team",
+            pinned_bundle("x", "team", Some("w1"), "httpd"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            W1,
+            "/v1alpha1/nodes/w1/workloads/kat-core",
+            pinned_bundle("x", "kat-core", Some("w1"), "httpd"),
+            StatusCode::FORBIDDEN,
+        ),
+        // Another workload under a name the cluster already has.
+        (
+            W1,
+            path,
+            pinned_bundle("notes", "default", Some("w1"), "sh"),
+            StatusCode::CONFLICT,
+        ),
+        // No certificate and no token.
+        (None, path, notes.clone(), StatusCode::UNAUTHORIZED),
+    ];
+    for (node, path, bundle, expected) in refusals {
+        let (status, body) = api.send_bytes(node, Method::POST, path, gz, bundle).await;
+        assert_eq!(status, expected, "{node:?} {path}: {body}");
+        let error: ErrorBody = serde_json::from_str(&body).unwrap();
+        assert!(!error.message.is_empty());
+    }
+    assert_eq!(
+        api.dump().await,
+        before,
+        "a refused submission writes nothing"
+    );
 }

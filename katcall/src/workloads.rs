@@ -292,6 +292,14 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
             );
         }
         println!("Restart:     {:?}", s.restart_policy.condition);
+        if !s.node_selector.is_empty() {
+            let pairs: Vec<String> = s
+                .node_selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            println!("Nodes:       {}", pairs.join(", "));
+        }
         if let Some(r) = &s.container.resources {
             let p = r.parsed();
             println!(

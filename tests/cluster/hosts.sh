@@ -19,7 +19,8 @@ bridge="${prefix}-br"
 case "$cmd" in
 up)
   n=${3:?N}
-  ip link add "$bridge" type bridge
+  # No IGMP snooping: detached nodes' rejoin requests (multicast) reach every host at once.
+  ip link add "$bridge" type bridge mcast_snooping 0
   ip addr add 10.77.0.1/24 dev "$bridge"
   ip link set "$bridge" up
   for i in $(seq "$n"); do

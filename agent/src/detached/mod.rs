@@ -81,14 +81,7 @@ impl Detacher {
                     }
                 }
                 Some(cluster) => match self.seek(&contact).await {
-                    Some(leader) => match self.rejoin(&cluster, &leader).await {
-                        Ok(submitted) => self.attach(cluster, &leader, submitted).await,
-                        Err(e) => {
-                            tracing::warn!(error = %e, %leader, "cannot rejoin yet; still detached");
-                            local = Some(cluster);
-                            tokio::time::sleep(REQUEST_EVERY).await;
-                        }
-                    },
+                    Some(leader) => local = self.rejoin(cluster, &leader).await,
                     None => local = Some(cluster),
                 },
             }
@@ -203,15 +196,80 @@ impl Detacher {
         None
     }
 
-    /// Submit the local cluster's workloads to the parent's leader; the number submitted.
-    async fn rejoin(&self, local: &LocalCluster, leader: &str) -> Result<usize> {
-        let workloads = local
-            .workloads()
-            .await
-            .context("listing the local cluster's workloads")?;
+    /// Hand the local cluster's workloads to the parent's leader and go back to being its
+    /// worker; `Some` (the local cluster, started again) when that cannot be done now.
+    ///
+    /// The local instances stop before their workloads go to the parent, whose instances of
+    /// them replace them: a workload never runs twice, at the cost of a few seconds' gap.
+    async fn rejoin(&self, local: LocalCluster, leader: &str) -> Option<LocalCluster> {
+        let workloads = match local.workloads().await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot list the local cluster's workloads; still detached");
+                return Some(local);
+            }
+        };
+        let own: Vec<String> = self
+            .local_feed
+            .borrow()
+            .as_ref()
+            .map(|(_, s)| s.keys().cloned().collect())
+            .unwrap_or_default();
+        let dir: PathBuf = local.stop().await;
+        self.local_feed.send_replace(None);
+        self.wait_stopped(&own).await;
+        match self.submit(&workloads, leader).await {
+            Ok(submitted) => {
+                self.link.follow(leader);
+                let _ = self.routers.send_replace(self.worker_router.clone());
+                if let Err(e) = local_cluster::retire(dir).await {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot move the local cluster's state aside");
+                }
+                eprintln!(
+                    "kat-agent: node {} rejoined {} at {leader}: {submitted} of {} workload(s) created while detached were submitted",
+                    self.parts.node,
+                    self.parent_cluster,
+                    workloads.len()
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), %leader, "cannot rejoin yet; still detached");
+                let cluster = self.detach("the rejoin did not go through").await;
+                tokio::time::sleep(REQUEST_EVERY).await;
+                cluster
+            }
+        }
+    }
+
+    /// Until none of `instances` runs here (at most the stop grace and some).
+    async fn wait_stopped(&self, instances: &[String]) {
+        let mut statuses = self.parts.statuses.clone();
+        let gone = |s: &crate::supervisor::Statuses| {
+            s.as_ref().is_none_or(|list| {
+                !list.iter().any(|i| {
+                    instances.contains(&i.instance_id)
+                        && matches!(
+                            i.state,
+                            kat_api::wire::InstanceState::Running
+                                | kat_api::wire::InstanceState::Creating
+                                | kat_api::wire::InstanceState::Stopping
+                        )
+                })
+            })
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(60), statuses.wait_for(gone)).await;
+    }
+
+    /// Submit `workloads` to the parent's leader; the number it took.
+    async fn submit(
+        &self,
+        workloads: &[(String, String, std::collections::BTreeMap<String, Vec<u8>>)],
+        leader: &str,
+    ) -> Result<usize> {
         let mut submitted = 0;
         for (ns, name, files) in workloads {
-            let body = kat_api::bundle::pack(&files);
+            let body = kat_api::bundle::pack(files);
             let url = format!(
                 "{}/v1alpha1/nodes/{}/workloads/{ns}",
                 leader.trim_end_matches('/'),
@@ -236,11 +294,11 @@ impl Detacher {
                 Ok(b) => b.message,
                 Err(_) => status.to_string(),
             };
-            if status.is_server_error() || status.as_u16() == 429 || status.as_u16() == 401 {
+            if status.is_server_error() || matches!(status.as_u16(), 401 | 429) {
                 bail!("the leader could not take workload {ns}/{name} now ({status}: {message})");
             }
             // Refused for good: keep the bundle for the user, say where.
-            let kept = self.keep_refused(&ns, &name, body).await;
+            let kept = self.keep_refused(ns, name, body).await;
             eprintln!(
                 "kat-agent: the parent refused workload {ns}/{name}, created while detached ({status}: {message}); its bundle is kept at {kept}"
             );
@@ -261,21 +319,6 @@ impl Detacher {
             tracing::warn!(path = %shown, "cannot keep a refused workload's bundle");
         }
         shown
-    }
-
-    /// Back to being the parent's worker.
-    async fn attach(&self, local: LocalCluster, leader: &str, submitted: usize) {
-        self.link.follow(leader);
-        let _ = self.routers.send_replace(self.worker_router.clone());
-        let dir: PathBuf = local.stop().await;
-        self.local_feed.send_replace(None);
-        if let Err(e) = local_cluster::retire(dir).await {
-            tracing::warn!(error = %format!("{e:#}"), "cannot move the local cluster's state aside");
-        }
-        eprintln!(
-            "kat-agent: node {} rejoined {} at {leader}: {submitted} workload(s) created while detached were submitted",
-            self.parts.node, self.parent_cluster
-        );
     }
 }
 
