@@ -458,6 +458,7 @@ mod tests {
             instances,
             usage: None,
             builds: vec![],
+            detached: None,
         }
     }
 

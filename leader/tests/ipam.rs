@@ -303,6 +303,7 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
         instances: fake,
         usage: None,
         builds: vec![],
+        detached: None,
     };
     c.store
         .put(

@@ -71,6 +71,13 @@ pub struct NodeParts {
     pub client: reqwest::Client,
 }
 
+/// A workload created on the node while it was detached.
+pub struct LocalWorkload {
+    pub namespace: String,
+    pub name: String,
+    pub files: BTreeMap<String, Vec<u8>>,
+}
+
 pub struct LocalCluster {
     pub dir: PathBuf,
     pub state: DetachedState,
@@ -142,7 +149,7 @@ impl LocalCluster {
         .await
         .context("starting the local cluster's etcd")?;
         let store: Arc<dyn StateStore> = Arc::new(
-            EtcdStore::connect(&[state.etcd_client_url.clone()], Some(&tls))
+            EtcdStore::connect(std::slice::from_ref(&state.etcd_client_url), Some(&tls))
                 .await
                 .context("connecting to the local cluster's etcd")?,
         );
@@ -248,8 +255,8 @@ impl LocalCluster {
         })
     }
 
-    /// Every workload of the local cluster: (namespace, name, its files as stored).
-    pub async fn workloads(&self) -> Result<Vec<(String, String, BTreeMap<String, Vec<u8>>)>> {
+    /// Every workload of the local cluster, with its files as stored.
+    pub async fn workloads(&self) -> Result<Vec<LocalWorkload>> {
         let list = self.store.list("/kat/workloads/desired/").await?;
         let mut out: BTreeMap<(String, String), BTreeMap<String, Vec<u8>>> = BTreeMap::new();
         for kv in list.kvs {
@@ -263,7 +270,11 @@ impl LocalCluster {
         }
         Ok(out
             .into_iter()
-            .map(|((ns, name), files)| (ns, name, files))
+            .map(|((namespace, name), files)| LocalWorkload {
+                namespace,
+                name,
+                files,
+            })
             .collect())
     }
 

@@ -30,7 +30,7 @@ use tokio::sync::watch;
 
 use crate::control_plane::{ControlPlane, LeaderLink};
 use crate::supervisor::assignments::{Snapshot, Source};
-use local_cluster::{LocalCluster, NodeParts};
+use local_cluster::{LocalCluster, LocalWorkload, NodeParts};
 
 /// Between two `REJOIN_REQUEST`s.
 const REQUEST_EVERY: Duration = Duration::from_secs(2);
@@ -262,13 +262,14 @@ impl Detacher {
     }
 
     /// Submit `workloads` to the parent's leader; the number it took.
-    async fn submit(
-        &self,
-        workloads: &[(String, String, std::collections::BTreeMap<String, Vec<u8>>)],
-        leader: &str,
-    ) -> Result<usize> {
+    async fn submit(&self, workloads: &[LocalWorkload], leader: &str) -> Result<usize> {
         let mut submitted = 0;
-        for (ns, name, files) in workloads {
+        for LocalWorkload {
+            namespace: ns,
+            name,
+            files,
+        } in workloads
+        {
             let body = kat_api::bundle::pack(files);
             let url = format!(
                 "{}/v1alpha1/nodes/{}/workloads/{ns}",

@@ -259,7 +259,7 @@ mod tests {
             "home",
             &c.laptop.ca_pem,
             now,
-            &[r.nonce.clone()],
+            std::slice::from_ref(&r.nonce),
         )
         .unwrap();
         assert_eq!(got.leader, "https://10.0.0.1:9115");
@@ -271,7 +271,7 @@ mod tests {
             "home",
             &c.laptop.ca_pem,
             now,
-            &[r.nonce.clone()],
+            std::slice::from_ref(&r.nonce),
         )
         .unwrap_err();
         assert!(err.contains("not a control-plane node"), "{err}");
