@@ -18,6 +18,10 @@ use tokio::net::UdpSocket;
 
 use crate::detached::protocol::{self, Nonces, MAX_DATAGRAM};
 
+/// Rejoin requests checked per second at most; the rest are ignored (a detached node sends
+/// one every 2 s).
+const MAX_CHECKS_PER_SECOND: u32 = 50;
+
 #[derive(Clone)]
 pub struct RejoinListener {
     pub cluster: String,
@@ -56,6 +60,7 @@ impl RejoinListener {
         let mut buf = vec![0u8; MAX_DATAGRAM];
         // A flood of junk is logged once in a while, not once per datagram.
         let mut last_word: Option<Instant> = None;
+        let (mut window, mut checks) = (Instant::now(), 0u32);
         loop {
             let (n, from) = match socket.recv_from(&mut buf).await {
                 Ok(r) => r,
@@ -65,7 +70,18 @@ impl RejoinListener {
                     continue;
                 }
             };
-            match self.check(&buf[..n], &mut nonces).await {
+            // Checking a signature costs tens of microseconds: a flood of well-formed junk is
+            // cut off at MAX_CHECKS_PER_SECOND rather than taking the leader's CPU.
+            if window.elapsed() >= Duration::from_secs(1) {
+                window = Instant::now();
+                checks = 0;
+            }
+            checks += 1;
+            let checked = match checks <= MAX_CHECKS_PER_SECOND {
+                true => self.check(&buf[..n], &mut nonces).await,
+                false => Err("too many rejoin requests this second".to_string()),
+            };
+            match checked {
                 Ok(request) => {
                     let answered = match protocol::offer(
                         &request,

@@ -45,6 +45,11 @@ fn record(node: &str, id: &str, workload: &str, hash: &str) -> InstanceRecord {
 
 impl Api {
     async fn new(endpoint: Option<&str>) -> Api {
+        Self::with(endpoint, None).await
+    }
+
+    /// `pin`: a detached node's local API.
+    async fn with(endpoint: Option<&str>, pin: Option<&str>) -> Api {
         let store: Arc<dyn StateStore> = Arc::new(MemStore::new());
         let mut service = Service::new(
             store.clone(),
@@ -53,6 +58,7 @@ impl Api {
             kat_api::parse_cluster("cluster.kat", CLUSTER.as_bytes()).unwrap(),
         );
         service.api_endpoint = endpoint.map(str::to_string);
+        service.pin_to_node = pin.map(str::to_string);
         let state = Arc::new(ApiState {
             service,
             token_sha256: http::token_sha256("admin-token"),
@@ -596,4 +602,25 @@ async fn a_rejoining_node_submits_only_workloads_pinned_to_itself() {
         before,
         "a refused submission writes nothing"
     );
+}
+
+/// On a detached node's local API no node certificate opens anything, its own records
+/// included: only the local admin token does (the cluster test applies with it).
+#[tokio::test]
+async fn a_detached_nodes_local_api_takes_no_node_certificate() {
+    let api = Api::with(None, Some("w1")).await;
+    for (node, path) in [
+        (W1, "/v1alpha1/nodes/w1/status"),
+        (W2, "/v1alpha1/nodes/w2/status"),
+        (
+            Some(("n1", NodeRole::ControlPlane)),
+            "/v1alpha1/nodes/n1/status",
+        ),
+    ] {
+        let (status, body) = api
+            .send(node, Method::POST, path, &heartbeat(&node.unwrap().0))
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+        assert!(body.contains("runs detached"), "{body}");
+    }
 }

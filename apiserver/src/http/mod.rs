@@ -323,6 +323,13 @@ async fn node_authorized(
     method: &Method,
     path: &str,
 ) -> Result<(), ApiError> {
+    // A detached node's local API serves its local users only: the other nodes of its
+    // parent cluster have nothing to do there.
+    if let Some(own) = &state.service.pin_to_node {
+        return Err(ApiError::forbidden(format!(
+            "node {own} runs detached: its local API takes its admin token only, not node {node}'s certificate"
+        )));
+    }
     match state.service.node_revoked(node).await {
         Ok(false) => {}
         Ok(true) => {
