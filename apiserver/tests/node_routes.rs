@@ -618,7 +618,7 @@ async fn a_detached_nodes_local_api_takes_no_node_certificate() {
         ),
     ] {
         let (status, body) = api
-            .send(node, Method::POST, path, &heartbeat(&node.unwrap().0))
+            .send(node, Method::POST, path, &heartbeat(node.unwrap().0))
             .await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
         assert!(body.contains("runs detached"), "{body}");

@@ -89,7 +89,17 @@ impl Detacher {
     }
 
     async fn detach(&self, why: &str) -> Option<LocalCluster> {
-        let subnet = self.link.subnet().await.ok().flatten();
+        // The subnet the node network runs on (saved by it; the leader's word after a
+        // restart may not have come yet): the local cluster must use the same.
+        let dir = kat_netns::node::network_dir(&self.parts.root);
+        let saved = tokio::task::spawn_blocking(move || crate::network::saved_subnet(&dir))
+            .await
+            .ok()
+            .flatten();
+        let subnet = match saved {
+            Some(s) => Some(s.to_string()),
+            None => self.link.subnet().await.ok().flatten(),
+        };
         match LocalCluster::start(
             &self.parts,
             &self.parent_cluster,

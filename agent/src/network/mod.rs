@@ -207,7 +207,7 @@ pub(crate) async fn connected(
 /// control plane answers.
 const SUBNET_FILE: &str = "subnet";
 
-fn saved_subnet(dir: &std::path::Path) -> Option<Ipv4Net> {
+pub(crate) fn saved_subnet(dir: &std::path::Path) -> Option<Ipv4Net> {
     std::fs::read_to_string(dir.join(SUBNET_FILE))
         .ok()?
         .trim()
