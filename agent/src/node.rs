@@ -221,6 +221,9 @@ pub async fn run(options: NodeOptions) -> Result<()> {
             base.pki.cert_file.display()
         )
     })?;
+    if role == NodeRole::ControlPlane && options.parent_cluster.is_some() {
+        bail!("--parent-cluster-name: node {} is a control-plane node (an etcd member); only workers run detached (a member on its own would split the quorum)", base.node);
+    }
     let etcd = match role {
         NodeRole::ControlPlane => Some(control_plane(&mut base, &options).await?),
         NodeRole::Worker => {
@@ -433,14 +436,25 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
         Some(_) => {
             let (parent_tx, parent_rx) = watch::channel(base.feed_tx.borrow().clone());
             let (local_tx, local_rx) = watch::channel(None);
+            let was_detached =
+                crate::detached::local_cluster::state_file(&base.layout.root).exists();
             base.tasks.spawn(crate::detached::merge_feeds(
                 parent_rx,
                 local_rx,
                 base.feed_tx.clone(),
+                was_detached,
             ));
             (parent_tx, Some(local_tx))
         }
-        None => (base.feed_tx.clone(), None),
+        None => {
+            if crate::detached::local_cluster::state_file(&base.layout.root).exists() {
+                tracing::warn!(
+                    "{} holds the local cluster of a detached node, and this start has no --parent-cluster-name: its workloads do not run until the agent starts with it again and rejoins",
+                    crate::detached::local_cluster::dir(&base.layout.root).display()
+                );
+            }
+            (base.feed_tx.clone(), None)
+        }
     };
     base.tasks
         .spawn(Feed::new(link.clone(), &base.layout.agent()).run(parent_feed));

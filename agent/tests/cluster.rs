@@ -1941,6 +1941,45 @@ fn detached_laptop_rejoins() {
         "{}",
         String::from_utf8_lossy(&file.stdout)
     );
+    // The laptop's agent restarts while detached: it is detached again at once, and neither
+    // its own instance nor the parent's stops in between (they are adopted).
+    h.kill(WORKER);
+    h.spawn(
+        WORKER,
+        &[
+            "run",
+            "--parent-cluster-name",
+            "trio",
+            "--node-type",
+            "laptop",
+        ],
+    );
+    let mut fewest = (1, 3);
+    wait(
+        "the laptop detached again after a restart",
+        Duration::from_secs(60),
+        || {
+            fewest = (
+                fewest.0.min(shells_with("notes-marker")),
+                fewest.1.min(shells_with("roam-marker")),
+            );
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.matches("is detached from trio").count() == 2
+                && katcall_with(&h, WORKER, &local, &["get", "nodes"])
+                    .status
+                    .success()
+        },
+    );
+    assert_eq!(
+        fewest,
+        (1, 3),
+        "an instance stopped while the laptop's agent restarted"
+    );
+    assert_eq!(
+        (shells_with("notes-marker"), shells_with("roam-marker")),
+        (1, 3)
+    );
+
     // The parent's admin token opens nothing on the laptop.
     let admin = std::fs::read_to_string(h.client_config(1)).unwrap();
     let pointed = h.path("admin-at-laptop.yaml");

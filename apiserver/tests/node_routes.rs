@@ -602,6 +602,18 @@ async fn a_rejoining_node_submits_only_workloads_pinned_to_itself() {
         before,
         "a refused submission writes nothing"
     );
+
+    // At most MAX_PINNED_PER_NODE from one node: a compromised worker cannot fill the store.
+    let cap = kat_apiserver::service::MAX_PINNED_PER_NODE;
+    for i in 1..cap {
+        let bundle = pinned_bundle(&format!("w{i}"), "default", Some("w1"), "httpd");
+        let (status, body) = api.send_bytes(W1, Method::POST, path, gz, bundle).await;
+        assert_eq!(status, StatusCode::CREATED, "{i}: {body}");
+    }
+    let more = pinned_bundle("one-too-many", "default", Some("w1"), "httpd");
+    let (status, body) = api.send_bytes(W1, Method::POST, path, gz, more).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("at most 64"), "{body}");
 }
 
 /// On a detached node's local API no node certificate opens anything, its own records

@@ -158,10 +158,14 @@ pub fn static_exclusion(node: &SchedNode, req: &Request<'_>) -> Option<Exclusion
     if !node.schedulable {
         return Some(Exclusion::NotReady);
     }
+    // `kat.dws.rip/nodeName` is the node's own name, whatever labels it was given.
     if !req
         .node_selector
         .iter()
-        .all(|(k, v)| node.labels.get(k) == Some(v) || (k == NODE_NAME_LABEL && *v == node.name))
+        .all(|(k, v)| match k == NODE_NAME_LABEL {
+            true => *v == node.name,
+            false => node.labels.get(k) == Some(v),
+        })
     {
         return Some(Exclusion::NodeSelector);
     }

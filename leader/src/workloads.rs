@@ -67,10 +67,34 @@ pub async fn apply(
     clock: &Clock,
     bundle: &WorkloadBundle,
 ) -> Result<Applied, WorkloadError> {
+    write(store, events, clock, bundle, false).await
+}
+
+/// Create a workload from a validated bundle; `Conflict` if one of that name exists, however
+/// recently it was written (the check and the write are one transaction).
+pub async fn create(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    bundle: &WorkloadBundle,
+) -> Result<Applied, WorkloadError> {
+    write(store, events, clock, bundle, true).await
+}
+
+async fn write(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    bundle: &WorkloadBundle,
+    create_only: bool,
+) -> Result<Applied, WorkloadError> {
     let ns = &bundle.workload.metadata.namespace;
     let name = &bundle.workload.metadata.name;
     let meta_key = keys::workload_meta(ns, name);
     let current = store.get(&meta_key).await?;
+    if create_only && current.is_some() {
+        return Err(WorkloadError::Conflict(ns.clone(), name.clone()));
+    }
     let previous: Option<WorkloadMeta> = current
         .as_ref()
         .and_then(|kv| serde_json::from_slice(&kv.value).ok());

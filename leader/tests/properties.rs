@@ -253,6 +253,18 @@ fn a_node_name_selector_matches_that_node_only() {
             Some(1)
         );
     }
+    // A label of that name stored on another node does not make it that node.
+    let mut impostor = node("n1");
+    impostor
+        .labels
+        .insert(kat_api::wire::NODE_NAME_LABEL.into(), "laptop".into());
+    let nodes = vec![impostor, node("laptop")];
+    for _ in 0..20 {
+        assert_eq!(
+            scheduler::place(&nodes, &loads[..2], &req, &mut rng).ok(),
+            Some(1)
+        );
+    }
     let gone = vec![node("n1"), node("n3")];
     assert!(scheduler::place(&gone, &loads[..2], &req, &mut rng).is_err());
 }

@@ -61,7 +61,13 @@ impl LeaderLink {
     pub fn new(node: &str, client: reqwest::Client, file: PathBuf) -> Result<Self> {
         let list = read_endpoints(&file)?;
         let (leader, _) = watch::channel(list.first().cloned());
-        let (revoked, _) = watch::channel(Arc::new(HashSet::new()));
+        // As the leader last said, kept across restarts: a detached node checks rejoin
+        // offers against it.
+        let known: HashSet<String> = std::fs::read(revoked_file(&file))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let (revoked, _) = watch::channel(Arc::new(known));
         Ok(LeaderLink {
             node: node.to_string(),
             client,
@@ -261,6 +267,17 @@ impl ControlPlane for LeaderLink {
         }
         let revoked: HashSet<String> = answer.revoked_serials.into_iter().collect();
         if **self.revoked.borrow() != revoked {
+            let mut sorted: Vec<&String> = revoked.iter().collect();
+            sorted.sort();
+            let bytes = serde_json::to_vec(&sorted).unwrap_or_default();
+            let path = revoked_file(&self.file);
+            let saved = tokio::task::spawn_blocking(move || {
+                kat_runtime::state_file::write_atomic(&path, &bytes, 0o600)
+            })
+            .await;
+            if !matches!(saved, Ok(Ok(()))) {
+                tracing::warn!("cannot save the revoked certificates the leader named");
+            }
             self.revoked.send_replace(Arc::new(revoked));
         }
         Ok(())
@@ -379,6 +396,11 @@ async fn read_stream(mut response: reqwest::Response, tx: mpsc::Sender<Result<As
             }
         }
     }
+}
+
+/// Beside the endpoints file: the serials of removed nodes' certificates.
+fn revoked_file(endpoints: &std::path::Path) -> PathBuf {
+    endpoints.with_file_name("revoked-serials.json")
 }
 
 /// The endpoints a worker knows: written by `join`, refreshed by heartbeats.

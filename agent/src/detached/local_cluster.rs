@@ -86,6 +86,7 @@ pub struct LocalCluster {
     pub router: Router,
     /// Where `katcall` finds the local cluster.
     pub client_config: PathBuf,
+    node: String,
     etcd: EtcdServer,
     tasks: tokio::task::JoinSet<()>,
 }
@@ -134,7 +135,7 @@ impl LocalCluster {
             crl_file: None,
             member_name: Some(kat_pki::ETCD_MEMBER_NAME.to_string()),
         };
-        let etcd = EtcdServer::start(EtcdServerConfig {
+        let config = |state: &DetachedState| EtcdServerConfig {
             binary: parts.etcd_binary.clone(),
             name: parts.node.clone(),
             data_dir: dir.join("etcd"),
@@ -145,9 +146,20 @@ impl LocalCluster {
             stop_timeout: Duration::from_secs(10),
             tls: Some(tls.clone()),
             join: None,
-        })
-        .await
-        .context("starting the local cluster's etcd")?;
+        };
+        let mut state = state;
+        let etcd = match EtcdServer::start(config(&state)).await {
+            Ok(etcd) => etcd,
+            // Its loopback ports may have been taken since (another local user, after a
+            // reboot): new ones, then once more.
+            Err(first) => {
+                tracing::warn!(error = %first, "the local etcd does not start on its ports; trying new ones");
+                state = new_ports(&dir, state).await?;
+                EtcdServer::start(config(&state))
+                    .await
+                    .context("starting the local cluster's etcd")?
+            }
+        };
         let store: Arc<dyn StateStore> = Arc::new(
             EtcdStore::connect(std::slice::from_ref(&state.etcd_client_url), Some(&tls))
                 .await
@@ -250,6 +262,7 @@ impl LocalCluster {
             store,
             router: http::router(api),
             client_config,
+            node: node.clone(),
             etcd,
             tasks,
         })
@@ -278,7 +291,37 @@ impl LocalCluster {
             .collect())
     }
 
-    /// Stop it; its state stays in `{data}/detached` until [`LocalCluster::retire`].
+    /// What ended among its tasks (the leader, the feed, the heartbeat), if anything did.
+    pub fn ended(&mut self) -> Option<String> {
+        match self.tasks.try_join_next()? {
+            Ok(()) => Some("a task returned".into()),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
+    /// Stop its leader, its feed and its heartbeat; its store stays up.
+    pub async fn stop_controllers(&mut self) {
+        self.tasks.shutdown().await;
+    }
+
+    /// Remove workload `ns/name` and its instance records from the local store (it has gone
+    /// to the parent), so that a local cluster started again never runs it.
+    pub async fn forget(&self, ns: &str, name: &str) -> Result<()> {
+        let clock = Clock::system();
+        let events = kat_leader::events::EventLog::new(16);
+        kat_leader::workloads::delete(&*self.store, &events, &clock, ns, name).await?;
+        let records = self.store.list(&keys::node_instances(&self.node)).await?;
+        for kv in records.kvs {
+            let ours = serde_json::from_slice::<kat_api::wire::InstanceRecord>(&kv.value)
+                .is_ok_and(|r| r.namespace == ns && r.workload == name);
+            if ours {
+                self.store.delete(&kv.key).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop it; its state stays in `{data}/detached` until [`retire`].
     pub async fn stop(mut self) -> PathBuf {
         self.tasks.shutdown().await;
         self.etcd.stop().await;
@@ -297,6 +340,24 @@ pub async fn retire(dir: PathBuf) -> Result<()> {
         }
         std::fs::rename(&dir, &previous)
             .with_context(|| format!("cannot move {} aside", dir.display()))
+    })
+    .await?
+}
+
+/// Free loopback ports for the local etcd, written to the state file.
+async fn new_ports(dir: &Path, state: DetachedState) -> Result<DetachedState> {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || -> Result<DetachedState> {
+        let ports = EtcdServerConfig::loopback("local", &dir)?;
+        let state = DetachedState {
+            etcd_client_url: ports.client_url.replace("http://", "https://"),
+            etcd_peer_url: ports.peer_url.replace("http://", "https://"),
+            ..state
+        };
+        let file = dir.join("state.json");
+        kat_runtime::state_file::write_atomic(&file, &serde_json::to_vec_pretty(&state)?, 0o600)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+        Ok(state)
     })
     .await?
 }

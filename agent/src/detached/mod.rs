@@ -6,12 +6,15 @@
 //!
 //! Meanwhile it multicasts a signed `REJOIN_REQUEST` on its LAN every 2 s ([`protocol`]).
 //! When the parent's leader answers with a signed offer, or the leader has answered the
-//! node's ordinary requests again for [`DIRECT_RETURN`], the node submits the workloads it
-//! created while detached to the parent (`POST /v1alpha1/nodes/{node}/workloads/{ns}`, with
-//! its node certificate; the parent keeps them pinned here), stops its local cluster and
-//! goes on as the parent's worker: the parent's instances of those workloads replace the
-//! local ones. A workload the parent refuses (a name taken there, a namespace it does not
-//! have) is kept as a bundle in `{data}/agent/rejoin-refused/` and named in the log.
+//! node's ordinary requests again for [`DIRECT_RETURN`], the node rejoins ([`Detacher::rejoin`]):
+//! it closes its local API and stops its local instances, submits the workloads it created
+//! while detached to the parent (`POST /v1alpha1/nodes/{node}/workloads/{ns}`, with its node
+//! certificate; the parent keeps them pinned here), removing each from the local cluster as
+//! the parent takes it, and goes on as the parent's worker: the parent's instances of those
+//! workloads replace the local ones. A submission that fails half-way leaves the rest in the
+//! local cluster, which starts again; a workload the parent refuses for good (a name taken
+//! there, a namespace it does not have) is kept as a bundle in `{data}/agent/rejoin-refused/`
+//! and named in the log.
 
 pub mod local_cluster;
 pub mod protocol;
@@ -24,7 +27,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use axum::Router;
-use kat_api::wire::{ErrorBody, REJOIN_GROUP};
+use kat_api::wire::{ErrorBody, ErrorCode, REJOIN_GROUP};
+use kat_apiserver::http::ApiError;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
@@ -55,23 +59,28 @@ impl Detacher {
         let loss = Duration::from_secs(u64::from(
             self.parts.cluster.spec.node_loss_timeout_seconds.max(1),
         ));
-        let started = Instant::now();
         let contact = self.link.contact();
-        // A node that was detached when its agent stopped is detached again at once.
-        let mut local = match local_cluster::state_file(&self.parts.root).exists() {
-            true => self.detach("it was detached when the agent stopped").await,
-            false => None,
-        };
+        // Contact counts from the later of the start and the last rejoin.
+        let mut attached_since = Instant::now();
+        let mut local: Option<LocalCluster> = None;
         loop {
             match local.take() {
                 None => {
-                    let last = (*contact.borrow()).unwrap_or(started);
-                    if last.elapsed() >= loss {
-                        let why = format!(
-                            "the leader of {} has not answered for {} s (nodeLossTimeoutSeconds)",
-                            self.parent_cluster,
-                            last.elapsed().as_secs()
-                        );
+                    // A node that was detached when its agent stopped (or whose local cluster
+                    // stopped) is detached again at once: its state is still there.
+                    let state = local_cluster::state_file(&self.parts.root);
+                    let unfinished = tokio::fs::try_exists(&state).await.unwrap_or(false);
+                    let last =
+                        (*contact.borrow()).map_or(attached_since, |t| t.max(attached_since));
+                    if unfinished || last.elapsed() >= loss {
+                        let why = match unfinished {
+                            true => "its local cluster from before is still there".to_string(),
+                            false => format!(
+                                "the leader of {} has not answered for {} s (nodeLossTimeoutSeconds)",
+                                self.parent_cluster,
+                                last.elapsed().as_secs()
+                            ),
+                        };
                         local = self.detach(&why).await;
                         if local.is_none() {
                             tokio::time::sleep(Duration::from_secs(10)).await;
@@ -80,10 +89,23 @@ impl Detacher {
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
-                Some(cluster) => match self.seek(&contact).await {
-                    Some(leader) => local = self.rejoin(cluster, &leader).await,
-                    None => local = Some(cluster),
-                },
+                Some(mut cluster) => {
+                    if let Some(what) = cluster.ended() {
+                        tracing::error!(%what, "a task of the local cluster ended; starting the local cluster again");
+                        cluster.stop().await;
+                        continue;
+                    }
+                    match self.seek(&contact).await {
+                        Some(leader) => match self.rejoin(cluster, &leader).await {
+                            None => attached_since = Instant::now(),
+                            Some(back) => {
+                                local = Some(back);
+                                tokio::time::sleep(REQUEST_EVERY).await;
+                            }
+                        },
+                        None => local = Some(cluster),
+                    }
+                }
             }
         }
     }
@@ -126,7 +148,7 @@ impl Detacher {
         }
     }
 
-    /// Multicast requests for one round (a few seconds): the leader endpoint of a valid
+    /// Multicast requests for one round (a minute at most): the leader endpoint of a valid
     /// offer, or the current one when the leader has been answering directly for
     /// [`DIRECT_RETURN`].
     async fn seek(&self, contact: &watch::Receiver<Option<Instant>>) -> Option<String> {
@@ -169,12 +191,14 @@ impl Detacher {
                 tokio::time::timeout_at(deadline, socket.recv_from(&mut buf)).await
             {
                 let nonces: Vec<String> = outstanding.iter().cloned().collect();
+                let revoked = self.link.revoked().borrow().clone();
                 match protocol::check_offer(
                     &buf[..n],
                     &self.parent_cluster,
                     &self.parts.pki.ca_pem,
                     SystemTime::now(),
                     &nonces,
+                    &revoked,
                 ) {
                     Ok(offer) => {
                         eprintln!(
@@ -207,47 +231,62 @@ impl Detacher {
     }
 
     /// Hand the local cluster's workloads to the parent's leader and go back to being its
-    /// worker; `Some` (the local cluster, started again) when that cannot be done now.
+    /// worker; `Some` (the local cluster, running again) when that cannot be done now.
     ///
-    /// The local instances stop before their workloads go to the parent, whose instances of
-    /// them replace them: a workload never runs twice, at the cost of a few seconds' gap.
-    async fn rejoin(&self, local: LocalCluster, leader: &str) -> Option<LocalCluster> {
-        let workloads = match local.workloads().await {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "cannot list the local cluster's workloads; still detached");
-                return Some(local);
-            }
-        };
+    /// Nothing runs twice: the local API closes and the local instances stop before their
+    /// workloads go to the parent (a few seconds' gap), and each workload leaves the local
+    /// store as soon as the parent has it, so a submission cut short starts only the rest
+    /// again.
+    async fn rejoin(&self, mut local: LocalCluster, leader: &str) -> Option<LocalCluster> {
+        // Cheap first: an endpoint this node cannot reach changes nothing here.
+        if let Err(e) = self
+            .parts
+            .client
+            .get(format!("{}/healthz", leader.trim_end_matches('/')))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            tracing::warn!(error = %e, %leader, "the offered leader does not answer; still detached");
+            return Some(local);
+        }
+        let _ = self
+            .routers
+            .send_replace(rejoining_router(&self.parts.node));
         let own: Vec<String> = self
             .local_feed
             .borrow()
             .as_ref()
             .map(|(_, s)| s.keys().cloned().collect())
             .unwrap_or_default();
-        let dir: PathBuf = local.stop().await;
+        local.stop_controllers().await;
         self.local_feed.send_replace(None);
         self.wait_stopped(&own).await;
-        match self.submit(&workloads, leader).await {
-            Ok(submitted) => {
+        let outcome = match local.workloads().await {
+            Ok(workloads) => self
+                .submit(&local, &workloads, leader)
+                .await
+                .map(|n| (n, workloads.len())),
+            Err(e) => Err(e.context("listing the local cluster's workloads")),
+        };
+        let dir: PathBuf = local.stop().await;
+        match outcome {
+            Ok((submitted, total)) => {
                 self.link.follow(leader);
                 let _ = self.routers.send_replace(self.worker_router.clone());
                 if let Err(e) = local_cluster::retire(dir).await {
                     tracing::warn!(error = %format!("{e:#}"), "cannot move the local cluster's state aside");
                 }
                 eprintln!(
-                    "kat-agent: node {} rejoined {} at {leader}: {submitted} of {} workload(s) created while detached were submitted",
-                    self.parts.node,
-                    self.parent_cluster,
-                    workloads.len()
+                    "kat-agent: node {} rejoined {} at {leader}: {submitted} of {total} workload(s) created while detached were submitted",
+                    self.parts.node, self.parent_cluster
                 );
                 None
             }
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), %leader, "cannot rejoin yet; still detached");
-                let cluster = self.detach("the rejoin did not go through").await;
-                tokio::time::sleep(REQUEST_EVERY).await;
-                cluster
+                // `None`: the run loop starts it again (its state is still there).
+                self.detach("the rejoin did not go through").await
             }
         }
     }
@@ -271,8 +310,14 @@ impl Detacher {
         let _ = tokio::time::timeout(Duration::from_secs(60), statuses.wait_for(gone)).await;
     }
 
-    /// Submit `workloads` to the parent's leader; the number it took.
-    async fn submit(&self, workloads: &[LocalWorkload], leader: &str) -> Result<usize> {
+    /// Submit `workloads` to the parent's leader, each removed from the local store once the
+    /// parent has it (or refused it for good, its bundle kept); the number it took.
+    async fn submit(
+        &self,
+        local: &LocalCluster,
+        workloads: &[LocalWorkload],
+        leader: &str,
+    ) -> Result<usize> {
         let mut submitted = 0;
         for LocalWorkload {
             namespace: ns,
@@ -299,53 +344,83 @@ impl Detacher {
             let status = response.status();
             if status.is_success() {
                 submitted += 1;
-                continue;
+            } else {
+                let message = match response.json::<ErrorBody>().await {
+                    Ok(b) => b.message,
+                    Err(_) => status.to_string(),
+                };
+                // Only what says the workload itself is refused is final; the rest (the
+                // leader busy or gone, a limit) is tried again at the next offer.
+                if !matches!(status.as_u16(), 400 | 403 | 404 | 409 | 422) {
+                    bail!(
+                        "the leader could not take workload {ns}/{name} now ({status}: {message})"
+                    );
+                }
+                let kept = self.keep_refused(ns, name, body).await?;
+                eprintln!(
+                    "kat-agent: the parent refused workload {ns}/{name}, created while detached ({status}: {message}); its bundle is kept at {kept}"
+                );
             }
-            let message = match response.json::<ErrorBody>().await {
-                Ok(b) => b.message,
-                Err(_) => status.to_string(),
-            };
-            if status.is_server_error() || matches!(status.as_u16(), 401 | 429) {
-                bail!("the leader could not take workload {ns}/{name} now ({status}: {message})");
-            }
-            // Refused for good: keep the bundle for the user, say where.
-            let kept = self.keep_refused(ns, name, body).await;
-            eprintln!(
-                "kat-agent: the parent refused workload {ns}/{name}, created while detached ({status}: {message}); its bundle is kept at {kept}"
-            );
+            local
+                .forget(ns, name)
+                .await
+                .with_context(|| format!("removing workload {ns}/{name} from the local cluster"))?;
         }
         Ok(submitted)
     }
 
-    async fn keep_refused(&self, ns: &str, name: &str, body: Vec<u8>) -> String {
+    async fn keep_refused(&self, ns: &str, name: &str, body: Vec<u8>) -> Result<String> {
         let dir = self.parts.root.join("agent").join("rejoin-refused");
-        let path = dir.join(format!("{ns}.{name}.tar.gz"));
+        let stamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let path = dir.join(format!("{ns}.{name}.{stamp}.tar.gz"));
         let shown = path.display().to_string();
-        let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::create_dir_all(&dir)?;
             kat_runtime::state_file::write_atomic(&path, &body, 0o600)
         })
-        .await;
-        if !matches!(written, Ok(Ok(()))) {
-            tracing::warn!(path = %shown, "cannot keep a refused workload's bundle");
-        }
-        shown
+        .await?
+        .with_context(|| format!("keeping a refused workload's bundle at {shown}"))?;
+        Ok(shown)
     }
 }
 
+/// The API while the node rejoins: nothing is taken (a workload applied now would be lost).
+fn rejoining_router(node: &str) -> Router {
+    let message = format!(
+        "node {node} is rejoining its parent cluster; apply there in a moment (its workloads move there too)"
+    );
+    Router::new().fallback(move || {
+        let message = message.clone();
+        async move { ApiError::new(ErrorCode::Unavailable, message) }
+    })
+}
+
 /// The supervisor's feed: the parent's snapshot, with the local cluster's instances added
-/// while the node is detached.
+/// while the node is detached. With `hold` (a node that was detached when its agent stopped)
+/// the parent's snapshot counts as a local copy until the local cluster has spoken, so the
+/// supervisor does not take the local instances' containers for strays in between.
 pub async fn merge_feeds(
     mut parent: watch::Receiver<Option<(Source, Snapshot)>>,
     mut local: watch::Receiver<Option<(Source, Snapshot)>>,
     out: watch::Sender<Option<(Source, Snapshot)>>,
+    mut hold: bool,
 ) {
+    let mut sent_any = false;
     loop {
         let merged = {
             let p = parent.borrow_and_update().clone();
             let l = local.borrow_and_update().clone();
+            if l.is_some() {
+                hold = false;
+            }
             match (p, l) {
-                (p, None) => p,
+                (Some((_, snapshot)), None) if hold => Some((Source::LocalCopy, snapshot)),
+                (p @ Some(_), None) => p,
+                // The local cluster is gone and the parent has said nothing yet: nothing to run.
+                (None, None) if sent_any => Some((Source::Store, Snapshot::new())),
+                (None, None) => None,
                 (None, Some(l)) => Some(l),
                 (Some((ps, mut snapshot)), Some((ls, own))) => {
                     snapshot.extend(own);
@@ -358,11 +433,97 @@ pub async fn merge_feeds(
             }
         };
         if merged.is_some() {
+            sent_any = true;
             out.send_replace(merged);
         }
         tokio::select! {
             changed = parent.changed() => if changed.is_err() { return },
             changed = local.changed() => if changed.is_err() { return },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::assignments::Assignment;
+
+    fn snapshot(ids: &[&str]) -> Snapshot {
+        ids.iter()
+            .map(|id| {
+                let record: kat_api::wire::InstanceRecord = serde_json::from_value(serde_json::json!({
+                    "instanceID": id, "namespace": "default", "workload": "w", "node": "laptop",
+                    "generation": 1, "specHash": "h", "workloadType": "Service",
+                    "requests": {"cpuMillis": 0, "memoryBytes": 0, "pids": 0}, "createdAt": "2026-11-24T00:00:00Z"
+                }))
+                .unwrap();
+                (id.to_string(), Assignment { record, template: Err("test".into()) })
+            })
+            .collect()
+    }
+
+    type Feed = watch::Sender<Option<(Source, Snapshot)>>;
+
+    async fn merged(
+        out: &mut watch::Receiver<Option<(Source, Snapshot)>>,
+    ) -> (Source, Vec<String>) {
+        out.changed().await.unwrap();
+        let (source, s) = out.borrow_and_update().clone().unwrap();
+        (source, s.keys().cloned().collect())
+    }
+
+    fn feeds(hold: bool) -> (Feed, Feed, watch::Receiver<Option<(Source, Snapshot)>>) {
+        let (parent, parent_rx) = watch::channel(None);
+        let (local, local_rx) = watch::channel(None);
+        let (out, out_rx) = watch::channel(None);
+        tokio::spawn(merge_feeds(parent_rx, local_rx, out, hold));
+        (parent, local, out_rx)
+    }
+
+    #[tokio::test]
+    async fn the_local_clusters_instances_join_the_parents_and_leave_with_it() {
+        let (parent, local, mut out) = feeds(false);
+        parent.send_replace(Some((Source::Store, snapshot(&["p1"]))));
+        assert_eq!(
+            merged(&mut out).await,
+            (Source::Store, vec!["p1".to_string()])
+        );
+        local.send_replace(Some((Source::Store, snapshot(&["l1"]))));
+        assert_eq!(
+            merged(&mut out).await,
+            (Source::Store, vec!["l1".into(), "p1".into()])
+        );
+        local.send_replace(None);
+        assert_eq!(
+            merged(&mut out).await,
+            (Source::Store, vec!["p1".to_string()])
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_parent_snapshot_the_end_of_the_local_cluster_is_an_empty_one() {
+        let (_parent, local, mut out) = feeds(false);
+        local.send_replace(Some((Source::Store, snapshot(&["l1"]))));
+        assert_eq!(merged(&mut out).await.1, vec!["l1".to_string()]);
+        local.send_replace(None);
+        // Not silence: the supervisor must stop l1.
+        assert_eq!(merged(&mut out).await, (Source::Store, vec![]));
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_while_detached_the_parent_waits_for_the_local_cluster() {
+        let (parent, local, mut out) = feeds(true);
+        // The parent answers first: its snapshot is only a local copy for now, so the
+        // supervisor keeps the local instances' containers.
+        parent.send_replace(Some((Source::Store, snapshot(&["p1"]))));
+        assert_eq!(
+            merged(&mut out).await,
+            (Source::LocalCopy, vec!["p1".to_string()])
+        );
+        local.send_replace(Some((Source::Store, snapshot(&["l1"]))));
+        assert_eq!(
+            merged(&mut out).await,
+            (Source::Store, vec!["l1".into(), "p1".into()])
+        );
     }
 }

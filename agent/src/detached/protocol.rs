@@ -94,7 +94,9 @@ pub fn request(
 
 /// The leader's check of a datagram: a request for `cluster`, fresh, new, from a worker whose
 /// certificate (from the CA of `ca_pem`) names the node it claims and signed it. The error
-/// says why it is ignored. Revocation is the caller's to check (it needs the store).
+/// says why it is ignored. Revocation is the caller's to check (it needs the store). The
+/// listener runs the two parts itself, with its rate limit between them.
+#[cfg(test)]
 pub fn check_request(
     datagram: &[u8],
     cluster: &str,
@@ -102,6 +104,17 @@ pub fn check_request(
     now: SystemTime,
     nonces: &mut Nonces,
 ) -> Result<(RejoinRequest, kat_pki::rejoin::ProvenNode), String> {
+    let r = parse_request(datagram, cluster, now)?;
+    let proven = verify_request(&r, ca_pem, now, nonces)?;
+    Ok((r, proven))
+}
+
+/// The cheap part of [`check_request`]: a well-formed request for `cluster`, fresh.
+pub fn parse_request(
+    datagram: &[u8],
+    cluster: &str,
+    now: SystemTime,
+) -> Result<RejoinRequest, String> {
     let r: RejoinRequest =
         serde_json::from_slice(datagram).map_err(|e| format!("not a rejoin request: {e}"))?;
     if r.kind != REJOIN_REQUEST {
@@ -117,6 +130,16 @@ pub fn check_request(
     if !nonce_ok(&r.nonce) {
         return Err("its nonce is not 32 hex digits".into());
     }
+    Ok(r)
+}
+
+/// The costly part of [`check_request`]: the certificate, the signature, the nonce.
+pub fn verify_request(
+    r: &RejoinRequest,
+    ca_pem: &str,
+    now: SystemTime,
+    nonces: &mut Nonces,
+) -> Result<kat_pki::rejoin::ProvenNode, String> {
     let proven =
         kat_pki::rejoin::verify(ca_pem, &r.certificate, &r.signed_bytes(), &r.signature, now)?;
     if proven.node != r.node {
@@ -135,7 +158,7 @@ pub fn check_request(
     if !nonces.first_time(&r.nonce) {
         return Err("its nonce was seen before (a replay)".into());
     }
-    Ok((r, proven))
+    Ok(proven)
 }
 
 /// The leader's offer in answer to `request`, signed with its key.
@@ -160,13 +183,15 @@ pub fn offer(
 
 /// The detached node's check of an answer: an offer from `cluster`'s control plane (its
 /// certificate from the CA of `ca_pem`, its signature), fresh, for one of `nonces` (the
-/// node's own outstanding requests), naming an `https://` endpoint.
+/// node's own outstanding requests), naming an `https://` endpoint, from a certificate whose
+/// serial is not among `revoked` (a removed control-plane node's).
 pub fn check_offer(
     datagram: &[u8],
     cluster: &str,
     ca_pem: &str,
     now: SystemTime,
     outstanding: &[String],
+    revoked: &std::collections::HashSet<String>,
 ) -> Result<RejoinOffer, String> {
     let o: RejoinOffer =
         serde_json::from_slice(datagram).map_err(|e| format!("not a rejoin offer: {e}"))?;
@@ -181,6 +206,9 @@ pub fn check_offer(
         kat_pki::rejoin::verify(ca_pem, &o.certificate, &o.signed_bytes(), &o.signature, now)?;
     if proven.role != NodeRole::ControlPlane {
         return Err(format!("node {} is not a control-plane node", proven.node));
+    }
+    if proven.serial.as_ref().is_some_and(|s| revoked.contains(s)) {
+        return Err(format!("node {} was removed from the cluster", proven.node));
     }
     if !o.leader.starts_with("https://") || o.leader.len() > 300 {
         return Err(format!("leader {:?} is not an https:// endpoint", o.leader));
@@ -253,6 +281,7 @@ mod tests {
         let err = check_request(&bytes(&r), "home", &c.leader.ca_pem, now, &mut seen).unwrap_err();
         assert!(err.contains("replay"), "{err}");
 
+        let none = std::collections::HashSet::new();
         let o = offer(&r, "https://10.0.0.1:9115", &c.leader, now).unwrap();
         let got = check_offer(
             &bytes(&o),
@@ -260,11 +289,33 @@ mod tests {
             &c.laptop.ca_pem,
             now,
             std::slice::from_ref(&r.nonce),
+            &none,
         )
         .unwrap();
         assert_eq!(got.leader, "https://10.0.0.1:9115");
-        // An offer for a request the node did not send, or by a worker, is refused.
-        assert!(check_offer(&bytes(&o), "home", &c.laptop.ca_pem, now, &["0".repeat(32)]).is_err());
+        // An offer for a request the node did not send, by a worker, or by a removed
+        // control-plane node (its certificate revoked) is refused.
+        assert!(check_offer(
+            &bytes(&o),
+            "home",
+            &c.laptop.ca_pem,
+            now,
+            &["0".repeat(32)],
+            &none
+        )
+        .is_err());
+        let removed =
+            std::collections::HashSet::from([kat_pki::serial_of(&c.leader.node_cert_pem).unwrap()]);
+        let err = check_offer(
+            &bytes(&o),
+            "home",
+            &c.laptop.ca_pem,
+            now,
+            std::slice::from_ref(&r.nonce),
+            &removed,
+        )
+        .unwrap_err();
+        assert!(err.contains("removed"), "{err}");
         let by_worker = offer(&r, "https://10.0.0.66:9115", &c.laptop, now).unwrap();
         let err = check_offer(
             &bytes(&by_worker),
@@ -272,6 +323,7 @@ mod tests {
             &c.laptop.ca_pem,
             now,
             std::slice::from_ref(&r.nonce),
+            &none,
         )
         .unwrap_err();
         assert!(err.contains("not a control-plane node"), "{err}");

@@ -35,6 +35,7 @@ pub use backups::BackupTarget;
 pub use join::Admission;
 pub use node_records::{NodeLimits, MAX_PROBLEMS};
 pub use nodes::node_object;
+pub use workloads::MAX_PINNED_PER_NODE;
 
 /// What the API's operations share: the store and the cluster's settings.
 pub struct Service {

@@ -12,6 +12,10 @@ use kat_store::Txn;
 
 use super::{Error, Result, Service};
 
+/// Most workloads a node may bring into the cluster pinned to itself (a compromised node
+/// cannot fill the store this way).
+pub const MAX_PINNED_PER_NODE: usize = 64;
+
 impl Service {
     /// Every workload of namespace `ns`, with its status.
     pub async fn workloads(&self, ns: &str) -> Result<Vec<WorkloadObject>> {
@@ -119,6 +123,12 @@ impl Service {
             )));
         }
         let key = WorkloadKey::new(ns, &name);
+        let conflict = || {
+            Error::new(
+                ErrorCode::Conflict,
+                format!("workload {key} already exists in this cluster and differs from node {node}'s; it stays as it is"),
+            )
+        };
         if self.exists(&key).await? {
             let stored = self.stored_files(&key).await?;
             if stored.as_ref() == Some(&bundle.files) {
@@ -127,12 +137,19 @@ impl Service {
                     created: false,
                 });
             }
-            return Err(Error::new(
-                ErrorCode::Conflict,
-                format!("workload {key} already exists in this cluster and differs from node {node}'s; it stays as it is"),
-            ));
+            return Err(conflict());
         }
-        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        let pinned = self.pinned_to(node).await?;
+        if pinned >= MAX_PINNED_PER_NODE {
+            return Err(Error::forbidden(format!(
+                "node {node} already has {pinned} workloads pinned to it (at most {MAX_PINNED_PER_NODE} come from a node); delete some first"
+            )));
+        }
+        // Create only: a workload written since the check above is never replaced.
+        match workloads::create(&*self.store, &self.events, &self.clock, &bundle).await {
+            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => return Err(conflict()),
+            other => other?,
+        };
         let ops = self.events.ops(&kat_leader::events::event(
             rfc3339(self.clock.wall()),
             EventType::Normal,
@@ -145,6 +162,23 @@ impl Service {
             workload: key.to_string(),
             created: true,
         })
+    }
+
+    /// How many workloads are pinned to `node` (`kat.dws.rip/nodeName` in their workload.kat).
+    async fn pinned_to(&self, node: &str) -> Result<usize> {
+        let list = self.store.list("/kat/workloads/desired/").await?;
+        Ok(list
+            .kvs
+            .iter()
+            .filter(|kv| kv.key.ends_with("/manifest/workload.kat"))
+            .filter_map(|kv| {
+                match kat_api::parse_file("workload.kat", &kv.value, &mut kat_api::Report::new()) {
+                    Some(kat_api::Quadlet::Workload(w)) => Some(w),
+                    _ => None,
+                }
+            })
+            .filter(|w| kat_api::pinning::pinned_node(w) == Some(node))
+            .count())
     }
 
     /// Replace an existing workload's bundle: a new generation.
