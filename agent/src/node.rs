@@ -214,6 +214,9 @@ impl NetworkStart {
 /// Run an initialized node until SIGINT or SIGTERM: a control-plane node (an etcd member)
 /// or a worker, as its certificate says.
 pub async fn run(options: NodeOptions) -> Result<()> {
+    if let Some(parent) = &options.parent_cluster {
+        check_parent(&options.data_dir, parent)?;
+    }
     let mut base = start_base(&options)?;
     let role = pki::role_of_pem(&base.pki.node_cert_pem).with_context(|| {
         format!(
@@ -221,9 +224,6 @@ pub async fn run(options: NodeOptions) -> Result<()> {
             base.pki.cert_file.display()
         )
     })?;
-    if role == NodeRole::ControlPlane && options.parent_cluster.is_some() {
-        bail!("--parent-cluster-name: node {} is a control-plane node (an etcd member); only workers run detached (a member on its own would split the quorum)", base.node);
-    }
     let etcd = match role {
         NodeRole::ControlPlane => Some(control_plane(&mut base, &options).await?),
         NodeRole::Worker => {
@@ -249,6 +249,27 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     base.tasks.shutdown().await;
     if let Some(etcd) = etcd {
         etcd.stop().await;
+    }
+    Ok(())
+}
+
+/// `--parent-cluster-name` is for a worker of that cluster: checked before anything starts.
+fn check_parent(data_dir: &Path, parent: &str) -> Result<()> {
+    let layout = Layout::new(data_dir);
+    let identity: NodeIdentity = std::fs::read(layout.identity())
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .with_context(|| format!("{} is not an initialized node", layout.root.display()))?;
+    if parent != identity.cluster_name {
+        bail!(
+            "--parent-cluster-name: is {parent:?}, but this node joined cluster {:?} (see {})",
+            identity.cluster_name,
+            layout.identity().display()
+        );
+    }
+    let pki = Pki::load(&layout.pki())?;
+    if pki::role_of_pem(&pki.node_cert_pem) != Some(NodeRole::Worker) {
+        bail!("--parent-cluster-name: node {} is a control-plane node (an etcd member); only workers run detached (a member on its own would split the quorum)", identity.node_name);
     }
     Ok(())
 }
@@ -418,16 +439,15 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     )?);
     let leader = link.leader();
     let revoked = link.revoked();
+    // A node that may run detached also resolves its local cluster's names meanwhile.
+    let (local_link, local_link_rx) = watch::channel(None);
     if let Some(n) = base.network.take() {
-        n.connect(link.clone());
-    }
-    if let Some(parent) = &options.parent_cluster {
-        if *parent != base.identity.cluster_name {
-            bail!(
-                "--parent-cluster-name: is {parent:?}, but this node joined cluster {:?} (see {})",
-                base.identity.cluster_name,
-                base.layout.identity().display()
-            );
+        match options.parent_cluster {
+            Some(_) => n.connect(Arc::new(crate::detached::uplink::Uplink::new(
+                link.clone(),
+                local_link_rx,
+            ))),
+            None => n.connect(link.clone()),
         }
     }
     // A node that may run detached feeds its supervisor the parent's instances and, while
@@ -534,6 +554,7 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
                 local_feed,
                 routers,
                 worker_router,
+                local_link,
             }
             .run(),
         );

@@ -1941,6 +1941,33 @@ fn detached_laptop_rejoins() {
         "{}",
         String::from_utf8_lossy(&file.stdout)
     );
+    // The laptop's DNS answers for the workload made on it.
+    let mut answer = String::new();
+    wait(
+        "notes resolvable on the laptop",
+        Duration::from_secs(30),
+        || {
+            let out = katcall_with(
+                &h,
+                WORKER,
+                &local,
+                &[
+                    "exec",
+                    "notes",
+                    "--",
+                    "nslookup",
+                    "notes.default.kat.cluster.local",
+                ],
+            );
+            answer = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.status.success() && answer.contains("Name:")
+        },
+    );
+
     // The laptop's agent restarts while detached: it is detached again at once, and neither
     // its own instance nor the parent's stops in between (they are adopted).
     h.kill(WORKER);
@@ -2082,6 +2109,39 @@ fn detached_laptop_rejoins() {
         Duration::from_secs(30),
         || h.ready_nodes(1).contains(&laptop),
     );
+    // Bad flags are refused before anything starts, naming the flag: a parent that is not the
+    // node's cluster, and detached mode on a control-plane node (n1 keeps running).
+    let out = h
+        .tool_command(
+            WORKER,
+            &[
+                "run",
+                "--parent-cluster-name",
+                "other",
+                "--node-name",
+                &laptop,
+            ],
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--parent-cluster-name") && err.contains("trio"),
+        "{err}"
+    );
+    let out = h
+        .tool_command(
+            1,
+            &["run", "--parent-cluster-name", "trio", "--node-name", "n1"],
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("control-plane node"),
+        "{err}"
+    );
+    assert!(h.ready_nodes(1).contains(&"n1".to_string()));
     assert!(
         !h.data(WORKER).join("detached").exists(),
         "the local cluster's state is moved aside"

@@ -86,6 +86,8 @@ pub struct LocalCluster {
     pub router: Router,
     /// Where `katcall` finds the local cluster.
     pub client_config: PathBuf,
+    /// The node's link to it (its DNS records).
+    pub link: Arc<StoreLink>,
     node: String,
     etcd: EtcdServer,
     tasks: tokio::task::JoinSet<()>,
@@ -208,7 +210,7 @@ impl LocalCluster {
         ));
         tasks.spawn(Feed::new(link.clone(), &dir).run(feed));
         tasks.spawn(heartbeat::run(
-            link,
+            link.clone(),
             node.clone(),
             parts.tick,
             parts.statuses.clone(),
@@ -262,6 +264,7 @@ impl LocalCluster {
             store,
             router: http::router(api),
             client_config,
+            link: link.clone(),
             node: node.clone(),
             etcd,
             tasks,

@@ -18,6 +18,7 @@
 
 pub mod local_cluster;
 pub mod protocol;
+pub mod uplink;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -51,6 +52,8 @@ pub struct Detacher {
     /// The API the node serves: its worker API, or its local cluster's while detached.
     pub routers: watch::Sender<Router>,
     pub worker_router: Router,
+    /// The local cluster's link, for the node network's DNS ([`uplink::Uplink`]).
+    pub local_link: watch::Sender<Option<Arc<crate::control_plane::StoreLink>>>,
 }
 
 impl Detacher {
@@ -132,6 +135,7 @@ impl Detacher {
         {
             Ok(cluster) => {
                 let _ = self.routers.send_replace(cluster.router.clone());
+                self.local_link.send_replace(Some(cluster.link.clone()));
                 eprintln!(
                     "kat-agent: node {} is detached from {} since {}: {why}. Its workloads keep running; new ones go to its own API (KAT_CONFIG={} katcall apply …) and are pinned to it. It rejoins by itself.",
                     self.parts.node,
@@ -261,6 +265,7 @@ impl Detacher {
             .unwrap_or_default();
         local.stop_controllers().await;
         self.local_feed.send_replace(None);
+        self.local_link.send_replace(None);
         self.wait_stopped(&own).await;
         let outcome = match local.workloads().await {
             Ok(workloads) => self
