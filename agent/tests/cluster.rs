@@ -2109,6 +2109,76 @@ fn detached_laptop_rejoins() {
         Duration::from_secs(30),
         || h.ready_nodes(1).contains(&laptop),
     );
+    // A LAN without multicast: cut again (the laptop detaches again), heal with n1 deaf to
+    // rejoin requests; the laptop rejoins through the endpoint it knows once the leader has
+    // answered it again for a while. notes, now the parent's, keeps running once throughout.
+    let drop_requests = |add: bool| {
+        let ok = h
+            .in_ns(1)
+            .args([
+                "iptables",
+                if add { "-I" } else { "-D" },
+                "INPUT",
+                "-p",
+                "udp",
+                "--dport",
+                "9117",
+                "-j",
+                "DROP",
+            ])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    drop_requests(true);
+    cut_from_leader(&h, WORKER, true);
+    let mut notes_range = (1, 1);
+    wait(
+        "the laptop detached a second time",
+        Duration::from_secs(60),
+        || {
+            let n = shells_with("notes-marker");
+            notes_range = (notes_range.0.min(n), notes_range.1.max(n));
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("is detached from trio")
+                .count()
+                == 3
+        },
+    );
+    cut_from_leader(&h, WORKER, false);
+    let healed_again = Instant::now();
+    wait(
+        "the laptop to rejoin without multicast",
+        Duration::from_secs(90),
+        || {
+            let n = shells_with("notes-marker");
+            notes_range = (notes_range.0.min(n), notes_range.1.max(n));
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("rejoined trio")
+                .count()
+                == 2
+        },
+    );
+    let direct_after = healed_again.elapsed();
+    drop_requests(false);
+    assert!(std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("no rejoin offer came"));
+    assert_eq!(
+        notes_range,
+        (1, 1),
+        "notes stopped or ran twice around the second detachment"
+    );
+    wait("the laptop Ready again", Duration::from_secs(30), || {
+        h.ready_nodes(1).contains(&laptop)
+    });
+    eprintln!(
+        "detached_laptop direct_rejoin_after_s={:.1}",
+        direct_after.as_secs_f64()
+    );
+
     // Bad flags are refused before anything starts, naming the flag: a parent that is not the
     // node's cluster, and detached mode on a control-plane node (n1 keeps running).
     let out = h
