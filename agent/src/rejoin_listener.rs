@@ -5,7 +5,8 @@
 //! certificate of this cluster's CA, or comes from a removed node or one the cluster does
 //! not know, is ignored: no answer, a log line, and `kat_rejoin_requests{outcome="ignored"}`.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -21,6 +22,8 @@ use crate::detached::protocol::{self, Nonces, MAX_DATAGRAM};
 /// Rejoin requests checked per second at most; the rest are ignored (a detached node sends
 /// one every 2 s).
 const MAX_CHECKS_PER_SECOND: u32 = 50;
+/// Of those, from one address: one sender cannot take the whole budget.
+const MAX_CHECKS_PER_SOURCE: u32 = 5;
 
 #[derive(Clone)]
 pub struct RejoinListener {
@@ -62,6 +65,8 @@ impl RejoinListener {
         // A flood of junk is logged once in a while, not once per datagram.
         let mut last_word: Option<Instant> = None;
         let (mut window, mut checks) = (Instant::now(), 0u32);
+        // Bounded: cleared every second, and it holds at most MAX_CHECKS_PER_SECOND senders.
+        let mut by_source: HashMap<IpAddr, u32> = HashMap::new();
         loop {
             let (n, from) = match socket.recv_from(&mut buf).await {
                 Ok(r) => r,
@@ -77,15 +82,21 @@ impl RejoinListener {
             if window.elapsed() >= Duration::from_secs(1) {
                 window = Instant::now();
                 checks = 0;
+                by_source.clear();
             }
             let checked = match protocol::parse_request(&buf[..n], &self.cluster, SystemTime::now())
             {
                 Err(why) => Err(why),
-                Ok(_) if checks >= MAX_CHECKS_PER_SECOND => {
+                Ok(_)
+                    if checks >= MAX_CHECKS_PER_SECOND
+                        || by_source.get(&from.ip()).copied().unwrap_or(0)
+                            >= MAX_CHECKS_PER_SOURCE =>
+                {
                     Err("too many rejoin requests this second".to_string())
                 }
                 Ok(request) => {
                     checks += 1;
+                    *by_source.entry(from.ip()).or_insert(0) += 1;
                     self.check(request, &mut nonces).await
                 }
             };

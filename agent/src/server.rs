@@ -129,30 +129,29 @@ pub fn tls_config_with_clients(
 
 /// Accept connections until the task is dropped, with the default [`ServeLimits`].
 pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, router: Router) {
-    serve_with_limits(
-        listener,
-        tls,
-        watch::channel(router).1,
-        ServeLimits::default(),
-    )
-    .await
+    serve_with_limits(listener, tls, router, ServeLimits::default()).await
 }
 
-/// As [`serve`], with the router `routers` holds when a connection comes in: a worker's API
-/// becomes its local cluster's full API while it runs detached, and back.
+/// As [`serve`], each request going to the router `routers` holds at that moment (not when
+/// its connection came in): a worker's API becomes its local cluster's full API while it
+/// runs detached, and back, kept-alive connections included.
 pub async fn serve_switchable(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     routers: watch::Receiver<Router>,
 ) {
-    serve_with_limits(listener, tls, routers, ServeLimits::default()).await
+    let dispatch = Router::new().fallback_service(tower::service_fn(move |req: Request| {
+        let current = routers.borrow().clone();
+        async move { tower::ServiceExt::oneshot(current, req).await }
+    }));
+    serve(listener, tls, dispatch).await
 }
 
 /// Accept connections until the task is dropped.
 pub async fn serve_with_limits(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    routers: watch::Receiver<Router>,
+    router: Router,
     limits: ServeLimits,
 ) {
     let acceptor = TlsAcceptor::from(tls);
@@ -192,7 +191,7 @@ pub async fn serve_with_limits(
         };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let router = routers.borrow().clone();
+        let router = router.clone();
         let slots = slots.clone();
         let limits = limits.clone();
         tokio::spawn(async move {
@@ -365,18 +364,6 @@ mod tests {
     /// A server on loopback with a self-signed certificate and three routes: `/ok`, `/slow`
     /// (answers after 1.5 s) and `/echo` (streams the request body back as it arrives).
     async fn server(limits: ServeLimits) -> Server {
-        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-        let tls = tls_config_with_clients(&cert.cert.pem(), &cert.key_pair.serialize_pem(), None)
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.cert.der().clone()).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
         let router = Router::new()
             .route("/ok", get(|| async { "ok" }))
             .route(
@@ -392,14 +379,29 @@ mod tests {
                     axum::body::Body::from_stream(req.into_body().into_data_stream())
                 }),
             );
+        serving(|listener, tls| tokio::spawn(serve_with_limits(listener, tls, router, limits)))
+            .await
+    }
+
+    /// A server on loopback with a self-signed certificate, run by `start`.
+    async fn serving(
+        start: impl FnOnce(TcpListener, Arc<rustls::ServerConfig>) -> tokio::task::JoinHandle<()>,
+    ) -> Server {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let tls = tls_config_with_clients(&cert.cert.pem(), &cert.key_pair.serialize_pem(), None)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(serve_with_limits(
-            listener,
-            tls,
-            watch::channel(router).1,
-            limits,
-        ));
+        let task = start(listener, tls);
         Server {
             addr,
             connector: TlsConnector::from(Arc::new(client)),
@@ -449,6 +451,27 @@ mod tests {
             idle_timeout: Duration::from_millis(idle),
             ..ServeLimits::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_switchable_server_takes_each_request_to_the_router_of_the_moment() {
+        let (routers, rx) =
+            watch::channel(Router::new().route("/which", get(|| async { "parent" })));
+        let server =
+            serving(|listener, tls| tokio::spawn(serve_switchable(listener, tls, rx))).await;
+        let mut stream = server.connect().await.unwrap();
+        let ask = b"GET /which HTTP/1.1\r\nhost: localhost\r\n\r\n";
+        stream.write_all(ask).await.unwrap();
+        read_until(&mut stream, "parent").await;
+        // Detached: the same kept-alive connection now reaches the local cluster's API.
+        let _ = routers.send_replace(Router::new().route("/which", get(|| async { "local" })));
+        stream.write_all(ask).await.unwrap();
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), read_until(&mut stream, "local")).await;
+        assert!(
+            answer.is_ok(),
+            "the kept-alive connection still reaches the old router"
+        );
     }
 
     #[tokio::test]

@@ -140,6 +140,28 @@ impl Api {
         (status, String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// POST `body` with the admin token.
+    async fn post_as_admin(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, String) {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header("content-type", content_type)
+            .header("authorization", "Bearer admin-token")
+            .body(Body::from(body))
+            .unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     async fn dump(&self) -> Vec<(String, Vec<u8>)> {
         self.store
             .list("/")
@@ -635,4 +657,36 @@ async fn a_detached_nodes_local_api_takes_no_node_certificate() {
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
         assert!(body.contains("runs detached"), "{body}");
     }
+}
+
+/// A detached node's local API takes at most as many workloads as its parent will take from
+/// it at rejoin (each is pinned to the node), and says so when it refuses.
+#[tokio::test]
+async fn a_detached_nodes_local_api_takes_no_more_than_its_parent_will() {
+    let api = Api::with(None, Some("w1")).await;
+    for ns in kat_api::namespace::SYSTEM_NAMESPACES {
+        kat_leader::namespaces::create(&*api.store, &Clock::system(), ns, true)
+            .await
+            .unwrap();
+    }
+    let path = "/v1alpha1/n/default/workloads";
+    let gz = "application/gzip";
+    for i in 0..kat_apiserver::service::MAX_PINNED_PER_NODE {
+        let bundle = pinned_bundle(&format!("local-{i}"), "default", None, "httpd");
+        let (status, body) = api.post_as_admin(path, gz, bundle).await;
+        assert_eq!(status, StatusCode::CREATED, "{i}: {body}");
+    }
+    let before = api.dump().await;
+    let more = pinned_bundle("one-too-many", "default", None, "httpd");
+    let (status, body) = api.post_as_admin(path, gz, more).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body.contains("runs detached") && body.contains("delete some"),
+        "{body}"
+    );
+    assert_eq!(
+        api.dump().await,
+        before,
+        "a refused workload writes nothing"
+    );
 }

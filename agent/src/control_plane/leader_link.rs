@@ -176,7 +176,11 @@ impl LeaderLink {
                     }
                 }
                 Ok(r) => {
-                    self.contact.send_replace(Some(Instant::now()));
+                    // Only a yes counts as the leader being there for this node (a removed
+                    // node gets answers too: 401).
+                    if r.status().is_success() {
+                        self.contact.send_replace(Some(Instant::now()));
+                    }
                     if self.leader.borrow().as_deref() != Some(base.as_str()) {
                         self.leader.send_replace(Some(base.clone()));
                     }

@@ -312,14 +312,23 @@ impl LocalCluster {
     pub async fn forget(&self, ns: &str, name: &str) -> Result<()> {
         let clock = Clock::system();
         let events = kat_leader::events::EventLog::new(16);
-        kat_leader::workloads::delete(&*self.store, &events, &clock, ns, name).await?;
+        // Gone already (an earlier, cut-short attempt): fine.
+        match kat_leader::workloads::delete(&*self.store, &events, &clock, ns, name).await {
+            Ok(()) | Err(kat_leader::workloads::WorkloadError::NotFound(..)) => {}
+            Err(e) => return Err(e.into()),
+        }
         let records = self.store.list(&keys::node_instances(&self.node)).await?;
-        for kv in records.kvs {
-            let ours = serde_json::from_slice::<kat_api::wire::InstanceRecord>(&kv.value)
-                .is_ok_and(|r| r.namespace == ns && r.workload == name);
-            if ours {
-                self.store.delete(&kv.key).await?;
-            }
+        let ops: Vec<kat_store::TxnOp> = records
+            .kvs
+            .into_iter()
+            .filter(|kv| {
+                serde_json::from_slice::<kat_api::wire::InstanceRecord>(&kv.value)
+                    .is_ok_and(|r| r.namespace == ns && r.workload == name)
+            })
+            .map(|kv| kat_store::TxnOp::delete(kv.key))
+            .collect();
+        if !ops.is_empty() {
+            self.store.txn(kat_store::Txn::new().and_then(ops)).await?;
         }
         Ok(())
     }
@@ -341,8 +350,14 @@ pub async fn retire(dir: PathBuf) -> Result<()> {
             std::fs::remove_dir_all(&previous)
                 .with_context(|| format!("cannot remove {}", previous.display()))?;
         }
-        std::fs::rename(&dir, &previous)
-            .with_context(|| format!("cannot move {} aside", dir.display()))
+        if let Err(e) = std::fs::rename(&dir, &previous) {
+            // At least its state file goes, or the node would take itself for detached.
+            let _ = std::fs::remove_file(dir.join("state.json"));
+            return Err(
+                anyhow::Error::new(e).context(format!("cannot move {} aside", dir.display()))
+            );
+        }
+        Ok(())
     })
     .await?
 }

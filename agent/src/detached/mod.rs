@@ -42,6 +42,8 @@ const REQUEST_EVERY: Duration = Duration::from_secs(2);
 /// A node whose leader answers its ordinary requests again this long (the link healed, but
 /// no offer came: a LAN without multicast) rejoins without one.
 const DIRECT_RETURN: Duration = Duration::from_secs(20);
+/// The longest wait between two failed rejoins.
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 pub struct Detacher {
     pub parts: NodeParts,
@@ -66,6 +68,9 @@ impl Detacher {
         // Contact counts from the later of the start and the last rejoin.
         let mut attached_since = Instant::now();
         let mut local: Option<LocalCluster> = None;
+        // Failed rejoins in a row: each waits longer before the next (the local workloads
+        // stop for every attempt).
+        let mut failures: u32 = 0;
         loop {
             match local.take() {
                 None => {
@@ -100,10 +105,25 @@ impl Detacher {
                     }
                     match self.seek(&contact).await {
                         Some(leader) => match self.rejoin(cluster, &leader).await {
-                            None => attached_since = Instant::now(),
-                            Some(back) => {
-                                local = Some(back);
+                            Rejoin::Done => {
+                                attached_since = Instant::now();
+                                failures = 0;
+                            }
+                            Rejoin::NotNow(back) => {
+                                local = back;
                                 tokio::time::sleep(REQUEST_EVERY).await;
+                            }
+                            Rejoin::Failed(back) => {
+                                local = back;
+                                failures += 1;
+                                let wait =
+                                    (REQUEST_EVERY * 2u32.pow(failures.min(7))).min(MAX_BACKOFF);
+                                tracing::warn!(
+                                    failures,
+                                    wait_s = wait.as_secs(),
+                                    "the rejoin failed; trying again after a while"
+                                );
+                                tokio::time::sleep(wait).await;
                             }
                         },
                         None => local = Some(cluster),
@@ -235,35 +255,48 @@ impl Detacher {
     }
 
     /// Hand the local cluster's workloads to the parent's leader and go back to being its
-    /// worker; `Some` (the local cluster, running again) when that cannot be done now.
+    /// worker.
     ///
     /// Nothing runs twice: the local API closes and the local instances stop before their
     /// workloads go to the parent (a few seconds' gap), and each workload leaves the local
     /// store as soon as the parent has it, so a submission cut short starts only the rest
     /// again.
-    async fn rejoin(&self, mut local: LocalCluster, leader: &str) -> Option<LocalCluster> {
-        // Cheap first: an endpoint this node cannot reach changes nothing here.
-        if let Err(e) = self
+    async fn rejoin(&self, mut local: LocalCluster, leader: &str) -> Rejoin {
+        // First, and changing nothing here: the leader must take this node's certificate on
+        // one of its own routes (a removed node, a node that does not lead, an endpoint out of
+        // reach all fail here).
+        let probe = self
             .parts
             .client
-            .get(format!("{}/healthz", leader.trim_end_matches('/')))
+            .get(format!(
+                "{}/v1alpha1/nodes/{}/dns",
+                leader.trim_end_matches('/'),
+                self.parts.node
+            ))
             .timeout(Duration::from_secs(5))
             .send()
-            .await
-        {
-            tracing::warn!(error = %e, %leader, "the offered leader does not answer; still detached");
-            return Some(local);
+            .await;
+        match probe {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => {
+                tracing::warn!(status = %r.status(), %leader, "the offered leader does not take this node now; still detached");
+                return Rejoin::Failed(Some(local));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, %leader, "the offered leader does not answer; still detached");
+                return Rejoin::NotNow(Some(local));
+            }
         }
         let _ = self
             .routers
             .send_replace(rejoining_router(&self.parts.node));
+        local.stop_controllers().await;
         let own: Vec<String> = self
             .local_feed
             .borrow()
             .as_ref()
             .map(|(_, s)| s.keys().cloned().collect())
             .unwrap_or_default();
-        local.stop_controllers().await;
         self.local_feed.send_replace(None);
         self.local_link.send_replace(None);
         self.wait_stopped(&own).await;
@@ -286,12 +319,12 @@ impl Detacher {
                     "kat-agent: node {} rejoined {} at {leader}: {submitted} of {total} workload(s) created while detached were submitted",
                     self.parts.node, self.parent_cluster
                 );
-                None
+                Rejoin::Done
             }
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), %leader, "cannot rejoin yet; still detached");
                 // `None`: the run loop starts it again (its state is still there).
-                self.detach("the rejoin did not go through").await
+                Rejoin::Failed(self.detach("the rejoin did not go through").await)
             }
         }
     }
@@ -336,27 +369,50 @@ impl Detacher {
                 leader.trim_end_matches('/'),
                 self.parts.node
             );
-            let response = self
-                .parts
-                .client
-                .post(&url)
-                .header("content-type", "application/gzip")
-                .body(body.clone())
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await
-                .with_context(|| format!("submitting workload {ns}/{name} to {leader}"))?;
+            // A lost answer is asked again: the same bundle twice is no change there.
+            let mut tries = 0;
+            let response = loop {
+                tries += 1;
+                let sent = self
+                    .parts
+                    .client
+                    .post(&url)
+                    .header("content-type", "application/gzip")
+                    .body(body.clone())
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(r) => break r,
+                    Err(e) if tries >= 3 => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("submitting workload {ns}/{name} to {leader}")))
+                    }
+                    Err(_) => tokio::time::sleep(REQUEST_EVERY).await,
+                }
+            };
             let status = response.status();
             if status.is_success() {
                 submitted += 1;
             } else {
-                let message = match response.json::<ErrorBody>().await {
-                    Ok(b) => b.message,
-                    Err(_) => status.to_string(),
-                };
-                // Only what says the workload itself is refused is final; the rest (the
-                // leader busy or gone, a limit) is tried again at the next offer.
-                if !matches!(status.as_u16(), 400 | 403 | 404 | 409 | 422) {
+                let body_of = response.json::<ErrorBody>().await.ok();
+                let message = body_of
+                    .as_ref()
+                    .map_or_else(|| status.to_string(), |b| b.message.clone());
+                // Only what says the workload itself is refused is final (its own error
+                // codes, not a proxy's or a missing route's); the rest (the leader busy or
+                // gone) is tried again later.
+                let final_refusal = body_of.as_ref().is_some_and(|b| {
+                    matches!(
+                        b.error,
+                        ErrorCode::InvalidQuadlet
+                            | ErrorCode::BadRequest
+                            | ErrorCode::Forbidden
+                            | ErrorCode::Conflict
+                            | ErrorCode::PayloadTooLarge
+                    ) || (b.error == ErrorCode::NotFound && !b.message.starts_with("no route"))
+                });
+                if !final_refusal {
                     bail!(
                         "the leader could not take workload {ns}/{name} now ({status}: {message})"
                     );
@@ -389,6 +445,15 @@ impl Detacher {
         .with_context(|| format!("keeping a refused workload's bundle at {shown}"))?;
         Ok(shown)
     }
+}
+
+/// What a rejoin came to.
+enum Rejoin {
+    Done,
+    /// The leader was out of reach: nothing changed, try at the next offer.
+    NotNow(Option<LocalCluster>),
+    /// It refused this node, or the submission failed: wait longer before the next try.
+    Failed(Option<LocalCluster>),
 }
 
 /// The API while the node rejoins: nothing is taken (a workload applied now would be lost).

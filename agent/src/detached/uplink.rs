@@ -1,10 +1,10 @@
 //! What a detachable worker's node network talks to: its parent's leader and, while the node
 //! is detached, its local cluster as well, so that the node's DNS answers for the workloads
-//! created there too. While detached the parent is not asked for DNS records (it does not
-//! answer; each try would cost a timeout): its last records are served beside the local
-//! cluster's.
+//! created there too. While detached the parent is asked briefly (2 s; it is usually out of
+//! reach) and its last records are served beside the local cluster's.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Result;
 use kat_api::wire::{DnsRecord, InstanceRecord, NodeHeartbeat, OverlayPeer, TemplateProblem};
@@ -62,6 +62,14 @@ impl ControlPlane for Uplink {
                 .unwrap_or_else(|p| p.into_inner()) = records.clone();
             return Ok(records);
         };
+        if let Ok(Ok(records)) =
+            tokio::time::timeout(Duration::from_secs(2), self.parent.dns_records()).await
+        {
+            *self
+                .parent_records
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = records;
+        }
         let mut records = self
             .parent_records
             .lock()

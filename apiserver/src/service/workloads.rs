@@ -83,15 +83,31 @@ impl Service {
     pub async fn create_workload(&self, ns: &str, body: Vec<u8>) -> Result<WorkloadObject> {
         let bundle = self.check_bundle(ns, None, body).await?;
         let key = WorkloadKey::new(ns, &bundle.workload.metadata.name);
-        if self.exists(&key).await? {
-            return Err(Error::new(
+        let exists = || {
+            Error::new(
                 ErrorCode::Conflict,
                 format!(
                     "workload {key} already exists; update it with PUT (`katcall apply` does this)"
                 ),
-            ));
+            )
+        };
+        if self.exists(&key).await? {
+            return Err(exists());
         }
-        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        // A detached node's workloads all go to its parent at rejoin, which takes at most
+        // MAX_PINNED_PER_NODE from it: say so now, not then.
+        if let Some(node) = &self.pin_to_node {
+            if self.pinned_to(node).await? >= MAX_PINNED_PER_NODE {
+                return Err(Error::forbidden(format!(
+                    "node {node} runs detached and has {MAX_PINNED_PER_NODE} workloads already, as many as its parent takes from it; delete some first"
+                )));
+            }
+        }
+        // Create only: a workload written since the check above is never replaced.
+        match workloads::create(&*self.store, &self.events, &self.clock, &bundle).await {
+            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => return Err(exists()),
+            other => other?,
+        };
         self.workload(&key).await
     }
 
@@ -147,7 +163,22 @@ impl Service {
         }
         // Create only: a workload written since the check above is never replaced.
         match workloads::create(&*self.store, &self.events, &self.clock, &bundle).await {
-            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => return Err(conflict()),
+            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => {
+                // Someone else's write came between: the same bundle (a retried submission
+                // that won) is fine, another workload is a conflict, and anything else (the
+                // namespace changed) is worth another try.
+                return match self.stored_files(&key).await? {
+                    Some(files) if files == bundle.files => Ok(PinnedWorkloadAnswer {
+                        workload: key.to_string(),
+                        created: false,
+                    }),
+                    Some(_) => Err(conflict()),
+                    None => Err(Error::new(
+                        ErrorCode::Unavailable,
+                        format!("workload {key} could not be written just now; send it again"),
+                    )),
+                };
+            }
             other => other?,
         };
         let ops = self.events.ops(&kat_leader::events::event(
