@@ -64,9 +64,7 @@ impl RejoinListener {
         let mut buf = vec![0u8; MAX_DATAGRAM];
         // A flood of junk is logged once in a while, not once per datagram.
         let mut last_word: Option<Instant> = None;
-        let (mut window, mut checks) = (Instant::now(), 0u32);
-        // Bounded: cleared every second, and it holds at most MAX_CHECKS_PER_SECOND senders.
-        let mut by_source: HashMap<IpAddr, u32> = HashMap::new();
+        let mut budget = CheckBudget::default();
         loop {
             let (n, from) = match socket.recv_from(&mut buf).await {
                 Ok(r) => r,
@@ -79,26 +77,13 @@ impl RejoinListener {
             // Checking a signature costs tens of microseconds: well-formed, fresh requests
             // of this cluster beyond MAX_CHECKS_PER_SECOND are not checked (junk, stale and
             // other clusters' requests cost a JSON parse and do not count).
-            if window.elapsed() >= Duration::from_secs(1) {
-                window = Instant::now();
-                checks = 0;
-                by_source.clear();
-            }
             let checked = match protocol::parse_request(&buf[..n], &self.cluster, SystemTime::now())
             {
                 Err(why) => Err(why),
-                Ok(_)
-                    if checks >= MAX_CHECKS_PER_SECOND
-                        || by_source.get(&from.ip()).copied().unwrap_or(0)
-                            >= MAX_CHECKS_PER_SOURCE =>
-                {
+                Ok(_) if !budget.take(from.ip(), Instant::now()) => {
                     Err("too many rejoin requests this second".to_string())
                 }
-                Ok(request) => {
-                    checks += 1;
-                    *by_source.entry(from.ip()).or_insert(0) += 1;
-                    self.check(request, &mut nonces).await
-                }
+                Ok(request) => self.check(request, &mut nonces).await,
             };
             match checked {
                 Ok(request) => {
@@ -167,5 +152,67 @@ impl RejoinListener {
             return Err(format!("node {node} is not a node of this cluster"));
         }
         Ok(request)
+    }
+}
+
+/// How many signature checks are left this second, in all and per sender.
+struct CheckBudget {
+    window: Instant,
+    checks: u32,
+    /// Bounded: cleared every second, and it holds at most MAX_CHECKS_PER_SECOND senders.
+    by_source: HashMap<IpAddr, u32>,
+}
+
+impl Default for CheckBudget {
+    fn default() -> Self {
+        CheckBudget {
+            window: Instant::now(),
+            checks: 0,
+            by_source: HashMap::new(),
+        }
+    }
+}
+
+impl CheckBudget {
+    /// Whether a request from `from` may be checked now (and counts it if so).
+    fn take(&mut self, from: IpAddr, now: Instant) -> bool {
+        if now.duration_since(self.window) >= Duration::from_secs(1) {
+            self.window = now;
+            self.checks = 0;
+            self.by_source.clear();
+        }
+        let mine = self.by_source.get(&from).copied().unwrap_or(0);
+        if self.checks >= MAX_CHECKS_PER_SECOND || mine >= MAX_CHECKS_PER_SOURCE {
+            return false;
+        }
+        self.checks += 1;
+        self.by_source.insert(from, mine + 1);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_sender_cannot_take_the_whole_budget() {
+        let start = Instant::now();
+        let mut budget = CheckBudget {
+            window: start,
+            ..CheckBudget::default()
+        };
+        let flooder = IpAddr::from([10, 0, 0, 66]);
+        let taken = (0..100).filter(|_| budget.take(flooder, start)).count();
+        assert_eq!(taken, MAX_CHECKS_PER_SOURCE as usize);
+        // The laptop asking in the same second is still checked.
+        assert!(budget.take(IpAddr::from([10, 0, 0, 7]), start));
+        // Many senders together stop at the global bound.
+        let others = (1..=200u8)
+            .filter(|i| budget.take(IpAddr::from([10, 1, 0, *i]), start))
+            .count() as u32;
+        assert_eq!(others, MAX_CHECKS_PER_SECOND - MAX_CHECKS_PER_SOURCE - 1);
+        // A second later the flooder is checked again.
+        assert!(budget.take(flooder, start + Duration::from_secs(1)));
     }
 }
