@@ -1935,6 +1935,31 @@ fn detached_laptop_rejoins() {
         Duration::from_secs(60),
         || shells_with("notes-marker") == 1,
     );
+    // And one in a namespace made on the laptop, which the parent does not have: at rejoin
+    // the parent refuses it for good, and its bundle is kept on the laptop, not lost.
+    let survey = h.path("survey");
+    std::fs::create_dir_all(&survey).unwrap();
+    std::fs::write(
+        survey.join("workload.kat"),
+        service("survey", 1).replace("namespace: default", "namespace: field"),
+    )
+    .unwrap();
+    for args in [
+        vec!["create", "namespace", "field"],
+        vec!["apply", "-f", survey.to_str().unwrap()],
+    ] {
+        let out = katcall_with(&h, WORKER, &local, &args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    wait(
+        "survey running on the laptop",
+        Duration::from_secs(60),
+        || shells_with("survey-marker") == 1,
+    );
     let file = katcall_with(&h, WORKER, &local, &["describe", "workload", "notes"]);
     assert!(
         String::from_utf8_lossy(&file.stdout).contains("kat.dws.rip/nodeName=n4"),
@@ -2075,6 +2100,32 @@ fn detached_laptop_rejoins() {
     assert!(
         text.contains("answered this node's rejoin request"),
         "the rejoin went through the multicast exchange"
+    );
+    assert!(
+        text.contains("1 of 2 workload(s) created while detached were submitted"),
+        "notes went to the parent, survey did not"
+    );
+    let refused: Vec<String> = std::fs::read_dir(h.data(WORKER).join("agent/rejoin-refused"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        refused.len() == 1 && refused[0].starts_with("field.survey."),
+        "survey's bundle is kept: {refused:?}"
+    );
+    let namespaces = h.katcall(1, &["get", "namespaces"]);
+    assert!(namespaces.status.success());
+    assert!(
+        !String::from_utf8_lossy(&namespaces.stdout).contains("field"),
+        "the parent has neither the laptop's namespace nor its workload"
+    );
+    wait(
+        "survey stopped on the laptop (the parent did not take it)",
+        Duration::from_secs(60),
+        || shells_with("survey-marker") == 0,
     );
     assert!(metric(&h, "kat_rejoin_requests_total{outcome=\"answered\"}") >= 1.0);
     wait(
