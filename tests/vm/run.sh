@@ -9,7 +9,8 @@
 #   systemd scopes), setup, cluster-up, network, build (a git workload built by buildah in
 #   the guest: VM_EXTRA_PKGS adds buildah to the image), limits (memory OOMKilled, cpu.max and throttling, pids.max vs a fork
 #   bomb), agent-restart (containers survive, re-adopted), reboot (workloads back, logs
-#   intact), uninstall (nothing left).
+#   intact), backup-restore (a backup, `kat-agent restore` by the operations guide's steps:
+#   workloads adopted, a later one gone), uninstall (nothing left).
 # Prints one PASS/FAIL line per scenario; exits non-zero if any failed.
 # Env: KAT_VM_KEEP=1 leaves the VM running afterwards; KAT_VM_SCENARIOS="setup cluster-up
 # limits" runs only those (setup first when any later one is named); VM_* as in
@@ -48,6 +49,7 @@ cp "$ESCAPE" "$STAGE/kat-vm/tests/escape"
 cp -a "$KAT_TEST_PROBE_DIR" "$STAGE/kat-vm/probe"
 cp target/debug/kat-runtime-helper "$STAGE/kat-vm/tests/"
 cp target/release/kat-agent target/release/katcall "$KAT_INIT" "$(command -v etcd)" \
+   "$(command -v etcdctl)" \
    "$(command -v docker-registry)" "$STAGE/kat-vm/bin/"
 cp -a target/kat-fixtures/registry/. "$STAGE/kat-vm/registry/"
 cp tests/vm/scenarios.sh "$STAGE/kat-vm/"

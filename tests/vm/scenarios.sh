@@ -330,6 +330,48 @@ s_reboot() {
   [ "$old" -ge "$lines_before" ] && [ "$now" -gt 0 ]
 }
 
+# RFC 001 §5.4–5.5 on a setup-installed node, by the steps of docs/operations.md: a manual
+# backup (0600, owned by kat, its checksum beside it), a workload applied after it, the
+# agent stopped (containers keep running), `kat-agent restore` as kat, the agent started:
+# the backup's workloads are adopted (same instance ids, same processes), the later one is
+# gone as a whole and its container stopped.
+s_backup_restore() {
+  local ticker spin snap late late_scope before after
+  ticker=$(instance_of ticker); spin=$(instance_of spinner)
+  K backup create || return 1
+  K get backups | tee /dev/stderr | grep -q manual || return 1
+  snap=$(sudo sh -c "ls -t $STATE/backups/*.db" | head -1)
+  [ -n "$snap" ] || { log "no snapshot file in $STATE/backups"; return 1; }
+  [ "$(sudo stat -c '%a %U' "$snap")" = "600 kat" ] || { sudo ls -l "$snap"; return 1; }
+  # The .sha256 file is `sha256sum -c` input (the directory is kat's alone, 0700).
+  sudo sh -c "cd '$(dirname "$snap")' && sha256sum -c '$(basename "$snap").sha256'" || return 1
+  workload late 'while :; do sleep 1; done' || return 1
+  late_running() { local id; id=$(instance_of late); [ -n "$id" ] && running "$id"; }
+  until_ok 120 late_running || { K get instances; return 1; }
+  late=$(instance_of late); late_scope=$(scope_of "$late")
+  [ -n "$late_scope" ] || { log "no scope for late"; return 1; }
+  before=$(sudo cat "$(scope_of "$spin")/cgroup.procs" | sort | tr '\n' ' ')
+  ku stop kat-agent || return 1
+  [ "$(sudo cat "$(scope_of "$spin")/cgroup.procs" | sort | tr '\n' ' ')" = "$before" ] \
+    || { log "the spinner stopped with the agent"; return 1; }
+  sudo install -m 0755 "$BIN/etcdctl" /usr/local/bin/etcdctl || return 1
+  local t0=$SECONDS
+  (cd / && sudo -u kat /usr/local/bin/kat-agent restore --data-dir "$STATE/node" \
+      --snapshot "$snap" --etcdctl /usr/local/bin/etcdctl) || return 1
+  ku start kat-agent || return 1
+  until_ok 240 bash -c "sudo katcall --config $STATE/katcall.yaml get nodes | grep -q Ready" || return 1
+  until_ok 120 running "$ticker" || { K get instances; return 1; }
+  until_ok 60 running "$spin" || { K get instances; return 1; }
+  log "restore to Ready with the backup's workloads running: $((SECONDS - t0)) s"
+  after=$(sudo cat "$(scope_of "$spin")/cgroup.procs" | sort | tr '\n' ' ')
+  log "spinner processes before: $before after: $after"
+  [ "$before" = "$after" ] || { log "the spinner was not adopted"; return 1; }
+  K get workloads | grep -qw late && { log "late is still there after the restore"; return 1; }
+  until_ok 120 bash -c "[ ! -d '$late_scope' ]" || { log "late's container still runs: $late_scope"; return 1; }
+  sudo rm -f /usr/local/bin/etcdctl
+  sudo sh -c "rm -rf $STATE/node/etcd.before-restore-*"
+}
+
 s_uninstall() {
   sudo "$BIN/kat-agent" setup --uninstall || return 1
   local left=0
@@ -351,6 +393,7 @@ if [ "${results[-1]:-}" = "PASS setup" ]; then
   scenario limits s_limits
   scenario agent-restart s_agent_restart
   scenario reboot s_reboot
+  scenario backup-restore s_backup_restore
   scenario uninstall s_uninstall
 fi
 echo
