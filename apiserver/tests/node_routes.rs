@@ -690,3 +690,54 @@ async fn a_detached_nodes_local_api_takes_no_more_than_its_parent_will() {
         "a refused workload writes nothing"
     );
 }
+
+/// The cap holds under parallel submissions too: a compromised worker sending many at once
+/// gets no more than MAX_PINNED_PER_NODE in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_pinned_submissions_stop_at_the_cap() {
+    let api = Arc::new(Api::new(None).await);
+    for ns in kat_api::namespace::SYSTEM_NAMESPACES {
+        kat_leader::namespaces::create(&*api.store, &Clock::system(), ns, true)
+            .await
+            .unwrap();
+    }
+    let cap = kat_apiserver::service::MAX_PINNED_PER_NODE;
+    let tasks: Vec<_> = (0..cap * 3)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let bundle = pinned_bundle(&format!("p{i}"), "default", Some("w1"), "httpd");
+                api.send_bytes(
+                    W1,
+                    Method::POST,
+                    "/v1alpha1/nodes/w1/workloads/default",
+                    "application/gzip",
+                    bundle,
+                )
+                .await
+                .0
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            StatusCode::CREATED => created += 1,
+            StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected answer {other}"),
+        }
+    }
+    let stored = api
+        .store
+        .list("/kat/workloads/desired/default/")
+        .await
+        .unwrap()
+        .kvs
+        .iter()
+        .filter_map(|kv| kv.key.split('/').nth(5).map(str::to_string))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    assert!(created <= cap, "{created} accepted, more than {cap}");
+    assert!(stored <= cap, "{stored} stored, more than {cap}");
+    assert_eq!(created, stored, "every 201 is a stored workload, and only those");
+}

@@ -56,6 +56,10 @@ pub struct Service {
     /// Set on a detached node's local API: every workload applied there is pinned to it
     /// (`nodeSelector: {kat.dws.rip/nodeName: NODE}`, RFC 001 §4.9).
     pub pin_to_node: Option<String>,
+    /// Held from counting a node's pinned workloads to writing one more: the cap
+    /// (MAX_PINNED_PER_NODE) holds under parallel submissions. Only the leader's API (or a
+    /// detached node's own) writes them, so one process-wide lock is enough.
+    pub pinned_writes: tokio::sync::Mutex<()>,
 }
 
 impl Service {
@@ -76,6 +80,7 @@ impl Service {
             node_limits: Default::default(),
             backups: None,
             pin_to_node: None,
+            pinned_writes: tokio::sync::Mutex::new(()),
         }
     }
 }

@@ -96,6 +96,10 @@ impl Service {
         }
         // A detached node's workloads all go to its parent at rejoin, which takes at most
         // MAX_PINNED_PER_NODE from it: say so now, not then.
+        let _counted = match &self.pin_to_node {
+            Some(_) => Some(self.pinned_writes.lock().await),
+            None => None,
+        };
         if let Some(node) = &self.pin_to_node {
             if self.pinned_to(node).await? >= MAX_PINNED_PER_NODE {
                 return Err(Error::forbidden(format!(
@@ -155,6 +159,7 @@ impl Service {
             }
             return Err(conflict());
         }
+        let _counted = self.pinned_writes.lock().await;
         let pinned = self.pinned_to(node).await?;
         if pinned >= MAX_PINNED_PER_NODE {
             return Err(Error::forbidden(format!(
