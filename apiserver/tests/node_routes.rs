@@ -739,5 +739,8 @@ async fn parallel_pinned_submissions_stop_at_the_cap() {
         .len();
     assert!(created <= cap, "{created} accepted, more than {cap}");
     assert!(stored <= cap, "{stored} stored, more than {cap}");
-    assert_eq!(created, stored, "every 201 is a stored workload, and only those");
+    assert_eq!(
+        created, stored,
+        "every 201 is a stored workload, and only those"
+    );
 }
