@@ -769,7 +769,14 @@ fn one_node_cluster_end_to_end() {
     );
     let table = c.katcall_ok(&["top", "instances"]);
     assert!(
-        table.starts_with("WORKLOAD") && table.contains("Mi"),
+        table.starts_with("WORKLOAD")
+            && table
+                .lines()
+                .skip(1)
+                .all(|row| row
+                    .split_whitespace()
+                    .nth(4)
+                    .is_some_and(|m| ["B", "Ki", "Mi", "Gi"].iter().any(|u| m.ends_with(u)))),
         "{table}"
     );
     let (_, metrics) = c.curl(&[
