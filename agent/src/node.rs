@@ -253,13 +253,23 @@ pub async fn run(options: NodeOptions) -> Result<()> {
     Ok(())
 }
 
+/// `{data}/identity.json`: what `init` or `join` made this node.
+pub(crate) fn read_identity(layout: &Layout) -> Result<NodeIdentity> {
+    let path = layout.identity();
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!(
+            "{} not found: {} is not the data directory of an initialized node (--data-dir)",
+            path.display(),
+            layout.root.display()
+        )
+    })?;
+    serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", path.display()))
+}
+
 /// `--parent-cluster-name` is for a worker of that cluster: checked before anything starts.
 fn check_parent(data_dir: &Path, parent: &str) -> Result<()> {
     let layout = Layout::new(data_dir);
-    let identity: NodeIdentity = std::fs::read(layout.identity())
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .with_context(|| format!("{} is not an initialized node", layout.root.display()))?;
+    let identity = read_identity(&layout)?;
     if parent != identity.cluster_name {
         bail!(
             "--parent-cluster-name: is {parent:?}, but this node joined cluster {:?} (see {})",
@@ -842,7 +852,7 @@ async fn stored_token_hash(store: &dyn StateStore) -> Result<[u8; 32]> {
     Ok(out)
 }
 
-fn write_client_config(path: &Path, config: &ClientConfig) -> Result<()> {
+pub(crate) fn write_client_config(path: &Path, config: &ClientConfig) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }

@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use kat_api::wire::{rfc3339, url_host};
 
 use crate::layout::{Layout, NodeIdentity};
+use crate::node::read_identity;
 
 pub struct RestoreOptions {
     pub snapshot: PathBuf,
@@ -29,18 +30,6 @@ fn stamp() -> String {
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
         .collect()
-}
-
-fn read_identity(layout: &Layout) -> Result<NodeIdentity> {
-    let path = layout.identity();
-    let bytes = std::fs::read(&path).with_context(|| {
-        format!(
-            "{} not found: {} is not the data directory of an initialized node (--data-dir)",
-            path.display(),
-            layout.root.display()
-        )
-    })?;
-    serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", path.display()))
 }
 
 fn write_identity(layout: &Layout, identity: &NodeIdentity) -> Result<()> {

@@ -64,6 +64,10 @@ pub fn node_statuses() -> &'static str {
 pub fn workload_desired(ns: &str, name: &str) -> String {
     format!("/kat/workloads/desired/{ns}/{name}/")
 }
+/// Every workload's desired state, in all namespaces.
+pub fn all_workloads_desired() -> &'static str {
+    "/kat/workloads/desired/"
+}
 pub fn workloads_desired(ns: &str) -> String {
     format!("/kat/workloads/desired/{ns}/")
 }

@@ -254,10 +254,8 @@ impl LocalCluster {
             token,
         };
         let path = client_config.clone();
-        tokio::task::spawn_blocking(move || {
-            kat_pki::write_secret(&path, &yaml_serde::to_string(&config)?)
-        })
-        .await??;
+        tokio::task::spawn_blocking(move || crate::node::write_client_config(&path, &config))
+            .await??;
         Ok(LocalCluster {
             dir,
             state,
@@ -273,12 +271,10 @@ impl LocalCluster {
 
     /// Every workload of the local cluster, with its files as stored.
     pub async fn workloads(&self) -> Result<Vec<LocalWorkload>> {
-        let list = self.store.list("/kat/workloads/desired/").await?;
+        let list = self.store.list(keys::all_workloads_desired()).await?;
         let mut out: BTreeMap<(String, String), BTreeMap<String, Vec<u8>>> = BTreeMap::new();
         for kv in list.kvs {
-            let rest = kv.key.trim_start_matches("/kat/workloads/desired/");
-            let parts: Vec<&str> = rest.split('/').collect();
-            if let [ns, name, "manifest", file] = parts.as_slice() {
+            if let Some(keys::Key::WorkloadManifest { ns, name, file }) = keys::parse(&kv.key) {
                 out.entry((ns.to_string(), name.to_string()))
                     .or_default()
                     .insert(file.to_string(), kv.value);
@@ -366,18 +362,31 @@ pub async fn retire(dir: PathBuf) -> Result<()> {
 async fn new_ports(dir: &Path, state: DetachedState) -> Result<DetachedState> {
     let dir = dir.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<DetachedState> {
-        let ports = EtcdServerConfig::loopback("local", &dir)?;
+        let (etcd_client_url, etcd_peer_url) = loopback_urls(&dir)?;
         let state = DetachedState {
-            etcd_client_url: ports.client_url.replace("http://", "https://"),
-            etcd_peer_url: ports.peer_url.replace("http://", "https://"),
+            etcd_client_url,
+            etcd_peer_url,
             ..state
         };
-        let file = dir.join("state.json");
-        kat_runtime::state_file::write_atomic(&file, &serde_json::to_vec_pretty(&state)?, 0o600)
-            .with_context(|| format!("cannot write {}", file.display()))?;
+        write_state(&dir, &state)?;
         Ok(state)
     })
     .await?
+}
+
+/// Free loopback client and peer URLs (TLS) for the local etcd.
+fn loopback_urls(dir: &Path) -> Result<(String, String)> {
+    let ports = EtcdServerConfig::loopback("local", dir)?;
+    Ok((
+        ports.client_url.replace("http://", "https://"),
+        ports.peer_url.replace("http://", "https://"),
+    ))
+}
+
+fn write_state(dir: &Path, state: &DetachedState) -> Result<()> {
+    let file = dir.join("state.json");
+    kat_runtime::state_file::write_atomic(&file, &serde_json::to_vec_pretty(state)?, 0o600)
+        .with_context(|| format!("cannot write {}", file.display()))
 }
 
 /// The directory and its state file: read back after a restart, else new (free loopback
@@ -402,16 +411,15 @@ async fn prepare(
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        let ports = EtcdServerConfig::loopback("local", &dir)?;
+        let (etcd_client_url, etcd_peer_url) = loopback_urls(&dir)?;
         let state = DetachedState {
             parent_cluster,
             since: rfc3339(SystemTime::now()),
-            etcd_client_url: ports.client_url.replace("http://", "https://"),
-            etcd_peer_url: ports.peer_url.replace("http://", "https://"),
+            etcd_client_url,
+            etcd_peer_url,
             subnet,
         };
-        kat_runtime::state_file::write_atomic(&file, &serde_json::to_vec_pretty(&state)?, 0o600)
-            .with_context(|| format!("cannot write {}", file.display()))?;
+        write_state(&dir, &state)?;
         Ok(state)
     })
     .await?

@@ -202,11 +202,19 @@ impl Service {
 
     /// How many workloads are pinned to `node` (`kat.dws.rip/nodeName` in their workload.kat).
     async fn pinned_to(&self, node: &str) -> Result<usize> {
-        let list = self.store.list("/kat/workloads/desired/").await?;
+        let list = self.store.list(keys::all_workloads_desired()).await?;
         Ok(list
             .kvs
             .iter()
-            .filter(|kv| kv.key.ends_with("/manifest/workload.kat"))
+            .filter(|kv| {
+                matches!(
+                    keys::parse(&kv.key),
+                    Some(keys::Key::WorkloadManifest {
+                        file: "workload.kat",
+                        ..
+                    })
+                )
+            })
             .filter_map(|kv| {
                 match kat_api::parse_file("workload.kat", &kv.value, &mut kat_api::Report::new()) {
                     Some(kat_api::Quadlet::Workload(w)) => Some(w),
