@@ -90,6 +90,20 @@ pub fn open_dir_to(dir: &Path, uid: u32) -> std::io::Result<()> {
     set(dir, "system.posix_acl_access", &access)
 }
 
+/// Lets exactly `uids` (besides us, the owner) pass through the directory `dir`, which
+/// others may not even enter: a container's directory, which its root must traverse to
+/// mount its overlay and bind sources, and a slice's directory of image copies. Search
+/// only: nobody but us lists or changes it.
+pub fn searchable_by(dir: &Path, uids: &[u32]) -> std::io::Result<()> {
+    let mut uids = uids.to_vec();
+    uids.sort_unstable();
+    uids.dedup();
+    let mut entries = vec![(USER_OBJ, 7, UNDEFINED)];
+    entries.extend(uids.iter().map(|&uid| (USER, 1, uid)));
+    entries.extend([(GROUP_OBJ, 0, UNDEFINED), (MASK, 1, UNDEFINED), (OTHER, 0, UNDEFINED)]);
+    set(dir, "system.posix_acl_access", &encode(&entries))
+}
+
 /// Lets `uid` read the file `file` (owned by us, 0600) too: a build's copy of the auth file.
 pub fn open_file_to(file: &Path, uid: u32) -> std::io::Result<()> {
     let access = encode(&[

@@ -10,7 +10,6 @@
 //! root there. Tasks are written with host ids; the helper translates them.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -18,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError};
 use crate::idmap::NodeIdRange;
+use crate::tree_dir::{Kind, TreeDir};
 
 /// The first argument that makes a program the id helper.
 pub const HELPER_ARG: &str = "__kat-id-task";
@@ -192,28 +192,44 @@ fn perform(task: &IdTask) -> std::result::Result<(), String> {
                     to
                 }
             };
-            let mut stack = vec![path.clone()];
-            while let Some(p) = stack.pop() {
-                let meta =
-                    std::fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-                std::os::unix::fs::lchown(
-                    &p,
-                    Some(shift(meta.uid(), from.0, to.0)),
-                    Some(shift(meta.gid(), from.1, to.1)),
-                )
-                .map_err(|e| format!("chown {}: {e}", p.display()))?;
-                if meta.is_dir() {
-                    for entry in
-                        std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", p.display()))?
-                    {
-                        stack.push(entry.map_err(|e| e.to_string())?.path());
+            // By descriptor (`tree_dir`): a container writing this tree at the same time
+            // cannot swap a directory for a symlink and have us chown the host's files.
+            let top = TreeDir::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let me = top.stat_self().map_err(|e| format!("{}: {e}", path.display()))?;
+            top.chown_self(shift(me.uid, from.0, to.0), shift(me.gid, from.1, to.1))
+                .map_err(|e| format!("chown {}: {e}", path.display()))?;
+            let mut stack = vec![(top, PathBuf::new())];
+            while let Some((dir, rel)) = stack.pop() {
+                let names = dir
+                    .names()
+                    .map_err(|e| format!("{}: {e}", path.join(&rel).display()))?;
+                for name in names {
+                    let shown = || path.join(&rel).join(&name).display().to_string();
+                    let Some(entry) = dir.stat(&name).map_err(|e| format!("{}: {e}", shown()))?
+                    else {
+                        continue;
+                    };
+                    dir.chown(
+                        &name,
+                        shift(entry.uid, from.0, to.0),
+                        shift(entry.gid, from.1, to.1),
+                    )
+                    .map_err(|e| format!("chown {}: {e}", shown()))?;
+                    if entry.kind == Kind::Dir {
+                        let sub = dir.dir(&name).map_err(|e| format!("{}: {e}", shown()))?;
+                        stack.push((sub, rel.join(&name)));
                     }
                 }
             }
             Ok(())
         }
         IdTask::Own { paths, owner } => paths.iter().try_for_each(|path| {
-            std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1))
+            // The entry itself, by descriptor of its parent (a path we made): never followed.
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(format!("{} has no parent", path.display()));
+            };
+            TreeDir::open(parent)
+                .and_then(|dir| dir.chown(name, owner.0, owner.1))
                 .map_err(|e| format!("chown {}: {e}", path.display()))
         }),
         IdTask::Remove { path } => crate::image::layer::make_writable_and_remove(path)

@@ -31,6 +31,7 @@ pub mod network;
 pub mod rootfs;
 pub mod spec;
 pub mod state_file;
+pub mod tree_dir;
 pub mod types;
 pub mod volume_paths;
 

@@ -223,10 +223,12 @@ impl NativeRuntime {
                 ),
             });
         }
-        for sub in ["containers", "libcontainer", "images"] {
+        // Searchable (each container's own directory then lets only its slice in), except
+        // the image store, which only we read: workloads get shifted copies (`slots/`).
+        for (sub, mode) in [("containers", 0o711), ("libcontainer", 0o711), ("images", 0o700)] {
             let dir = config.root.join(sub);
             fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
                 .context(|| format!("chmod {}", dir.display()))?;
         }
         fs::set_permissions(&config.root, fs::Permissions::from_mode(0o711))
@@ -245,8 +247,8 @@ impl NativeRuntime {
         let images = ImageStore::open(&config.root.join("images"), IdMap::identity())?
             .with_limits(config.image_limits)
             .with_timeouts(config.pull_timeouts);
-        // Searchable, not listable: each workload's copy of an image is the lower layer of
-        // its overlays, which its container's root must reach through here.
+        // Searchable, not listable: each slice's directory below lets only its own root
+        // through to the image copies that are the lower layers of its overlays.
         let slots = config.root.join("slots");
         fs::create_dir_all(&slots).context(|| format!("creating {}", slots.display()))?;
         fs::set_permissions(&slots, fs::Permissions::from_mode(0o711))
@@ -511,6 +513,12 @@ impl NativeRuntime {
         let ids = range.slot_map(slot, !nix::unistd::geteuid().is_root());
         let host_root = range.slot_root(slot);
         let host_user = (ids.host_uid(uid), ids.host_gid(gid));
+        crate::acl::searchable_by(dir, &[host_root.0, host_user.0]).context(|| {
+            format!(
+                "setting an ACL on {} (the file system must support POSIX ACLs)",
+                dir.display()
+            )
+        })?;
         let logs = dir.join("logs");
         let etc = dir.join("etc");
         let rootfs = dir.join("rootfs");
@@ -820,10 +828,26 @@ impl NativeRuntime {
     /// overlays, made once per image and slice and kept under `slots/`.
     async fn slot_rootfs(&self, image_id: &str, snapshot: &Path, slot: u32) -> Result<PathBuf> {
         let hex = image_id.trim_start_matches("sha256:");
-        let dest = self.config.root.join("slots").join(format!("{hex}-{slot}"));
+        // One directory per slice, which only that slice's root may pass through: other
+        // local users (and other slices) cannot read the image copies below.
+        let slice_dir = self.config.root.join("slots").join(slot.to_string());
+        let dest = slice_dir.join(hex);
         if dest.is_dir() {
             return Ok(dest);
         }
+        let slice_root = self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?
+            .slot_root(slot);
+        fs::create_dir_all(&slice_dir).context(|| format!("creating {}", slice_dir.display()))?;
+        fs::set_permissions(&slice_dir, fs::Permissions::from_mode(0o700))
+            .context(|| format!("chmod {}", slice_dir.display()))?;
+        crate::acl::searchable_by(&slice_dir, &[slice_root.0])
+            .context(|| format!("setting an ACL on {}", slice_dir.display()))?;
         let range = *self
             .range
             .as_ref()
@@ -1107,9 +1131,9 @@ impl ContainerRuntime for NativeRuntime {
             return Err(RuntimeError::ContainerExists(options.id.clone()));
         }
         fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-        // Searchable, not listable: container root (a different host uid when the agent is
-        // root) must reach its overlay directories and bind sources through here.
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o711))
+        // Ours alone until `create_in` knows the slice: then its root (a different host uid)
+        // may pass through to mount its overlay and bind sources, and no other user may.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
             .context(|| format!("chmod {}", dir.display()))?;
         match self.create_in(options, &dir).await {
             Ok(meta) => {

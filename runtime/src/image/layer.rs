@@ -5,7 +5,8 @@
 //! every entry was accepted, so a rejected layer leaves nothing behind. An entry is rejected
 //! when it would land outside the layer directory: a `..` component, a parent that is a
 //! symlink, or a hard link whose target is outside or is not yet unpacked. Symlink *targets*
-//! are stored as they are; they are never followed while unpacking.
+//! are stored as they are; they are never followed while unpacking: every operation goes
+//! through [`crate::tree_dir`] (by descriptor, `openat2` refusing symlinks).
 //!
 //! Whiteouts (`.wh.NAME`) and opaque markers (`.wh..wh..opq`) are kept as empty files here;
 //! [`super::snapshot`] honours them when it flattens an image's layers. A whiteout must name
@@ -27,13 +28,14 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 
 use super::limits::Budget;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::idmap::IdMap;
+use crate::tree_dir::{self, Kind, TreeDir};
 
 /// How the unpacked files are owned on the host.
 #[derive(Clone, Copy)]
@@ -112,41 +114,10 @@ pub fn unpack(
     }
 }
 
-/// Removes a tree even where an image made directories read-only.
+/// Removes a tree even where an image made directories read-only, by descriptor: nothing
+/// below `path` is followed (see [`crate::tree_dir`]).
 pub fn make_writable_and_remove(path: &Path) -> std::io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-        Ok(meta) if !meta.is_dir() => return fs::remove_file(path),
-        Ok(_) => {}
-    }
-    if let Err(first) = fs::remove_dir_all(path) {
-        if first.kind() == std::io::ErrorKind::NotFound {
-            return Ok(());
-        }
-        for entry in walk_dirs(path) {
-            let _ = fs::set_permissions(&entry, fs::Permissions::from_mode(0o700));
-        }
-        fs::remove_dir_all(path)?;
-    }
-    Ok(())
-}
-
-fn walk_dirs(root: &Path) -> Vec<PathBuf> {
-    let mut out = vec![root.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        let _ = fs::set_permissions(&out[i], fs::Permissions::from_mode(0o700));
-        if let Ok(entries) = fs::read_dir(&out[i]) {
-            for e in entries.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    out.push(e.path());
-                }
-            }
-        }
-        i += 1;
-    }
-    out
+    crate::tree_dir::remove_tree(path)
 }
 
 fn bad(digest: &str, reason: impl Into<String>) -> RuntimeError {
@@ -178,44 +149,38 @@ fn clean_path(raw: &[u8], digest: &str) -> Result<Option<PathBuf>> {
     Ok((!out.as_os_str().is_empty()).then_some(out))
 }
 
-/// Creates the parents of `rel` under `root`, refusing to pass through anything that is
-/// not a real directory (a symlink planted by an earlier entry, say).
-fn safe_parent(root: &Path, rel: &Path, digest: &str) -> Result<PathBuf> {
-    let mut at = root.to_path_buf();
-    if let Some(parent) = rel.parent() {
-        for component in parent.components() {
-            at.push(component);
-            match fs::symlink_metadata(&at) {
-                Ok(meta) if meta.is_dir() => {}
-                Ok(_) => {
-                    return Err(bad(
-                        digest,
-                        format!(
-                            "entry {} passes through non-directory {}",
-                            rel.display(),
-                            component.as_os_str().to_string_lossy()
-                        ),
-                    ))
-                }
-                Err(_) => fs::create_dir(&at).context(|| format!("creating {}", at.display()))?,
-            }
+/// The directory that will hold `rel`, created as needed, refusing to pass through anything
+/// that is not a real directory (a symlink planted by an earlier entry, say), and the
+/// entry's own name.
+fn parent_of<'r>(root: &TreeDir, rel: &'r Path, digest: &str) -> Result<(TreeDir, &'r OsStr)> {
+    let name = rel
+        .file_name()
+        .ok_or_else(|| bad(digest, format!("entry {} has no name", rel.display())))?;
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    let dir = root.make_dirs(parent, 0o755).map_err(|e| {
+        if tree_dir::is_symlink_refusal(&e) || e.raw_os_error() == Some(nix::libc::ENOTDIR) {
+            bad(
+                digest,
+                format!(
+                    "entry {} passes through non-directory (or symlink) on its way",
+                    rel.display()
+                ),
+            )
+        } else {
+            bad(digest, format!("creating the parents of {}: {e}", rel.display()))
         }
-    }
-    Ok(root.join(rel))
+    })?;
+    Ok((dir, name))
 }
 
-fn remove_existing(path: &Path, keep_dir: bool) -> Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => {
-            if !keep_dir {
-                make_writable_and_remove(path)
-                    .context(|| format!("replacing {}", path.display()))?;
-            }
-        }
-        Ok(_) => fs::remove_file(path).context(|| format!("replacing {}", path.display()))?,
-        Err(_) => {}
+/// Makes room for a new entry `name`: whatever is there goes (a directory only when
+/// `keep_dir` is false), never following a symlink.
+fn remove_existing(dir: &TreeDir, name: &OsStr, keep_dir: bool) -> std::io::Result<()> {
+    match dir.stat(name)? {
+        Some(e) if e.kind == Kind::Dir && keep_dir => Ok(()),
+        Some(_) => dir.remove(name),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Extension headers (PAX records, GNU long names) allowed before one entry. The `tar`
@@ -322,7 +287,13 @@ fn unpack_into(
     };
     let mut archive = tar::Archive::new(stream);
     let mut stats = LayerStats::default();
-    // Directory modes are applied last, so a read-only directory can still be filled.
+    let top = TreeDir::open(root).context(|| format!("opening {}", root.display()))?;
+    let io = |what: String| move |e: std::io::Error| bad(digest, format!("{what}: {e}"));
+    // Directory modes are applied last, so a read-only directory can still be filled. They
+    // are kept by path inside the layer and applied through a fresh descriptor walk that
+    // refuses symlinks: a later entry that replaced the directory with a symlink to the
+    // host (the attack this module is written against) makes the walk fail, and the mode
+    // is dropped with the directory it belonged to.
     let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
     let entries = archive
         .entries()
@@ -349,104 +320,134 @@ fn unpack_into(
             continue;
         };
         check_whiteouts(&rel, digest)?;
-        let target = safe_parent(root, &rel, digest)?;
         let kind = header.entry_type();
+        if matches!(
+            kind,
+            tar::EntryType::XGlobalHeader
+                | tar::EntryType::XHeader
+                | tar::EntryType::GNULongName
+                | tar::EntryType::GNULongLink
+        ) {
+            continue;
+        }
+        if matches!(kind, tar::EntryType::Char | tar::EntryType::Block) {
+            // Containers get their /dev from the runtime; device nodes in images are
+            // neither needed nor creatable without privilege.
+            tracing::debug!(layer = digest, path = %rel.display(), "skipping device node");
+            continue;
+        }
+        let (dir, name) = parent_of(&top, &rel, digest)?;
+        let shown = rel.display();
         let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
         if kind != tar::EntryType::Directory {
             // See the module comment. (Setgid on a directory only passes its group on.)
             mode &= !0o6000;
         }
+        let owner = match ownership {
+            Ownership::Mapped(ids) => {
+                let uid = header.uid().unwrap_or(0).min(u32::MAX as u64) as u32;
+                let gid = header.gid().unwrap_or(0).min(u32::MAX as u64) as u32;
+                Some((ids.host_uid(uid), ids.host_gid(gid)))
+            }
+            Ownership::Squashed => None,
+        };
         match kind {
             tar::EntryType::Directory => {
-                remove_existing(&target, true)?;
-                if !target.is_dir() {
-                    fs::create_dir(&target).context(|| format!("creating {}", target.display()))?;
+                remove_existing(&dir, name, true).map_err(io(format!("replacing {shown}")))?;
+                if dir.stat(name).map_err(io(format!("stat {shown}")))?.is_none() {
+                    dir.mkdir(name, 0o755)
+                        .map_err(io(format!("creating {shown}")))?;
                 }
-                dir_modes.push((target.clone(), mode));
+                dir_modes.push((rel.clone(), mode));
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                remove_existing(&target, false)?;
-                let mut file = fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(&target)
-                    .context(|| format!("creating {}", target.display()))?;
+                remove_existing(&dir, name, false).map_err(io(format!("replacing {shown}")))?;
+                let mut file = dir
+                    .create_file(name, 0o600)
+                    .map_err(io(format!("creating {shown}")))?;
                 std::io::copy(&mut entry, &mut file)
-                    .map_err(|e| stream_error(&format!("reading {}", rel.display()), e))?;
-                fs::set_permissions(&target, fs::Permissions::from_mode(mode))
-                    .context(|| format!("chmod {}", target.display()))?;
+                    .map_err(|e| stream_error(&format!("reading {shown}"), e))?;
+                // On the descriptor: the file we wrote, whatever its name means by now.
+                if let Some((uid, gid)) = owner {
+                    std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                        .map_err(io(format!("chown {shown}")))?;
+                }
+                file.set_permissions(fs::Permissions::from_mode(mode))
+                    .map_err(io(format!("chmod {shown}")))?;
+                continue;
             }
             tar::EntryType::Symlink => {
                 let link = entry
                     .link_name()
-                    .map_err(|e| bad(digest, format!("symlink {}: {e}", rel.display())))?
-                    .ok_or_else(|| {
-                        bad(digest, format!("symlink {} has no target", rel.display()))
-                    })?;
-                remove_existing(&target, false)?;
-                symlink(&link, &target).context(|| format!("symlink {}", target.display()))?;
+                    .map_err(|e| bad(digest, format!("symlink {shown}: {e}")))?
+                    .ok_or_else(|| bad(digest, format!("symlink {shown} has no target")))?;
+                remove_existing(&dir, name, false).map_err(io(format!("replacing {shown}")))?;
+                dir.symlink(&link, name)
+                    .map_err(io(format!("symlink {shown}")))?;
             }
             tar::EntryType::Link => {
-                let link = entry.link_name_bytes().ok_or_else(|| {
-                    bad(digest, format!("hard link {} has no target", rel.display()))
-                })?;
+                let link = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| bad(digest, format!("hard link {shown} has no target")))?;
                 let link_rel = clean_path(&link, digest)?.ok_or_else(|| {
+                    bad(digest, format!("hard link {shown} points at the layer root"))
+                })?;
+                let not_earlier = || {
                     bad(
                         digest,
-                        format!("hard link {} points at the layer root", rel.display()),
+                        format!(
+                            "hard link {shown} targets {} which is not a file earlier in the layer",
+                            link_rel.display()
+                        ),
                     )
-                })?;
-                let source = safe_parent(root, &link_rel, digest)?;
-                match fs::symlink_metadata(&source) {
-                    Ok(meta) if !meta.is_dir() => {}
-                    _ => {
-                        return Err(bad(
-                            digest,
-                            format!(
-                                "hard link {} targets {} which is not a file earlier in the layer",
-                                rel.display(),
-                                link_rel.display()
-                            ),
-                        ))
-                    }
+                };
+                let source_name = link_rel.file_name().ok_or_else(not_earlier)?;
+                let source_dir = top
+                    .walk(link_rel.parent().unwrap_or(Path::new("")))
+                    .map_err(|_| not_earlier())?;
+                match source_dir.stat(source_name) {
+                    Ok(Some(e)) if e.kind != Kind::Dir => {}
+                    _ => return Err(not_earlier()),
                 }
-                remove_existing(&target, false)?;
-                fs::hard_link(&source, &target)
-                    .context(|| format!("hard link {}", target.display()))?;
+                if link_rel != rel {
+                    remove_existing(&dir, name, false)
+                        .map_err(io(format!("replacing {shown}")))?;
+                    dir.hard_link(&source_dir, source_name, name)
+                        .map_err(io(format!("hard link {shown}")))?;
+                }
                 continue; // shares the target's owner and mode
             }
             tar::EntryType::Fifo => {
-                remove_existing(&target, false)?;
-                nix::unistd::mkfifo(&target, nix::sys::stat::Mode::from_bits_truncate(mode))
-                    .map_err(|e| bad(digest, format!("mkfifo {}: {e}", rel.display())))?;
+                remove_existing(&dir, name, false).map_err(io(format!("replacing {shown}")))?;
+                dir.mkfifo(name, mode)
+                    .map_err(io(format!("mkfifo {shown}")))?;
             }
-            tar::EntryType::Char | tar::EntryType::Block => {
-                // Containers get their /dev from the runtime; device nodes in images are
-                // neither needed nor creatable without privilege.
-                tracing::debug!(layer = digest, path = %rel.display(), "skipping device node");
-                continue;
-            }
-            tar::EntryType::XGlobalHeader
-            | tar::EntryType::XHeader
-            | tar::EntryType::GNULongName
-            | tar::EntryType::GNULongLink => continue,
             other => {
                 return Err(bad(
                     digest,
-                    format!("entry {} has unsupported type {other:?}", rel.display()),
+                    format!("entry {shown} has unsupported type {other:?}"),
                 ))
             }
         }
-        if let Ownership::Mapped(ids) = ownership {
-            let uid = header.uid().unwrap_or(0).min(u32::MAX as u64) as u32;
-            let gid = header.gid().unwrap_or(0).min(u32::MAX as u64) as u32;
-            std::os::unix::fs::lchown(&target, Some(ids.host_uid(uid)), Some(ids.host_gid(gid)))
-                .context(|| format!("chown {}", target.display()))?;
+        if let Some((uid, gid)) = owner {
+            dir.chown(name, uid, gid)
+                .map_err(io(format!("chown {shown}")))?;
         }
     }
-    for (dir, mode) in dir_modes.into_iter().rev() {
-        fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
-            .context(|| format!("chmod {}", dir.display()))?;
+    for (rel, mode) in dir_modes.into_iter().rev() {
+        match top.walk(&rel) {
+            Ok(dir) => dir
+                .set_mode(mode)
+                .map_err(|e| bad(digest, format!("chmod {}: {e}", rel.display())))?,
+            // Replaced by a later entry (a file or a symlink): its mode went with it.
+            Err(e)
+                if tree_dir::is_symlink_refusal(&e)
+                    || matches!(
+                        e.raw_os_error(),
+                        Some(nix::libc::ENOTDIR) | Some(nix::libc::ENOENT)
+                    ) => {}
+            Err(e) => return Err(bad(digest, format!("chmod {}: {e}", rel.display()))),
+        }
     }
     Ok(stats)
 }

@@ -11,13 +11,14 @@
 //! snapshot has a symlink replaces the symlink with a real directory first, so `a -> /`
 //! then `a/.wh.etc` removes nothing of the host's `/etc`.
 
-use std::ffi::OsString;
+use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 use super::layer::{make_writable_and_remove, whiteout, Whiteout};
 use crate::error::{IoContext, Result, RuntimeError};
+use crate::tree_dir::{Kind, TreeDir};
 
 /// Builds `dest` (which must not exist) from `layers`, lowest first. `root_owner` is the
 /// host uid/gid of container root, which owns the tree's top directory.
@@ -27,12 +28,17 @@ pub fn build(layers: &[&Path], dest: &Path, root_owner: Option<(u32, u32)>) -> R
     let _ = make_writable_and_remove(&tmp);
     fs::create_dir_all(&tmp).context(|| format!("creating {}", tmp.display()))?;
     let result = (|| {
+        let snap = TreeDir::open(&tmp).context(|| format!("opening {}", tmp.display()))?;
         let mut dir_modes = Vec::new();
         for layer in layers {
-            apply(layer, &tmp, chown, &mut dir_modes)?;
+            let from = TreeDir::open(layer).context(|| format!("opening {}", layer.display()))?;
+            apply(&from, &snap, Path::new(""), chown, &mut dir_modes)?;
         }
-        for (dir, mode) in dir_modes.into_iter().rev() {
-            let _ = fs::set_permissions(&dir, fs::Permissions::from_mode(mode));
+        // By a fresh walk that refuses symlinks: a directory replaced since is skipped.
+        for (rel, mode) in dir_modes.into_iter().rev() {
+            if let Ok(dir) = snap.walk(&rel) {
+                let _ = dir.set_mode(mode);
+            }
         }
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
             .context(|| format!("chmod {}", tmp.display()))?;
@@ -44,33 +50,39 @@ pub fn build(layers: &[&Path], dest: &Path, root_owner: Option<(u32, u32)>) -> R
     result
 }
 
+fn failed(what: &str, rel: &Path, name: &OsStr) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    let path = rel.join(name).display().to_string();
+    let what = what.to_string();
+    move |e| RuntimeError::Container {
+        context: format!("building a snapshot: {what} {path}"),
+        message: e.to_string(),
+    }
+}
+
+/// Applies the layer directory `layer` onto the snapshot directory `snap` (at `rel` in
+/// the snapshot), by descriptor.
 fn apply(
-    layer_dir: &Path,
-    snap_dir: &Path,
+    layer: &TreeDir,
+    snap: &TreeDir,
+    rel: &Path,
     chown: bool,
-    dir_modes: &mut Vec<(std::path::PathBuf, u32)>,
+    dir_modes: &mut Vec<(PathBuf, u32)>,
 ) -> Result<()> {
-    let names: Vec<OsString> = fs::read_dir(layer_dir)
-        .context(|| format!("reading {}", layer_dir.display()))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<std::io::Result<_>>()
-        .context(|| format!("reading {}", layer_dir.display()))?;
+    let names = layer
+        .names()
+        .map_err(failed("reading", rel, OsStr::new("")))?;
     let kinds: Vec<Whiteout> = names
         .iter()
         .map(|name| whiteout(name))
         .collect::<std::result::Result<_, String>>()
         .map_err(|reason| RuntimeError::BadLayer {
-            digest: layer_dir.display().to_string(),
+            digest: layer.display(),
             reason,
         })?;
     // Opaque first: it hides what lower layers put here, not what this layer adds.
     if kinds.iter().any(|k| matches!(k, Whiteout::Opaque)) {
-        if let Ok(existing) = fs::read_dir(snap_dir) {
-            for e in existing.flatten() {
-                make_writable_and_remove(&e.path())
-                    .context(|| format!("removing {}", e.path().display()))?;
-            }
-        }
+        snap.clear()
+            .map_err(failed("clearing (opaque)", rel, OsStr::new("")))?;
     }
     for (name, kind) in names.iter().zip(kinds) {
         match kind {
@@ -78,76 +90,115 @@ fn apply(
             Whiteout::Opaque => continue,
             Whiteout::Hides(hidden) => {
                 // `hidden` is one plain name, and the removal does not follow a symlink.
-                let doomed = snap_dir.join(hidden);
-                make_writable_and_remove(&doomed)
-                    .context(|| format!("whiteout {}", doomed.display()))?;
+                snap.remove(hidden)
+                    .map_err(failed("whiteout", rel, hidden))?;
                 continue;
             }
         }
-        let from = layer_dir.join(name);
-        let to = snap_dir.join(name);
-        let meta = fs::symlink_metadata(&from).context(|| format!("stat {}", from.display()))?;
-        if meta.is_dir() {
-            match fs::symlink_metadata(&to) {
-                Ok(existing) if existing.is_dir() => {}
-                Ok(_) => {
-                    fs::remove_file(&to).context(|| format!("replacing {}", to.display()))?;
-                    fs::create_dir(&to).context(|| format!("creating {}", to.display()))?;
+        let meta = layer
+            .stat(name)
+            .map_err(failed("stat", rel, name))?
+            .ok_or_else(|| {
+                failed("stat", rel, name)(std::io::Error::from(std::io::ErrorKind::NotFound))
+            })?;
+        if meta.kind == Kind::Dir {
+            match snap.stat(name).map_err(failed("stat", rel, name))? {
+                Some(existing) if existing.kind == Kind::Dir => {}
+                Some(_) => {
+                    snap.remove(name).map_err(failed("replacing", rel, name))?;
+                    snap.mkdir(name, 0o755)
+                        .map_err(failed("creating", rel, name))?;
                 }
-                Err(_) => fs::create_dir(&to).context(|| format!("creating {}", to.display()))?,
+                None => snap
+                    .mkdir(name, 0o755)
+                    .map_err(failed("creating", rel, name))?,
             }
+            let to = snap.dir(name).map_err(failed("opening", rel, name))?;
             if chown {
-                std::os::unix::fs::lchown(&to, Some(meta.uid()), Some(meta.gid()))
-                    .context(|| format!("chown {}", to.display()))?;
+                to.chown_self(meta.uid, meta.gid)
+                    .map_err(failed("chown", rel, name))?;
             }
-            dir_modes.push((to.clone(), meta.mode() & 0o7777));
-            let _ = fs::set_permissions(
-                &to,
-                fs::Permissions::from_mode(0o755 | (meta.mode() & 0o7777)),
-            );
-            apply(&from, &to, chown, dir_modes)?;
+            dir_modes.push((rel.join(name), meta.mode));
+            let _ = to.set_mode(0o755 | meta.mode);
+            let from = layer.dir(name).map_err(failed("opening", rel, name))?;
+            apply(&from, &to, &rel.join(name), chown, dir_modes)?;
         } else {
-            if fs::symlink_metadata(&to).is_ok() {
-                make_writable_and_remove(&to).context(|| format!("replacing {}", to.display()))?;
-            }
-            fs::hard_link(&from, &to).context(|| format!("linking {}", to.display()))?;
+            snap.remove(name).map_err(failed("replacing", rel, name))?;
+            snap.hard_link(layer, name, name)
+                .map_err(failed("linking", rel, name))?;
         }
     }
     Ok(())
 }
 
-/// A private, writable copy of a tree (the rootfs when overlay is not available).
+/// A private, writable copy of a tree (the rootfs when overlay is not available), by
+/// descriptor on both sides.
 pub fn copy_tree(from: &Path, to: &Path, chown: bool) -> Result<()> {
-    let meta = fs::symlink_metadata(from).context(|| format!("stat {}", from.display()))?;
-    fs::create_dir(to).context(|| format!("creating {}", to.display()))?;
-    for entry in fs::read_dir(from).context(|| format!("reading {}", from.display()))? {
-        let entry = entry.context(|| format!("reading {}", from.display()))?;
-        let src = entry.path();
-        let dst = to.join(entry.file_name());
-        let m = fs::symlink_metadata(&src).context(|| format!("stat {}", src.display()))?;
-        let ft = m.file_type();
-        if ft.is_dir() {
-            copy_tree(&src, &dst, chown)?;
-            continue;
-        } else if ft.is_symlink() {
-            let target = fs::read_link(&src).context(|| format!("readlink {}", src.display()))?;
-            std::os::unix::fs::symlink(target, &dst)
-                .context(|| format!("symlink {}", dst.display()))?;
-        } else if ft.is_file() {
-            fs::copy(&src, &dst).context(|| format!("copying {}", src.display()))?;
-        } else {
-            continue;
-        }
-        if chown {
-            std::os::unix::fs::lchown(&dst, Some(m.uid()), Some(m.gid()))
-                .context(|| format!("chown {}", dst.display()))?;
-        }
-    }
+    let source = TreeDir::open(from).context(|| format!("opening {}", from.display()))?;
+    let meta = source
+        .stat_self()
+        .context(|| format!("stat {}", from.display()))?;
+    let dest = TreeDir::create(to, 0o700).context(|| format!("creating {}", to.display()))?;
+    copy_into(&source, &dest, Path::new(""), chown)?;
     if chown {
-        std::os::unix::fs::lchown(to, Some(meta.uid()), Some(meta.gid()))
+        dest.chown_self(meta.uid, meta.gid)
             .context(|| format!("chown {}", to.display()))?;
     }
-    fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))
+    dest.set_mode(meta.mode)
         .context(|| format!("chmod {}", to.display()))?;
     Ok(())
 }
+
+fn copy_into(from: &TreeDir, to: &TreeDir, rel: &Path, chown: bool) -> Result<()> {
+    for name in from.names().map_err(failed("reading", rel, OsStr::new("")))? {
+        let Some(meta) = from.stat(&name).map_err(failed("stat", rel, &name))? else {
+            continue;
+        };
+        match meta.kind {
+            Kind::Dir => {
+                to.mkdir(&name, 0o700)
+                    .map_err(failed("creating", rel, &name))?;
+                let sub_from = from.dir(&name).map_err(failed("opening", rel, &name))?;
+                let sub_to = to.dir(&name).map_err(failed("opening", rel, &name))?;
+                copy_into(&sub_from, &sub_to, &rel.join(&name), chown)?;
+                if chown {
+                    sub_to
+                        .chown_self(meta.uid, meta.gid)
+                        .map_err(failed("chown", rel, &name))?;
+                }
+                sub_to
+                    .set_mode(meta.mode)
+                    .map_err(failed("chmod", rel, &name))?;
+            }
+            Kind::Symlink => {
+                let target = from
+                    .read_link(&name)
+                    .map_err(failed("readlink", rel, &name))?;
+                to.symlink(&target, &name)
+                    .map_err(failed("symlink", rel, &name))?;
+                if chown {
+                    to.chown(&name, meta.uid, meta.gid)
+                        .map_err(failed("chown", rel, &name))?;
+                }
+            }
+            Kind::File => {
+                let mut src = from
+                    .open_file(&name)
+                    .map_err(failed("opening", rel, &name))?;
+                let mut dst = to
+                    .create_file(&name, 0o600)
+                    .map_err(failed("creating", rel, &name))?;
+                std::io::copy(&mut src, &mut dst).map_err(failed("copying", rel, &name))?;
+                if chown {
+                    std::os::unix::fs::fchown(&dst, Some(meta.uid), Some(meta.gid))
+                        .map_err(failed("chown", rel, &name))?;
+                }
+                dst.set_permissions(fs::Permissions::from_mode(meta.mode & 0o777))
+                    .map_err(failed("chmod", rel, &name))?;
+            }
+            Kind::Other => continue,
+        }
+    }
+    Ok(())
+}
+

@@ -1,0 +1,494 @@
+//! Trees that others control, touched only by descriptor.
+//!
+//! An image's layers, a container's writable layer, a volume and a build's workspace are
+//! trees whose entries an image author or a running workload chose. A privileged operation
+//! by *path* on such a tree (`chmod`, `chown`, `remove_dir_all`, `create`) resolves every
+//! component again at the moment of the call, and one symlink planted there (by a later tar
+//! entry, or by a container racing us) sends it to the host: a layer with a directory `x`
+//! of mode 6777 and then a symlink `x -> /usr/bin/passwd` made a root agent `chmod` the
+//! host's file when it applied the saved directory modes.
+//!
+//! One mechanism, used for every such tree: [`TreeDir`] holds an `O_PATH` descriptor of a
+//! directory opened with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS)` relative to a directory already opened (the first one from a
+//! path the agent made itself, with `RESOLVE_NO_SYMLINKS`). Each operation names one plain
+//! entry of that directory and never follows a symlink (`O_NOFOLLOW`, `AT_SYMLINK_NOFOLLOW`,
+//! `linkat` without `AT_SYMLINK_FOLLOW`), or acts on a descriptor of the object itself
+//! (`fchown`, `chmod` of `/proc/self/fd/N`, which names the pinned inode and nothing else).
+//! `openat2` was chosen over `O_NOFOLLOW` walks because it refuses symlinks in *every*
+//! component in one call and cannot be tricked by `..` or magic links; it needs Linux 5.6.
+//! A symlink met where a directory is needed is an error ([`is_symlink_refusal`]), never a
+//! detour.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::unistd::{Gid, Uid};
+
+/// What an entry is, as `lstat` says (a symlink is never looked through).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+    /// FIFOs, sockets, device nodes.
+    Other,
+}
+
+/// An entry's kind, owner and mode, from `fstatat(AT_SYMLINK_NOFOLLOW)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub kind: Kind,
+    pub uid: u32,
+    pub gid: u32,
+    /// Permission bits with setuid, setgid and sticky (`& 0o7777`).
+    pub mode: u32,
+}
+
+impl Entry {
+    fn from_stat(stat: &FileStat) -> Entry {
+        let format = SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits());
+        let kind = if format == SFlag::S_IFDIR {
+            Kind::Dir
+        } else if format == SFlag::S_IFREG {
+            Kind::File
+        } else if format == SFlag::S_IFLNK {
+            Kind::Symlink
+        } else {
+            Kind::Other
+        };
+        Entry {
+            kind,
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+            mode: stat.st_mode & 0o7777,
+        }
+    }
+}
+
+/// A directory of an untrusted tree, held by an `O_PATH` descriptor.
+#[derive(Debug)]
+pub struct TreeDir {
+    fd: OwnedFd,
+}
+
+const BENEATH: ResolveFlag = ResolveFlag::RESOLVE_BENEATH
+    .union(ResolveFlag::RESOLVE_NO_SYMLINKS)
+    .union(ResolveFlag::RESOLVE_NO_MAGICLINKS);
+
+fn owned(fd: RawFd) -> OwnedFd {
+    // SAFETY: `fd` was just returned to us by a system call and is owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// True when `e` is the refusal of a symlink (or of a magic link, or of a way out of the
+/// tree) by this module's resolution.
+pub fn is_symlink_refusal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(Errno::from_raw),
+        Some(Errno::ELOOP) | Some(Errno::EXDEV)
+    )
+}
+
+/// A path of plain names only (`a/b/c`); `None` for `..`, a root or a prefix.
+fn plain(rel: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for component in rel.components() {
+        match component {
+            Component::Normal(name) => out.push(name),
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+fn invalid(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what)
+}
+
+fn one_name(name: &OsStr) -> io::Result<&OsStr> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+        return Err(invalid(format!("{name:?} is not one plain entry name")));
+    }
+    Ok(name)
+}
+
+impl TreeDir {
+    /// Opens the top of a tree at `path`, a path the agent made (inside its data directory):
+    /// no component may be a symlink.
+    pub fn open(path: &Path) -> io::Result<TreeDir> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let fd = openat2(nix::libc::AT_FDCWD, path, how)?;
+        Ok(TreeDir { fd: owned(fd) })
+    }
+
+    /// Creates the directory `path` (its parent must exist) with `mode`, and opens it.
+    pub fn create(path: &Path, mode: u32) -> io::Result<TreeDir> {
+        let (parent, name) = split(path)?;
+        let parent = TreeDir::open(parent)?;
+        parent.mkdir(name, mode)?;
+        parent.dir(name)
+    }
+
+    /// The descriptor, for `*at` calls this module does not wrap.
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Where this directory is now, for messages only (never to operate on).
+    pub fn display(&self) -> String {
+        std::fs::read_link(format!("/proc/self/fd/{}", self.raw()))
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "<tree>".into())
+    }
+
+    fn open_beneath(&self, rel: &Path, flags: OFlag) -> io::Result<OwnedFd> {
+        let how = OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .resolve(BENEATH);
+        Ok(owned(openat2(self.raw(), rel, how)?))
+    }
+
+    /// The directory `rel` (plain names) beneath this one; a symlink anywhere on the way is
+    /// refused (`ELOOP`), as is anything that is not a directory (`ENOTDIR`).
+    pub fn walk(&self, rel: &Path) -> io::Result<TreeDir> {
+        let rel = plain(rel).ok_or_else(|| invalid(format!("{} leaves the tree", rel.display())))?;
+        let rel: &Path = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            &rel
+        };
+        let fd = self.open_beneath(rel, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+        Ok(TreeDir { fd })
+    }
+
+    /// The subdirectory `name`.
+    pub fn dir(&self, name: &OsStr) -> io::Result<TreeDir> {
+        self.walk(Path::new(one_name(name)?))
+    }
+
+    /// The directory `rel` beneath this one, creating missing directories with `mode` on
+    /// the way. Anything in the way that is not a directory is an error, never replaced.
+    pub fn make_dirs(&self, rel: &Path, mode: u32) -> io::Result<TreeDir> {
+        let rel = plain(rel).ok_or_else(|| invalid(format!("{} leaves the tree", rel.display())))?;
+        let mut at = self.walk(Path::new("."))?;
+        for name in rel.iter() {
+            match at.stat(name)? {
+                None => match at.mkdir(name, mode) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(Errno::EEXIST as i32) => {}
+                    Err(e) => return Err(e),
+                },
+                Some(entry) if entry.kind == Kind::Dir => {}
+                Some(_) => return Err(io::Error::from(Errno::ENOTDIR)),
+            }
+            at = at.dir(name)?;
+        }
+        Ok(at)
+    }
+
+    /// What `name` is, without following it; `None` when there is nothing of that name.
+    pub fn stat(&self, name: &OsStr) -> io::Result<Option<Entry>> {
+        let name = one_name(name)?;
+        match nix::sys::stat::fstatat(
+            Some(self.raw()),
+            name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(stat) => Ok(Some(Entry::from_stat(&stat))),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// This directory's own owner and mode.
+    pub fn stat_self(&self) -> io::Result<Entry> {
+        Ok(Entry::from_stat(&nix::sys::stat::fstat(self.raw())?))
+    }
+
+    /// The names in this directory (without `.` and `..`).
+    pub fn names(&self) -> io::Result<Vec<OsString>> {
+        let fd = self.open_beneath(Path::new("."), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+        let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())?;
+        // `Dir` closes the descriptor itself.
+        std::mem::forget(fd);
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(OsStr::from_bytes(name).to_os_string());
+            }
+        }
+        Ok(names)
+    }
+
+    /// Makes the directory `name` with `mode` (before the umask).
+    pub fn mkdir(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        nix::sys::stat::mkdirat(
+            Some(self.raw()),
+            one_name(name)?,
+            Mode::from_bits_truncate(mode),
+        )?;
+        Ok(())
+    }
+
+    /// Creates the regular file `name`, which must not exist (not even as a dangling
+    /// symlink), for writing.
+    pub fn create_file(&self, name: &OsStr, mode: u32) -> io::Result<File> {
+        let fd = nix::fcntl::openat(
+            Some(self.raw()),
+            one_name(name)?,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(mode),
+        )?;
+        Ok(File::from(owned(fd)))
+    }
+
+    /// Opens the regular file `name` for reading; a symlink is refused.
+    pub fn open_file(&self, name: &OsStr) -> io::Result<File> {
+        let fd = self.open_beneath(
+            Path::new(one_name(name)?),
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+        )?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(invalid(format!("{name:?} is not a regular file")));
+        }
+        Ok(file)
+    }
+
+    /// Makes the symlink `name` pointing at `target` (stored as it is, never resolved).
+    pub fn symlink(&self, target: &Path, name: &OsStr) -> io::Result<()> {
+        nix::unistd::symlinkat(target, Some(self.raw()), one_name(name)?)?;
+        Ok(())
+    }
+
+    /// The target of the symlink `name`.
+    pub fn read_link(&self, name: &OsStr) -> io::Result<PathBuf> {
+        let target = nix::fcntl::readlinkat(Some(self.raw()), one_name(name)?)?;
+        Ok(PathBuf::from(target))
+    }
+
+    /// Makes `name` a hard link to `from_name` of `from` (the entry itself, even a symlink).
+    pub fn hard_link(&self, from: &TreeDir, from_name: &OsStr, name: &OsStr) -> io::Result<()> {
+        nix::unistd::linkat(
+            Some(from.raw()),
+            one_name(from_name)?,
+            Some(self.raw()),
+            one_name(name)?,
+            nix::fcntl::AtFlags::empty(),
+        )?;
+        Ok(())
+    }
+
+    /// Makes the FIFO `name`.
+    pub fn mkfifo(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        nix::unistd::mkfifoat(
+            Some(self.raw()),
+            one_name(name)?,
+            Mode::from_bits_truncate(mode),
+        )?;
+        Ok(())
+    }
+
+    /// Gives the entry `name` itself (a symlink is not followed) to `uid`/`gid`.
+    pub fn chown(&self, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
+        nix::unistd::fchownat(
+            Some(self.raw()),
+            one_name(name)?,
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?;
+        Ok(())
+    }
+
+    /// Gives this directory to `uid`/`gid`.
+    pub fn chown_self(&self, uid: u32, gid: u32) -> io::Result<()> {
+        // fchownat with AT_EMPTY_PATH works on an O_PATH descriptor (fchown does not).
+        nix::unistd::fchownat(
+            Some(self.raw()),
+            "",
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+            nix::fcntl::AtFlags::AT_EMPTY_PATH,
+        )?;
+        Ok(())
+    }
+
+    /// Sets this directory's mode.
+    pub fn set_mode(&self, mode: u32) -> io::Result<()> {
+        chmod_fd(self.raw(), mode)
+    }
+
+    /// Sets the mode of the entry `name`; a symlink is refused (symlinks have no mode of
+    /// their own, and `chmod` would reach their target).
+    pub fn set_mode_of(&self, name: &OsStr, mode: u32) -> io::Result<()> {
+        let fd = self.open_beneath(
+            Path::new(one_name(name)?),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW,
+        )?;
+        let stat = nix::sys::stat::fstat(fd.as_raw_fd())?;
+        if Entry::from_stat(&stat).kind == Kind::Symlink {
+            return Err(io::Error::from(Errno::ELOOP));
+        }
+        chmod_fd(fd.as_raw_fd(), mode)
+    }
+
+    /// Removes the entry `name` and, for a directory, everything below it, even where the
+    /// tree made directories read-only. Nothing is followed: a symlink goes, its target
+    /// stays. Nothing there is not an error.
+    pub fn remove(&self, name: &OsStr) -> io::Result<()> {
+        let Some(entry) = self.stat(name)? else {
+            return Ok(());
+        };
+        if entry.kind != Kind::Dir {
+            return match nix::unistd::unlinkat(
+                Some(self.raw()),
+                name,
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            ) {
+                Ok(()) | Err(Errno::ENOENT) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        // Owner rwx, so that its entries can be listed and removed.
+        if entry.mode & 0o700 != 0o700 {
+            self.set_mode_of(name, 0o700)?;
+        }
+        let sub = self.dir(name)?;
+        sub.clear()?;
+        match nix::unistd::unlinkat(
+            Some(self.raw()),
+            name,
+            nix::unistd::UnlinkatFlags::RemoveDir,
+        ) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes everything in this directory, keeping the directory.
+    pub fn clear(&self) -> io::Result<()> {
+        for child in self.names()? {
+            self.remove(&child)?;
+        }
+        Ok(())
+    }
+}
+
+/// `chmod` of the object a descriptor pins (an `O_PATH` one too, which `fchmod` refuses):
+/// `/proc/self/fd/N` is a magic link to that very inode, so nothing can be swapped in.
+fn chmod_fd(fd: RawFd, mode: u32) -> io::Result<()> {
+    nix::sys::stat::fchmodat(
+        None,
+        format!("/proc/self/fd/{fd}").as_str(),
+        Mode::from_bits_truncate(mode),
+        nix::sys::stat::FchmodatFlags::FollowSymlink,
+    )?;
+    Ok(())
+}
+
+/// The parent and the last name of `path`.
+fn split(path: &Path) -> io::Result<(&Path, &OsStr)> {
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => Ok((
+            if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            },
+            name,
+        )),
+        _ => Err(invalid(format!("{} has no parent", path.display()))),
+    }
+}
+
+/// Removes the tree at `path` (a path the agent made) by descriptor: nothing below it is
+/// followed. Nothing there is not an error.
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    let (parent, name) = split(path)?;
+    match TreeDir::open(parent) {
+        Ok(parent) => parent.remove(name),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn walking_through_a_symlink_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("link")).unwrap();
+        let root = TreeDir::open(tmp.path()).unwrap();
+        assert!(root.walk(Path::new("real")).is_ok());
+        let err = root.walk(Path::new("link")).unwrap_err();
+        assert!(is_symlink_refusal(&err), "{err}");
+        let err = root.make_dirs(Path::new("link/x"), 0o755).unwrap_err();
+        assert!(is_symlink_refusal(&err) || err.raw_os_error() == Some(Errno::ENOTDIR as i32));
+        assert!(root.walk(Path::new("../")).is_err());
+        assert!(!outside.path().join("x").exists());
+    }
+
+    #[test]
+    fn set_mode_of_a_symlink_never_reaches_its_target() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target");
+        std::fs::write(&target, b"secret").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let tree = tmp.path().join("tree");
+        std::fs::create_dir(&tree).unwrap();
+        std::os::unix::fs::symlink(&target, tree.join("x")).unwrap();
+        let root = TreeDir::open(&tree).unwrap();
+        assert!(root.set_mode_of(OsStr::new("x"), 0o6777).is_err());
+        assert!(root.walk(Path::new("x")).is_err());
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn remove_takes_read_only_trees_and_never_follows() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"x").unwrap();
+        let tree = tmp.path().join("tree");
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        std::fs::write(tree.join("a/b/f"), b"x").unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("a/out")).unwrap();
+        std::fs::set_permissions(tree.join("a/b"), std::fs::Permissions::from_mode(0o500))
+            .unwrap();
+        std::fs::set_permissions(tree.join("a"), std::fs::Permissions::from_mode(0o000)).unwrap();
+        remove_tree(&tree).unwrap();
+        assert!(!tree.exists());
+        assert!(outside.join("keep").exists());
+        remove_tree(&tree).unwrap();
+    }
+
+    #[test]
+    fn names_must_be_plain() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = TreeDir::open(tmp.path()).unwrap();
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(root.mkdir(OsStr::new(bad), 0o755).is_err(), "{bad:?}");
+        }
+    }
+}
