@@ -1050,15 +1050,27 @@ async fn keep_revocation_list(store: Arc<dyn StateStore>, ca: Arc<Authority>, pa
     }
 }
 
-/// Store the first join token and say how to add a node.
+/// Store the first join token (a worker token) and say how to add a node, and how to make
+/// a control-plane token for an etcd member.
 async fn announce_join_token(service: &Service, token: &JoinToken, endpoint: &str) -> Result<()> {
+    let role = kat_api::wire::JoinRole::Worker;
     let stored = service
-        .store_join_token(token, Duration::from_secs(24 * 3600), None)
+        .store_join_token(
+            token,
+            &kat_apiserver::service::JoinTokenOptions {
+                role,
+                ..Default::default()
+            },
+        )
         .await
         .map_err(|e| anyhow::anyhow!("storing the first join token: {e}"))?;
     let api = endpoint.trim_start_matches("https://");
+    let hours = role.default_ttl().as_secs() / 3600;
     eprintln!(
-        "kat-agent: to add a node (token valid 24 h; `katcall create join-token` makes more):\n  kat-agent join --leader-api {api} --token {} --ca-pin {} --advertise-address IP --etcd-peer",
+        "kat-agent: worker join token (valid {hours} h, any number of worker nodes; `katcall create join-token` makes more):\n  {}\n\
+         kat-agent: to add a worker, save the token on the new node in a file only its user can read (e.g. join.token, mode 0600), then run:\n  \
+         kat-agent join --leader-api {api} --token-file join.token --ca-pin {} --advertise-address IP\n\
+         kat-agent: an etcd member (--etcd-peer) needs a control-plane token: `katcall create join-token --control-plane` (valid 1 h)",
         stored.token, stored.ca_pin
     );
     Ok(())

@@ -48,6 +48,8 @@ pub enum ErrorCode {
     Conflict,
     PayloadTooLarge,
     RateLimited,
+    /// The request (its header or its body) did not arrive within the server's deadline.
+    RequestTimeout,
     Unavailable,
     Internal,
     /// A node route sent to a node that does not lead; the body names the leader.
@@ -64,6 +66,7 @@ impl ErrorCode {
             ErrorCode::Conflict => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::RateLimited => 429,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
             ErrorCode::NotLeader => 421,
@@ -464,13 +467,51 @@ pub struct RevokedNode {
     pub revoked_at: String,
 }
 
+/// What a join token admits. A worker token makes worker nodes only; a control-plane
+/// token may also make a member of the etcd quorum, which is sent the CA's key: it is made
+/// on purpose (`katcall create join-token --control-plane`) and is short-lived by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JoinRole {
+    /// Records stored before tokens had a role read as this: the least a token can give.
+    #[default]
+    Worker,
+    ControlPlane,
+}
+
+impl JoinRole {
+    /// How long a token of this role is valid unless its creator says otherwise.
+    pub fn default_ttl(self) -> std::time::Duration {
+        match self {
+            JoinRole::Worker => std::time::Duration::from_secs(24 * 3600),
+            JoinRole::ControlPlane => std::time::Duration::from_secs(3600),
+        }
+    }
+}
+
+impl std::fmt::Display for JoinRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JoinRole::Worker => "worker",
+            JoinRole::ControlPlane => "control-plane",
+        })
+    }
+}
+
 /// A join token as listed (`katcall get join-tokens`): no hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenInfo {
     pub id: String,
+    /// What it admits; `worker` for a record made before tokens had a role.
+    #[serde(default)]
+    pub role: JoinRole,
     pub created_at: String,
     pub expires_at: String,
+    /// Addresses a joining node may advertise besides the one its join comes from (a node
+    /// behind NAT, say); empty: only its source address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
     /// Nodes admitted with it.
     #[serde(default)]
     pub used_by: Vec<String>,
@@ -494,7 +535,11 @@ pub struct JoinTokenRecord {
 pub struct NewJoinToken {
     pub token: String,
     pub id: String,
+    #[serde(default)]
+    pub role: JoinRole,
     pub expires_at: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
     /// `sha256:…` of the cluster CA, for `kat-agent join --ca-pin`.
     pub ca_pin: String,
 }
@@ -696,6 +741,26 @@ mod tests {
             let problem = key(bad).problem().expect(bad);
             assert!(problem.contains("not a WireGuard public key"), "{problem}");
         }
+    }
+
+    #[test]
+    fn a_join_token_record_from_before_roles_reads_as_a_worker_token() {
+        // As an older version stored it: no role, no addresses.
+        let old = r#"{"id":"0123456789ab","createdAt":"2026-01-01T00:00:00Z","expiresAt":"2026-01-02T00:00:00Z","usedBy":["n2"],"secretSha256":"ab"}"#;
+        let record: JoinTokenRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(record.info.role, JoinRole::Worker);
+        assert!(record.info.addresses.is_empty());
+        assert_eq!(record.info.used_by, ["n2"]);
+        assert_eq!(record.secret_sha256, "ab");
+        // A control-plane token keeps its role through the store.
+        let mut cp = record.clone();
+        cp.info.role = JoinRole::ControlPlane;
+        cp.info.addresses = vec!["192.0.2.7".into()];
+        let text = serde_json::to_string(&cp).unwrap();
+        assert!(text.contains(r#""role":"control-plane""#), "{text}");
+        assert_eq!(serde_json::from_str::<JoinTokenRecord>(&text).unwrap(), cp);
+        assert_eq!(JoinRole::ControlPlane.default_ttl().as_secs(), 3600);
+        assert_eq!(JoinRole::Worker.default_ttl().as_secs(), 24 * 3600);
     }
 
     #[test]

@@ -112,19 +112,31 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// Create a namespace, or a join token for new nodes.
+    /// Create a namespace, or a join token for new nodes (a worker token unless
+    /// --control-plane).
     Create {
         #[arg(value_parser = ["namespace", "join-token"])]
         kind: String,
         /// The namespace's name (join tokens have none).
         #[arg(required_if_eq("kind", "namespace"))]
         name: Option<String>,
-        /// How long a join token is valid.
-        #[arg(long, default_value = "24h")]
-        ttl: String,
+        /// A join token that may also make members of the etcd quorum (`kat-agent join
+        /// --etcd-peer`), which are sent the cluster CA's key. Without it the token admits
+        /// workers only.
+        #[arg(long)]
+        control_plane: bool,
+        /// How long a join token is valid (default 24h for a worker token, 1h for a
+        /// control-plane token).
+        #[arg(long, value_name = "DURATION")]
+        ttl: Option<String>,
         /// How many nodes a join token may admit (default: any number until it expires).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         uses: Option<u32>,
+        /// An address a node joining with this token may advertise although its join comes
+        /// from another (a node behind NAT); repeat for several. Without it a node's address
+        /// is the one its join comes from.
+        #[arg(long = "address", value_name = "IP")]
+        addresses: Vec<std::net::IpAddr>,
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
@@ -280,6 +292,22 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
+    if let Command::Create {
+        kind,
+        control_plane,
+        ttl,
+        uses,
+        addresses,
+        ..
+    } = &cli.command
+    {
+        if kind != "join-token"
+            && (*control_plane || ttl.is_some() || uses.is_some() || !addresses.is_empty())
+        {
+            eprintln!("error: --control-plane, --ttl, --uses and --address apply to `katcall create join-token` only");
+            return ExitCode::FAILURE;
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -360,11 +388,21 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         Command::Create {
             kind,
             name,
+            control_plane,
             ttl,
             uses,
+            addresses,
             output,
         } => match (kind.as_str(), name) {
-            ("join-token", _) => join_tokens::create(&client, &ttl, uses, output).await?,
+            ("join-token", _) => {
+                let request = join_tokens::CreateRequest {
+                    control_plane,
+                    ttl,
+                    uses,
+                    addresses,
+                };
+                join_tokens::create(&client, &request, output).await?
+            }
             (_, Some(name)) => workloads::create_namespace(&client, &name).await?,
             (_, None) => anyhow::bail!("create namespace: NAME is required"),
         },

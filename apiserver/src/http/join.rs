@@ -2,6 +2,7 @@
 //!
 //! `join` and `ca` need no bearer token: a joining node has only its join token, and the CA
 //! certificate is public (the joining node checks it against its pin before trusting it).
+//! A join is judged with the address its connection came from ([`ClientAddr`]).
 
 use std::sync::Arc;
 
@@ -9,20 +10,28 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use kat_api::wire::JoinRequest;
+use kat_api::wire::{ErrorCode, JoinRequest, JoinRole};
 use serde::Deserialize;
 
-use super::{json_body, read_body, ApiError, ApiState};
+use super::{json_body, read_body, ApiError, ApiState, ClientAddr};
+use crate::service::JoinTokenOptions;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CreateBody {
-    /// How long the token is valid: `24h`, `30m`, `7d`.
+    /// What it admits: `worker` (the default) or `control-plane`.
+    #[serde(default)]
+    role: JoinRole,
+    /// How long the token is valid: `24h`, `30m`, `7d`; default 24 h for a worker token,
+    /// 1 h for a control-plane token.
     #[serde(default)]
     ttl: Option<String>,
     /// How many nodes it may admit; none: any number until it expires.
     #[serde(default, rename = "maxUses")]
     max_uses: Option<u32>,
+    /// Addresses a joining node may advertise besides the one it joins from.
+    #[serde(default)]
+    addresses: Vec<String>,
 }
 
 pub async fn create_token(
@@ -31,26 +40,38 @@ pub async fn create_token(
 ) -> Result<impl IntoResponse, ApiError> {
     let body = read_body(req, 4096).await?;
     let parsed: CreateBody = if body.is_empty() {
-        CreateBody {
-            ttl: None,
-            max_uses: None,
-        }
+        CreateBody::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| {
             ApiError::bad_request(format!(
-                "join token body: {e} (expected {{\"ttl\": \"24h\", \"maxUses\": 1}})"
+                "join token body: {e} (expected {{\"role\": \"worker\" or \"control-plane\", \"ttl\": \"24h\", \"maxUses\": 1, \"addresses\": [\"10.0.0.5\"]}})"
             ))
         })?
     };
     let ttl = match parsed.ttl.as_deref() {
-        None => std::time::Duration::from_secs(24 * 3600),
-        Some(t) => humantime::parse_duration(t).map_err(|_| {
+        None => None,
+        Some(t) => Some(humantime::parse_duration(t).map_err(|_| {
             ApiError::bad_request(format!("ttl: {t:?} is not a duration (e.g. 24h, 30m, 7d)"))
-        })?,
+        })?),
     };
+    let addresses = parsed
+        .addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.parse().map_err(|_| {
+                ApiError::bad_request(format!("addresses[{i}]: {a:?} is not an IP address"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let token = state
         .service
-        .create_join_token(ttl, parsed.max_uses)
+        .create_join_token(&JoinTokenOptions {
+            role: parsed.role,
+            ttl,
+            max_uses: parsed.max_uses,
+            addresses,
+        })
         .await?;
     Ok((StatusCode::CREATED, Json(token)))
 }
@@ -73,13 +94,19 @@ pub async fn join(
     State(state): State<Arc<ApiState>>,
     req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
+    let source = req.extensions().get::<ClientAddr>().map(|c| c.0).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Internal,
+            "the server did not record where this connection comes from; a join cannot be judged without it",
+        )
+    })?;
     let request: JoinRequest = json_body(
         req,
         64 * 1024,
         "join body (expected token, nodeName, csr, address, etcdPeer)",
     )
     .await?;
-    Ok(Json(state.service.join(request).await?))
+    Ok(Json(state.service.join(request, source).await?))
 }
 
 /// The cluster CA certificate (PEM): public; what a joining node pins.

@@ -1,11 +1,16 @@
 //! Admitting nodes: join tokens (create, list, delete) and the join itself.
 //!
 //! A join is authenticated by its token alone (the node has no certificate yet). Everything is
-//! checked before anything is written: the token (known, right secret, not expired), the node
-//! name (a DNS label, not the name of a node that is alive), the address, the request's
-//! signature. Then the CA signs the node's key with the name the token admitted, an etcd peer
-//! is added to the quorum as a learner (promoted by the leader once it has caught up), and the
-//! token records the node.
+//! checked before anything is written: the token (known, right secret, not expired), what the
+//! token admits (a worker token never makes an etcd member, which would be sent the CA's
+//! key), the node name (a DNS label, not the name of a node that is alive), the address, the
+//! request's signature. Then the CA signs the node's key with the name the token admitted,
+//! an etcd peer is added to the quorum as a learner (promoted by the leader once it has caught
+//! up), and the token records the node.
+//!
+//! The address written into the node's certificate is one the leader can check: the one the
+//! join came from, or one the token's creator listed (`katcall create join-token --address`);
+//! a joining node cannot have a certificate for another machine's address.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -14,8 +19,8 @@ use std::time::{Duration, SystemTime};
 
 use kat_api::keys;
 use kat_api::wire::{
-    rfc3339, ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinTokenInfo, JoinTokenRecord,
-    NewJoinToken, NodeState, HOSTNAME_LABEL, NODE_TYPE_LABEL, ROLE_LABEL,
+    rfc3339, ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinRole, JoinTokenInfo,
+    JoinTokenRecord, NewJoinToken, NodeState, HOSTNAME_LABEL, NODE_TYPE_LABEL, ROLE_LABEL,
 };
 use kat_pki::{Authority, JoinToken, NodeRole};
 use kat_store::{Compare, EtcdStore, KeyValue, Txn, TxnOp};
@@ -33,6 +38,28 @@ pub struct Admission {
 
 fn unauthorized(message: impl Into<String>) -> Error {
     Error::new(ErrorCode::Unauthorized, message)
+}
+
+/// Most addresses one token may list.
+pub const MAX_TOKEN_ADDRESSES: usize = 16;
+
+/// What a new join token admits and for how long.
+#[derive(Debug, Clone, Default)]
+pub struct JoinTokenOptions {
+    pub role: JoinRole,
+    /// How long it is valid; `None`: the role's default (24 h for a worker token, 1 h for a
+    /// control-plane token).
+    pub ttl: Option<Duration>,
+    /// How many nodes it may admit; `None`: any number until it expires.
+    pub max_uses: Option<u32>,
+    /// Addresses a joining node may advertise besides the one its join comes from.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// One form of an address, so that `::ffff:10.0.0.1` (an IPv4 client of a dual-stack
+/// socket) is `10.0.0.1`.
+fn canonical(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
 }
 
 impl Service {
@@ -94,44 +121,58 @@ impl Service {
         Ok(kat_api::wire::EtcdMembership { initial_cluster })
     }
 
-    /// A new join token valid for `ttl`. Its secret is in the answer only.
-    pub async fn create_join_token(
-        &self,
-        ttl: Duration,
-        max_uses: Option<u32>,
-    ) -> Result<NewJoinToken> {
+    /// A new join token. Its secret is in the answer only.
+    pub async fn create_join_token(&self, options: &JoinTokenOptions) -> Result<NewJoinToken> {
         let token =
             JoinToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
-        self.store_join_token(&token, ttl, max_uses).await
+        self.store_join_token(&token, options).await
     }
 
-    /// Store `token` (its secret's hash) valid for `ttl`: a new one, or the one `kat-agent
-    /// init` made and prints.
+    /// Store `token` (its secret's hash) with what it admits: a new one, or the worker token
+    /// `kat-agent init` made and prints.
     pub async fn store_join_token(
         &self,
         token: &JoinToken,
-        ttl: Duration,
-        max_uses: Option<u32>,
+        options: &JoinTokenOptions,
     ) -> Result<NewJoinToken> {
         let admission = self.admission()?;
+        let ttl = options.ttl.unwrap_or(options.role.default_ttl());
         if ttl.is_zero() || ttl > Duration::from_secs(365 * 24 * 3600) {
             return Err(Error::bad_request(
                 "ttl: must be between 1s and 365d (e.g. 24h)",
             ));
         }
-        if max_uses == Some(0) {
+        if options.max_uses == Some(0) {
             return Err(Error::bad_request(
                 "maxUses: must be at least 1 (leave it out for any number)",
             ));
+        }
+        if options.addresses.len() > MAX_TOKEN_ADDRESSES {
+            return Err(Error::bad_request(format!(
+                "addresses: at most {MAX_TOKEN_ADDRESSES} per token"
+            )));
+        }
+        let mut addresses: Vec<String> = Vec::new();
+        for ip in options.addresses.iter().copied().map(canonical) {
+            if ip.is_unspecified() || ip.is_multicast() {
+                return Err(Error::bad_request(format!(
+                    "addresses: {ip} is not an address a node can be reached at"
+                )));
+            }
+            if !addresses.contains(&ip.to_string()) {
+                addresses.push(ip.to_string());
+            }
         }
         let now = self.clock.wall();
         let record = JoinTokenRecord {
             info: JoinTokenInfo {
                 id: token.id.clone(),
+                role: options.role,
                 created_at: rfc3339(now),
                 expires_at: rfc3339(now + ttl),
+                addresses,
                 used_by: vec![],
-                max_uses,
+                max_uses: options.max_uses,
             },
             secret_sha256: token.secret_sha256(),
         };
@@ -142,10 +183,13 @@ impl Service {
                 None,
             )
             .await?;
+        tracing::info!(token = %token.id, role = %options.role, expires_at = %record.info.expires_at, "join token created");
         Ok(NewJoinToken {
             token: token.to_string(),
             id: token.id.clone(),
+            role: options.role,
             expires_at: record.info.expires_at,
+            addresses: record.info.addresses,
             ca_pin: kat_pki::ca_pin(&admission.authority.ca_pem())
                 .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?,
         })
@@ -174,8 +218,9 @@ impl Service {
         Ok(())
     }
 
-    /// Admit a node: check everything, then sign, add the etcd member, record the use.
-    pub async fn join(&self, request: JoinRequest) -> Result<JoinResponse> {
+    /// Admit a node whose join came from `source`: check everything, then sign, add the etcd
+    /// member, record the use.
+    pub async fn join(&self, request: JoinRequest, source: IpAddr) -> Result<JoinResponse> {
         let admission = self.admission()?;
         let token = JoinToken::parse(&request.token).map_err(unauthorized)?;
         let key = keys::join_token(&token.id);
@@ -201,6 +246,15 @@ impl Service {
                 token.id, record.info.expires_at
             )));
         }
+        // What the token admits, before anything else: a worker token never makes an etcd
+        // member (which is sent the CA's key), whatever the joining node asks for.
+        if request.etcd_peer && record.info.role != JoinRole::ControlPlane {
+            tracing::warn!(token = %token.id, node = %request.node_name, %source, "join refused: a worker token asked for etcd membership");
+            return Err(Error::forbidden(format!(
+                "join token {} is a {} token: it admits worker nodes only, not members of the etcd quorum (--etcd-peer, which are sent the CA's key). Join without --etcd-peer, or have the admin create a control-plane token: `katcall create join-token --control-plane` (valid 1 h by default)",
+                token.id, record.info.role
+            )));
+        }
         if let Some(problem) = kat_api::names::dns_label_problem(&request.node_name) {
             return Err(Error::bad_request(format!("nodeName: {problem}")));
         }
@@ -211,12 +265,22 @@ impl Service {
         {
             return Err(Error::bad_request(format!("nodeType: {problem}")));
         }
-        let address: IpAddr = request.address.parse().map_err(|_| {
+        let address: IpAddr = request.address.parse().map(canonical).map_err(|_| {
             Error::bad_request(format!(
                 "address: {:?} is not an IP address",
                 request.address
             ))
         })?;
+        // The certificate names an address the leader can vouch for: where the join came
+        // from, or one the token's creator listed.
+        let source = canonical(source);
+        if address != source && !record.info.addresses.contains(&address.to_string()) {
+            tracing::warn!(token = %token.id, node = %request.node_name, %source, %address, "join refused: advertised address is not the source");
+            return Err(Error::forbidden(format!(
+                "address: this join comes from {source}, not from the advertised address {address}, and join token {} does not list {address}. Run the join with --advertise-address {source}, or, if this node is reached at {address} (behind NAT, say), have the admin create a token that allows it: `katcall create join-token --address {address}`",
+                token.id
+            )));
+        }
         if let Ok(existing) = self.node(&request.node_name).await {
             if existing.state != NodeState::NotReady {
                 return Err(Error::new(
@@ -253,9 +317,20 @@ impl Service {
                 ),
             ));
         }
+        // A control-plane token may admit a worker (less than it allows); only a control-plane
+        // token makes a member (checked above).
         let role = match request.etcd_peer {
             true => NodeRole::ControlPlane,
             false => NodeRole::Worker,
+        };
+        let members = match request.etcd_peer {
+            true => Some(admission.etcd.as_ref().ok_or_else(|| {
+                Error::new(
+                    ErrorCode::Unavailable,
+                    "this node cannot add etcd members; join through a node of the quorum",
+                )
+            })?),
+            false => None,
         };
         let certificate = admission
             .authority
@@ -265,13 +340,7 @@ impl Service {
         // anything else is written.
         self.record_token_use(&key, stored, &request.node_name)
             .await?;
-        let etcd = if request.etcd_peer {
-            let members = admission.etcd.as_ref().ok_or_else(|| {
-                Error::new(
-                    ErrorCode::Unavailable,
-                    "this node cannot add etcd members; join through a node of the quorum",
-                )
-            })?;
+        let etcd = if let Some(members) = members {
             let peer_url = format!(
                 "https://{}:{}",
                 kat_api::wire::url_host(&address.to_string()),
@@ -305,7 +374,7 @@ impl Service {
                 )
                 .await?;
         }
-        tracing::info!(node = %request.node_name, %address, etcd_peer = request.etcd_peer, token = %token.id, "node admitted");
+        tracing::info!(node = %request.node_name, %address, %role, token = %token.id, token_role = %record.info.role, "node admitted");
         Ok(JoinResponse {
             certificate,
             ca: admission.authority.ca_pem(),
