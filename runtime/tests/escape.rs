@@ -508,3 +508,64 @@ async fn host_state_is_private_to_the_agent() {
     assert_eq!(meta.permissions().mode() & 0o077, 0, "meta.json");
     rt.remove("private", true).await.unwrap();
 }
+
+/// Another local user (`nobody`) can neither list, read nor write a container's files, its
+/// image copies or the image store, even where the data directory above is searchable by
+/// everyone. Root only (it switches to `nobody` with `setpriv`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_local_users_cannot_reach_container_files() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to act as another local user");
+        return;
+    }
+    let (rt, dir, f) = ready_runtime().await;
+    // The worst case: every directory above the runtime's root is searchable by all.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = options(
+        "peek",
+        &image(&f),
+        "echo private-data > /tmp/secret; echo ready; sleep 60",
+    );
+    rt.create(&o).await.unwrap();
+    rt.start("peek").await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !texts(&rt, "peek").await.iter().any(|l| l == "ready") {
+        assert!(std::time::Instant::now() < deadline, "the container never wrote its file");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let root = dir.path().join("root");
+    let container = root.join("containers/peek");
+    let writable = ["upper", "rootfs"]
+        .iter()
+        .map(|d| container.join(d).join("tmp"))
+        .find(|p| p.join("secret").exists())
+        .expect("the container's /tmp on the host");
+    let slot_dirs: Vec<PathBuf> = std::fs::read_dir(root.join("slots"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let mut attempts = vec![
+        format!("ls {}", container.display()),
+        format!("ls {}", writable.display()),
+        format!("cat {}", writable.join("secret").display()),
+        format!("echo x > {}", writable.join("planted").display()),
+        format!("ls {}", root.join("images").display()),
+    ];
+    for slot in &slot_dirs {
+        attempts.push(format!("ls {}", slot.display()));
+    }
+    for attempt in &attempts {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c"])
+            .arg(attempt)
+            .output()
+            .expect("setpriv (util-linux)");
+        assert!(
+            !out.status.success(),
+            "as nobody, `{attempt}` succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    assert!(!writable.join("planted").exists(), "nobody planted a file");
+    rt.remove("peek", true).await.unwrap();
+}
