@@ -5,41 +5,49 @@
 //!
 //! - the TLS handshake has [`TLS_HANDSHAKE_TIMEOUT`];
 //! - the first request's header must be complete within [`HEADER_READ_TIMEOUT`] of the
-//!   handshake (a client that sends nothing or a partial request is dropped);
+//!   handshake (a client that sends nothing or a partial request is dropped), and every later
+//!   header within [`HEADER_READ_TIMEOUT`] of its first byte (a slowloris that trickles
+//!   header lines on a kept-alive connection is dropped too);
+//! - a request body must have arrived within its deadline, counted from the end of its
+//!   header: [`BODY_TIMEOUT`], plus the time its `Content-Length` takes at
+//!   [`BODY_MIN_RATE`], at most [`BODY_TIMEOUT_MAX`]. A handler reading it later gets a 408
+//!   and the connection is closed (`kat_apiserver::http::deadline`);
 //! - a keep-alive connection that sits idle between requests is closed after
 //!   [`IDLE_TIMEOUT`]: hyper's header-read timer, which hyper starts when a connection goes
-//!   idle, so it also bounds a partial header after the first request. It never runs while a
-//!   response is in flight, so streams (`logs -f`, `events --watch`) are never cut, however
-//!   quiet; an upgraded connection (`exec`) leaves hyper and these timers altogether;
+//!   idle. No timer runs on a response in flight, so streams (`logs -f`, `events --watch`)
+//!   are never cut, however quiet; an upgraded connection (`exec`) leaves hyper and these
+//!   timers altogether;
 //! - at most [`MAX_CONNECTIONS`] connections are open at once, upgraded ones included (each
 //!   holds a slot for as long as its socket lives). When all are taken, up to
 //!   [`MAX_WAITING`] new connections wait [`CONNECTION_WAIT`] for a slot and are then
 //!   closed; beyond that they are closed at once. The accept loop itself never waits, and
 //!   neither tasks nor memory grow with a flood of connections.
 //!
-//! Requests themselves are bounded elsewhere: the per-client rate limit, the token check
-//! before any body is read, and body size limits (`kat_apiserver::http`).
+//! Requests themselves are bounded elsewhere: the rate limit per node certificate or client
+//! address, the token check before any body is read, and body size limits
+//! (`kat_apiserver::http`).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use axum::extract::Request;
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kat_apiserver::http::{ClientAddr, ClientNode, ClientSerial};
+use kat_apiserver::http::{deadline, ClientAddr, ClientNode, ClientSerial};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 /// How long a client has to complete the TLS handshake.
@@ -47,10 +55,20 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client has, after the handshake, to send the complete header of its first
 /// request.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a keep-alive connection may sit idle between requests (and how long the header
-/// of a later request may take). Longer than the header timeout so that clients reusing a
-/// pooled connection seconds later rarely race its close.
+/// How long a keep-alive connection may sit idle between requests. Longer than the header
+/// timeout so that clients reusing a pooled connection seconds later rarely race its close.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long any request body may take, from the end of its header, before its size counts.
+/// Most bodies are small JSON (a heartbeat is a few KiB, at most 256 KiB), sent at once.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The slowest pace (bytes per second) at which a body's declared `Content-Length` earns
+/// more time. The largest bodies the API takes are git push hooks (at most 5 MiB: 160 s
+/// more) and workload bundles (at most 1 MiB compressed: 32 s more); backups are made on
+/// the leader and upload nothing. A body without a length (chunked) has [`BODY_TIMEOUT`].
+pub const BODY_MIN_RATE: u64 = 32 << 10;
+/// The longest any request body may take, whatever its declared length (a length beyond a
+/// route's limit is refused before its body is read anyway).
+pub const BODY_TIMEOUT_MAX: Duration = Duration::from_secs(300);
 /// Connections open at once, upgraded (exec) ones included.
 pub const MAX_CONNECTIONS: usize = 512;
 /// Connections that may wait for a slot when [`MAX_CONNECTIONS`] are open.
@@ -69,6 +87,22 @@ pub struct ServeLimits {
     pub tls_handshake_timeout: Duration,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    pub body_timeout: Duration,
+    pub body_min_rate: u64,
+    pub body_timeout_max: Duration,
+}
+
+impl ServeLimits {
+    /// The deadline of the body of a request with these headers, from the end of the header.
+    fn body_deadline(&self, headers: &axum::http::HeaderMap) -> Duration {
+        let declared = headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        let more = Duration::from_secs_f64(declared as f64 / self.body_min_rate.max(1) as f64);
+        (self.body_timeout.saturating_add(more)).min(self.body_timeout_max.max(self.body_timeout))
+    }
 }
 
 impl Default for ServeLimits {
@@ -80,6 +114,9 @@ impl Default for ServeLimits {
             tls_handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
             header_read_timeout: HEADER_READ_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
+            body_timeout: BODY_TIMEOUT,
+            body_min_rate: BODY_MIN_RATE,
+            body_timeout_max: BODY_TIMEOUT_MAX,
         }
     }
 }
@@ -248,14 +285,28 @@ async fn connection(
         .and_then(|chain| chain.first());
     let node = leaf.and_then(|cert| kat_pki::node_of(cert.as_ref()));
     let serial = leaf.and_then(|cert| kat_pki::serial_of_der(cert.as_ref()));
-    // Set once hyper has parsed a complete request header and calls the router.
-    let requested = Arc::new(AtomicBool::new(false));
-    let seen = requested.clone();
+    let clock = Arc::new(RequestClock::new());
+    let on_request = clock.clone();
+    let body_limits = Arc::new(limits.clone());
     let app = router
         .layer(axum::middleware::from_fn(
             move |req: Request, next: Next| {
-                seen.store(true, Ordering::Relaxed);
-                next.run(req)
+                // A complete header: its clock stops, its body's starts.
+                let clock = on_request.clone();
+                clock.busy.store(true, Ordering::SeqCst);
+                clock.header_since.store(0, Ordering::SeqCst);
+                let after = body_limits.body_deadline(req.headers());
+                let req = deadline::with_deadline(req, after);
+                async move {
+                    let response = next.run(req).await;
+                    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                        // Upgraded (exec): the connection leaves hyper and the header clock.
+                        return response;
+                    }
+                    deadline::on_body_end(response, move || {
+                        clock.busy.store(false, Ordering::SeqCst)
+                    })
+                }
             },
         ))
         .layer(axum::Extension(ClientAddr(peer.ip())))
@@ -268,33 +319,93 @@ async fn connection(
         .header_read_timeout(limits.idle_timeout);
     let io = TokioIo::new(Counted {
         io: tls,
+        clock: clock.clone(),
         _slot: slot,
     });
     let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
     tokio::pin!(conn);
-    let first_request = async {
-        tokio::time::sleep(limits.header_read_timeout).await;
-        if requested.load(Ordering::Relaxed) {
-            std::future::pending::<()>().await;
-        }
-    };
     tokio::select! {
         ended = conn.as_mut() => {
             if let Err(e) = ended {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         }
-        () = first_request => {
+        () = clock.header_overdue(limits.header_read_timeout) => {
             // Dropping the connection closes the socket.
             tracing::debug!(%peer, "no complete request header in time; connection closed");
         }
     }
 }
 
+/// When the header a connection awaits began to arrive: at the handshake for the first
+/// request, at its first byte for later ones (the time before that is idle, which hyper
+/// bounds). Hyper tells when a header is complete (the router runs) and the response body
+/// tells when it is sent; the connection's reads tell when the next header begins.
+///
+/// A header that was read while the previous response was still being sent (pipelining)
+/// starts no clock: a partial one is bounded by the idle timeout only.
+struct RequestClock {
+    opened: Instant,
+    /// Milliseconds from `opened` to the first byte of the header awaited, plus one; 0 when
+    /// none is awaited.
+    header_since: AtomicU64,
+    /// A request is in hand: from its complete header to the end of its response.
+    busy: AtomicBool,
+    started: Notify,
+}
+
+impl RequestClock {
+    fn new() -> Self {
+        RequestClock {
+            opened: Instant::now(),
+            header_since: AtomicU64::new(1),
+            busy: AtomicBool::new(false),
+            started: Notify::new(),
+        }
+    }
+
+    /// Bytes arrived: if no request is in hand and no header clock runs, one starts.
+    fn read(&self) {
+        if self.busy.load(Ordering::SeqCst) || self.header_since.load(Ordering::SeqCst) != 0 {
+            return;
+        }
+        let since = self.opened.elapsed().as_millis() as u64 + 1;
+        if self
+            .header_since
+            .compare_exchange(0, since, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.started.notify_one();
+        }
+    }
+
+    /// Resolves once a header has taken longer than `timeout`.
+    async fn header_overdue(&self, timeout: Duration) {
+        loop {
+            let since = self.header_since.load(Ordering::SeqCst);
+            if since == 0 {
+                self.started.notified().await;
+                continue;
+            }
+            let deadline = self.opened + Duration::from_millis(since - 1) + timeout;
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline.into()) => {
+                    if self.header_since.load(Ordering::SeqCst) == since {
+                        return;
+                    }
+                }
+                () = self.started.notified() => {}
+            }
+        }
+    }
+}
+
 /// A connection's stream holding its slot: the slot is free again when the socket closes,
 /// also when an upgraded (exec) session ends long after hyper let go of it.
+/// Its reads start the clock of the next request header.
 struct Counted<T> {
     io: T,
+    clock: Arc<RequestClock>,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -304,7 +415,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
         cx: &mut TaskContext<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.clock.read();
+        }
+        polled
     }
 }
 
@@ -377,6 +493,23 @@ mod tests {
                 "/echo",
                 post(|req: Request| async move {
                     axum::body::Body::from_stream(req.into_body().into_data_stream())
+                }),
+            )
+            .route(
+                "/stream",
+                get(|| async {
+                    // Five parts, 300 ms apart: 1.5 s in all.
+                    let parts = futures_util::stream::unfold(0, |i| async move {
+                        if i == 5 {
+                            return None;
+                        }
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Some((
+                            Ok::<_, std::convert::Infallible>(format!("part{i};")),
+                            i + 1,
+                        ))
+                    });
+                    axum::body::Body::from_stream(parts)
                 }),
             );
         serving(|listener, tls| tokio::spawn(serve_with_limits(listener, tls, router, limits)))
@@ -643,5 +776,355 @@ mod tests {
         // The same name from another CA: the handshake fails, nothing is served.
         assert!(who(client(Some(&intruder))).await.is_err());
         task.abort();
+    }
+
+    #[test]
+    fn a_body_has_more_time_for_its_declared_length_up_to_a_cap() {
+        let limits = ServeLimits::default();
+        let deadline = |len: Option<&str>| {
+            let mut headers = axum::http::HeaderMap::new();
+            if let Some(len) = len {
+                headers.insert(
+                    axum::http::header::CONTENT_LENGTH,
+                    axum::http::HeaderValue::from_str(len).unwrap(),
+                );
+            }
+            limits.body_deadline(&headers)
+        };
+        assert_eq!(deadline(None), Duration::from_secs(30));
+        assert_eq!(deadline(Some("garbage")), Duration::from_secs(30));
+        // A bundle (1 MiB at most) and a push hook (5 MiB at most).
+        assert_eq!(deadline(Some("1048576")), Duration::from_secs(62));
+        assert_eq!(deadline(Some("5242880")), Duration::from_secs(190));
+        assert_eq!(deadline(Some("1000000000000")), Duration::from_secs(300));
+    }
+
+    #[tokio::test]
+    async fn a_streaming_response_outlives_the_request_deadlines() {
+        let s = server(ServeLimits {
+            body_timeout: Duration::from_millis(300),
+            body_timeout_max: Duration::from_millis(300),
+            ..limits(300, 600)
+        })
+        .await;
+        let mut c = s.connect().await.unwrap();
+        c.write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        read_until(&mut c, "part4;").await;
+        assert!(started.elapsed() >= Duration::from_millis(1400));
+        // And the connection is still good for another request.
+        c.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        read_until(&mut c, "\r\n\r\nok").await;
+    }
+
+    /// The leader's whole API (on `MemStore`), served with the cluster's TLS and `limits`,
+    /// and a rate limit of 5 requests per client, hardly refilled.
+    struct Api {
+        addr: SocketAddr,
+        pki: kat_pki::Pki,
+        /// A worker `w1`'s certificate and key, from the same CA.
+        worker: String,
+        task: tokio::task::JoinHandle<()>,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for Api {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    const TOKEN: &str = "admin-token";
+
+    async fn api(limits: ServeLimits) -> Api {
+        use kat_apiserver::http;
+        let dir = tempfile::tempdir().unwrap();
+        let pki = kat_pki::Pki::generate(dir.path(), "lab", "node-a", &[]).unwrap();
+        let (key, csr) = kat_pki::key_and_csr("w1").unwrap();
+        let cert = kat_pki::Authority::load(dir.path())
+            .unwrap()
+            .sign_csr(&csr, "w1", &[], kat_pki::NodeRole::Worker)
+            .unwrap();
+        let cluster = "apiVersion: kat.dws.rip/v1alpha1\nkind: ClusterConfiguration\nmetadata: {name: lab}\nspec:\n  clusterCIDR: 10.100.0.0/16\n  serviceCIDR: 10.200.0.0/16\n";
+        let service = kat_apiserver::Service::new(
+            Arc::new(kat_store::MemStore::new()),
+            kat_leader::events::EventLog::new(100),
+            kat_leader::Clock::system(),
+            kat_api::parse_cluster("cluster.kat", cluster.as_bytes()).unwrap(),
+        );
+        let state = Arc::new(http::ApiState {
+            service,
+            token_sha256: http::token_sha256(TOKEN),
+            access: Arc::new(http::NoInstanceAccess),
+            metrics: Default::default(),
+            limiter: http::RateLimiter::new(5, 0.001, Duration::from_secs(300)),
+        });
+        let tls = tls_config_with_clients(&pki.node_cert_pem, &pki.node_key_pem, Some(&pki.ca_pem))
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(serve_with_limits(
+            listener,
+            tls,
+            http::router(state),
+            limits,
+        ));
+        Api {
+            addr,
+            worker: format!("{cert}\n{key}"),
+            pki,
+            task,
+            _dir: dir,
+        }
+    }
+
+    impl Api {
+        fn url(&self, path: &str) -> String {
+            format!("https://{}{path}", self.addr)
+        }
+
+        /// A client from 127.0.0.1, with `identity` (certificate and key PEM) if given.
+        fn client(&self, identity: Option<&str>) -> reqwest::Client {
+            let mut b = reqwest::Client::builder()
+                .use_rustls_tls()
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(
+                    reqwest::Certificate::from_pem(self.pki.ca_pem.as_bytes()).unwrap(),
+                );
+            if let Some(pem) = identity {
+                b = b.identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap());
+            }
+            b.build().unwrap()
+        }
+
+        /// A raw TLS connection without a client certificate.
+        async fn connect(&self) -> TlsStream<TcpStream> {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(self.pki.ca_pem.as_bytes()) {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            let tcp = TcpStream::connect(self.addr).await.unwrap();
+            let name = rustls::pki_types::ServerName::IpAddress(self.addr.ip().into());
+            TlsConnector::from(Arc::new(config))
+                .connect(name, tcp)
+                .await
+                .unwrap()
+        }
+    }
+
+    fn heartbeat(node: &str) -> String {
+        serde_json::to_string(&kat_api::wire::NodeHeartbeat {
+            node: node.into(),
+            timestamp: "2026-01-01T00:00:00Z".into(),
+            capacity: Default::default(),
+            allocatable: Default::default(),
+            gpus: vec![],
+            instances: vec![],
+            usage: None,
+            builds: vec![],
+            detached: None,
+        })
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_from_a_nodes_address_does_not_starve_the_nodes_own_requests() {
+        let api = api(ServeLimits::default()).await;
+        let anonymous = api.client(None);
+        let w1 = api.client(Some(&api.worker));
+        let node_a = format!("{}\n{}", api.pki.node_cert_pem, api.pki.node_key_pem);
+        let node_a = api.client(Some(&node_a));
+
+        // A container on the node floods the leader from the node's address (127.0.0.1
+        // here) without a certificate: 401 while its bucket lasts, then 429.
+        let mut limited = 0;
+        for _ in 0..30 {
+            let r = anonymous
+                .get(api.url("/v1alpha1/nodes"))
+                .send()
+                .await
+                .unwrap();
+            match r.status().as_u16() {
+                401 => {}
+                429 => {
+                    assert!(r.headers().contains_key("retry-after"));
+                    limited += 1;
+                }
+                other => panic!("{other}: {}", r.text().await.unwrap()),
+            }
+        }
+        assert_eq!(limited, 25, "a burst of 5, then 429");
+        // The admin token without a certificate is counted by address as well.
+        let r = anonymous
+            .get(api.url("/v1alpha1/nodes"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 429);
+
+        // The node's heartbeat from the same address, with its certificate: served.
+        let r = w1
+            .post(api.url("/v1alpha1/nodes/w1/status"))
+            .body(heartbeat("w1"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+        // Its other own records too, until its own bucket (5) is spent.
+        for _ in 0..4 {
+            let r = w1
+                .get(api.url("/v1alpha1/nodes/w1/dns"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+        }
+        let r = w1
+            .get(api.url("/v1alpha1/nodes/w1/dns"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 429);
+        assert!(
+            r.text().await.unwrap().contains("from node w1"),
+            "counted against the node"
+        );
+        // Another node at the same address has its own bucket as well.
+        let r = node_a
+            .post(api.url("/v1alpha1/nodes/node-a/status"))
+            .body(heartbeat("node-a"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+        // And the flood is still held back.
+        let r = anonymous.get(api.url("/healthz")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "healthz is never limited");
+        let r = anonymous.get(api.url("/v1alpha1/ca")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 429);
+    }
+
+    /// Send `head`, then `slow` one byte every 100 ms, while reading: what was answered and
+    /// how long after the first slow byte the server closed the connection.
+    async fn trickle(
+        mut stream: TlsStream<TcpStream>,
+        head: &[u8],
+        slow: &[u8],
+    ) -> (String, Duration) {
+        stream.write_all(head).await.unwrap();
+        stream.flush().await.unwrap();
+        let started = Instant::now();
+        let (mut reader, mut writer) = tokio::io::split(stream);
+        let slow = slow.to_vec();
+        let writing = tokio::spawn(async move {
+            for byte in slow {
+                if writer.write_all(&[byte]).await.is_err() || writer.flush().await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // All sent: hold the connection open.
+            std::future::pending::<()>().await;
+        });
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Ok(n) = reader.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await;
+        writing.abort();
+        assert!(closed.is_ok(), "still open after 10 s");
+        (
+            String::from_utf8_lossy(&got).into_owned(),
+            started.elapsed(),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_headers_and_slow_bodies_are_cut_off_at_their_deadline() {
+        let api = api(ServeLimits {
+            header_read_timeout: Duration::from_millis(500),
+            idle_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_millis(800),
+            body_min_rate: 1 << 20,
+            ..ServeLimits::default()
+        })
+        .await;
+        let margin = Duration::from_millis(700);
+
+        // A header trickled from the start.
+        let (got, took) = trickle(
+            api.connect().await,
+            b"",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        )
+        .await;
+        assert!(got.is_empty(), "{got}");
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_millis(500) + margin,
+            "slow first header closed after {took:?}"
+        );
+
+        // A header trickled after a first, quick request on a kept-alive connection, and
+        // after an idle pause longer than the header deadline: its clock starts with its
+        // first byte, and stops it at the deadline (not the 5 s idle timeout).
+        let mut kept = api.connect().await;
+        kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        read_until(&mut kept, "\"ok\"").await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let (got, took) = trickle(
+            kept,
+            b"",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        )
+        .await;
+        assert!(got.is_empty(), "{got}");
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_millis(500) + margin,
+            "slow later header closed after {took:?}"
+        );
+
+        // A body of 1000 bytes, one byte every 100 ms: 408 at the body deadline, and the
+        // connection closed.
+        let head = format!(
+            "POST /v1alpha1/namespaces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        );
+        let (got, took) = trickle(api.connect().await, head.as_bytes(), &[b' '; 1000]).await;
+        assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+        assert!(got.contains("request_timeout"), "{got}");
+        assert!(
+            took >= Duration::from_millis(700) && took < Duration::from_millis(800) + margin,
+            "slow body closed after {took:?}"
+        );
+
+        // The server still serves: a normal request.
+        let r = api
+            .client(None)
+            .post(api.url("/v1alpha1/namespaces"))
+            .bearer_auth(TOKEN)
+            .body(r#"{"metadata":{"name":"team-a"}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201, "{}", r.text().await.unwrap());
     }
 }

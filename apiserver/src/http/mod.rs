@@ -5,9 +5,15 @@
 //! request passes one middleware that applies the per-client rate limit, checks the token,
 //! times the request for `/metrics` and writes an audit line for every mutating request. Errors are always `{"error","message"}`.
 //!
+//! The rate limit counts a request against the node whose certificate the connection
+//! showed, else against its address ([`rate_limit`]): a node's heartbeats never wait behind
+//! what its containers send from the same address. Request bodies are read under the
+//! deadline the server sets ([`deadline`]); one that misses it is a 408.
+//!
 //! The router is transport-free: `kat-agent` serves it over rustls. Logs and exec need the
 //! node that runs an instance; they go through [`InstanceAccess`], which the agent implements.
 
+pub mod deadline;
 mod error;
 mod events;
 mod join;
@@ -35,7 +41,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 pub use error::ApiError;
-pub use rate_limit::RateLimiter;
+pub use rate_limit::{Client, RateLimiter};
 pub use streams::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
     StreamSource, EXEC_PROTOCOL,
@@ -245,29 +251,17 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
         .extensions()
         .get::<ClientAddr>()
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0);
+    let limited = rate_limit_key(&req, client);
     let response = if path == "/healthz" {
         next.run(req).await
     } else if PUBLIC_PATHS.contains(&path.as_str()) || path.starts_with(HOOK_PREFIX) {
         // No bearer token (a joining node has none), but rate-limited like the rest.
-        match state.limiter.check(client) {
+        match state.limiter.check_client(limited) {
             Ok(()) => next.run(req).await,
-            Err(_) => ApiError::new(ErrorCode::RateLimited, "too many requests; retry shortly")
-                .into_response(),
+            Err(retry_after) => rate_limited(retry_after, None),
         }
-    } else if let Err(retry_after) = state.limiter.check(client) {
-        let mut r = ApiError::new(
-            ErrorCode::RateLimited,
-            format!(
-                "too many requests from {client}; retry in {} ms",
-                retry_after.as_millis()
-            ),
-        )
-        .into_response();
-        let secs = retry_after.as_secs().max(1).to_string();
-        if let Ok(v) = HeaderValue::from_str(&secs) {
-            r.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        r
+    } else if let Err(retry_after) = state.limiter.check_client(limited.clone()) {
+        rate_limited(retry_after, Some(&limited))
     } else if authorized(&state, &req) {
         next.run(req).await
     } else if let Some((node, role)) = client_node(&req) {
@@ -295,6 +289,32 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
         );
     }
     response
+}
+
+/// Whom the rate limit counts a request against: the node whose certificate the connection
+/// showed, else the address it came from.
+pub(crate) fn rate_limit_key(req: &Request, addr: IpAddr) -> Client {
+    match client_node(req) {
+        Some((node, _)) => Client::Node(node),
+        None => Client::addr(addr),
+    }
+}
+
+/// A 429 with `Retry-After`; `who`, if said, in the message.
+pub(crate) fn rate_limited(retry_after: Duration, who: Option<&Client>) -> Response {
+    let message = match who {
+        Some(who) => format!(
+            "too many requests from {who}; retry in {} ms",
+            retry_after.as_millis()
+        ),
+        None => format!("too many requests; retry in {} ms", retry_after.as_millis()),
+    };
+    let mut r = ApiError::new(ErrorCode::RateLimited, message).into_response();
+    let secs = retry_after.as_secs().max(1).to_string();
+    if let Ok(v) = HeaderValue::from_str(&secs) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
 }
 
 fn is_mutating(method: &Method) -> bool {
@@ -384,7 +404,10 @@ pub(crate) async fn read_body(req: Request, limit: u64) -> Result<axum::body::By
     }
     axum::body::to_bytes(req.into_body(), limit as usize)
         .await
-        .map_err(|_| too_large())
+        .map_err(|e| match deadline::missed(&e) {
+            Some(missed) => ApiError::new(ErrorCode::RequestTimeout, missed.to_string()),
+            None => too_large(),
+        })
 }
 
 /// A streamed response of JSON lines, one per item `rx` yields, ending when it closes.

@@ -1,7 +1,14 @@
 //! A token bucket per client, in bounded memory.
 //!
-//! A client is an IPv4 address or an IPv6 /64: one host usually holds a whole /64, so
-//! counting its addresses apart would give it 2^64 buckets. The limiter holds at most
+//! A client is a node of the cluster when the connection showed that node's certificate
+//! (verified against the cluster CA in the TLS handshake), else its address: an IPv4 address
+//! or an IPv6 /64 (one host usually holds a whole /64, so counting its addresses apart would
+//! give it 2^64 buckets). A node's certificate gets a bucket of its own because a node shares
+//! its address with everything it runs: container egress leaves from the node's address, so
+//! with buckets per address a container flooding the API would spend the bucket of its
+//! node's heartbeats until the leader declared the node lost. An unauthenticated client (or
+//! one with a bearer token only) cannot reach a node's bucket: only the node's key can. Node
+//! buckets are bounded too, by the certificates the cluster CA signed. The limiter holds at most
 //! `max_clients` buckets. When it is full and a new client comes, it first forgets the
 //! buckets idle for `idle_forget`, then, if that is not enough, the least recently used
 //! tenth: a flood of new addresses costs a sweep per tenth of the table (amortized constant
@@ -14,6 +21,7 @@
 //! the bucket arithmetic beside it is five lines.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -26,7 +34,32 @@ pub struct RateLimiter {
     per_second: f64,
     idle_forget: Duration,
     max_clients: usize,
-    buckets: Mutex<HashMap<IpAddr, Bucket>>,
+    buckets: Mutex<HashMap<Client, Bucket>>,
+}
+
+/// Whom a request is counted against.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Client {
+    /// A connection without a node certificate: its address (see [`Client::addr`]).
+    Addr(IpAddr),
+    /// A connection that showed the certificate of this node.
+    Node(String),
+}
+
+impl Client {
+    /// The bucket of an address: itself for IPv4 (also IPv4-mapped IPv6), its /64 for IPv6.
+    pub fn addr(addr: IpAddr) -> Client {
+        Client::Addr(client_key(addr))
+    }
+}
+
+impl fmt::Display for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Client::Addr(addr) => write!(f, "{addr}"),
+            Client::Node(node) => write!(f, "node {node}"),
+        }
+    }
 }
 
 struct Bucket {
@@ -69,13 +102,27 @@ impl RateLimiter {
         self.buckets.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Take a token for `client`, or say how long until one is available.
+    /// Take a token for the address `client`, or say how long until one is available.
     pub fn check(&self, client: IpAddr) -> Result<(), Duration> {
-        self.check_at(client, Instant::now())
+        self.check_client(Client::addr(client))
     }
 
+    /// Take a token for `client` (a node or an address), or say how long until one is
+    /// available.
+    pub fn check_client(&self, client: Client) -> Result<(), Duration> {
+        self.check_key(client, Instant::now())
+    }
+
+    #[cfg(test)]
     fn check_at(&self, client: IpAddr, now: Instant) -> Result<(), Duration> {
-        let key = client_key(client);
+        self.check_key(Client::addr(client), now)
+    }
+
+    fn check_key(&self, client: Client, now: Instant) -> Result<(), Duration> {
+        let key = match client {
+            Client::Addr(addr) => Client::addr(addr),
+            node => node,
+        };
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if buckets.len() >= self.max_clients && !buckets.contains_key(&key) {
             self.evict(&mut buckets, now);
@@ -98,7 +145,7 @@ impl RateLimiter {
     }
 
     /// Make room: drop idle buckets, then the least recently used down to 90% of the cap.
-    fn evict(&self, buckets: &mut HashMap<IpAddr, Bucket>, now: Instant) {
+    fn evict(&self, buckets: &mut HashMap<Client, Bucket>, now: Instant) {
         let idle = self.idle_forget;
         buckets.retain(|_, b| now.saturating_duration_since(b.updated) < idle);
         let keep = self.max_clients - self.max_clients.div_ceil(10);
@@ -106,8 +153,10 @@ impl RateLimiter {
             return;
         }
         let drop = buckets.len() - keep;
-        let mut by_age: Vec<(Instant, IpAddr)> =
-            buckets.iter().map(|(k, b)| (b.updated, *k)).collect();
+        let mut by_age: Vec<(Instant, Client)> = buckets
+            .iter()
+            .map(|(k, b)| (b.updated, k.clone()))
+            .collect();
         by_age.select_nth_unstable_by_key(drop - 1, |(updated, _)| *updated);
         for (_, key) in &by_age[..drop] {
             buckets.remove(key);
@@ -135,6 +184,28 @@ mod tests {
             "clients have separate buckets"
         );
         assert!(limiter.check_at(a, t0 + Duration::from_millis(100)).is_ok());
+    }
+
+    #[test]
+    fn a_node_has_its_own_bucket_beside_its_address() {
+        let limiter = RateLimiter::new(2, 0.001, Duration::from_secs(60));
+        let addr: IpAddr = "10.0.0.1".parse().unwrap();
+        let t0 = Instant::now();
+        // Whatever runs on the node spends the address's bucket...
+        while limiter.check_key(Client::addr(addr), t0).is_ok() {}
+        // ...not the node's, nor another node's.
+        for node in ["w1", "w2"] {
+            for _ in 0..2 {
+                assert!(limiter.check_key(Client::Node(node.into()), t0).is_ok());
+            }
+            assert!(limiter.check_key(Client::Node(node.into()), t0).is_err());
+        }
+        // A node name is not an address: no name reaches the address's bucket.
+        assert!(limiter
+            .check_key(Client::Node("10.0.0.1".into()), t0)
+            .is_ok());
+        assert!(limiter.check_at(addr, t0).is_err());
+        assert_eq!(limiter.clients(), 4);
     }
 
     #[test]

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -25,7 +24,10 @@ use kat_pki::NodeRole;
 use tokio::sync::watch;
 
 use super::streams::{self, InstanceAccess, StreamSource};
-use super::{client_node, unauthorized, ApiError, ClientAddr, ClientSerial, RateLimiter};
+use super::{
+    client_node, rate_limit_key, rate_limited, unauthorized, ApiError, ClientAddr, ClientSerial,
+    RateLimiter,
+};
 
 pub struct WorkerApi {
     pub node: String,
@@ -99,13 +101,10 @@ async fn guard(State(state): State<Arc<WorkerApi>>, req: Request, next: Next) ->
     if req.uri().path() == "/healthz" {
         return next.run(req).await;
     }
-    if let Err(retry_after) = state.limiter.check(client) {
-        let mut r = ApiError::new(ErrorCode::RateLimited, "too many requests; retry shortly")
-            .into_response();
-        if let Ok(v) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
-            r.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        return r;
+    // Per node certificate, else per address: the control plane's streams never wait
+    // behind what runs on its node.
+    if let Err(retry_after) = state.limiter.check_client(rate_limit_key(&req, client)) {
+        return rate_limited(retry_after, None);
     }
     let path = req.uri().path();
     let is_stream =
