@@ -66,14 +66,22 @@ enum Command {
         /// API address of a node of the cluster's etcd quorum.
         #[arg(long, value_name = "HOST:PORT")]
         leader_api: String,
-        /// A join token (`katjoin.…`): printed by `kat-agent init`, or `katcall create join-token`.
-        #[arg(long, env = "KAT_JOIN_TOKEN", value_name = "TOKEN")]
-        token: String,
+        /// `-`: read the join token from standard input. A token itself is refused here (every
+        /// local user sees a command line in `ps`): use --token-file or KAT_JOIN_TOKEN.
+        #[arg(long, value_name = "-")]
+        token: Option<String>,
+        /// A file holding the join token (`katjoin.…`, printed by `kat-agent init` for workers,
+        /// or made by `katcall create join-token`); only its owner may read it (mode 0600).
+        /// The environment variable KAT_JOIN_TOKEN works too. Not needed to resume a node
+        /// that has joined.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
         /// The cluster CA's fingerprint (`sha256:…`) that `kat-agent init` printed: the
         /// cluster is checked against it before anything is sent.
         #[arg(long, value_name = "sha256:HEX")]
         ca_pin: String,
-        /// Become a member of the etcd quorum (1, 3 or 5 members; see docs/operations.md).
+        /// Become a member of the etcd quorum (1, 3 or 5 members; see docs/operations.md);
+        /// needs a control-plane token (`katcall create join-token --control-plane`).
         /// Without it the node is a worker: no etcd credentials, it talks to the leader's API
         /// about its own records only.
         #[arg(long)]
@@ -252,6 +260,11 @@ fn main() -> ExitCode {
         return code;
     }
     malloc::limit_arenas();
+    // A join token in the environment is read once, here, and taken out of it before any
+    // thread starts: no child (etcd, container helpers) inherits it, and nothing later can
+    // read it back.
+    let env_token = std::env::var(join::TOKEN_ENV).ok();
+    std::env::remove_var(join::TOKEN_ENV);
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -279,18 +292,22 @@ fn main() -> ExitCode {
         Command::Join {
             leader_api,
             token,
+            token_file,
             ca_pin,
             etcd_peer,
             node,
-        } => runtime.block_on(join::join(
-            join::JoinOptions {
-                leader_api,
-                token,
-                ca_pin,
-                etcd_peer,
-            },
-            node.options(),
-        )),
+        } => match join::TokenSource::new(token, token_file, env_token) {
+            Ok(token) => runtime.block_on(join::join(
+                join::JoinOptions {
+                    leader_api,
+                    token,
+                    ca_pin,
+                    etcd_peer,
+                },
+                node.options(),
+            )),
+            Err(e) => Err(e),
+        },
         Command::Run { node } => runtime.block_on(node::run(node.options())),
         Command::Restore {
             snapshot,

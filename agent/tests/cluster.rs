@@ -1,7 +1,9 @@
 //! Three KAT nodes on test hosts (network namespaces on a bridge, `tests/cluster/hosts.sh`),
 //! through the documented commands: `kat-agent init` on the first, `kat-agent join
-//! --etcd-peer` with the printed token and CA pin on the others; a 3-member etcd quorum under
-//! mutual TLS; bad joins refused with nothing written; a 6-replica Service spread 2/2/2; the
+//! --etcd-peer` on the others with a control-plane token (`katcall create join-token
+//! --control-plane`) in KAT_JOIN_TOKEN and the printed CA pin; a 3-member etcd quorum under
+//! mutual TLS; bad joins refused with nothing written (among them the worker token `init`
+//! printed asking for etcd membership, and an address the join does not come from); a 6-replica Service spread 2/2/2; the
 //! leader's agent and etcd killed: a new leader within 10 s, the workloads intact, the dead
 //! node's instances rescheduled; the node back: nothing runs twice. A fourth host joins as a
 //! worker (no `--etcd-peer`): etcd refuses its certificate, the leader's API gives it its own
@@ -253,9 +255,15 @@ impl Hosts {
 
     /// `kat-agent ARGS` in host `i`'s namespace, as its user, with the node's usual options.
     fn agent_command(&self, i: usize, args: &[&str]) -> Command {
+        self.agent_command_advertising(i, args, &ip(i))
+    }
+
+    /// As [`Hosts::agent_command`], advertising `address` (another host's, for a join that
+    /// must be refused).
+    fn agent_command_advertising(&self, i: usize, args: &[&str], address: &str) -> Command {
         let mut c = self.tool_command(i, args);
         c.args(["--node-name", &format!("n{i}")])
-            .args(["--advertise-address", &ip(i)])
+            .args(["--advertise-address", address])
             .args([
                 "--client-config",
                 &self.client_config(i).display().to_string(),
@@ -286,13 +294,25 @@ impl Hosts {
     }
 
     fn spawn(&mut self, i: usize, args: &[&str]) {
+        let command = self.agent_command(i, args);
+        self.spawn_command(i, command);
+    }
+
+    /// `kat-agent join ARGS` on host `i` with `token` in KAT_JOIN_TOKEN (never on the
+    /// command line, where every local user would see it).
+    fn spawn_join(&mut self, i: usize, token: &str, args: &[&str]) {
+        let mut command = self.agent_command(i, args);
+        command.env("KAT_JOIN_TOKEN", token);
+        self.spawn_command(i, command);
+    }
+
+    fn spawn_command(&mut self, i: usize, mut command: Command) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.path(&format!("n{i}.log")))
             .unwrap();
-        let child = self
-            .agent_command(i, args)
+        let child = command
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
@@ -447,20 +467,38 @@ spec:
     .to_string()
 }
 
-/// The `kat-agent join …` line `init` printed: (token, CA pin).
+/// What `init` printed: the worker join token (on a line of its own, not in the join
+/// command) and the CA pin of the `kat-agent join …` line.
 fn printed_join(log: &str) -> Option<(String, String)> {
+    let token = log
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("katjoin."))?;
     let line = log
         .lines()
         .find(|l| l.contains("kat-agent join --leader-api"))?;
-    let word_after = |flag: &str| {
-        let mut words = line.split_whitespace();
-        words.find(|w| *w == flag)?;
-        words.next().map(str::to_string)
-    };
-    Some((word_after("--token")?, word_after("--ca-pin")?))
+    assert!(
+        line.contains("--token-file") && !line.contains(token),
+        "init prints the token in a join command: {line}"
+    );
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == "--ca-pin")?;
+    Some((token.to_string(), words.next()?.to_string()))
 }
 
-/// `kat-agent init` on n1: the (token, CA pin) it printed.
+/// A control-plane join token made with katcall on n1, as an admin adds an etcd member.
+fn control_plane_token(h: &Hosts) -> String {
+    let out = h.katcall(
+        1,
+        &["create", "join-token", "--control-plane", "-o", "json"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let token: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(token["role"], "control-plane", "{token}");
+    token["token"].as_str().unwrap().to_string()
+}
+
+/// `kat-agent init` on n1: the (worker token, CA pin) it printed.
 fn init_first(h: &mut Hosts) -> (String, String) {
     init_with(h, &cluster_kat())
 }
@@ -477,25 +515,25 @@ fn init_with(h: &mut Hosts, cluster: &str) -> (String, String) {
     printed_join(&log).expect("init prints the join command")
 }
 
-fn join_args<'a>(leader_api: &'a str, token: &'a str, pin: &'a str) -> [&'a str; 8] {
+fn join_args<'a>(leader_api: &'a str, pin: &'a str) -> [&'a str; 6] {
     [
         "join",
         "--leader-api",
         leader_api,
-        "--token",
-        token,
         "--ca-pin",
         pin,
         "--etcd-peer",
     ]
 }
 
-/// The other nodes join as etcd peers; returns how long until all are Ready and vote.
-fn join_others(h: &mut Hosts, token: &str, pin: &str) -> Duration {
+/// The other nodes join as etcd peers with a control-plane token made for them; returns how
+/// long until all are Ready and vote.
+fn join_others(h: &mut Hosts, pin: &str) -> Duration {
     let leader_api = format!("{}:{API_PORT}", ip(1));
+    let token = control_plane_token(h);
     let started = Instant::now();
     for i in 2..=NODES {
-        h.spawn(i, &join_args(&leader_api, token, pin));
+        h.spawn_join(i, &token, &join_args(&leader_api, pin));
     }
     wait("3 Ready nodes", Duration::from_secs(120), || {
         h.ready_nodes(1).len() == NODES
@@ -723,19 +761,66 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     let (token, pin) = init_first(&mut h);
     let leader_api = format!("{}:{API_PORT}", ip(1));
 
-    // Refused joins write nothing: a wrong secret, a wrong CA pin, a malformed token.
+    // Refused joins write nothing: a wrong secret, a wrong CA pin, a malformed token, the
+    // worker token init printed asking for etcd membership (and the CA key), an address the
+    // join does not come from, a token on the command line.
     let mut wrong_secret = token.clone();
     wrong_secret.replace_range(wrong_secret.len() - 4.., "0000");
     let bad_pin = format!("sha256:{}", "0".repeat(64));
-    for (tok, pin_arg, expect) in [
-        (wrong_secret.as_str(), pin.as_str(), "wrong secret"),
-        (token.as_str(), bad_pin.as_str(), "nothing was sent"),
-        ("katjoin.nope", pin.as_str(), "a join token looks like"),
+    let cp_token = control_plane_token(&h);
+    let token_in_argv = ["--token", token.as_str()];
+    let (own, other) = (ip(2), ip(3));
+    for (tok, pin_arg, extra, address, expect) in [
+        (
+            wrong_secret.as_str(),
+            pin.as_str(),
+            &[][..],
+            &own,
+            "wrong secret",
+        ),
+        (
+            token.as_str(),
+            bad_pin.as_str(),
+            &[][..],
+            &own,
+            "nothing was sent",
+        ),
+        (
+            "katjoin.nope",
+            pin.as_str(),
+            &[][..],
+            &own,
+            "a join token looks like",
+        ),
+        (
+            token.as_str(),
+            pin.as_str(),
+            &[][..],
+            &own,
+            "is a worker token: it admits worker nodes only",
+        ),
+        (
+            cp_token.as_str(),
+            pin.as_str(),
+            &[][..],
+            &other,
+            "this join comes from 10.77.0.12, not from the advertised address 10.77.0.13",
+        ),
+        (
+            "",
+            pin.as_str(),
+            &token_in_argv[..],
+            &own,
+            "visible to every local user",
+        ),
     ] {
-        let out = h
-            .agent_command(2, &join_args(&leader_api, tok, pin_arg))
-            .output()
-            .unwrap();
+        let mut args = join_args(&leader_api, pin_arg).to_vec();
+        args.extend_from_slice(extra);
+        let mut command = h.agent_command_advertising(2, &args, address);
+        if !tok.is_empty() {
+            command.env("KAT_JOIN_TOKEN", tok);
+        }
+        let out = command.output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && err.contains(expect),
@@ -752,7 +837,7 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     }
 
     // The two joins as the docs give them: a 3-member quorum, all voting, mutual TLS only.
-    let took = join_others(&mut h, &token, &pin);
+    let took = join_others(&mut h, &pin);
     eprintln!("join of 2 nodes: {:.1} s", took.as_secs_f64());
     let out = Command::new("curl")
         .args([
@@ -812,18 +897,12 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         "a node certificate reached an admin route"
     );
 
-    // A worker joins (no --etcd-peer) and runs an instance placed on it.
-    h.spawn(
+    // A worker joins (no --etcd-peer) with the token init printed, and runs an instance
+    // placed on it.
+    h.spawn_join(
         WORKER,
-        &[
-            "join",
-            "--leader-api",
-            &leader_api,
-            "--token",
-            &token,
-            "--ca-pin",
-            &pin,
-        ],
+        &token,
+        &["join", "--leader-api", &leader_api, "--ca-pin", &pin],
     );
     wait("the worker Ready", Duration::from_secs(60), || {
         h.ready_nodes(1).len() == HOSTS
@@ -1436,8 +1515,8 @@ fn container_network(h: &mut Hosts) {
 #[ignore = "a benchmark: bench/cluster.sh runs it"]
 fn cluster_benchmark() {
     let mut h = Hosts::up();
-    let (token, pin) = init_first(&mut h);
-    let join = join_others(&mut h, &token, &pin);
+    let (_, pin) = init_first(&mut h);
+    let join = join_others(&mut h, &pin);
     let mut failovers = Vec::new();
     for round in 0..5 {
         let (dead, alive, failover) = kill_leader(&mut h);
@@ -1519,8 +1598,8 @@ fn restore_drill() {
         cluster_kat().replace("  nodeLossTimeoutSeconds: 8\n", ""),
         backups.display()
     );
-    let (token, pin) = init_with(&mut h, &cluster);
-    join_others(&mut h, &token, &pin);
+    let (_, pin) = init_with(&mut h, &cluster);
+    join_others(&mut h, &pin);
     let image = format!("{}/kat/busybox:latest", h.registry_addr);
     apply_spread(&h, 1, "web");
     apply_text(
@@ -1840,14 +1919,13 @@ fn detached_laptop_rejoins() {
     let (token, pin) = init_first(&mut h);
     let laptop = format!("n{WORKER}");
     let leader_api = format!("{}:{API_PORT}", ip(1));
-    h.spawn(
+    h.spawn_join(
         WORKER,
+        &token,
         &[
             "join",
             "--leader-api",
             &leader_api,
-            "--token",
-            &token,
             "--ca-pin",
             &pin,
             "--parent-cluster-name",
