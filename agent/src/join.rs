@@ -191,8 +191,9 @@ fn verifying_client(ca: Option<&str>) -> Result<reqwest::Client> {
         .timeout(std::time::Duration::from_secs(30))
         .tls_built_in_root_certs(false);
     let builder = match ca {
-        Some(ca) => builder.add_root_certificate(
-            reqwest::Certificate::from_pem(ca.as_bytes()).context("the cluster CA")?,
+        // The node that admits us holds the CA's key: a control-plane node.
+        Some(ca) => builder.use_preconfigured_tls(
+            kat_pki::server_role::control_plane_client_tls(ca, None).context("the cluster CA")?,
         ),
         // Only to fetch the CA, which is then checked against the pin.
         None => builder.danger_accept_invalid_certs(true),

@@ -438,13 +438,28 @@ pub(crate) fn node_client(pki: &Pki) -> Result<reqwest::Client> {
         .context("the HTTPS client for other nodes")
 }
 
+/// The HTTPS client a node uses towards the cluster API (the leader, a restored node): as
+/// [`node_client`], and the server must show a control-plane certificate, so a worker's key
+/// cannot impersonate the leader (`kat_pki::server_role`).
+pub(crate) fn control_plane_client(pki: &Pki) -> Result<reqwest::Client> {
+    let tls = pki::server_role::control_plane_client_tls(
+        &pki.ca_pem,
+        Some((&pki.node_cert_pem, &pki.node_key_pem)),
+    )?;
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .context("the HTTPS client for the cluster API")
+}
+
 /// A worker: the feed and heartbeat through the leader's API, and an API of its own that
 /// serves logs and exec of its instances to the control plane.
 async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     let node = base.node.clone();
     let link = Arc::new(LeaderLink::new(
         &node,
-        node_client(&base.pki)?,
+        control_plane_client(&base.pki)?,
         base.layout.agent().join(API_ENDPOINTS_FILE),
     )?);
     let leader = link.leader();

@@ -181,7 +181,7 @@ pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
         Ok((identity, pki))
     })
     .await??;
-    let client = crate::node::node_client(&pki)?;
+    let client = crate::node::control_plane_client(&pki)?;
     let url = format!(
         "https://{}/v1alpha1/nodes/{}/etcd-member",
         leader_api

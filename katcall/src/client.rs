@@ -19,13 +19,17 @@ pub struct Client {
 impl Client {
     pub fn from_config(path: &Path) -> Result<Client> {
         let config = ClientConfig::load(path)?;
-        let ca = reqwest::Certificate::from_pem(config.ca_certificate.as_bytes()).with_context(
-            || format!("{}: caCertificate is not a PEM certificate", path.display()),
-        )?;
+        // The cluster CA the only root, and only a control-plane node's certificate serves
+        // the API: a worker's key (same CA) cannot pose as it and be sent the admin token.
+        let tls = kat_pki::server_role::control_plane_client_tls(&config.ca_certificate, None)
+            .with_context(|| {
+                format!(
+                    "{}: caCertificate is not a usable PEM certificate",
+                    path.display()
+                )
+            })?;
         let http = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca)
+            .use_preconfigured_tls(tls)
             .connect_timeout(std::time::Duration::from_secs(5))
             .build()
             .context("building the HTTPS client")?;
@@ -113,5 +117,35 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The HTTPS client builds with the control-plane-only TLS (reqwest takes rustls'
+    /// configuration as is), and a CA that is not PEM is named with the file.
+    #[test]
+    fn the_client_takes_the_control_plane_only_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = kat_pki::Pki::generate(&dir.path().join("pki"), "lab", "cp1", &[]).unwrap();
+        let config = ClientConfig {
+            endpoint: "https://127.0.0.1:9115".into(),
+            cluster_name: "lab".into(),
+            ca_certificate: pki.ca_pem.clone(),
+            token: "t".into(),
+        };
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, yaml_serde::to_string(&config).unwrap()).unwrap();
+        let client = Client::from_config(&path).unwrap();
+        assert_eq!(client.base(), "https://127.0.0.1:9115");
+        let bad = ClientConfig {
+            ca_certificate: "not pem".into(),
+            ..config
+        };
+        std::fs::write(&path, yaml_serde::to_string(&bad).unwrap()).unwrap();
+        let e = format!("{:#}", Client::from_config(&path).err().unwrap());
+        assert!(e.contains("caCertificate"), "{e}");
     }
 }

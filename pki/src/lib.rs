@@ -21,6 +21,7 @@
 //! the pin the operator gave it (`sha256:` of the CA certificate) before it sends anything.
 
 pub mod rejoin;
+pub mod server_role;
 pub mod webhook;
 
 use std::io::Write;
