@@ -11,14 +11,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
 
-if [ "$(id -u)" = 0 ]; then
+# Run as root, the agent still runs unprivileged: `kat-agent setup` prepares a `kat` user
+# (subordinate ids, its home /var/lib/kat, cgroup directories on v1/hybrid hosts, a systemd
+# user service where systemd runs) and the agent runs as kat. KAT_QUICKSTART_ROOT_AGENT=1
+# runs it as root instead (possible, not recommended: docs/security.md). Run as any other
+# user, the agent runs as that user.
+mode=self
+if [ "$(id -u)" = 0 ] && [ "${KAT_QUICKSTART_ROOT_AGENT:-0}" != 1 ]; then
+    mode=kat
     : "${KAT_DATA_DIR:=/var/lib/kat}"
+elif [ "$(id -u)" = 0 ]; then
+    : "${KAT_DATA_DIR:=/var/lib/kat-root}"
 else
     : "${KAT_DATA_DIR:=$HOME/.local/share/kat}"
 fi
 export KAT_DATA_DIR
 export KAT_CONFIG="${KAT_CONFIG:-$HOME/.config/kat/config.yaml}"
-mkdir -p "$KAT_DATA_DIR"
 
 echo "==> building kat-agent and katcall (release), a static kat-init, the example image"
 # test-fixtures.sh builds the static kat-init and the busybox image, and serves the image at
@@ -32,26 +40,58 @@ echo "==> validating the example Quadlets"
 for dir in examples/*/; do "$BIN/katcall" validate -f "$dir"; done
 "$BIN/katcall" validate --cluster examples/cluster.kat
 
-cluster=examples/cluster.kat
-if [ "$(id -u)" != 0 ]; then
-    # Not root: keep volumes under the data directory.
-    cluster="$KAT_DATA_DIR/quickstart-cluster.kat"
-    sed "/^  agentTickSeconds/i\\  volumeBasePath: $KAT_DATA_DIR/volumes" examples/cluster.kat > "$cluster"
-fi
+# Where the node keeps its volumes: under its data directory unless it runs as root.
+cluster_for() {
+    sed "/^  agentTickSeconds/i\\  volumeBasePath: $1/volumes" examples/cluster.kat
+}
 
 if "$BIN/katcall" get nodes >/dev/null 2>&1; then
     echo "==> a node is already running"
+elif [ "$mode" = kat ]; then
+    echo "==> preparing user kat: kat-agent setup (the agent runs unprivileged)"
+    cluster=$(mktemp)
+    cluster_for "$KAT_DATA_DIR" > "$cluster"
+    "$BIN/kat-agent" setup --config "$cluster" --init-binary "$BIN/kat-init" \
+        --state-dir "$KAT_DATA_DIR" --agent-arg --insecure-registry --agent-arg 127.0.0.1:5000
+    rm -f "$cluster"
+    admin="$KAT_DATA_DIR/katcall.yaml"
+    if ! { [ -d /run/systemd/system ] && systemctl --user -M kat@ is-active --quiet kat-agent 2>/dev/null; }; then
+        # No systemd: start it as kat ourselves, as setup said (setpriv runs it in place).
+        echo "==> starting the node as kat (log: $KAT_DATA_DIR/agent.log)"
+        ( cd "$KAT_DATA_DIR" && HOME="$KAT_DATA_DIR" exec setsid setpriv --reuid kat --regid kat --init-groups -- \
+            /usr/local/bin/kat-agent init --config /etc/kat/cluster.kat --data-dir "$KAT_DATA_DIR/node" \
+            --client-config "$admin" --init-binary /usr/local/lib/kat/kat-init \
+            --etcd-binary /usr/local/lib/kat/etcd --cgroup-parent /kat --insecure-registry 127.0.0.1:5000 \
+            >>"$KAT_DATA_DIR/agent.log" 2>&1 < /dev/null ) &
+        echo $! > "$KAT_DATA_DIR/agent.pid"
+    fi
+    for _ in $(seq 1 300); do [ -s "$admin" ] && break; sleep 0.2; done
+    # katcall for the admin here: a private copy of the node's admin config.
+    mkdir -p "$(dirname "$KAT_CONFIG")"
+    install -m 0600 "$admin" "$KAT_CONFIG"
 else
+    cluster=examples/cluster.kat
+    if [ "$(id -u)" != 0 ]; then
+        cluster="$KAT_DATA_DIR/quickstart-cluster.kat"
+        mkdir -p "$KAT_DATA_DIR"
+        cluster_for "$KAT_DATA_DIR" > "$cluster"
+    else
+        echo "==> KAT_QUICKSTART_ROOT_AGENT=1: the agent runs as root (not recommended; see docs/security.md)"
+        mkdir -p "$KAT_DATA_DIR"
+    fi
     echo "==> starting the node: kat-agent init --config $cluster (log: $KAT_DATA_DIR/agent.log)"
     setsid "$BIN/kat-agent" init --config "$cluster" --data-dir "$KAT_DATA_DIR" \
         --client-config "$KAT_CONFIG" --insecure-registry 127.0.0.1:5000 \
         >>"$KAT_DATA_DIR/agent.log" 2>&1 < /dev/null &
     echo $! > "$KAT_DATA_DIR/agent.pid"
-    for _ in $(seq 1 150); do
-        "$BIN/katcall" get nodes 2>/dev/null | grep -q Ready && break
-        sleep 0.2
-    done
-    "$BIN/katcall" get nodes || { tail -20 "$KAT_DATA_DIR/agent.log"; exit 1; }
+fi
+for _ in $(seq 1 150); do
+    "$BIN/katcall" get nodes 2>/dev/null | grep -q Ready && break
+    sleep 0.2
+done
+"$BIN/katcall" get nodes || { tail -20 "$KAT_DATA_DIR/agent.log" 2>/dev/null; exit 1; }
+if [ "$mode" = kat ]; then
+    echo "==> the agent runs as: $(ps -o user= -p "$(pgrep -f -o 'kat-agent init')" 2>/dev/null || echo '?')"
 fi
 
 echo "==> katcall apply -f examples/hello"
@@ -78,5 +118,6 @@ KAT is running one node with the example Service. Try:
   katcall events
   katcall delete workload hello
 Shell completions: katcall completion bash > ~/.local/share/bash-completion/completions/katcall
-Stop the node:     kill \$(cat $KAT_DATA_DIR/agent.pid)
+Stop the node:     kill \$(cat $KAT_DATA_DIR/agent.pid)   (under systemd: systemctl --user -M kat@ stop kat-agent)
+Remove it all:     sudo kat-agent setup --uninstall --state-dir $KAT_DATA_DIR   (when it ran as kat)
 EOT
