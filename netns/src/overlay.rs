@@ -7,7 +7,27 @@
 //! destination, encrypts and sends them from its UDP socket on the host (the node's address,
 //! port `wireguardPort`) to the peer's endpoint. Datagrams arriving there are matched to a
 //! peer by source address, decrypted, and written to the TUN only if their inner source
-//! belongs to that peer's subnet (a peer cannot speak for another node's containers).
+//! belongs to that peer's subnet (a peer cannot speak for another node's containers) **and**
+//! their inner destination is one of this node's container addresses.
+//!
+//! Why the destination rule, and why this one: the node network namespace forwards (it is
+//! the containers' router, with a default route out through slirp4netns), so a packet
+//! written to the TUN goes wherever its destination says: to the host's LAN, to a link-local
+//! metadata service (169.254.169.254), or back into the overlay to a third node. Checking
+//! only the source would let anyone holding one node's key use every other node as a relay
+//! into its network. The tightest rule that carries all legitimate traffic is "the
+//! destination is a host address of *this node's* subnet": peers send into the overlay only
+//! packets for the subnet of the node they send to (see `outgoing`: the peer is chosen by
+//! the destination's subnet), nothing is relayed node-to-node (every node peers with every
+//! other), and no container is reached at its subnet's network or broadcast address. The
+//! whole cluster CIDR would be looser for no use: it would admit relaying through this node
+//! to a third one. Dropped packets are counted per peer (`overlay.json`, `droppedPackets`)
+//! and logged at most every ten seconds.
+//!
+//! Outbound, the destination is already confined (a packet goes to the peer whose subnet
+//! holds its destination, or nowhere); its source must be one of this node's subnet too,
+//! which the receiving node checks anyway: dropping it here keeps a container with a forged
+//! source from spending the tunnel and makes the count visible on the sending node.
 //!
 //! Why not the kernel module or wireguard-go: the first needs root (and is missing on some
 //! hosts, this project's CI among them), the second is a separate daemon with its own
@@ -66,6 +86,10 @@ pub struct PeerState {
     pub handshakes: u64,
     pub tx_bytes: u64,
     pub rx_bytes: u64,
+    /// Packets dropped for this peer since the holder started: from it, a source outside
+    /// its subnet or a destination outside ours; towards it, a source outside ours.
+    #[serde(default)]
+    pub dropped_packets: u64,
 }
 
 /// The node's key pair: read from `dir/wireguard.key`, or made and saved (0600) on first use.
@@ -132,11 +156,63 @@ struct Live {
     handshakes: u64,
     /// The last handshake age seen, to count new handshakes.
     last_age: Option<Duration>,
+    /// Packets dropped by the address rules (see the module's documentation).
+    dropped: u64,
 }
+
+/// Why a packet was not delivered, for the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drop {
+    /// From a peer, its inner source is not in that peer's subnet.
+    ForeignSource,
+    /// From a peer, its inner destination is not a container address of this node.
+    ForeignDestination,
+    /// Towards a peer, its source is not an address of this node's subnet.
+    ForgedOutgoingSource,
+}
+
+/// The rule for a decrypted packet from a peer whose subnet is `peer_subnet`, arriving at the
+/// node whose subnet is `own_subnet` (module documentation: why this rule).
+fn check_incoming(
+    packet: &[u8],
+    source: Ipv4Addr,
+    peer_subnet: &Ipv4Net,
+    own_subnet: &Ipv4Net,
+) -> Result<(), Drop> {
+    if !peer_subnet.contains(&source) {
+        return Err(Drop::ForeignSource);
+    }
+    match Tunn::dst_address(packet) {
+        Some(IpAddr::V4(dst)) if is_container_address(own_subnet, dst) => Ok(()),
+        _ => Err(Drop::ForeignDestination),
+    }
+}
+
+/// A host address of `subnet`: inside it, and neither its network nor its broadcast address.
+fn is_container_address(subnet: &Ipv4Net, address: Ipv4Addr) -> bool {
+    subnet.contains(&address)
+        && (subnet.prefix_len() >= 31
+            || (address != subnet.network() && address != subnet.broadcast()))
+}
+
+/// The source address of an IPv4 packet.
+fn src_address(packet: &[u8]) -> Option<Ipv4Addr> {
+    if packet.len() < 20 || packet[0] >> 4 != 4 {
+        return None;
+    }
+    Some(Ipv4Addr::new(
+        packet[12], packet[13], packet[14], packet[15],
+    ))
+}
+
+/// How often at most the overlay writes a line about dropped packets.
+const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The overlay's state in the holder.
 pub(crate) struct Overlay {
     dir: PathBuf,
+    /// This node's container subnet: the only destinations delivered from peers.
+    subnet: Ipv4Net,
     secret: StaticSecret,
     tun: OwnedFd,
     udp: UdpSocket,
@@ -151,10 +227,20 @@ pub(crate) struct Overlay {
     last_state: Instant,
     buffer: Vec<u8>,
     out: Vec<u8>,
+    /// Drops not yet logged, and when the last line about them was written.
+    drops_unlogged: u64,
+    last_drop_log: Option<Instant>,
 }
 
 impl Overlay {
-    pub(crate) fn new(dir: &Path, tun: OwnedFd, port: u16) -> Result<Overlay, String> {
+    /// The overlay of the node whose container subnet is `subnet`, reading and writing
+    /// packets on `tun` and datagrams on UDP `port` of every host address.
+    pub(crate) fn new(
+        dir: &Path,
+        subnet: Ipv4Net,
+        tun: OwnedFd,
+        port: u16,
+    ) -> Result<Overlay, String> {
         let (secret, _) = load_or_make_key(dir)?;
         let udp = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))
             .map_err(|e| format!("the overlay's UDP port {port} (wireguardPort): {e}"))?;
@@ -167,6 +253,7 @@ impl Overlay {
         let now = Instant::now();
         Ok(Overlay {
             dir: dir.to_path_buf(),
+            subnet,
             secret,
             tun,
             udp,
@@ -179,6 +266,8 @@ impl Overlay {
             last_state: now,
             buffer: vec![0u8; 65_536],
             out: vec![0u8; 65_536 + 256],
+            drops_unlogged: 0,
+            last_drop_log: None,
         })
     }
 
@@ -229,6 +318,13 @@ impl Overlay {
             let Some(live) = self.peers.iter_mut().find(|p| p.peer.subnet.contains(&dst)) else {
                 continue;
             };
+            if !src_address(&self.buffer[..n]).is_some_and(|s| self.subnet.contains(&s)) {
+                live.dropped += 1;
+                let node = live.peer.node.clone();
+                let header = self.buffer[..n.min(20)].to_vec();
+                self.note_drop(Drop::ForgedOutgoingSource, &node, &header);
+                continue;
+            }
             if let TunnResult::WriteToNetwork(packet) =
                 live.tunn.encapsulate(&self.buffer[..n], &mut self.out)
             {
@@ -264,9 +360,18 @@ impl Overlay {
                         continue;
                     }
                     TunnResult::WriteToTunnelV4(packet, source) => {
-                        // Only the peer's own containers may speak through its tunnel.
-                        if live.peer.subnet.contains(&source) {
-                            let _ = nix::unistd::write(&self.tun, packet);
+                        // Only the peer's own containers may speak through its tunnel, and
+                        // only to this node's containers.
+                        match check_incoming(packet, source, &live.peer.subnet, &self.subnet) {
+                            Ok(()) => {
+                                let _ = nix::unistd::write(&self.tun, packet);
+                            }
+                            Err(why) => {
+                                live.dropped += 1;
+                                let node = live.peer.node.clone();
+                                let header = packet[..packet.len().min(20)].to_vec();
+                                self.note_drop(why, &node, &header);
+                            }
                         }
                     }
                     TunnResult::WriteToTunnelV6(..) | TunnResult::Done | TunnResult::Err(_) => {}
@@ -274,6 +379,46 @@ impl Overlay {
                 break;
             }
         }
+    }
+
+    /// Counts a dropped packet and says so in the log, at most every [`DROP_LOG_EVERY`]
+    /// (a peer sending a flood of them must not fill the disk with the holder's log).
+    fn note_drop(&mut self, why: Drop, node: &str, packet: &[u8]) {
+        self.drops_unlogged += 1;
+        let due = self
+            .last_drop_log
+            .is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY);
+        if !due {
+            return;
+        }
+        let (src, dst) = (
+            src_address(packet).map_or("?".to_string(), |a| a.to_string()),
+            match Tunn::dst_address(packet) {
+                Some(a) => a.to_string(),
+                None => "?".to_string(),
+            },
+        );
+        let reason = match why {
+            Drop::ForeignSource => format!("from peer {node}: source outside its subnet"),
+            Drop::ForeignDestination => {
+                format!(
+                    "from peer {node}: destination outside this node's subnet {}",
+                    self.subnet
+                )
+            }
+            Drop::ForgedOutgoingSource => {
+                format!(
+                    "towards peer {node}: source outside this node's subnet {}",
+                    self.subnet
+                )
+            }
+        };
+        eprintln!(
+            "overlay: dropped {} packet(s) since the last report; the latest {src} -> {dst}, {reason}",
+            self.drops_unlogged
+        );
+        self.drops_unlogged = 0;
+        self.last_drop_log = Some(Instant::now());
     }
 
     fn timers(&mut self) {
@@ -347,6 +492,7 @@ impl Overlay {
                         peer,
                         handshakes: 0,
                         last_age: None,
+                        dropped: 0,
                     }
                 }
             };
@@ -367,6 +513,7 @@ impl Overlay {
                     handshakes: l.handshakes,
                     tx_bytes: tx as u64,
                     rx_bytes: rx as u64,
+                    dropped_packets: l.dropped,
                 }
             })
             .collect();
@@ -392,4 +539,236 @@ pub fn write_peers(dir: &Path, peers: &[Peer]) -> std::io::Result<()> {
     let tmp = dir.join(format!("{PEERS_FILE}.tmp"));
     fs::write(&tmp, json)?;
     fs::rename(&tmp, dir.join(PEERS_FILE))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The receiving side of the overlay against a real boringtun peer over real UDP
+    //! sockets: the overlay is the holder's own code; its TUN is a packet socket pair, so the
+    //! test sees exactly what would reach the node network namespace.
+
+    use super::*;
+    use nix::sys::socket::{recv, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+
+    const OWN: &str = "10.231.11.0/24";
+    const PEER: &str = "10.231.12.0/24";
+
+    /// An IPv4/UDP packet from `src` to `dst` carrying `payload` (checksums are not checked
+    /// on this path; the header's are right anyway).
+    fn udp_packet(src: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
+        let total = 20 + 8 + payload.len();
+        let mut p = vec![0u8; total];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        p[8] = 64;
+        p[9] = 17;
+        p[12..16].copy_from_slice(&src.octets());
+        p[16..20].copy_from_slice(&dst.octets());
+        let mut sum: u32 = 0;
+        for pair in p[..20].chunks(2) {
+            sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        p[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        p[20..22].copy_from_slice(&4000u16.to_be_bytes());
+        p[22..24].copy_from_slice(&9000u16.to_be_bytes());
+        p[24..26].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        p[28..].copy_from_slice(payload);
+        p
+    }
+
+    /// A node holding a peer's key, as an attacker who took that node would.
+    struct Attacker {
+        tunn: Tunn,
+        udp: UdpSocket,
+        to: SocketAddr,
+        out: Vec<u8>,
+        /// Packets the overlay sent us, decrypted.
+        received: Vec<Vec<u8>>,
+    }
+
+    impl Attacker {
+        fn send(&mut self, packet: &[u8]) {
+            if let TunnResult::WriteToNetwork(d) = self.tunn.encapsulate(packet, &mut self.out) {
+                self.udp.send_to(d, self.to).unwrap();
+            }
+        }
+
+        /// Handles whatever the overlay sent (handshake answers, data).
+        fn pump(&mut self) {
+            let mut buf = vec![0u8; 65_536];
+            while let Ok((n, _)) = self.udp.recv_from(&mut buf) {
+                let mut datagram: &[u8] = &buf[..n];
+                loop {
+                    match self.tunn.decapsulate(None, datagram, &mut self.out) {
+                        TunnResult::WriteToNetwork(d) => {
+                            self.udp.send_to(d, self.to).unwrap();
+                            datagram = &[];
+                            continue;
+                        }
+                        TunnResult::WriteToTunnelV4(p, _) => self.received.push(p.to_vec()),
+                        _ => {}
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Runs the overlay and the attacker until `done` says so (or 5 s).
+    fn run_until(
+        overlay: &mut Overlay,
+        attacker: &mut Attacker,
+        tun: &OwnedFd,
+        delivered: &mut Vec<Vec<u8>>,
+        done: impl Fn(&[Vec<u8>], &[Vec<u8>]) -> bool,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done(delivered, &attacker.received) {
+            assert!(
+                Instant::now() < deadline,
+                "the tunnel did not carry the packet"
+            );
+            overlay.step(Duration::from_millis(5));
+            attacker.pump();
+            let mut buf = vec![0u8; 65_536];
+            while let Ok(n) = recv(tun.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+                delivered.push(buf[..n].to_vec());
+            }
+        }
+    }
+
+    fn carries(packets: &[Vec<u8>], marker: &[u8]) -> bool {
+        packets
+            .iter()
+            .any(|p| p.windows(marker.len()).any(|w| w == marker))
+    }
+
+    #[test]
+    fn a_peer_reaches_only_this_nodes_containers() {
+        let dir = tempfile::tempdir().unwrap();
+        let own: Ipv4Net = OWN.parse().unwrap();
+        let (tun_overlay, tun_node) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        // The holder's TUN is non-blocking (`node_sockets`), and the overlay reads until
+        // it has no more.
+        nix::fcntl::fcntl(
+            tun_overlay.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .unwrap();
+        let mut overlay = Overlay::new(dir.path(), own, tun_overlay, 0).unwrap();
+        let overlay_port = overlay.udp.local_addr().unwrap().port();
+        let (_, overlay_public) = load_or_make_key(dir.path()).unwrap();
+
+        let secret = StaticSecret::from(rand::random::<[u8; 32]>());
+        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        udp.set_nonblocking(true).unwrap();
+        write_peers(
+            dir.path(),
+            &[Peer {
+                node: "b".into(),
+                public_key: encode_key(&PublicKey::from(&secret)),
+                endpoint: udp.local_addr().unwrap(),
+                subnet: PEER.parse().unwrap(),
+            }],
+        )
+        .unwrap();
+        overlay.reload_peers();
+        assert_eq!(overlay.peers.len(), 1);
+        let mut attacker = Attacker {
+            tunn: Tunn::new(secret, overlay_public, None, None, 7, None),
+            udp,
+            to: SocketAddr::from(([127, 0, 0, 1], overlay_port)),
+            out: vec![0u8; 65_536 + 256],
+            received: Vec::new(),
+        };
+        let src = Ipv4Addr::new(10, 231, 12, 2);
+        let mut delivered = Vec::new();
+
+        // An honest packet for one of this node's containers: delivered (and it completes
+        // the handshake first).
+        attacker.send(&udp_packet(src, Ipv4Addr::new(10, 231, 11, 2), b"honest-1"));
+        run_until(
+            &mut overlay,
+            &mut attacker,
+            &tun_node,
+            &mut delivered,
+            |d, _| carries(d, b"honest-1"),
+        );
+
+        // From an allowed source, to everything that is not a container of this node.
+        let forbidden = [
+            (Ipv4Addr::new(169, 254, 169, 254), "metadata-service"),
+            (Ipv4Addr::new(192, 168, 1, 10), "lan-host"),
+            (Ipv4Addr::new(10, 0, 2, 2), "slirp-gateway"),
+            (Ipv4Addr::new(127, 0, 0, 1), "loopback"),
+            (Ipv4Addr::new(10, 231, 13, 5), "third-node"),
+            (Ipv4Addr::new(10, 231, 11, 255), "broadcast"),
+        ];
+        for (dst, marker) in forbidden {
+            attacker.send(&udp_packet(src, dst, marker.as_bytes()));
+        }
+        // And a forged source (the rule that was already there).
+        attacker.send(&udp_packet(
+            Ipv4Addr::new(10, 231, 11, 7),
+            Ipv4Addr::new(10, 231, 11, 2),
+            b"forged-source",
+        ));
+        // The honest packet after them comes through, so they were all handled.
+        attacker.send(&udp_packet(src, Ipv4Addr::new(10, 231, 11, 3), b"honest-2"));
+        run_until(
+            &mut overlay,
+            &mut attacker,
+            &tun_node,
+            &mut delivered,
+            |d, _| carries(d, b"honest-2"),
+        );
+        for (dst, marker) in forbidden {
+            assert!(
+                !carries(&delivered, marker.as_bytes()),
+                "a packet for {dst} reached the node network namespace"
+            );
+        }
+        assert!(!carries(&delivered, b"forged-source"));
+        assert_eq!(delivered.len(), 2, "only the two honest packets");
+        assert_eq!(overlay.peers[0].dropped, 7);
+        overlay.write_state();
+        assert_eq!(read_state(dir.path())[0].dropped_packets, 7);
+
+        // Outbound: a packet from this node's subnet goes to the peer; one whose source is
+        // not this node's does not.
+        let to_peer = |s: Ipv4Addr, marker: &[u8]| {
+            nix::unistd::write(&tun_node, &udp_packet(s, src, marker)).unwrap();
+        };
+        to_peer(Ipv4Addr::new(10, 0, 2, 100), b"outgoing-forged");
+        to_peer(Ipv4Addr::new(10, 231, 11, 2), b"outgoing-honest");
+        run_until(
+            &mut overlay,
+            &mut attacker,
+            &tun_node,
+            &mut delivered,
+            |_, r| carries(r, b"outgoing-honest"),
+        );
+        assert!(!carries(&attacker.received, b"outgoing-forged"));
+        assert_eq!(overlay.peers[0].dropped, 8);
+    }
+
+    #[test]
+    fn container_addresses_are_the_subnets_hosts() {
+        let s: Ipv4Net = OWN.parse().unwrap();
+        assert!(is_container_address(&s, Ipv4Addr::new(10, 231, 11, 1)));
+        assert!(is_container_address(&s, Ipv4Addr::new(10, 231, 11, 254)));
+        assert!(!is_container_address(&s, Ipv4Addr::new(10, 231, 11, 0)));
+        assert!(!is_container_address(&s, Ipv4Addr::new(10, 231, 11, 255)));
+        assert!(!is_container_address(&s, Ipv4Addr::new(10, 231, 12, 1)));
+        assert!(!is_container_address(&s, Ipv4Addr::new(169, 254, 169, 254)));
+    }
 }
