@@ -1,6 +1,16 @@
 //! Git for builds, with `git2` (libgit2): which commit a branch or tag names (the
 //! leader asks once, at apply time), and a checkout of exactly one commit into a workspace,
 //! shallow where the server allows it, within a size cap and a deadline.
+//!
+//! The size cap holds for what lands on disk, not only for what crossed the network: a
+//! pack is compressed, so a few kilobytes can describe a file of gigabytes of zeros, or one
+//! small blob listed a million times in nested trees. Before anything is written, the
+//! commit's tree is walked and every blob's size read from its object header (libgit2
+//! inflates only the header, never the content); the walk stops, and the checkout is refused,
+//! as soon as the sum passes the cap or the entries pass [`MAX_ENTRIES`]. The checkout then
+//! writes blobs as stored (no end-of-line or `ident` conversion, which could make a file
+//! larger than its blob): what was counted is exactly what is written, and the build sees
+//! the commit's bytes.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,6 +36,26 @@ pub enum GitError {
     },
     #[error("the checkout of {url} is larger than the build workspace cap of {cap} bytes")]
     TooLarge { url: String, cap: u64 },
+    #[error(
+        "commit {commit} of {url} holds more than the build workspace cap of {cap} bytes \
+         in its files (counted {counted} bytes before stopping; nothing was written): \
+         raise the build workspace cap or build from a smaller repository"
+    )]
+    TreeTooLarge {
+        url: String,
+        commit: String,
+        cap: u64,
+        counted: u64,
+    },
+    #[error(
+        "commit {commit} of {url} holds more than {max} files and directories \
+         (nothing was written)"
+    )]
+    TooManyEntries {
+        url: String,
+        commit: String,
+        max: u64,
+    },
     #[error("fetching {url} took longer than the build timeout")]
     TimedOut { url: String },
     #[error("checking out {commit}: {message}")]
@@ -205,7 +235,9 @@ pub fn checkout(
             fetch_error(errors.join("; "))
         });
     };
+    checkout_size(&repo, oid, commit, url, limits)?;
     check_out(&repo, oid, commit)?;
+    // Counted before writing; the pack and the tree on disk are checked again after.
     let size = tree_size(dir);
     if size > limits.max_bytes {
         return Err(GitError::TooLarge {
@@ -216,14 +248,87 @@ pub fn checkout(
     Ok(())
 }
 
+/// The most files, directories, links and submodules a checkout may hold: empty files cost
+/// no bytes but an inode each, and the walk that counts them must end.
+pub const MAX_ENTRIES: u64 = 250_000;
+
+/// The bytes and entries the checkout of `oid` would write, counted from the object
+/// database without inflating any blob; stops at the first limit passed and refuses.
+fn checkout_size(
+    repo: &Repository,
+    oid: Oid,
+    commit: &str,
+    url: &str,
+    limits: CheckoutLimits,
+) -> Result<(u64, u64), GitError> {
+    let error = |e: git2::Error| GitError::Checkout {
+        commit: commit.to_string(),
+        message: e.message().to_string(),
+    };
+    let tree = repo
+        .find_commit(oid)
+        .and_then(|c| c.tree())
+        .map_err(error)?;
+    let odb = repo.odb().map_err(error)?;
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    let mut failure: Option<GitError> = None;
+    let walked = tree.walk(git2::TreeWalkMode::PreOrder, |_, entry| {
+        entries += 1;
+        if entries > MAX_ENTRIES {
+            failure = Some(GitError::TooManyEntries {
+                url: url.to_string(),
+                commit: commit.to_string(),
+                max: MAX_ENTRIES,
+            });
+            return git2::TreeWalkResult::Abort;
+        }
+        // Blobs are files and symbolic links; trees are walked into; commits are
+        // submodules, which a checkout leaves as empty directories.
+        if entry.kind() == Some(git2::ObjectType::Blob) {
+            match odb.read_header(entry.id()) {
+                Ok((size, _)) => bytes = bytes.saturating_add(size as u64),
+                Err(e) => {
+                    failure = Some(error(e));
+                    return git2::TreeWalkResult::Abort;
+                }
+            }
+            if bytes > limits.max_bytes {
+                failure = Some(GitError::TreeTooLarge {
+                    url: url.to_string(),
+                    commit: commit.to_string(),
+                    cap: limits.max_bytes,
+                    counted: bytes,
+                });
+                return git2::TreeWalkResult::Abort;
+            }
+        }
+        if entries % 4096 == 0 && Instant::now() > limits.deadline {
+            failure = Some(GitError::TimedOut {
+                url: url.to_string(),
+            });
+            return git2::TreeWalkResult::Abort;
+        }
+        git2::TreeWalkResult::Ok
+    });
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    walked.map_err(error)?;
+    Ok((bytes, entries))
+}
+
 fn check_out(repo: &Repository, oid: Oid, commit: &str) -> Result<(), GitError> {
     let error = |e: git2::Error| GitError::Checkout {
         commit: commit.to_string(),
         message: e.message().to_string(),
     };
     let object = repo.find_object(oid, None).map_err(error)?;
-    repo.checkout_tree(&object, Some(CheckoutBuilder::new().force()))
-        .map_err(error)?;
+    // Blobs as stored: no filter may make a file larger than what was counted.
+    repo.checkout_tree(
+        &object,
+        Some(CheckoutBuilder::new().force().disable_filters(true)),
+    )
+    .map_err(error)?;
     repo.set_head_detached(oid).map_err(error)
 }
 

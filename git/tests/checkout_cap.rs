@@ -1,0 +1,168 @@
+//! The checkout's size cap against compression: repositories made here with the git CLI and
+//! served by `git daemon` on loopback (the only kind of URL `checkout` accepts besides
+//! HTTP). A file of 50 MB of zeros travels as a pack of some kilobytes; with a cap of 10 MB
+//! the checkout is refused before anything of it is written, and the error names the cap
+//! and the repository. So is one small blob listed many times (a "git bomb" in breadth).
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use kat_git::{checkout, CheckoutLimits, GitError};
+
+const MB: u64 = 1024 * 1024;
+const CAP: u64 = 10 * MB;
+
+/// `git daemon` serving `base`, killed with its children when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // git daemon forks a child per connection: the whole process group goes.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0.id())])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=KAT test",
+            "-c",
+            "user.email=test@kat.invalid",
+        ])
+        .args(args)
+        .output()
+        .expect("git");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Serves every repository under `base` at `git://127.0.0.1:PORT/NAME`.
+fn serve(base: &Path) -> (Daemon, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("git")
+        .args([
+            "daemon",
+            "--reuseaddr",
+            "--export-all",
+            "--listen=127.0.0.1",
+            &format!("--port={port}"),
+            &format!("--base-path={}", base.display()),
+        ])
+        .arg(base)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("git daemon");
+    let daemon = Daemon(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "git daemon did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (daemon, port)
+}
+
+/// A repository `base/name` with one commit of `files` (path, bytes of zeros); its commit.
+fn repository(base: &Path, name: &str, files: &[(&str, u64)]) -> String {
+    let work = base.join(name);
+    std::fs::create_dir_all(&work).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    for (path, size) in files {
+        let path = work.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(*size).unwrap();
+    }
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-q", "-m", "zeros"]);
+    git(&work, &["rev-parse", "HEAD"])
+}
+
+fn limits() -> CheckoutLimits {
+    CheckoutLimits {
+        max_bytes: CAP,
+        deadline: Instant::now() + Duration::from_secs(60),
+    }
+}
+
+/// Bytes of regular files under `dir`, `.git` (the fetched pack) apart.
+fn written(dir: &Path) -> (u64, u64) {
+    let all = kat_git::tree_size(dir);
+    let git = kat_git::tree_size(&dir.join(".git"));
+    (all - git, git)
+}
+
+#[test]
+fn fifty_megabytes_of_zeros_stop_at_the_cap_before_writing() {
+    let base = tempfile::tempdir().unwrap();
+    let commit = repository(
+        base.path(),
+        "zeros",
+        &[("README", 6), ("data/zeros.bin", 50 * MB)],
+    );
+    let (_daemon, port) = serve(base.path());
+    let url = format!("git://127.0.0.1:{port}/zeros");
+    let dest = tempfile::tempdir().unwrap();
+    let dir = dest.path().join("src");
+
+    let e = checkout(&url, &commit, &dir, limits()).expect_err("over the cap");
+    assert!(matches!(e, GitError::TreeTooLarge { .. }), "{e:?}");
+    let message = e.to_string();
+    assert!(message.contains(&CAP.to_string()), "{message}");
+    assert!(message.contains(&url), "{message}");
+    let (files, pack) = written(&dir);
+    eprintln!("refused: {message}\non disk: {files} bytes of files, {pack} bytes of .git");
+    assert!(!dir.join("data/zeros.bin").exists());
+    assert!(files < MB, "{files} bytes of files were written");
+    // What travelled was small: the cap on received bytes could not catch this.
+    assert!(pack < MB, "{pack} bytes in .git");
+}
+
+#[test]
+fn one_blob_listed_many_times_is_counted_each_time() {
+    let base = tempfile::tempdir().unwrap();
+    // 24 paths of the same 1 MB blob: one blob in the pack, 24 MB on disk.
+    let paths: Vec<String> = (0..24).map(|i| format!("d{}/copy{i}", i % 4)).collect();
+    let files: Vec<(&str, u64)> = paths.iter().map(|p| (p.as_str(), MB)).collect();
+    let commit = repository(base.path(), "copies", &files);
+    let (_daemon, port) = serve(base.path());
+    let url = format!("git://127.0.0.1:{port}/copies");
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("src");
+
+    let e = checkout(&url, &commit, &dest, limits()).expect_err("over the cap");
+    assert!(matches!(e, GitError::TreeTooLarge { .. }), "{e:?}");
+    assert!(written(&dest).0 < MB);
+}
+
+#[test]
+fn a_checkout_under_the_cap_is_written_whole() {
+    let base = tempfile::tempdir().unwrap();
+    let commit = repository(
+        base.path(),
+        "small",
+        &[("README", 6), ("data/zeros.bin", 5 * MB)],
+    );
+    let (_daemon, port) = serve(base.path());
+    let url = format!("git://127.0.0.1:{port}/small");
+    let dest = tempfile::tempdir().unwrap();
+    let dir = dest.path().join("src");
+    checkout(&url, &commit, &dir, limits()).expect("under the cap");
+    assert_eq!(
+        std::fs::metadata(dir.join("data/zeros.bin")).unwrap().len(),
+        5 * MB
+    );
+    assert_eq!(written(&dir).0, 5 * MB + 6);
+}
