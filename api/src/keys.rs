@@ -99,6 +99,14 @@ pub fn backups() -> &'static str {
 pub fn workload_webhook(ns: &str, name: &str) -> String {
     format!("/kat/workloads/webhooks/{ns}/{name}")
 }
+/// A push notification the workload's hook accepted, by the SHA-256 of its signed body
+/// (hex): a second one with the same body is a replay. Leased: gone after the replay window.
+pub fn workload_hook_delivery(ns: &str, name: &str, digest: &str) -> String {
+    format!("/kat/workloads/hook-deliveries/{ns}/{name}/{digest}")
+}
+pub fn workload_hook_deliveries(ns: &str, name: &str) -> String {
+    format!("/kat/workloads/hook-deliveries/{ns}/{name}/")
+}
 /// Quadlet files of an earlier generation, kept for rollback.
 pub fn workload_archive(ns: &str, name: &str, generation: u64, file: &str) -> String {
     format!("/kat/workloads/archive/{ns}/{name}/{generation:020}/{file}")

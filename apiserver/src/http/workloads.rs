@@ -137,11 +137,22 @@ pub async fn push_hook(
     .find_map(|h| req.headers().get(*h))
     .and_then(|v| v.to_str().ok())
     .map(str::to_string);
+    // The git server's name for this delivery (not signed: for messages only).
+    let delivery = [
+        "x-github-delivery",
+        "x-gitea-delivery",
+        "x-gogs-delivery",
+        "x-gitlab-event-uuid",
+    ]
+    .iter()
+    .find_map(|h| req.headers().get(*h))
+    .and_then(|v| v.to_str().ok())
+    .map(|v| v.chars().take(100).collect::<String>());
     let body = read_body(req, HOOK_BODY_LIMIT).await?;
     Ok(Json(
         state
             .service
-            .push_hook(&key, signature.as_deref(), &body)
+            .push_hook(&key, signature.as_deref(), delivery.as_deref(), &body)
             .await?,
     ))
 }

@@ -466,11 +466,14 @@ impl Service {
     /// A git server's push notification: when `signature` signs `body` with the workload's
     /// secret, a redeploy (unless the push was to another branch than the workload follows).
     /// Any failure to authenticate is the same answer, whether the workload, its hook or the
-    /// signature is wrong, so the route tells an outsider nothing.
+    /// signature is wrong, so the route tells an outsider nothing. A signed body accepted
+    /// before is refused (409) and triggers nothing: see [`HOOK_REPLAY_WINDOW`].
+    /// `delivery` is the git server's delivery id, named in messages.
     pub async fn push_hook(
         &self,
         key: &WorkloadKey,
         signature: Option<&str>,
+        delivery: Option<&str>,
         body: &[u8],
     ) -> Result<HookOutcome> {
         let denied = || {
@@ -494,6 +497,98 @@ impl Service {
         if secret.is_none() || !verified {
             return Err(denied());
         }
+        let record = self.accept_delivery(key, delivery, body).await?;
+        let outcome = self.act_on_push(key, body).await;
+        if outcome.is_err() {
+            // Nothing was done: the git server may deliver it again.
+            let _ = self.store.delete(&record).await;
+        }
+        outcome
+    }
+
+    /// Refuses a push notification accepted before (same signed body) or, when its body
+    /// says when the push happened (GitHub's `repository.pushed_at`), one older than the
+    /// replay window; else records it, leased for the window. Returns the record's key.
+    ///
+    /// Why the body and not the delivery id: the signature covers the body only, so a
+    /// replayer can change any header, the delivery id included; two genuine pushes never
+    /// have the same body (it names the commits before and after, and GitHub's the push's
+    /// time). Why in the store, leased: a record in the leader's memory would be forgotten by
+    /// the next leader after a failover, and a captured delivery replayed to it would be
+    /// accepted again; a leased key is shared by every control-plane node and removes itself
+    /// after the window, so the records stay bounded by the pushes of one window, and only
+    /// holders of the workload's secret can add any (they are written after the signature is
+    /// checked). The insert is one transaction that requires the key to be absent, so two
+    /// copies arriving at once are one accepted and one refused.
+    async fn accept_delivery(
+        &self,
+        key: &WorkloadKey,
+        delivery: Option<&str>,
+        body: &[u8],
+    ) -> Result<String> {
+        use sha2::Digest;
+        let named = delivery
+            .map(|d| format!(" (delivery {d})"))
+            .unwrap_or_default();
+        let now = self.clock.wall_ms() / 1000;
+        let pushed_at = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("repository")?.get("pushed_at")?.as_u64());
+        if let Some(at) = pushed_at {
+            if now.saturating_sub(at) > HOOK_REPLAY_WINDOW.as_secs() {
+                return Err(Error::bad_request(format!(
+                    "the push notification{named} is of a push {} s ago, older than the {} s replay window: refused, nothing was done (katcall redeploy {key} deploys the branch as it is now)",
+                    now - at,
+                    HOOK_REPLAY_WINDOW.as_secs()
+                )));
+            }
+        }
+        let digest: String = sha2::Sha256::digest(body)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let record = keys::workload_hook_delivery(&key.namespace, &key.name, &digest);
+        let value = serde_json::json!({
+            "delivery": delivery,
+            "receivedAt": self.clock.rfc3339(),
+        });
+        let lease = self.store.grant_lease(HOOK_REPLAY_WINDOW).await?;
+        let done = self
+            .store
+            .txn(
+                Txn::new()
+                    .when([kat_store::Compare::absent(record.clone())])
+                    .and_then([kat_store::TxnOp::put_leased(
+                        record.clone(),
+                        value.to_string().into_bytes(),
+                        lease,
+                    )]),
+            )
+            .await?;
+        if !done.succeeded {
+            let _ = self.store.revoke_lease(lease).await;
+            let first = self
+                .store
+                .get(&record)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok())
+                .and_then(|v| v.get("receivedAt")?.as_str().map(str::to_string))
+                .map(|at| format!(" at {at}"))
+                .unwrap_or_default();
+            return Err(Error::new(
+                ErrorCode::Conflict,
+                format!(
+                    "replayed push notification{named}: the same signed body was accepted{first}; refused, nothing was done (katcall redeploy {key} deploys the branch as it is now)"
+                ),
+            ));
+        }
+        Ok(record)
+    }
+
+    /// What an authenticated, new push notification does.
+    async fn act_on_push(&self, key: &WorkloadKey, body: &[u8]) -> Result<HookOutcome> {
         let bundle = self.git_bundle(key).await?;
         let before = self.workload(key).await?.metadata.generation;
         let pushed = serde_json::from_slice::<serde_json::Value>(body)
@@ -529,6 +624,12 @@ impl Service {
         })
     }
 }
+
+/// How long an accepted push notification is remembered (its body refused if it comes
+/// again), and how old a push may be when its notification says when it happened. A day:
+/// git servers retry a failed delivery within minutes, and a redelivery by hand of an old one
+/// is better done with `katcall redeploy`.
+pub const HOOK_REPLAY_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// What a push notification did.
 #[derive(Debug, Clone, serde::Serialize)]
