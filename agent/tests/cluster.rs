@@ -669,6 +669,79 @@ fn pinned(h: &Hosts, via: usize, name: &str) {
 
 /// A worker's certificate: nothing in etcd, only its own records on the leader's API, and
 /// no logs or exec on another node. Each refusal beside a positive control.
+/// What a workload on the worker sends leaves from the worker's own address. A flood of
+/// requests from there to the leader's API (four clients, keep-alive, for 1.5 times
+/// `nodeLossTimeoutSeconds`) is limited by address, while the worker's heartbeats, made
+/// with its node certificate, count against the node: it never goes NotReady.
+fn a_flood_from_the_workers_address_leaves_it_ready(h: &Hosts) {
+    let leader = (1..=NODES)
+        .find_map(|i| h.leader(i))
+        .expect("a leader endpoint");
+    let flood_for = Duration::from_secs(12);
+    let urls = format!("{leader}/v1alpha1/nodes?n=[1-100000]");
+    let flooders: Vec<std::process::Child> = (0..4)
+        .map(|_| {
+            h.in_ns(WORKER)
+                .args(["timeout", &flood_for.as_secs().to_string(), "curl", "-sk"])
+                .args(["-w", "\\nCODE:%{http_code}\\n", &urls])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("curl")
+        })
+        .collect();
+    let started = Instant::now();
+    let mut checks = 0;
+    while started.elapsed() < flood_for {
+        let nodes = h.json(1, &["get", "nodes", "-o", "json"]);
+        let state = nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["metadata"]["name"] == format!("n{WORKER}").as_str())
+            .and_then(|n| n["state"].as_str().map(str::to_string));
+        assert_eq!(
+            state.as_deref(),
+            Some("Ready"),
+            "the worker under a flood from its own address, after {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        checks += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (mut sent, mut limited) = (0, 0);
+    for f in flooders {
+        let out = f.wait_with_output().expect("curl output");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(code) = line.strip_prefix("CODE:") {
+                sent += 1;
+                limited += usize::from(code == "429");
+            }
+        }
+    }
+    eprintln!(
+        "flood from the worker's address: {sent} requests, {limited} answered 429; the worker stayed Ready ({checks} checks over {} s)",
+        flood_for.as_secs()
+    );
+    assert!(
+        limited > 0,
+        "the flood was never limited ({sent} requests): it did not test anything"
+    );
+    // Each refill of the address's bucket goes to whoever asks first, so with the node
+    // counted by address some heartbeats would find it empty: none may.
+    let log =
+        std::fs::read_to_string(h.dir.path().join(format!("n{WORKER}.log"))).unwrap_or_default();
+    let starved: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("too many requests"))
+        .collect();
+    assert!(
+        starved.is_empty(),
+        "the worker's own requests were limited with the flood's: {starved:?}"
+    );
+}
+
 fn worker_cannot_overreach(h: &Hosts) {
     let w = WORKER;
     let worker_pki = h.data(w).join("pki");
@@ -925,6 +998,7 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     assert_eq!(roles["n2"], "control-plane", "{roles:?}");
     pinned(&h, 1, "onworker");
     worker_cannot_overreach(&h);
+    a_flood_from_the_workers_address_leaves_it_ready(&h);
     if h.unprivileged {
         // Every agent (and the etcd it started) runs as its own user, none as root.
         for (i, agent) in &h.agents {
