@@ -23,7 +23,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -220,9 +220,8 @@ impl TreeDir {
     /// The names in this directory (without `.` and `..`).
     pub fn names(&self) -> io::Result<Vec<OsString>> {
         let fd = self.open_beneath(Path::new("."), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-        let mut dir = nix::dir::Dir::from_fd(fd.as_raw_fd())?;
-        // `Dir` closes the descriptor itself.
-        std::mem::forget(fd);
+        // `Dir` owns the descriptor from here (and closes it, also when it fails).
+        let mut dir = nix::dir::Dir::from_fd(fd.into_raw_fd())?;
         let mut names = Vec::new();
         for entry in dir.iter() {
             let entry = entry?;
