@@ -403,10 +403,56 @@ fn start_egress(request: &HolderRequest, keeper: Pid) -> Result<Child, String> {
     start_slirp(keeper)
 }
 
+/// The flags that confine slirp4netns itself, those the installed one knows: it parses every
+/// packet containers send out, so a flaw in it must not reach the host. `--enable-sandbox`:
+/// its own mount namespace with only what it needs (`/etc`, `/run` read-only), no
+/// capabilities; `--enable-seccomp`: a syscall filter (Seccomp: 2 in its
+/// `/proc/PID/status`). Both exist since slirp4netns 0.4 (Debian 12 ships 1.2.0).
+fn slirp_hardening() -> &'static [&'static str] {
+    static FLAGS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    FLAGS.get_or_init(|| {
+        let help = Command::new("slirp4netns")
+            .arg("--help")
+            .stdin(Stdio::null())
+            .output()
+            .map(|o| {
+                let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+                text.push_str(&String::from_utf8_lossy(&o.stderr));
+                text
+            })
+            .unwrap_or_default();
+        let flags: Vec<&'static str> = ["--enable-sandbox", "--enable-seccomp"]
+            .into_iter()
+            .filter(|f| help.contains(f))
+            .collect();
+        if flags.len() < 2 {
+            eprintln!(
+                "slirp4netns does not offer --enable-sandbox and --enable-seccomp (only {flags:?}): egress runs less confined; install slirp4netns 0.4 or later"
+            );
+        }
+        flags
+    })
+}
+
 /// slirp4netns on the node namespace: `tap0` with 10.0.2.100 and the default route; the
 /// host's loopback is not reachable through it (a container must not reach the agent's or
-/// etcd's loopback listeners).
+/// etcd's loopback listeners). Confined by [`slirp_hardening`]; should it fail to start so
+/// (a host where it cannot make its mount namespace), it starts without, and says so in the
+/// holder's log, rather than leave containers without egress.
 fn start_slirp(keeper: Pid) -> Result<Child, String> {
+    let hardening = slirp_hardening();
+    match spawn_slirp(keeper, hardening) {
+        Err(e) if !hardening.is_empty() => {
+            eprintln!(
+                "slirp4netns failed with {hardening:?} ({e}); starting it without its sandbox and seccomp filter"
+            );
+            spawn_slirp(keeper, &[])
+        }
+        result => result,
+    }
+}
+
+fn spawn_slirp(keeper: Pid, hardening: &[&str]) -> Result<Child, String> {
     let pid = keeper.as_raw();
     let (ready_r, ready_w) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
     let mut child = Command::new("slirp4netns")
@@ -414,10 +460,15 @@ fn start_slirp(keeper: Pid) -> Result<Child, String> {
             "--configure",
             &format!("--mtu={EGRESS_MTU}"),
             "--disable-host-loopback",
-            &format!("--userns-path=/proc/{pid}/ns/user"),
-            "--netns-type=path",
+        ])
+        .args(hardening)
+        .args([
             &format!("--ready-fd={}", ready_w.as_raw_fd()),
-            &format!("/proc/{pid}/ns/net"),
+            // By the keeper's pid (its user and network namespaces are the node's), not by
+            // namespace paths: an unprivileged slirp4netns sets up its sandbox as root of
+            // the target's user namespace, which it finds only from a pid (with
+            // `--netns-type=path` it fails with "setegid(0)").
+            &pid.to_string(),
             EGRESS_DEVICE,
         ])
         .stdin(Stdio::null())

@@ -309,6 +309,43 @@ fn an_address_outside_the_node_subnet_is_refused() {
     net.remove();
 }
 
+/// The slirp4netns serving the node network whose keeper is `keeper`.
+fn slirp_of(keeper: i32) -> Option<i32> {
+    // The holder starts it on the keeper's pid (`slirp4netns [OPTIONS] PID tap0`).
+    let wanted = keeper.to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let named = args.first()?.ends_with(b"slirp4netns");
+        (named && args.contains(&wanted.as_bytes())).then_some(pid)
+    })
+}
+
+/// slirp4netns parses every packet containers send out: it runs in its own mount namespace
+/// (`--enable-sandbox`) under a seccomp filter (`--enable-seccomp`), and egress still works
+/// (`containers_talk_to_each_other_the_node_and_the_outside` fetches through it).
+#[test]
+fn slirp4netns_runs_sandboxed_under_a_seccomp_filter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let net = NodeNetwork::start(config(tmp.path(), 3)).expect("node network");
+    assert!(net.egress_problem().is_none(), "{:?}", net.egress_problem());
+    let pid = slirp_of(net.keeper_pid()).expect("slirp4netns for this node network");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let seccomp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .map(str::trim);
+    assert_eq!(seccomp, Some("2"), "not in seccomp filter mode:\n{status}");
+    let mount_ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).unwrap();
+    assert_ne!(
+        mount_ns(&pid.to_string()),
+        mount_ns("self"),
+        "slirp4netns shares the host's mount namespace"
+    );
+    net.remove();
+}
+
 fn host_address() -> Option<Ipv4Addr> {
     let out = Command::new("ip")
         .args(["-4", "-o", "addr", "show", "scope", "global"])
