@@ -37,6 +37,30 @@ pub struct BuildSpec {
     pub platform: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<BuildCache>,
+    /// What the Dockerfile's `RUN` steps may reach: `egress` (the default: the outside
+    /// world through the node's userspace egress, never the host's loopback) or `none` (no
+    /// interface but `lo`). Base images are pulled before, by the node, either way.
+    #[serde(default, skip_serializing_if = "BuildNetwork::is_default")]
+    pub network: BuildNetwork,
+}
+
+/// `build.kat` `network`: the network of a build's `RUN` steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "lowercase")]
+pub enum BuildNetwork {
+    /// Out through a `slirp4netns` of the build's own: the internet and the node's LAN,
+    /// not the host's loopback (`127.0.0.1`, `10.0.2.2`).
+    #[default]
+    Egress,
+    /// Only a loopback interface of the build's own.
+    None,
+}
+
+impl BuildNetwork {
+    pub fn is_default(&self) -> bool {
+        *self == BuildNetwork::Egress
+    }
 }
 
 impl Default for BuildSpec {
@@ -48,6 +72,7 @@ impl Default for BuildSpec {
             target_stage: None,
             platform: None,
             cache: None,
+            network: BuildNetwork::Egress,
         }
     }
 }

@@ -283,6 +283,10 @@ fn defaults_follow_the_rfc() {
         ),
         (".", "./Dockerfile")
     );
+    assert_eq!(
+        build.spec.network,
+        kat_api::build_definition::BuildNetwork::Egress
+    );
     let c = parse_cluster("cluster.kat", CLUSTER.as_bytes())
         .unwrap()
         .spec;
@@ -909,6 +913,11 @@ fn build_rules() {
             "Bad Path",
             "build.kat: spec.cache.registryPath: \"Bad Path\" is not an image reference",
         ),
+        (
+            "spec.network",
+            "host",
+            "build.kat: spec.network: unknown variant \"host\", expected \"egress\" or \"none\"",
+        ),
     ] {
         let mut b = yaml(BUILD);
         set(&mut b, field, Some(yaml(value)));
@@ -917,6 +926,20 @@ fn build_rules() {
             message,
         );
     }
+    // `network: none`: RUN steps get no network at all.
+    let mut b = yaml(BUILD);
+    set(&mut b, "spec.network", Some(yaml("none")));
+    let b = yaml_serde::to_string(&b).unwrap();
+    let mut report = kat_api::Report::new();
+    let Some(kat_api::Quadlet::BuildDefinition(build)) =
+        kat_api::parse_file("build.kat", b.as_bytes(), &mut report)
+    else {
+        panic!("{report}")
+    };
+    assert_eq!(
+        build.spec.network,
+        kat_api::build_definition::BuildNetwork::None
+    );
 }
 
 #[test]

@@ -353,16 +353,24 @@ impl Cgroups {
         for dir in self.dirs(id) {
             fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
             // A new v1 cpuset has no CPUs and no memory nodes, and joining it fails with
-            // ENOSPC: take the parent's.
-            for file in ["cpuset.cpus", "cpuset.mems"] {
-                let own = dir.join(file);
-                if own.exists() && fs::read_to_string(&own).is_ok_and(|v| v.trim().is_empty()) {
-                    if let Some(value) = dir
-                        .parent()
-                        .and_then(|p| fs::read_to_string(p.join(file)).ok())
-                    {
-                        fs::write(&own, value.trim())
-                            .context(|| format!("writing {}", own.display()))?;
+            // ENOSPC: each one from the top down (the parent too, when a build made it
+            // before any container did) takes its parent's.
+            let mut chain: Vec<&Path> = dir
+                .ancestors()
+                .take_while(|d| d.starts_with(CGROUP_ROOT) && d.join("cpuset.cpus").exists())
+                .collect();
+            chain.reverse();
+            for d in chain {
+                for file in ["cpuset.cpus", "cpuset.mems"] {
+                    let own = d.join(file);
+                    if fs::read_to_string(&own).is_ok_and(|v| v.trim().is_empty()) {
+                        if let Some(value) = d
+                            .parent()
+                            .and_then(|p| fs::read_to_string(p.join(file)).ok())
+                        {
+                            fs::write(&own, value.trim())
+                                .context(|| format!("writing {}", own.display()))?;
+                        }
                     }
                 }
             }

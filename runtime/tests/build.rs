@@ -379,6 +379,285 @@ async fn a_dockerfile_cannot_read_the_agents_files() {
     assert!(builds_left(dir.path()).is_empty());
 }
 
+/// A listener on `addr` that answers every connection with `token` and counts them.
+struct Listener {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn listen(addr: &str, token: &str) -> Listener {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind((addr, 0)).expect("listen");
+    let port = l.local_addr().unwrap().port();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (count, token) = (accepted.clone(), format!("{token}\n"));
+    std::thread::spawn(move || {
+        for mut conn in l.incoming().flatten() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = conn.write_all(token.as_bytes());
+        }
+    });
+    Listener { port, accepted }
+}
+
+/// The host's first global IPv4 address (not loopback), if it has one.
+fn host_address() -> Option<String> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let mut words = l.split_whitespace();
+        words.find(|w| *w == "inet")?;
+        Some(words.next()?.split('/').next()?.to_string())
+    })
+}
+
+/// A process of the host's whose command line carries `marker`; killed on drop.
+struct Marker(Child);
+
+impl Drop for Marker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn marker_process(marker: &str) -> Marker {
+    let child = Command::new("sleep")
+        .arg0(marker)
+        .arg("300")
+        .spawn()
+        .expect("sleep");
+    // The host sees it (once it has exec'd): the test below would see a leak.
+    let path = format!("/proc/{}/cmdline", child.id());
+    let seen = (0..200).any(|_| {
+        let found =
+            std::fs::read(&path).is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker));
+        if !found {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        found
+    });
+    assert!(seen, "the marker process's command line");
+    Marker(child)
+}
+
+/// The attacks of a `RUN` step on the host: its processes' command lines (a process of the
+/// test's carries a marker in its argv), a listener on the host's loopback (directly and
+/// through slirp4netns's host alias 10.0.2.2). None may work; the build itself, `RUN`
+/// steps and egress to the host's non-loopback address (a listener there stands for the
+/// outside world) must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_step_sees_no_host_process_and_reaches_no_host_loopback() {
+    let f = fixtures();
+    let (rt, dir) = runtime(&f);
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    let id = format!("{}-{}", std::process::id(), free_port());
+    let marker = format!("kat-host-marker-{id}");
+    let _marker = marker_process(&marker);
+    let loopback = listen("127.0.0.1", &format!("HOST-LOOPBACK-{id}"));
+    let outside = host_address();
+    let egress = outside
+        .as_deref()
+        .map(|a| (a.to_string(), listen(a, &format!("EGRESS-{id}"))));
+    // The marker is split in the script, so that the RUN step's own command line does not
+    // carry it; `cat` reads every command line before `grep` (which has it) starts.
+    let (first, rest) = marker.split_at(9);
+    let egress_run = match &egress {
+        Some((addr, l)) => format!(
+            "RUN (nc -w 5 {addr} {} </dev/null || echo failed) > /egress 2>&1\n",
+            l.port
+        ),
+        None => "RUN echo no-address > /egress\n".into(),
+    };
+    let dockerfile = format!(
+        "FROM {image}\n\
+         RUN M={first}; M=\"${{M}}{rest}\"; cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' > /tmp/all; \
+             if grep -q \"$M\" /tmp/all; then echo LEAK; else echo clean; fi > /procs; \
+             ls -d /proc/[0-9]* | wc -l > /count\n\
+         RUN (nc -w 3 127.0.0.1 {port} </dev/null || echo refused) > /loopback 2>&1; \
+             (nc -w 3 10.0.2.2 {port} </dev/null || echo refused) > /gateway 2>&1; \
+             cat /proc/net/dev > /links\n\
+         {egress_run}",
+        image = image(&f),
+        port = loopback.port,
+    );
+    let c = commit(&r, &[("app/Dockerfile", &dockerfile)], "attacks the host");
+    let reference = "kat-local/default_app:contained";
+    let (result, _) = build(&rt, &request(&r, &c, reference)).await;
+    result.expect("the build succeeds, RUN steps run");
+    let (code, out) = run(
+        &rt,
+        "contained",
+        reference,
+        "cat /procs /count /loopback /gateway /egress; echo; cat /links",
+    )
+    .await;
+    assert_eq!(code, 0, "{out:?}");
+    let text = out.join("\n");
+    eprintln!("{text}");
+    assert_eq!(out[0], "clean", "a RUN step saw a host process: {out:?}");
+    let count: usize = out[1].trim().parse().expect("a process count");
+    assert!(
+        (1..20).contains(&count),
+        "a RUN step sees its build's processes only: {count}"
+    );
+    assert!(
+        !text.contains("HOST-LOOPBACK"),
+        "reached the host's loopback: {text}"
+    );
+    assert_eq!(
+        loopback.accepted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the loopback listener was connected to"
+    );
+    assert!(text.contains("tap0"), "the build's egress device: {text}");
+    assert!(!text.contains("eth0"), "the host's interfaces: {text}");
+    match &egress {
+        Some((addr, l)) => {
+            assert!(
+                text.contains(&format!("EGRESS-{id}")),
+                "egress to {addr} did not work: {text}"
+            );
+            assert!(l.accepted.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+        }
+        None => eprintln!("no global IPv4 address on this host: egress not tested"),
+    }
+    assert!(builds_left(dir.path()).is_empty());
+}
+
+/// `network: none`: `RUN` steps have `lo` and nothing else, and reach nothing outside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_network_none_a_run_step_has_only_lo() {
+    let f = fixtures();
+    let (rt, dir) = runtime(&f);
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    let id = format!("{}-{}", std::process::id(), free_port());
+    let outside = host_address().unwrap_or_else(|| "192.0.2.1".into());
+    let target = listen(&outside, &format!("REACHED-{id}"));
+    let loopback = listen("127.0.0.1", &format!("REACHED-{id}"));
+    let dockerfile = format!(
+        "FROM {}\n\
+         RUN cat /proc/net/dev > /links; \
+             (nc -w 3 {outside} {} </dev/null || echo failed) > /out 2>&1; \
+             (nc -w 3 127.0.0.1 {} </dev/null || echo failed) >> /out 2>&1\n",
+        image(&f),
+        target.port,
+        loopback.port
+    );
+    let c = commit(&r, &[("app/Dockerfile", &dockerfile)], "no network");
+    let reference = "kat-local/default_app:offline";
+    let mut req = request(&r, &c, reference);
+    req.network = kat_runtime::build::BuildNetwork::None;
+    let (result, _) = build(&rt, &req).await;
+    result.expect("the build succeeds without a network");
+    let (code, out) = run(&rt, "offline", reference, "cat /links; echo ==; cat /out").await;
+    assert_eq!(code, 0, "{out:?}");
+    let interfaces: Vec<&str> = out
+        .iter()
+        .take_while(|l| *l != "==")
+        .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim()))
+        .filter(|name| !name.contains('|') && !name.is_empty())
+        .collect();
+    assert_eq!(interfaces, ["lo"], "{out:?}");
+    let text = out.join("\n");
+    assert!(!text.contains("REACHED"), "{text}");
+    for l in [&target, &loopback] {
+        assert_eq!(l.accepted.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+    assert!(builds_left(dir.path()).is_empty());
+}
+
+/// Two builds at once run as the same host uid (the build slice's root), and a `RUN` step
+/// holds `CAP_SYS_CHROOT` under chroot isolation. A `RUN` step of the second build, knowing
+/// the first's workspace (a build argument here), leaves its chroot the classic way
+/// (`kat-escape-probe --chroot-escape`: chroot to a subdirectory, climb out, chroot there)
+/// and lists the workspaces' directory and reads the first's: it gets out of the chroot (the
+/// directory exists there), sees its own workspace only, and the first build goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_step_cannot_reach_a_concurrent_builds_workspace() {
+    let f = fixtures();
+    let probe = std::path::PathBuf::from(
+        std::env::var("KAT_TEST_PROBE_DIR")
+            .expect("KAT_TEST_PROBE_DIR: run `source <(scripts/test-fixtures.sh)` first"),
+    )
+    .join("kat-escape-probe");
+    let (rt, dir) = runtime(&f);
+    let rt = std::sync::Arc::new(rt);
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    let slow = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            &format!("FROM {}\nRUN sleep 12 && echo slow > /slow\n", image(&f)),
+        )],
+        "slow",
+    );
+    let first = {
+        let (rt, req) = (rt.clone(), request(&r, &slow, "kat-local/default_app:slow"));
+        tokio::spawn(async move { build(&*rt, &req).await.0 })
+    };
+    let builds = dir.path().join("root/builds");
+    let mut other = None;
+    for _ in 0..200 {
+        if let [name] = builds_left(dir.path()).as_slice() {
+            if builds.join(name).join("state").exists() {
+                other = Some(builds.join(name).canonicalize().unwrap());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let other = other.expect("the first build's workspace");
+    let parent = other.parent().unwrap().display().to_string();
+    std::fs::create_dir_all(r.work.join("app")).unwrap();
+    std::fs::copy(&probe, r.work.join("app/probe")).expect("the escape probe");
+    let snoop = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            &format!(
+                "FROM {}\nARG OTHER\nARG PARENT\nCOPY probe /probe\n\
+                 RUN /probe --chroot-escape \"$PARENT\" \"$OTHER/conf\" > /escape 2>&1\n",
+                image(&f)
+            ),
+        )],
+        "snoops",
+    );
+    let mut req = request(&r, &snoop, "kat-local/default_app:snoop");
+    req.build_args = [
+        ("OTHER".to_string(), other.display().to_string()),
+        ("PARENT".to_string(), parent.clone()),
+    ]
+    .into();
+    let (result, _) = build(&*rt, &req).await;
+    result.expect("the second build");
+    assert!(other.exists(), "the first build is still running");
+    let (code, out) = run(&*rt, "snoop", "kat-local/default_app:snoop", "cat /escape").await;
+    assert_eq!(code, 0, "{out:?}");
+    // Out of the chroot: the workspaces' directory exists there...
+    assert!(
+        out.iter()
+            .any(|l| l == &format!("escaped: {parent} exists")),
+        "the chroot escape did not work, so proves nothing: {out:?}"
+    );
+    // ...the other workspace is out of reach, and the directory holds one, its own.
+    assert!(
+        out.iter().any(|l| l.starts_with("other: denied")),
+        "a RUN step read another build's workspace: {out:?}"
+    );
+    let entries: Vec<&String> = out.iter().filter(|l| l.starts_with("entry: ")).collect();
+    let other_name = other.file_name().unwrap().to_string_lossy().to_string();
+    assert_eq!(entries.len(), 1, "{out:?}");
+    assert_ne!(entries[0], &format!("entry: {other_name}"), "{out:?}");
+    first.await.unwrap().expect("the first build, undisturbed");
+    assert!(builds_left(dir.path()).is_empty());
+}
+
 /// `bench/build.sh`: a cold build of a git commit through the runtime (clone, buildah,
 /// import) until its container runs, against `git clone` + `buildah bud` of the same commit
 /// by hand with the same storage driver and isolation, 3 runs each, medians. Prints one line.

@@ -183,6 +183,7 @@ impl Builds {
             reference: reference.clone(),
             log_file: Some(log.clone()),
             cache,
+            network: build.map(|b| b.network).unwrap_or_default(),
         };
         let (tx, rx) = watch::channel(if request.cache.is_some() {
             BuildPhase::CheckingCache

