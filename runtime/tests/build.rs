@@ -658,6 +658,103 @@ async fn a_run_step_cannot_reach_a_concurrent_builds_workspace() {
     assert!(builds_left(dir.path()).is_empty());
 }
 
+/// Under systemd the sandbox runs behind `systemd-run --scope …` (the VM stage takes that
+/// path). Here a prefix that does not even exec in place (a shell that waits for it, so
+/// the sandbox is not the agent's child) stands for it: the sandbox says its own pid, gets
+/// its id maps and its egress, and its command runs contained all the same: few processes
+/// in `/proc`, slirp4netns's `tap0` and no host interface, one workspace in the
+/// workspaces' directory, slirp4netns's DNS forwarder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_behind_a_prefix_is_contained_too() {
+    use kat_runtime::build::buildah::{Contain, Sandbox, Spawned};
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::AsyncReadExt;
+    let f = fixtures();
+    let (rt, _dir) = runtime(&f);
+    let b = rt.builder().expect("the builder");
+    let builds = b.root.clone();
+    let chmod = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    std::fs::create_dir_all(&builds).unwrap();
+    chmod(&builds, 0o711);
+    // (The runtime opens a workspace to the build's root with an ACL; mode 0777 here.)
+    for name in ["bprefixed", "bother"] {
+        std::fs::create_dir_all(builds.join(name).join("conf")).unwrap();
+        chmod(&builds.join(name), 0o777);
+    }
+    let ws = builds.join("bprefixed").canonicalize().unwrap();
+    std::fs::write(
+        ws.join("conf/resolv.conf"),
+        kat_runtime::build::egress::RESOLV_CONF,
+    )
+    .unwrap();
+    std::fs::create_dir(ws.join("state")).unwrap();
+    chmod(&ws.join("state"), 0o777);
+    let sandbox = Sandbox {
+        host_uid: b.slice.0,
+        host_gid: b.slice.1,
+        count: b.slice.2,
+        workspace: ws.clone(),
+        state: ws.join("state"),
+        conf: ws.join("conf"),
+        prefix: ["sh", "-c", "\"$@\"; exit $?", "sh"]
+            .map(String::from)
+            .to_vec(),
+        helper: b.helper.clone(),
+    };
+    let script = format!(
+        "ls -d /proc/[0-9]* | wc -l; echo ==; cat /proc/net/dev; echo ==; ls -a {}; echo ==; cat /etc/resolv.conf",
+        builds.canonicalize().unwrap().display()
+    );
+    let Spawned {
+        mut child,
+        mut stdout,
+        egress,
+    } = sandbox
+        .spawn(
+            "sh",
+            &["-c".to_string(), script],
+            Vec::new(),
+            Contain::Build(kat_runtime::build::BuildNetwork::Egress),
+        )
+        .await
+        .expect("the sandbox behind a prefix");
+    assert!(egress.is_some());
+    let mut out = String::new();
+    let mut err = String::new();
+    let mut stderr = child.stderr.take().unwrap();
+    let (a, e) = tokio::join!(
+        stdout.read_to_string(&mut out),
+        stderr.read_to_string(&mut err)
+    );
+    a.unwrap();
+    e.unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "{status}: {out}{err}");
+    drop(egress);
+    let parts: Vec<&str> = out.split("==\n").collect();
+    assert_eq!(parts.len(), 4, "{out}");
+    let count: usize = parts[0].trim().parse().expect("a count");
+    assert!((1..10).contains(&count), "{count} processes: {out}");
+    assert!(
+        parts[1].contains("tap0") && !parts[1].contains("eth0"),
+        "{out}"
+    );
+    let entries: Vec<&str> = parts[2]
+        .lines()
+        .filter(|l| *l != "." && *l != "..")
+        .collect();
+    assert_eq!(entries, ["bprefixed"], "{out}");
+    assert!(parts[3].contains("nameserver 10.0.2.3"), "{out}");
+    let _ = sandbox
+        .output(
+            "rm",
+            &["-rf".into(), ws.join("state").display().to_string()],
+        )
+        .await;
+}
+
 /// `bench/build.sh`: a cold build of a git commit through the runtime (clone, buildah,
 /// import) until its container runs, against `git clone` + `buildah bud` of the same commit
 /// by hand with the same storage driver and isolation, 3 runs each, medians. Prints one line.
