@@ -100,7 +100,11 @@ pub fn searchable_by(dir: &Path, uids: &[u32]) -> std::io::Result<()> {
     uids.dedup();
     let mut entries = vec![(USER_OBJ, 7, UNDEFINED)];
     entries.extend(uids.iter().map(|&uid| (USER, 1, uid)));
-    entries.extend([(GROUP_OBJ, 0, UNDEFINED), (MASK, 1, UNDEFINED), (OTHER, 0, UNDEFINED)]);
+    entries.extend([
+        (GROUP_OBJ, 0, UNDEFINED),
+        (MASK, 1, UNDEFINED),
+        (OTHER, 0, UNDEFINED),
+    ]);
     set(dir, "system.posix_acl_access", &encode(&entries))
 }
 

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError};
 use crate::idmap::NodeIdRange;
-use crate::tree_dir::{Kind, TreeDir};
+use crate::tree_dir::TreeDir;
 
 /// The first argument that makes a program the id helper.
 pub const HELPER_ARG: &str = "__kat-id-task";
@@ -195,33 +195,19 @@ fn perform(task: &IdTask) -> std::result::Result<(), String> {
             // By descriptor (`tree_dir`): a container writing this tree at the same time
             // cannot swap a directory for a symlink and have us chown the host's files.
             let top = TreeDir::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let me = top.stat_self().map_err(|e| format!("{}: {e}", path.display()))?;
+            let me = top
+                .stat_self()
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             top.chown_self(shift(me.uid, from.0, to.0), shift(me.gid, from.1, to.1))
                 .map_err(|e| format!("chown {}: {e}", path.display()))?;
-            let mut stack = vec![(top, PathBuf::new())];
-            while let Some((dir, rel)) = stack.pop() {
-                let names = dir
-                    .names()
-                    .map_err(|e| format!("{}: {e}", path.join(&rel).display()))?;
-                for name in names {
-                    let shown = || path.join(&rel).join(&name).display().to_string();
-                    let Some(entry) = dir.stat(&name).map_err(|e| format!("{}: {e}", shown()))?
-                    else {
-                        continue;
-                    };
-                    dir.chown(
-                        &name,
-                        shift(entry.uid, from.0, to.0),
-                        shift(entry.gid, from.1, to.1),
-                    )
-                    .map_err(|e| format!("chown {}: {e}", shown()))?;
-                    if entry.kind == Kind::Dir {
-                        let sub = dir.dir(&name).map_err(|e| format!("{}: {e}", shown()))?;
-                        stack.push((sub, rel.join(&name)));
-                    }
-                }
-            }
-            Ok(())
+            top.for_each_entry(|dir, name, entry| {
+                dir.chown(
+                    name,
+                    shift(entry.uid, from.0, to.0),
+                    shift(entry.gid, from.1, to.1),
+                )
+            })
+            .map_err(|e| format!("chown below {}: {e}", path.display()))
         }
         IdTask::Own { paths, owner } => paths.iter().try_for_each(|path| {
             // The entry itself, by descriptor of its parent (a path we made): never followed.

@@ -225,7 +225,11 @@ impl NativeRuntime {
         }
         // Searchable (each container's own directory then lets only its slice in), except
         // the image store, which only we read: workloads get shifted copies (`slots/`).
-        for (sub, mode) in [("containers", 0o711), ("libcontainer", 0o711), ("images", 0o700)] {
+        for (sub, mode) in [
+            ("containers", 0o711),
+            ("libcontainer", 0o711),
+            ("images", 0o700),
+        ] {
             let dir = config.root.join(sub);
             fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(mode))

@@ -91,6 +91,21 @@ pub fn find_executable(root: &Path, program: &str, env: &[String]) -> Result<Str
     )))
 }
 
+/// An image's `/etc/passwd` or `/etc/group` is input from the image: a FIFO there must not
+/// block the agent, nor an 8 GiB file fill its memory.
+const MAX_ACCOUNT_FILE: u64 = 1 << 20;
+
+fn read_account_file(image: &crate::tree_dir::TreeDir, path: &str) -> Result<String> {
+    let bytes = image
+        .read_in_root(path, MAX_ACCOUNT_FILE)
+        .map_err(|e| RuntimeError::InvalidOption {
+            field: "user".into(),
+            reason: format!("the image's {path} cannot be read: {e}"),
+        })?
+        .unwrap_or_default();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// Resolves `user[:group]` (names or numbers) against the image's passwd and group files.
 pub fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
     if spec.is_empty() {
@@ -100,9 +115,11 @@ pub fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
         Some((u, g)) => (u, Some(g)),
         None => (spec, None),
     };
-    let passwd = resolve_in_root(root, "/etc/passwd")
-        .and_then(|p| fs::read_to_string(p).ok())
-        .unwrap_or_default();
+    let image = crate::tree_dir::TreeDir::open(root).map_err(|e| RuntimeError::Container {
+        context: format!("opening the image tree {}", root.display()),
+        message: e.to_string(),
+    })?;
+    let passwd = read_account_file(&image, "/etc/passwd")?;
     let (uid, primary_gid) = match user.parse::<u32>() {
         Ok(uid) => {
             let gid = passwd.lines().find_map(|l| {
@@ -133,9 +150,7 @@ pub fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
         Some(g) => match g.parse::<u32>() {
             Ok(gid) => gid,
             Err(_) => {
-                let groups = resolve_in_root(root, "/etc/group")
-                    .and_then(|p| fs::read_to_string(p).ok())
-                    .unwrap_or_default();
+                let groups = read_account_file(&image, "/etc/group")?;
                 groups
                     .lines()
                     .find_map(|l| {
@@ -159,6 +174,34 @@ pub fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An image whose `/etc/passwd` is a FIFO (nobody ever writes to it) or a symlink to the
+    /// host's: the lookup neither blocks nor reads the host's file.
+    #[test]
+    fn hostile_account_files_neither_block_nor_leave_the_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        nix::unistd::mkfifo(
+            &root.join("etc/passwd"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let err = resolve_user(root, "app").unwrap_err().to_string();
+        assert!(err.contains("/etc/passwd"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        fs::remove_file(root.join("etc/passwd")).unwrap();
+        // Absolute: resolved in the image, where /etc/accounts names app.
+        std::os::unix::fs::symlink("/etc/accounts", root.join("etc/passwd")).unwrap();
+        fs::write(root.join("etc/accounts"), "app:x:7:8::/:/bin/sh\n").unwrap();
+        assert_eq!(resolve_user(root, "app").unwrap(), (7, 8));
+        // Out of the image by `..`: stays at the image's root, so the host's root is unknown.
+        fs::remove_file(root.join("etc/passwd")).unwrap();
+        std::os::unix::fs::symlink("../../../../../../etc/passwd", root.join("etc/passwd"))
+            .unwrap();
+        assert!(resolve_user(root, "root").is_err());
+    }
 
     #[test]
     fn resolves_symlinks_inside_the_root_only() {

@@ -11,7 +11,7 @@
 //! One mechanism, used for every such tree: [`TreeDir`] holds an `O_PATH` descriptor of a
 //! directory opened with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 //! RESOLVE_NO_MAGICLINKS)` relative to a directory already opened (the first one from a
-//! path the agent made itself, with `RESOLVE_NO_SYMLINKS`). Each operation names one plain
+//! path the agent made itself, whose last component may not be a symlink). Each operation names one plain
 //! entry of that directory and never follows a symlink (`O_NOFOLLOW`, `AT_SYMLINK_NOFOLLOW`,
 //! `linkat` without `AT_SYMLINK_FOLLOW`), or acts on a descriptor of the object itself
 //! (`fchown`, `chmod` of `/proc/self/fd/N`, which names the pinned inode and nothing else).
@@ -50,7 +50,17 @@ pub struct Entry {
     pub gid: u32,
     /// Permission bits with setuid, setgid and sticky (`& 0o7777`).
     pub mode: u32,
+    /// Device and inode: which object it is (hard links share them).
+    pub dev: u64,
+    pub ino: u64,
+    pub nlink: u64,
 }
+
+/// How deep an image may nest directories, and how many directory descriptors a walk of
+/// a tree holds at once. Images go a few dozen levels deep; a layer nesting deeper is
+/// refused, and a removal that meets a deeper tree (a container can make one) moves the
+/// deep part up rather than holding a descriptor (and a stack frame) per level.
+pub const MAX_DEPTH: usize = 128;
 
 impl Entry {
     fn from_stat(stat: &FileStat) -> Entry {
@@ -69,6 +79,9 @@ impl Entry {
             uid: stat.st_uid,
             gid: stat.st_gid,
             mode: stat.st_mode & 0o7777,
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+            nlink: stat.st_nlink,
         }
     }
 }
@@ -79,9 +92,12 @@ pub struct TreeDir {
     fd: OwnedFd,
 }
 
+/// `RESOLVE_NO_XDEV` too: a walk never enters a mount point (a volume bound inside a tree
+/// is never emptied by the tree's removal).
 const BENEATH: ResolveFlag = ResolveFlag::RESOLVE_BENEATH
     .union(ResolveFlag::RESOLVE_NO_SYMLINKS)
-    .union(ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    .union(ResolveFlag::RESOLVE_NO_MAGICLINKS)
+    .union(ResolveFlag::RESOLVE_NO_XDEV);
 
 fn owned(fd: RawFd) -> OwnedFd {
     // SAFETY: `fd` was just returned to us by a system call and is owned by nobody else.
@@ -123,14 +139,44 @@ fn one_name(name: &OsStr) -> io::Result<&OsStr> {
 }
 
 impl TreeDir {
-    /// Opens the top of a tree at `path`, a path the agent made (inside its data directory):
-    /// no component may be a symlink.
+    /// Opens the top of a tree at `path`, a path the agent made inside its data directory.
+    /// The path's prefix is the operator's (a symlinked `/var/run` or home is fine); the
+    /// tree's own top may not be a symlink.
     pub fn open(path: &Path) -> io::Result<TreeDir> {
-        let how = OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        let fd = openat2(nix::libc::AT_FDCWD, path, how)?;
+        let fd = nix::fcntl::openat(
+            None,
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
         Ok(TreeDir { fd: owned(fd) })
+    }
+
+    /// Reads the regular file at `path` as a process chrooted here would see it: symlinks
+    /// are followed but resolved inside this tree (`RESOLVE_IN_ROOT`), never into the host.
+    /// A FIFO, device or directory is refused without blocking; at most `max` bytes are
+    /// read. `None` when nothing is there.
+    pub fn read_in_root(&self, path: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)
+            .resolve(
+                ResolveFlag::RESOLVE_IN_ROOT
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            );
+        let fd = match openat2(self.raw(), path.trim_start_matches('/'), how) {
+            Ok(fd) => owned(fd),
+            Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(invalid(format!("{path} is not a regular file")));
+        }
+        let mut out = Vec::new();
+        file.take(max).read_to_end(&mut out)?;
+        Ok(Some(out))
     }
 
     /// Creates the directory `path` (its parent must exist) with `mode`, and opens it.
@@ -163,7 +209,8 @@ impl TreeDir {
     /// The directory `rel` (plain names) beneath this one; a symlink anywhere on the way is
     /// refused (`ELOOP`), as is anything that is not a directory (`ENOTDIR`).
     pub fn walk(&self, rel: &Path) -> io::Result<TreeDir> {
-        let rel = plain(rel).ok_or_else(|| invalid(format!("{} leaves the tree", rel.display())))?;
+        let rel =
+            plain(rel).ok_or_else(|| invalid(format!("{} leaves the tree", rel.display())))?;
         let rel: &Path = if rel.as_os_str().is_empty() {
             Path::new(".")
         } else {
@@ -181,7 +228,8 @@ impl TreeDir {
     /// The directory `rel` beneath this one, creating missing directories with `mode` on
     /// the way. Anything in the way that is not a directory is an error, never replaced.
     pub fn make_dirs(&self, rel: &Path, mode: u32) -> io::Result<TreeDir> {
-        let rel = plain(rel).ok_or_else(|| invalid(format!("{} leaves the tree", rel.display())))?;
+        let rel =
+            plain(rel).ok_or_else(|| invalid(format!("{} leaves the tree", rel.display())))?;
         let mut at = self.walk(Path::new("."))?;
         for name in rel.iter() {
             match at.stat(name)? {
@@ -349,31 +397,85 @@ impl TreeDir {
     /// Removes the entry `name` and, for a directory, everything below it, even where the
     /// tree made directories read-only. Nothing is followed: a symlink goes, its target
     /// stays. Nothing there is not an error.
+    ///
+    /// Depth-first without recursion, holding at most [`MAX_DEPTH`] directories open: a
+    /// deeper directory is moved (`renameat2(RENAME_NOREPLACE)`, within the tree) up into
+    /// the directory being removed, and removed from there.
     pub fn remove(&self, name: &OsStr) -> io::Result<()> {
         let Some(entry) = self.stat(name)? else {
             return Ok(());
         };
         if entry.kind != Kind::Dir {
-            return match nix::unistd::unlinkat(
-                Some(self.raw()),
-                name,
-                nix::unistd::UnlinkatFlags::NoRemoveDir,
-            ) {
-                Ok(()) | Err(Errno::ENOENT) => Ok(()),
-                Err(e) => Err(e.into()),
+            return self.unlink(name, false);
+        }
+        struct Level {
+            dir: TreeDir,
+            name: OsString,
+            pending: Vec<OsString>,
+        }
+        let open = |parent: &TreeDir, name: &OsStr, mode: u32| -> io::Result<Level> {
+            // Owner rwx, so that its entries can be listed and removed.
+            if mode & 0o700 != 0o700 {
+                parent.set_mode_of(name, 0o700)?;
+            }
+            let dir = parent.dir(name)?;
+            let pending = dir.names()?;
+            Ok(Level {
+                dir,
+                name: name.to_os_string(),
+                pending,
+            })
+        };
+        let mut stack = vec![open(self, name, entry.mode)?];
+        let mut hoisted = 0u64;
+        while let Some(top) = stack.len().checked_sub(1) {
+            let Some(child) = stack[top].pending.pop() else {
+                let Some(done) = stack.pop() else { break };
+                let parent = stack.last().map(|l| &l.dir).unwrap_or(self);
+                drop(done.dir);
+                parent.unlink(&done.name, true)?;
+                continue;
             };
+            let Some(e) = stack[top].dir.stat(&child)? else {
+                continue;
+            };
+            if e.kind != Kind::Dir {
+                stack[top].dir.unlink(&child, false)?;
+                continue;
+            }
+            if stack.len() >= MAX_DEPTH {
+                let from = top;
+                let fresh = loop {
+                    let fresh = OsString::from(format!(".kat-removing-{hoisted}"));
+                    hoisted += 1;
+                    match nix::fcntl::renameat2(
+                        Some(stack[from].dir.raw()),
+                        child.as_os_str(),
+                        Some(stack[0].dir.raw()),
+                        fresh.as_os_str(),
+                        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+                    ) {
+                        Ok(()) => break fresh,
+                        Err(Errno::EEXIST) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                };
+                stack[0].pending.push(fresh);
+                continue;
+            }
+            let next = open(&stack[top].dir, &child, e.mode)?;
+            stack.push(next);
         }
-        // Owner rwx, so that its entries can be listed and removed.
-        if entry.mode & 0o700 != 0o700 {
-            self.set_mode_of(name, 0o700)?;
-        }
-        let sub = self.dir(name)?;
-        sub.clear()?;
-        match nix::unistd::unlinkat(
-            Some(self.raw()),
-            name,
-            nix::unistd::UnlinkatFlags::RemoveDir,
-        ) {
+        Ok(())
+    }
+
+    fn unlink(&self, name: &OsStr, dir: bool) -> io::Result<()> {
+        let flag = if dir {
+            nix::unistd::UnlinkatFlags::RemoveDir
+        } else {
+            nix::unistd::UnlinkatFlags::NoRemoveDir
+        };
+        match nix::unistd::unlinkat(Some(self.raw()), one_name(name)?, flag) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(e.into()),
         }
@@ -383,6 +485,40 @@ impl TreeDir {
     pub fn clear(&self) -> io::Result<()> {
         for child in self.names()? {
             self.remove(&child)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `visit(dir, name, entry)` for every entry below this directory, depth-first,
+    /// never following a symlink; directories are visited before what they hold. Holds one
+    /// descriptor per level (and names, not descriptors, for what is pending); a tree deeper
+    /// than [`MAX_DEPTH`] is an error.
+    pub fn for_each_entry(
+        &self,
+        mut visit: impl FnMut(&TreeDir, &OsStr, &Entry) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let mut stack: Vec<(TreeDir, Vec<OsString>)> =
+            vec![(self.walk(Path::new("."))?, self.names()?)];
+        while let Some(top) = stack.len().checked_sub(1) {
+            let Some(name) = stack[top].1.pop() else {
+                stack.pop();
+                continue;
+            };
+            let dir = &stack[top].0;
+            let Some(entry) = dir.stat(&name)? else {
+                continue;
+            };
+            visit(dir, &name, &entry)?;
+            if entry.kind == Kind::Dir {
+                if stack.len() >= MAX_DEPTH {
+                    return Err(invalid(format!(
+                        "the tree nests directories deeper than {MAX_DEPTH} levels"
+                    )));
+                }
+                let sub = dir.dir(&name)?;
+                let names = sub.names()?;
+                stack.push((sub, names));
+            }
         }
         Ok(())
     }
@@ -473,13 +609,30 @@ mod tests {
         std::fs::create_dir_all(tree.join("a/b")).unwrap();
         std::fs::write(tree.join("a/b/f"), b"x").unwrap();
         std::os::unix::fs::symlink(&outside, tree.join("a/out")).unwrap();
-        std::fs::set_permissions(tree.join("a/b"), std::fs::Permissions::from_mode(0o500))
-            .unwrap();
+        std::fs::set_permissions(tree.join("a/b"), std::fs::Permissions::from_mode(0o500)).unwrap();
         std::fs::set_permissions(tree.join("a"), std::fs::Permissions::from_mode(0o000)).unwrap();
         remove_tree(&tree).unwrap();
         assert!(!tree.exists());
         assert!(outside.join("keep").exists());
         remove_tree(&tree).unwrap();
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_descriptor_budget_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tree = tmp.path().join("tree");
+        std::fs::create_dir(&tree).unwrap();
+        // 3 * MAX_DEPTH levels, made by descriptor (the path is longer than PATH_MAX).
+        let mut at = TreeDir::open(&tree).unwrap();
+        for _ in 0..3 * MAX_DEPTH {
+            at.mkdir(OsStr::new("deeper-than-you-would-think"), 0o755)
+                .unwrap();
+            at.create_file(OsStr::new("f"), 0o600).unwrap();
+            at = at.dir(OsStr::new("deeper-than-you-would-think")).unwrap();
+        }
+        drop(at);
+        remove_tree(&tree).unwrap();
+        assert!(!tree.exists());
     }
 
     #[test]

@@ -531,7 +531,10 @@ async fn other_local_users_cannot_reach_container_files() {
     rt.start("peek").await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !texts(&rt, "peek").await.iter().any(|l| l == "ready") {
-        assert!(std::time::Instant::now() < deadline, "the container never wrote its file");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the container never wrote its file"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let root = dir.path().join("root");
@@ -556,7 +559,13 @@ async fn other_local_users_cannot_reach_container_files() {
     }
     for attempt in &attempts {
         let out = std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c"])
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+            ])
             .arg(attempt)
             .output()
             .expect("setpriv (util-linux)");

@@ -78,13 +78,16 @@ fn survey(root: &Path) -> BTreeMap<PathBuf, Seen> {
 /// A tree worth attacking: files of several modes, a read-only directory, a symlink.
 fn plant_sentinel(dir: &Path) {
     std::fs::create_dir_all(dir.join("etc/sub")).unwrap();
-    for (name, mode) in [("secret", 0o600), ("etc/passwd", 0o644), ("etc/sub/key", 0o400)] {
+    for (name, mode) in [
+        ("secret", 0o600),
+        ("etc/passwd", 0o644),
+        ("etc/sub/key", 0o400),
+    ] {
         std::fs::write(dir.join(name), format!("sentinel {name}")).unwrap();
         std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(mode)).unwrap();
     }
     std::os::unix::fs::symlink("secret", dir.join("link")).unwrap();
-    std::fs::set_permissions(dir.join("etc/sub"), std::fs::Permissions::from_mode(0o555))
-        .unwrap();
+    std::fs::set_permissions(dir.join("etc/sub"), std::fs::Permissions::from_mode(0o555)).unwrap();
 }
 
 // ---- layers ----
@@ -118,7 +121,9 @@ fn rel_path() -> impl Strategy<Value = String> {
 }
 
 fn mode() -> impl Strategy<Value = u32> {
-    prop::sample::select(vec![0o6777, 0o4755, 0o755, 0o700, 0o555, 0o000, 0o1777, 0o644])
+    prop::sample::select(vec![
+        0o6777, 0o4755, 0o755, 0o700, 0o555, 0o000, 0o1777, 0o644,
+    ])
 }
 
 fn item() -> impl Strategy<Value = Item> {
@@ -177,7 +182,8 @@ fn tar_of(specs: &[Spec], sentinel: &Path) -> Vec<u8> {
                     0 => sentinel.to_path_buf(),
                     1 => sentinel.join("secret"),
                     2 => sentinel.join("etc"),
-                    3 => PathBuf::from("../../../../../../../..").join(sentinel.strip_prefix("/").unwrap()),
+                    3 => PathBuf::from("../../../../../../../..")
+                        .join(sentinel.strip_prefix("/").unwrap()),
                     4 => PathBuf::from("/"),
                     _ => PathBuf::from("a"),
                 };
@@ -309,6 +315,72 @@ fn a_layer_cannot_chmod_a_host_file_through_a_replaced_directory() {
     run_image(&work, &[bytes.clone(), bytes]);
     let file_mode = std::fs::metadata(&host_file).unwrap().mode() & 0o7777;
     let dir_mode = std::fs::metadata(&host_dir).unwrap().mode() & 0o7777;
-    assert_eq!(file_mode, 0o600, "the host file's mode changed: {file_mode:o}");
-    assert_eq!(dir_mode, 0o700, "the host directory's mode changed: {dir_mode:o}");
+    assert_eq!(
+        file_mode, 0o600,
+        "the host file's mode changed: {file_mode:o}"
+    );
+    assert_eq!(
+        dir_mode, 0o700,
+        "the host directory's mode changed: {dir_mode:o}"
+    );
+}
+
+/// A hard-link bomb: one file and many links to it cost one file in every copy of the
+/// image (the rootfs without overlay, each slice's copy), not one file per link.
+#[test]
+fn a_copy_keeps_hard_links_as_links() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let data = vec![7u8; 64 * 1024];
+    let mut h = header(tar::EntryType::Regular, 0o644, data.len() as u64);
+    b.append_data(&mut h, "big", data.as_slice()).unwrap();
+    for i in 0..500 {
+        let mut h = header(tar::EntryType::Link, 0o644, 0);
+        b.append_link(&mut h, format!("d{}/link{i}", i % 7), "big")
+            .unwrap();
+    }
+    let bytes = b.into_inner().unwrap();
+    let layer_dir = tmp.path().join("layer");
+    with_ownership(|ownership, privileged| {
+        layer::unpack(
+            bytes.as_slice(),
+            &layer_dir,
+            ownership,
+            "sha256:links",
+            &mut budget(),
+        )
+        .unwrap();
+        let snap = tmp.path().join("snap");
+        snapshot::build(&[&layer_dir], &snap, privileged.then_some((0, 0))).unwrap();
+        let copy = tmp.path().join("copy");
+        snapshot::copy_tree(&snap, &copy, privileged).unwrap();
+        let first = std::fs::metadata(copy.join("big")).unwrap();
+        assert_eq!(first.nlink(), 501, "the copy's links are links");
+        let other = std::fs::metadata(copy.join("d3/link3")).unwrap();
+        assert_eq!(other.ino(), first.ino());
+    });
+}
+
+/// A layer nesting deeper than `tree_dir::MAX_DEPTH` directories is refused: every later
+/// walk of the tree would hold a descriptor per level.
+#[test]
+fn a_layer_nesting_too_deep_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let deep = vec!["d"; kat_runtime::tree_dir::MAX_DEPTH + 1].join("/");
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = header(tar::EntryType::Regular, 0o644, 1);
+    b.append_data(&mut h, &deep, &b"x"[..]).unwrap();
+    let bytes = b.into_inner().unwrap();
+    let dest = tmp.path().join("layer");
+    let err = layer::unpack(
+        bytes.as_slice(),
+        &dest,
+        Ownership::Squashed,
+        "sha256:deep",
+        &mut budget(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("deeper than"), "{err}");
+    assert!(!dest.exists());
 }

@@ -146,6 +146,17 @@ fn clean_path(raw: &[u8], digest: &str) -> Result<Option<PathBuf>> {
             }
         }
     }
+    // Deeper trees only cost the node descriptors and time in every later walk.
+    if out.components().count() > tree_dir::MAX_DEPTH {
+        return Err(bad(
+            digest,
+            format!(
+                "entry {:.80}… nests deeper than {} directories",
+                text,
+                tree_dir::MAX_DEPTH
+            ),
+        ));
+    }
     Ok((!out.as_os_str().is_empty()).then_some(out))
 }
 
@@ -167,7 +178,10 @@ fn parent_of<'r>(root: &TreeDir, rel: &'r Path, digest: &str) -> Result<(TreeDir
                 ),
             )
         } else {
-            bad(digest, format!("creating the parents of {}: {e}", rel.display()))
+            bad(
+                digest,
+                format!("creating the parents of {}: {e}", rel.display()),
+            )
         }
     })?;
     Ok((dir, name))
@@ -354,7 +368,11 @@ fn unpack_into(
         match kind {
             tar::EntryType::Directory => {
                 remove_existing(&dir, name, true).map_err(io(format!("replacing {shown}")))?;
-                if dir.stat(name).map_err(io(format!("stat {shown}")))?.is_none() {
+                if dir
+                    .stat(name)
+                    .map_err(io(format!("stat {shown}")))?
+                    .is_none()
+                {
                     dir.mkdir(name, 0o755)
                         .map_err(io(format!("creating {shown}")))?;
                 }
@@ -390,7 +408,10 @@ fn unpack_into(
                     .link_name_bytes()
                     .ok_or_else(|| bad(digest, format!("hard link {shown} has no target")))?;
                 let link_rel = clean_path(&link, digest)?.ok_or_else(|| {
-                    bad(digest, format!("hard link {shown} points at the layer root"))
+                    bad(
+                        digest,
+                        format!("hard link {shown} points at the layer root"),
+                    )
                 })?;
                 let not_earlier = || {
                     bad(
@@ -410,8 +431,7 @@ fn unpack_into(
                     _ => return Err(not_earlier()),
                 }
                 if link_rel != rel {
-                    remove_existing(&dir, name, false)
-                        .map_err(io(format!("replacing {shown}")))?;
+                    remove_existing(&dir, name, false).map_err(io(format!("replacing {shown}")))?;
                     dir.hard_link(&source_dir, source_name, name)
                         .map_err(io(format!("hard link {shown}")))?;
                 }

@@ -11,7 +11,8 @@
 //! snapshot has a symlink replaces the symlink with a real directory first, so `a -> /`
 //! then `a/.wh.etc` removes nothing of the host's `/etc`.
 
-use std::ffi::OsStr;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -139,7 +140,14 @@ pub fn copy_tree(from: &Path, to: &Path, chown: bool) -> Result<()> {
         .stat_self()
         .context(|| format!("stat {}", from.display()))?;
     let dest = TreeDir::create(to, 0o700).context(|| format!("creating {}", to.display()))?;
-    copy_into(&source, &dest, Path::new(""), chown)?;
+    copy_into(
+        &source,
+        &dest,
+        &dest,
+        Path::new(""),
+        chown,
+        &mut HashMap::new(),
+    )?;
     if chown {
         dest.chown_self(meta.uid, meta.gid)
             .context(|| format!("chown {}", to.display()))?;
@@ -149,8 +157,23 @@ pub fn copy_tree(from: &Path, to: &Path, chown: bool) -> Result<()> {
     Ok(())
 }
 
-fn copy_into(from: &TreeDir, to: &TreeDir, rel: &Path, chown: bool) -> Result<()> {
-    for name in from.names().map_err(failed("reading", rel, OsStr::new("")))? {
+/// Where a file with several links was first copied to (its directory in the copy and its
+/// name), so its other links stay links: an image of one file and a million hard links to
+/// it costs one file's bytes, not a million.
+type Copied = HashMap<(u64, u64), (PathBuf, OsString)>;
+
+fn copy_into(
+    from: &TreeDir,
+    to: &TreeDir,
+    top: &TreeDir,
+    rel: &Path,
+    chown: bool,
+    copied: &mut Copied,
+) -> Result<()> {
+    for name in from
+        .names()
+        .map_err(failed("reading", rel, OsStr::new("")))?
+    {
         let Some(meta) = from.stat(&name).map_err(failed("stat", rel, &name))? else {
             continue;
         };
@@ -160,7 +183,7 @@ fn copy_into(from: &TreeDir, to: &TreeDir, rel: &Path, chown: bool) -> Result<()
                     .map_err(failed("creating", rel, &name))?;
                 let sub_from = from.dir(&name).map_err(failed("opening", rel, &name))?;
                 let sub_to = to.dir(&name).map_err(failed("opening", rel, &name))?;
-                copy_into(&sub_from, &sub_to, &rel.join(&name), chown)?;
+                copy_into(&sub_from, &sub_to, top, &rel.join(&name), chown, copied)?;
                 if chown {
                     sub_to
                         .chown_self(meta.uid, meta.gid)
@@ -182,6 +205,21 @@ fn copy_into(from: &TreeDir, to: &TreeDir, rel: &Path, chown: bool) -> Result<()
                 }
             }
             Kind::File => {
+                if meta.nlink > 1 {
+                    if let Some((dir, first)) = copied.get(&(meta.dev, meta.ino)) {
+                        // One component at a time: the path may be longer than PATH_MAX.
+                        let mut at = top
+                            .walk(Path::new("."))
+                            .map_err(failed("opening", dir, first))?;
+                        for c in dir.iter() {
+                            at = at.dir(c).map_err(failed("opening", dir, first))?;
+                        }
+                        to.hard_link(&at, first, &name)
+                            .map_err(failed("linking", rel, &name))?;
+                        continue;
+                    }
+                    copied.insert((meta.dev, meta.ino), (rel.to_path_buf(), name.clone()));
+                }
                 let mut src = from
                     .open_file(&name)
                     .map_err(failed("opening", rel, &name))?;
@@ -201,4 +239,3 @@ fn copy_into(from: &TreeDir, to: &TreeDir, rel: &Path, chown: bool) -> Result<()
     }
     Ok(())
 }
-
