@@ -517,7 +517,8 @@ impl NativeRuntime {
         let ids = range.slot_map(slot, !nix::unistd::geteuid().is_root());
         let host_root = range.slot_root(slot);
         let host_user = (ids.host_uid(uid), ids.host_gid(gid));
-        crate::acl::searchable_by(dir, &[host_root.0, host_user.0]).context(|| {
+        // Its root only: the workload reaches its files through the mounts root made.
+        crate::acl::searchable_by(dir, &[host_root.0]).context(|| {
             format!(
                 "setting an ACL on {} (the file system must support POSIX ACLs)",
                 dir.display()
