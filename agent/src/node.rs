@@ -808,6 +808,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
                 cluster_name: cluster.metadata.name.clone(),
                 ca_certificate: pki.ca_pem.clone(),
                 token: token.clone(),
+                node_api: None,
             },
         )?;
         eprintln!(

@@ -15,6 +15,11 @@ pub struct ClientConfig {
     pub cluster_name: String,
     pub ca_certificate: String,
     pub token: String,
+    /// Set for a detached node's local API, which that node serves with its own (worker)
+    /// certificate: the client then takes that node's certificate, and no other node's.
+    /// Unset, only a control-plane certificate serves the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_api: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

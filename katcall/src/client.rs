@@ -21,13 +21,17 @@ impl Client {
         let config = ClientConfig::load(path)?;
         // The cluster CA the only root, and only a control-plane node's certificate serves
         // the API: a worker's key (same CA) cannot pose as it and be sent the admin token.
-        let tls = kat_pki::server_role::control_plane_client_tls(&config.ca_certificate, None)
-            .with_context(|| {
-                format!(
-                    "{}: caCertificate is not a usable PEM certificate",
-                    path.display()
-                )
-            })?;
+        let tls = kat_pki::server_role::api_client_tls(
+            &config.ca_certificate,
+            None,
+            config.node_api.as_deref(),
+        )
+        .with_context(|| {
+            format!(
+                "{}: caCertificate is not a usable PEM certificate",
+                path.display()
+            )
+        })?;
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .connect_timeout(std::time::Duration::from_secs(5))
@@ -135,6 +139,7 @@ mod tests {
             cluster_name: "lab".into(),
             ca_certificate: pki.ca_pem.clone(),
             token: "t".into(),
+            node_api: None,
         };
         let path = dir.path().join("config.yaml");
         std::fs::write(&path, yaml_serde::to_string(&config).unwrap()).unwrap();

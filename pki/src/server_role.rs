@@ -19,15 +19,24 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use crate::{node_of, NodeRole};
 
-/// Chain and name checked as rustls does, then the role: control plane only.
+/// Chain and name checked as rustls does, then the role: control plane only, or (for a
+/// detached node's local API) the one node named.
 #[derive(Debug)]
 pub struct ControlPlaneOnly {
     inner: Arc<WebPkiServerVerifier>,
+    node_api: Option<String>,
 }
 
 impl ControlPlaneOnly {
     /// A verifier trusting the CA `ca_pem` only.
     pub fn new(ca_pem: &str) -> Result<ControlPlaneOnly> {
+        Self::with_node_api(ca_pem, None)
+    }
+
+    /// Like [`ControlPlaneOnly::new`], but when `node_api` names a node, the server must be
+    /// that node (whatever its role) instead: a detached node serves its local API with its
+    /// own certificate.
+    pub fn with_node_api(ca_pem: &str, node_api: Option<&str>) -> Result<ControlPlaneOnly> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from(pem_der(ca_pem, "the cluster CA")?))
@@ -35,7 +44,10 @@ impl ControlPlaneOnly {
         let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
             .build()
             .context("the server certificate verifier")?;
-        Ok(ControlPlaneOnly { inner })
+        Ok(ControlPlaneOnly {
+            inner,
+            node_api: node_api.map(str::to_string),
+        })
     }
 }
 
@@ -79,7 +91,19 @@ impl ServerCertVerifier for ControlPlaneOnly {
             ocsp_response,
             now,
         )?;
-        match server_role_problem(end_entity.as_ref()) {
+        let problem = match &self.node_api {
+            None => server_role_problem(end_entity.as_ref()),
+            Some(want) => match node_of(end_entity.as_ref()) {
+                Some((node, _)) if &node == want => None,
+                Some((node, _)) => Some(format!(
+                    "the server's certificate is node {node}'s, not {want}'s, whose own API this is"
+                )),
+                None => Some(format!(
+                    "the server's certificate names no KAT node; expected node {want}'s"
+                )),
+            },
+        };
+        match problem {
             None => Ok(verified),
             Some(problem) => Err(rustls::Error::General(problem)),
         }
@@ -115,11 +139,23 @@ pub fn control_plane_client_tls(
     ca_pem: &str,
     identity: Option<(&str, &str)>,
 ) -> Result<rustls::ClientConfig> {
+    api_client_tls(ca_pem, identity, None)
+}
+
+/// [`control_plane_client_tls`], or, when `node_api` names a node, TLS that takes that
+/// node's own certificate only (a detached node's local API).
+pub fn api_client_tls(
+    ca_pem: &str,
+    identity: Option<(&str, &str)>,
+    node_api: Option<&str>,
+) -> Result<rustls::ClientConfig> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ControlPlaneOnly::new(ca_pem)?));
+        .with_custom_certificate_verifier(Arc::new(ControlPlaneOnly::with_node_api(
+            ca_pem, node_api,
+        )?));
     let mut config = match identity {
         None => builder.with_no_client_auth(),
         Some((cert_pem, key_pem)) => {
@@ -239,5 +275,31 @@ mod tests {
             Some((&pki.node_cert_pem, &pki.node_key_pem))
         )
         .is_ok());
+    }
+
+    /// A detached node's local API is served with that node's own worker certificate: a
+    /// client told so takes it, and no other node's (worker or control plane).
+    #[test]
+    fn a_node_api_takes_that_node_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::generate(dir.path(), "lab", "cp1", &[]).unwrap();
+        let ca = Authority::load(dir.path()).unwrap();
+        let (_, csr) = crate::key_and_csr("n").unwrap();
+        let ip: std::net::IpAddr = "10.0.0.9".parse().unwrap();
+        let laptop = ca
+            .sign_csr(&csr, "laptop", &[ip], NodeRole::Worker)
+            .unwrap();
+        let other = ca.sign_csr(&csr, "w2", &[ip], NodeRole::Worker).unwrap();
+        let member = ca
+            .sign_csr(&csr, "cp2", &[ip], NodeRole::ControlPlane)
+            .unwrap();
+        let verifier = ControlPlaneOnly::with_node_api(&pki.ca_pem, Some("laptop")).unwrap();
+        let name = ServerName::IpAddress(ip.into());
+        let check =
+            |cert: &str| verifier.verify_server_cert(&der(cert), &[], &name, &[], UnixTime::now());
+        assert!(check(&laptop).is_ok());
+        let refused = check(&other).unwrap_err().to_string();
+        assert!(refused.contains("node w2's, not laptop's"), "{refused}");
+        assert!(check(&member).is_err());
     }
 }

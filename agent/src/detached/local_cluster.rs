@@ -252,6 +252,8 @@ impl LocalCluster {
             cluster_name: format!("{} (detached {node})", state.parent_cluster),
             ca_certificate: parts.pki.ca_pem.clone(),
             token,
+            // Served with this node's own (worker) certificate.
+            node_api: Some(node.to_string()),
         };
         let path = client_config.clone();
         tokio::task::spawn_blocking(move || crate::node::write_client_config(&path, &config))
