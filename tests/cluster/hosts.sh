@@ -19,6 +19,16 @@ bridge="${prefix}-br"
 case "$cmd" in
 up)
   n=${3:?N}
+  # Every run uses 10.77.0.0/24: a run killed before its cleanup leaves a bridge holding it,
+  # and every address below would route there (seen: etcdctl reaching nothing, "RTNETLINK
+  # answers: File exists"). Remove what such a run left.
+  for stale in $(ip -o addr show to 10.77.0.1/24 | awk '{print $2}'); do
+    other=${stale%-br}
+    if [ "$other" != "$prefix" ] && [ "$other" != "$stale" ]; then
+      echo "hosts.sh: removing the test hosts a killed run left ($other)" >&2
+      "$0" down "$other"
+    fi
+  done
   # No IGMP snooping: detached nodes' rejoin requests (multicast) reach every host at once.
   ip link add "$bridge" type bridge mcast_snooping 0
   ip addr add 10.77.0.1/24 dev "$bridge"
