@@ -218,8 +218,9 @@ fn perform(task: &IdTask) -> std::result::Result<(), String> {
                 .and_then(|dir| dir.chown(name, owner.0, owner.1))
                 .map_err(|e| format!("chown {}: {e}", path.display()))
         }),
-        IdTask::Remove { path } => crate::image::layer::make_writable_and_remove(path)
-            .map_err(|e| format!("{}: {e}", path.display())),
+        IdTask::Remove { path } => {
+            crate::tree_dir::remove_tree(path).map_err(|e| format!("{}: {e}", path.display()))
+        }
     }
 }
 

@@ -38,10 +38,10 @@ use crate::exec::ExecHandle;
 use crate::id_slices::IdSlices;
 use crate::id_tool::IdTask;
 use crate::idmap::{IdMap, NodeIdRange, SLICE_SIZE};
-use crate::image::layer::make_writable_and_remove;
 use crate::image::{self, ImageStore, RegistryConfig};
 use crate::logs::{self, LogReceiver};
 use crate::spec::{self, Rootfs, SpecInput};
+use crate::tree_dir::remove_tree;
 use crate::types::*;
 use crate::volume_paths::OpenedSource;
 use crate::ContainerRuntime;
@@ -893,10 +893,10 @@ impl NativeRuntime {
             let _ = c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true);
             let _ = c.delete(true);
         }
-        let _ = make_writable_and_remove(&self.lib_root().join(id));
+        let _ = remove_tree(&self.lib_root().join(id));
         // The upper layer and logs belong to the workload's ids: an unprivileged agent
         // removes them from inside a user namespace.
-        if make_writable_and_remove(&self.dir(id)).is_err() {
+        if remove_tree(&self.dir(id)).is_err() {
             if let Ok(range) = &self.range {
                 let task = IdTask::Remove { path: self.dir(id) };
                 if let Err(e) = crate::id_tool::run(&self.config.create_helper, range, &task) {

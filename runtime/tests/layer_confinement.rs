@@ -17,9 +17,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use kat_runtime::idmap::IdMap;
-use kat_runtime::image::layer::{self, make_writable_and_remove, Ownership};
+use kat_runtime::image::layer::{self, Ownership};
 use kat_runtime::image::limits::Budget;
 use kat_runtime::image::{snapshot, UnpackLimits};
+use kat_runtime::tree_dir::remove_tree;
 use proptest::prelude::*;
 
 // ---- the sentinel ----
@@ -255,7 +256,7 @@ fn run_image(work: &Path, layers: &[Vec<u8>]) {
             let _ = snapshot::copy_tree(&snap, &work.join("copy"), privileged);
         }
     });
-    make_writable_and_remove(work).unwrap();
+    remove_tree(work).unwrap();
     assert!(!work.exists(), "the work directory was removed");
 }
 

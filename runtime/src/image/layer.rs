@@ -99,7 +99,7 @@ pub fn unpack(
     budget: &mut Budget,
 ) -> Result<LayerStats> {
     let tmp = dest.with_extension(format!("partial-{}", std::process::id()));
-    let _ = make_writable_and_remove(&tmp);
+    let _ = tree_dir::remove_tree(&tmp);
     fs::create_dir_all(&tmp).context(|| format!("creating {}", tmp.display()))?;
     match unpack_into(reader, &tmp, ownership, digest, budget) {
         Ok(stats) => {
@@ -108,16 +108,10 @@ pub fn unpack(
             Ok(stats)
         }
         Err(e) => {
-            let _ = make_writable_and_remove(&tmp);
+            let _ = tree_dir::remove_tree(&tmp);
             Err(e)
         }
     }
-}
-
-/// Removes a tree even where an image made directories read-only, by descriptor: nothing
-/// below `path` is followed (see [`crate::tree_dir`]).
-pub fn make_writable_and_remove(path: &Path) -> std::io::Result<()> {
-    crate::tree_dir::remove_tree(path)
 }
 
 fn bad(digest: &str, reason: impl Into<String>) -> RuntimeError {

@@ -17,16 +17,16 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::layer::{make_writable_and_remove, whiteout, Whiteout};
+use super::layer::{whiteout, Whiteout};
 use crate::error::{IoContext, Result, RuntimeError};
-use crate::tree_dir::{Kind, TreeDir};
+use crate::tree_dir::{remove_tree, Kind, TreeDir};
 
 /// Builds `dest` (which must not exist) from `layers`, lowest first. `root_owner` is the
 /// host uid/gid of container root, which owns the tree's top directory.
 pub fn build(layers: &[&Path], dest: &Path, root_owner: Option<(u32, u32)>) -> Result<()> {
     let chown = root_owner.is_some();
     let tmp = dest.with_extension(format!("partial-{}", std::process::id()));
-    let _ = make_writable_and_remove(&tmp);
+    let _ = remove_tree(&tmp);
     fs::create_dir_all(&tmp).context(|| format!("creating {}", tmp.display()))?;
     let result = (|| {
         let snap = TreeDir::open(&tmp).context(|| format!("opening {}", tmp.display()))?;
@@ -46,7 +46,7 @@ pub fn build(layers: &[&Path], dest: &Path, root_owner: Option<(u32, u32)>) -> R
         fs::rename(&tmp, dest).context(|| format!("moving snapshot into {}", dest.display()))
     })();
     if result.is_err() {
-        let _ = make_writable_and_remove(&tmp);
+        let _ = remove_tree(&tmp);
     }
     result
 }

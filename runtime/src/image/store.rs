@@ -20,11 +20,12 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::config::{digest_hex, RunConfig};
-use super::layer::{self, make_writable_and_remove, Ownership};
+use super::layer::{self, Ownership};
 use super::limits::{Budget, PullTimeouts, UnpackLimits};
 use super::snapshot;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::idmap::IdMap;
+use crate::tree_dir::remove_tree;
 use crate::types::ImageSummary;
 
 /// One image as the store knows it.
@@ -115,7 +116,7 @@ impl ImageStore {
         // Downloads and unpacks interrupted by a crash.
         if let Ok(entries) = fs::read_dir(root.join("tmp")) {
             for e in entries.flatten() {
-                let _ = make_writable_and_remove(&e.path());
+                let _ = remove_tree(&e.path());
                 let _ = fs::remove_file(e.path());
             }
         }
@@ -123,7 +124,7 @@ impl ImageStore {
             if let Ok(entries) = fs::read_dir(root.join(sub)) {
                 for e in entries.flatten() {
                     if e.file_name().to_string_lossy().contains(".partial-") {
-                        let _ = make_writable_and_remove(&e.path());
+                        let _ = remove_tree(&e.path());
                     }
                 }
             }
@@ -451,14 +452,14 @@ impl ImageStore {
         })?;
         for id in ids {
             if let Some(hex) = digest_hex(id) {
-                make_writable_and_remove(&self.root.join("snapshots").join(hex))
+                remove_tree(&self.root.join("snapshots").join(hex))
                     .context(|| format!("removing the snapshot of {id}"))?;
             }
         }
         let mut reclaimed = 0;
         for (digest, size) in doomed_layers {
             let dir = self.layer_dir(&digest)?;
-            make_writable_and_remove(&dir).context(|| format!("removing layer {digest}"))?;
+            remove_tree(&dir).context(|| format!("removing layer {digest}"))?;
             reclaimed += size;
         }
         Ok(reclaimed)
