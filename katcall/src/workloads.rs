@@ -325,6 +325,9 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
         "Replicas:    {} ready / {} desired",
         w.status.replicas_ready, w.status.replicas_desired
     );
+    if w.workload_type != kat_api::workload::WorkloadType::Job {
+        println!("DNS:         {}", dns_line(name, ns, w.status.replicas_ready));
+    }
     if let Some(r) = &w.status.rollout {
         println!(
             "Rollout:     generation {} -> {}: {}/{} updated{}",
@@ -392,6 +395,17 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
         }
     }
     Ok(())
+}
+
+/// How containers reach a workload by name: its ready instances' addresses, rotated per
+/// question by every node's DNS (docs/networking.md, "DNS").
+fn dns_line(name: &str, ns: &str, ready: u32) -> String {
+    let answer = match ready {
+        0 => "no address now (no instance is ready)".to_string(),
+        1 => "the ready instance's address".to_string(),
+        n => format!("the {n} ready instances' addresses, rotated per question"),
+    };
+    format!("{name} (in namespace {ns}), {name}.{ns} (anywhere): {answer}, TTL 5 s")
 }
 
 pub async fn delete(client: &Client, name: &str, ns: &str) -> Result<()> {

@@ -1,7 +1,8 @@
 //! The node's DNS server on real sockets: cluster names from the table (following changes at
 //! once), NXDOMAIN with the SOA for names that do not exist, other names through a resolver
 //! standing in for the internet (answers and negative answers cached), SERVFAIL when it is
-//! down, garbage answered with FORMERR, and big answers truncated over UDP and whole over TCP.
+//! down, garbage answered with FORMERR, big answers truncated over UDP and whole over TCP,
+//! and a workload's addresses answered in rotation.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -174,6 +175,56 @@ async fn cluster_names_follow_the_records() {
             other => panic!("an SOA, not {other:?}"),
         }
     }
+}
+
+/// Answers rotate per question, over UDP and TCP alike: of three questions in a row each
+/// instance comes first once, so clients that take the first address spread over them.
+#[tokio::test]
+async fn answers_rotate_so_clients_spread_over_the_instances() {
+    let n = node(
+        &[
+            record("web", "web-1", "10.100.0.2", true),
+            record("web", "web-2", "10.100.2.2", true),
+            record("web", "web-3", "10.100.4.2", true),
+        ],
+        vec![],
+    )
+    .await;
+    let in_order = |m: &Message| -> Vec<IpAddr> {
+        m.answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut firsts = Vec::new();
+    for _ in 0..3 {
+        let m = ask(n.udp, "web.default.cluster.local.").await;
+        let order = in_order(&m);
+        assert_eq!(order.len(), 3, "every ready instance in every answer");
+        firsts.push(order[0]);
+    }
+    firsts.sort();
+    assert_eq!(firsts, ips(&["10.100.0.2", "10.100.2.2", "10.100.4.2"]));
+    // Over TCP the rotation goes on (one count per name and type, whatever the transport).
+    let mut tcp_firsts = Vec::new();
+    let mut tcp = TcpStream::connect(n.tcp).await.unwrap();
+    for id in 0..3u16 {
+        let raw = question(id, "web.default.cluster.local.", RecordType::A);
+        tcp.write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&raw).await.unwrap();
+        let mut len = [0u8; 2];
+        tcp.read_exact(&mut len).await.unwrap();
+        let mut body = vec![0u8; u16::from_be_bytes(len) as usize];
+        tcp.read_exact(&mut body).await.unwrap();
+        tcp_firsts.push(in_order(&Message::from_vec(&body).unwrap())[0]);
+    }
+    tcp_firsts.sort();
+    assert_eq!(tcp_firsts, ips(&["10.100.0.2", "10.100.2.2", "10.100.4.2"]));
 }
 
 #[tokio::test]

@@ -17,6 +17,11 @@ const EDNS_PAYLOAD: u16 = 1232;
 
 /// The answer to `request` if it asks about the cluster domain; `None` when it is someone
 /// else's to answer (or not a question we take: the caller forwards it).
+///
+/// A name with several addresses is answered in rotation (round robin, as BIND's
+/// `rrset-order cyclic`): each question about it gets the list started one address further,
+/// so clients that take the first address spread over the instances. Rotation rather than a
+/// shuffle: over N questions each of N addresses comes first exactly once.
 pub fn answer(table: &Table, request: &Message) -> Option<Message> {
     if request.metadata.message_type != MessageType::Query
         || request.metadata.op_code != OpCode::Query
@@ -50,9 +55,14 @@ pub fn answer(table: &Table, request: &Message) -> Option<Message> {
     };
     match lookup {
         Lookup::Found(addresses) if query.query_class() == DNSClass::IN => {
-            let records: Vec<Record> = addresses
+            let mut matching: Vec<IpAddr> = addresses.into_iter().filter(|ip| wanted(ip)).collect();
+            if matching.len() > 1 {
+                let turn = table.next_turn(&name, query.query_type());
+                let len = matching.len();
+                matching.rotate_left(turn % len);
+            }
+            let records: Vec<Record> = matching
                 .iter()
-                .filter(|ip| wanted(ip))
                 .map(|ip| {
                     let rdata = match ip {
                         IpAddr::V4(v4) => RData::A(A(*v4)),
@@ -177,5 +187,67 @@ mod tests {
         let udp = encode_for_udp(&r, udp_limit(&q)).unwrap();
         let back = Message::from_vec(&udp).unwrap();
         assert!(back.metadata.truncation && back.answers.is_empty());
+    }
+
+    fn ips(m: &Message) -> Vec<IpAddr> {
+        m.answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn answers_rotate_per_question_and_per_type() {
+        let record = |id: &str, ip: &str| DnsRecord {
+            namespace: "default".into(),
+            workload: "web".into(),
+            instance_id: id.into(),
+            ip: ip.parse().unwrap(),
+            ready: true,
+        };
+        let t = Table::new(
+            "cluster.local",
+            &[
+                record("web-1", "10.100.0.3"),
+                record("web-2", "10.100.2.2"),
+                record("web-3", "10.100.4.7"),
+                record("web-4", "fd00::1"),
+                record("web-5", "fd00::2"),
+            ],
+        )
+        .unwrap();
+        let v4: Vec<IpAddr> = ["10.100.0.3", "10.100.2.2", "10.100.4.7"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let name = "web.default.cluster.local.";
+        let mut firsts = Vec::new();
+        for i in 0..6 {
+            // As getaddrinfo does: an AAAA question beside every A question. It must not
+            // move the A rotation (with a shared count, two addresses would never rotate).
+            let aaaa = ips(&answer(&t, &ask(name, RecordType::AAAA)).unwrap());
+            assert_eq!(aaaa.len(), 2);
+            let a = ips(&answer(&t, &ask(name, RecordType::A)).unwrap());
+            // Every answer holds every address, in the same cyclic order, started further on.
+            let mut expected = v4.clone();
+            expected.rotate_left(i % 3);
+            assert_eq!(a, expected, "question {i}");
+            firsts.push(a[0]);
+        }
+        // Over 3 questions each address came first once; the AAAA answers alternated.
+        let mut first_three = firsts[..3].to_vec();
+        first_three.sort();
+        assert_eq!(first_three, v4);
+        let one = ips(&answer(&t, &ask(name, RecordType::AAAA)).unwrap());
+        let two = ips(&answer(&t, &ask(name, RecordType::AAAA)).unwrap());
+        assert_ne!(one[0], two[0]);
+        // An instance's own name has one address: always that one.
+        let own =
+            ips(&answer(&t, &ask("web-2.web.default.cluster.local.", RecordType::A)).unwrap());
+        assert_eq!(own, vec![v4[1]]);
     }
 }

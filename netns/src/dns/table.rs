@@ -2,18 +2,31 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use hickory_proto::rr::{LowerName, Name};
+use hickory_proto::rr::{LowerName, Name, RecordType};
 use kat_api::wire::DnsRecord;
 
 use super::DnsError;
 
 /// Every name under the cluster domain, with its addresses (empty: the name exists, with no
 /// address now, e.g. a workload none of whose instances is ready).
-#[derive(Debug, Clone)]
+///
+/// Each name also counts the questions asked of it, one count per record type, so that
+/// answers rotate ([`Table::next_turn`]): a count shared by A and AAAA would advance twice
+/// per `getaddrinfo` (which asks both) and give a two-instance workload the same order every
+/// time.
+#[derive(Debug)]
 pub struct Table {
     domain: LowerName,
-    names: HashMap<LowerName, Vec<IpAddr>>,
+    names: HashMap<LowerName, Entry>,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    addresses: Vec<IpAddr>,
+    /// Questions answered so far: A, AAAA, any other type.
+    turns: [AtomicUsize; 3],
 }
 
 /// What the table says of a name.
@@ -45,18 +58,23 @@ impl Table {
                 continue;
             };
             let ns = fqdn(&format!("{}.{domain}", r.namespace));
-            let addresses = table.names.entry(workload).or_default();
+            let addresses = &mut table.names.entry(workload).or_default().addresses;
             if r.ready && !addresses.contains(&r.ip) {
                 addresses.push(r.ip);
             }
-            table.names.entry(instance).or_default().push(r.ip);
+            table
+                .names
+                .entry(instance)
+                .or_default()
+                .addresses
+                .push(r.ip);
             // The namespace exists as a name too (no address of its own).
             if let Some(ns) = ns {
                 table.names.entry(ns).or_default();
             }
         }
-        for addresses in table.names.values_mut() {
-            addresses.sort();
+        for entry in table.names.values_mut() {
+            entry.addresses.sort();
         }
         Ok(table)
     }
@@ -78,9 +96,25 @@ impl Table {
             return Lookup::Found(vec![]);
         }
         match self.names.get(name) {
-            Some(addresses) => Lookup::Found(addresses.clone()),
+            Some(entry) => Lookup::Found(entry.addresses.clone()),
             None => Lookup::NoSuchName,
         }
+    }
+
+    /// How many `record_type` questions about `name` were answered before this one (0 for
+    /// a name the table does not hold): the answer builder rotates the addresses by it, so
+    /// consecutive questions get each address first in turn. Counts start again at 0 when
+    /// the agent swaps in a new table.
+    pub fn next_turn(&self, name: &LowerName, record_type: RecordType) -> usize {
+        let Some(entry) = self.names.get(name) else {
+            return 0;
+        };
+        let slot = match record_type {
+            RecordType::A => 0,
+            RecordType::AAAA => 1,
+            _ => 2,
+        };
+        entry.turns[slot].fetch_add(1, Ordering::Relaxed)
     }
 }
 
