@@ -8,6 +8,11 @@
 //! `eth0`, its address and the default route inside. It then prints `ready PID` and holds
 //! the namespaces until its standard input closes: by then the container's own processes
 //! are in them. The veth pair goes away with the container's network namespace.
+//!
+//! `eth0`'s MAC is derived from the container's address and the container announces it
+//! with gratuitous ARPs once it is up ([`crate::neighbour`]): a replacement instance that
+//! takes over an address is reachable at once from the bridge and the node's other
+//! containers.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -25,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::holder::{cloexec_pipe, expect, BRIDGE};
 use crate::ip::run_ip_batch;
+use crate::neighbour::{announce_repeatedly, format_mac, mac_for};
 use crate::NetError;
 
 /// The first argument that makes a program the attach helper.
@@ -179,10 +185,13 @@ fn run(r: &AttachRequest) -> Result<(), String> {
         run_ip_batch(
             None,
             &[
+                // eth0's MAC follows from its address: a replacement that takes over an
+                // address keeps the neighbour entries others hold for it right.
                 format!(
-                    "link add {link} mtu {} type veth peer name eth0 mtu {} netns {}",
+                    "link add {link} mtu {} type veth peer name eth0 mtu {} address {} netns {}",
                     r.mtu,
                     r.mtu,
+                    format_mac(mac_for(r.address.addr())),
                     keeper.as_raw()
                 ),
                 format!("link set {link} master {BRIDGE}"),
@@ -207,6 +216,9 @@ fn run(r: &AttachRequest) -> Result<(), String> {
     }
     println!("ready {}", keeper.as_raw());
     let _ = std::io::stdout().flush();
+    // Tell the bridge and the node's other containers who has this address now (this
+    // thread is in the container's network namespace, and so is the one it starts).
+    let _announcing = announce_repeatedly("eth0".to_string(), r.address.addr());
     // Hold the namespaces until the runtime is done with them.
     let mut rest = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut rest);

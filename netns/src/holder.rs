@@ -226,16 +226,6 @@ fn make_keeper(socket_path: &Path) -> Result<Keeper, String> {
     }
 }
 
-/// The bridge's hardware address, fixed and derived from the node's gateway address
-/// (locally administered: `02:4b:` and the four bytes of the address). A bridge without one
-/// takes the lowest of its ports' addresses, so a container's veth coming or going would
-/// change the gateway's address under every other container, which keeps sending to the old
-/// one until its neighbour entry goes stale (about ten seconds of lost packets).
-pub(crate) fn bridge_mac(gateway: std::net::Ipv4Addr) -> String {
-    let [a, b, c, d] = gateway.octets();
-    format!("02:4b:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
-}
-
 /// Reads one message from a forked helper and checks it is `expected`.
 pub(crate) fn expect(from: &OwnedFd, expected: &str) -> Result<(), String> {
     let mut buffer = [0u8; 512];
@@ -264,8 +254,11 @@ fn set_up(
         &[
             "link set lo up".to_string(),
             format!(
+                // A fixed hardware address (a bridge without one takes the lowest of its
+                // ports' addresses, so a container's veth coming or going would change the
+                // gateway's MAC under every other container).
                 "link add {BRIDGE} address {} type bridge",
-                bridge_mac(gateway)
+                crate::neighbour::format_mac(crate::neighbour::mac_for(gateway))
             ),
             format!(
                 "addr add {gateway}/{} dev {BRIDGE}",

@@ -8,6 +8,7 @@ pub mod dns;
 pub mod holder;
 pub mod host_ports;
 mod ip;
+pub mod neighbour;
 pub mod node;
 pub mod node_sockets;
 pub mod overlay;

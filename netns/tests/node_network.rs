@@ -309,6 +309,69 @@ fn an_address_outside_the_node_subnet_is_refused() {
     net.remove();
 }
 
+/// The MAC `ip neigh` holds for `address` in the namespaces of `pid` (on `dev`), if any.
+fn neighbour_mac(pid: i32, address: &str, dev: &str) -> Option<String> {
+    let out = inside(pid, "ip", &["neigh", "show", address, "dev", dev]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "lladdr")?;
+    words.next().map(str::to_string)
+}
+
+/// A container that takes over an address (a replacement in a rolling update) has the MAC
+/// derived from it, and announces itself: the bridge (the hostPort relays dial from it) and
+/// the node's other containers drop a wrong entry for that address at once instead of
+/// sending into nothing until it goes stale.
+#[test]
+fn a_container_takes_over_its_address_in_neighbour_tables() {
+    let tmp = tempfile::tempdir().unwrap();
+    let net = NodeNetwork::start(config(tmp.path(), 6)).expect("node network");
+    let node = net.keeper_pid();
+    let other = attach_at(&net, Ipv4Addr::new(10, 231, 6, 3)).expect("another container");
+    let ko = keeper_of(&other);
+    // Entries left by a predecessor with another MAC, never confirmed since.
+    let stale = "02:00:00:00:00:99";
+    for (pid, dev) in [(node, "kat0"), (ko, "eth0")] {
+        // As the namespace's root (with our own credentials, `ip` would keep no
+        // capability in a container's user namespace, where they are not mapped).
+        let out = Command::new("nsenter")
+            .args(["--target", &pid.to_string(), "--user", "--net", "--", "ip"])
+            .args(["neigh", "replace", "10.231.6.5", "lladdr", stale, "dev", dev, "nud", "stale"])
+            .output()
+            .expect("nsenter");
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(neighbour_mac(pid, "10.231.6.5", dev).as_deref(), Some(stale));
+    }
+    let a = attach_at(&net, Ipv4Addr::new(10, 231, 6, 5)).expect("the replacement");
+    let ka = keeper_of(&a);
+    let link = inside(ka, "ip", &["-br", "link", "show", "eth0"]);
+    let want = kat_netns::neighbour::format_mac(kat_netns::neighbour::mac_for(Ipv4Addr::new(
+        10, 231, 6, 5,
+    )));
+    assert_eq!(want, "02:4b:0a:e7:06:05");
+    assert!(
+        String::from_utf8_lossy(&link.stdout).contains(&want),
+        "{link:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    for (pid, dev) in [(node, "kat0"), (ko, "eth0")] {
+        loop {
+            let now = neighbour_mac(pid, "10.231.6.5", dev);
+            if now.as_deref() == Some(want.as_str()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the entry for 10.231.6.5 on {dev} is still {now:?}, not {want}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    drop(a);
+    drop(other);
+    net.remove();
+}
+
 /// The slirp4netns serving the node network whose keeper is `keeper`.
 fn slirp_of(keeper: i32) -> Option<i32> {
     // The holder starts it on the keeper's pid (`slirp4netns [OPTIONS] PID tap0`).
