@@ -56,6 +56,10 @@ pub fn run_if_requested() -> Option<ExitCode> {
     if let Some(code) = crate::id_tool::run_if_requested() {
         return Some(code);
     }
+    // And as the layer unpacker (see `crate::image::unpack_sandbox`).
+    if let Some(code) = crate::image::unpack_sandbox::run_if_requested() {
+        return Some(code);
+    }
     // And as the build sandbox (see `crate::build::buildah`).
     if let Some(code) = crate::build::buildah::run_if_requested() {
         return Some(code);

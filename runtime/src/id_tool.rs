@@ -4,20 +4,19 @@
 //! A root agent does this directly. An unprivileged agent cannot `chown` to, or remove
 //! directories owned by, its subordinate ids in the host's user namespace; a process that
 //! is root in a user namespace mapping them can (podman's `unshare` pattern). So it runs
-//! the task in a helper (`PROGRAM __kat-id-task TASK`, a fresh single-threaded process, as
-//! [`crate::create_helper`] is) that creates a user namespace, waits until we have mapped
-//! `0 → our uid, 1.. → the node range` with `newuidmap`/`newgidmap`, then does the work as
-//! root there. Tasks are written with host ids; the helper translates them.
+//! the task in a helper (`PROGRAM __kat-id-task TASK`, see [`crate::userns_helper`]) whose
+//! user namespace maps `0 → our uid, 1.. → the node range`, and does the work as root
+//! there. Tasks are written with host ids; the helper translates them.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError};
 use crate::idmap::NodeIdRange;
 use crate::tree_dir::TreeDir;
+use crate::userns_helper::{self, MapLine};
 
 /// The first argument that makes a program the id helper.
 pub const HELPER_ARG: &str = "__kat-id-task";
@@ -54,51 +53,28 @@ pub fn run(program: &Path, range: &NodeIdRange, task: &IdTask) -> Result<()> {
     );
     let translated = translate(task, me, range).map_err(|m| failed(task, m))?;
     let json = serde_json::to_string(&translated).map_err(|e| failed(task, e.to_string()))?;
-    let mut child = Command::new(program)
-        .arg(HELPER_ARG)
-        .arg(json)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| failed(task, format!("cannot run {}: {e}", program.display())))?;
-    let mapped = (|| -> std::result::Result<(), String> {
-        let mut ready = [0u8; 1];
-        child
-            .stdout
-            .as_mut()
-            .ok_or("no pipe to the helper")?
-            .read_exact(&mut ready)
-            .map_err(|e| format!("the helper did not create its user namespace: {e}"))?;
-        let pid = child.id().to_string();
-        for (tool, own, start, count) in [
-            ("newuidmap", me.0, range.uid_start, range.uid_count),
-            ("newgidmap", me.1, range.gid_start, range.gid_count),
-        ] {
-            let out = Command::new(tool)
-                .args([&pid, "0", &own.to_string(), "1", "1"])
-                .args([start.to_string(), count.to_string()])
-                .output()
-                .map_err(|e| format!("cannot run {tool} (install uidmap): {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "{tool} failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-        }
-        child
-            .stdin
-            .as_mut()
-            .ok_or("no pipe to the helper")?
-            .write_all(b"g")
-            .map_err(|e| format!("cannot signal the helper: {e}"))
-    })();
-    if let Err(message) = mapped {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(failed(task, message));
-    }
+    let mut command = Command::new(program);
+    command.arg(HELPER_ARG).arg(json);
+    let line = |own: u32, start: u32, count: u32| {
+        [
+            MapLine {
+                inside: 0,
+                outside: own,
+                count: 1,
+            },
+            MapLine {
+                inside: 1,
+                outside: start,
+                count,
+            },
+        ]
+    };
+    let child = userns_helper::start(
+        command,
+        &line(me.0, range.uid_start, range.uid_count),
+        &line(me.1, range.gid_start, range.gid_count),
+    )
+    .map_err(|m| failed(task, m))?;
     let out = child
         .wait_with_output()
         .map_err(|e| failed(task, e.to_string()))?;
@@ -243,18 +219,8 @@ pub fn run_if_requested() -> Option<ExitCode> {
             return Some(ExitCode::from(2));
         }
     };
-    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER) {
-        eprintln!("cannot create a user namespace: {e}");
-        return Some(ExitCode::FAILURE);
-    }
-    let mut byte = [0u8; 1];
-    if std::io::stdout()
-        .write_all(b"u")
-        .and_then(|_| std::io::stdout().flush())
-        .is_err()
-        || std::io::stdin().read_exact(&mut byte).is_err()
-    {
-        eprintln!("the agent did not map the user namespace");
+    if let Err(message) = userns_helper::enter() {
+        eprintln!("{message}");
         return Some(ExitCode::FAILURE);
     }
     match perform(&task) {

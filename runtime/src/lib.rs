@@ -33,6 +33,7 @@ pub mod spec;
 pub mod state_file;
 pub mod tree_dir;
 pub mod types;
+pub mod userns_helper;
 pub mod volume_paths;
 
 use std::path::Path;

@@ -38,6 +38,7 @@ use crate::exec::ExecHandle;
 use crate::id_slices::IdSlices;
 use crate::id_tool::IdTask;
 use crate::idmap::{IdMap, NodeIdRange, SLICE_SIZE};
+use crate::image::unpack_sandbox::UnpackSandbox;
 use crate::image::{self, ImageStore, RegistryConfig};
 use crate::logs::{self, LogReceiver};
 use crate::spec::{self, Rootfs, SpecInput};
@@ -248,9 +249,13 @@ impl NativeRuntime {
         };
         // Layers keep the image's own ids (a root agent) or belong to us (unprivileged);
         // each workload's copy is shifted into its slice (`slot_rootfs`).
-        let images = ImageStore::open(&config.root.join("images"), IdMap::identity())?
+        let mut images = ImageStore::open(&config.root.join("images"), IdMap::identity())?
             .with_limits(config.image_limits)
             .with_timeouts(config.pull_timeouts);
+        let sandbox = range
+            .as_ref()
+            .ok()
+            .and_then(|r| UnpackSandbox::new(config.create_helper.clone(), *r));
         // Searchable, not listable: each slice's directory below lets only its own root
         // through to the image copies that are the lower layers of its overlays.
         let slots = config.root.join("slots");
@@ -272,6 +277,16 @@ impl NativeRuntime {
                 r.gid_start
             )),
             Err(e) => notes.push(format!("containers refused: {e}")),
+        }
+        match sandbox {
+            Some(sandbox) => {
+                notes.push(format!(
+                    "image layers unpacked as uid {} (the reserved id slice), which owns nothing on the host",
+                    sandbox.unpacks_as().0
+                ));
+                images = images.with_sandbox(sandbox);
+            }
+            None => notes.push("image layers unpacked with the agent's own credentials: the id range has no slice to spare (give the agent's user at least two slices of 65536 ids)".into()),
         }
         if rootless {
             notes.push("image files owned by non-root ids are owned by container root (unpacked without privilege)".into());
@@ -306,7 +321,8 @@ impl NativeRuntime {
         })
     }
 
-    /// Builds run as root of the last id slice, which no workload is given.
+    /// Builds run as root of the last id slice, which no workload is given (layers are
+    /// unpacked there too: [`UnpackSandbox`]).
     pub fn builder(&self) -> Result<crate::build::Builder> {
         let range = self.range.as_ref().map_err(|e| {
             crate::build::BuildError::Unavailable(format!("no subordinate id range: {e}"))

@@ -16,9 +16,10 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use kat_runtime::idmap::IdMap;
+use kat_runtime::idmap::{IdMap, NodeIdRange};
 use kat_runtime::image::layer::{self, Ownership};
 use kat_runtime::image::limits::Budget;
+use kat_runtime::image::unpack_sandbox::{self, UnpackSandbox};
 use kat_runtime::image::{snapshot, UnpackLimits};
 use kat_runtime::tree_dir::remove_tree;
 use proptest::prelude::*;
@@ -229,23 +230,50 @@ fn with_ownership<T>(f: impl FnOnce(Ownership<'_>, bool) -> T) -> T {
     }
 }
 
+/// The unpacker a node with this test's user's id range uses: in a helper that is root of
+/// the reserved id slice (an id owning nothing on the host).
+fn sandbox() -> UnpackSandbox {
+    let range = NodeIdRange::for_current_user().expect("the test user has a subuid range");
+    UnpackSandbox::new(env!("CARGO_BIN_EXE_kat-runtime-helper").into(), range)
+        .expect("the test user's range has a slice to spare")
+}
+
+/// How a test unpacks: the descriptor code alone, or inside the sandbox as well.
+#[derive(Clone, Copy)]
+enum Unpacker {
+    InProcess,
+    Sandboxed,
+}
+
 /// Everything a node does with an image's layers, from unpack to removal. Errors (a layer
 /// refused) are fine; reaching outside is not.
 fn run_image(work: &Path, layers: &[Vec<u8>]) {
+    run_image_with(Unpacker::InProcess, work, layers);
+}
+
+/// Returns how many layers were unpacked.
+fn run_image_with(unpacker: Unpacker, work: &Path, layers: &[Vec<u8>]) -> usize {
     std::fs::create_dir_all(work).unwrap();
     let mut dirs = Vec::new();
+    let sandbox = matches!(unpacker, Unpacker::Sandboxed).then(sandbox);
     with_ownership(|ownership, privileged| {
         for (i, bytes) in layers.iter().enumerate() {
             let dest = work.join(format!("layer{i}"));
-            if layer::unpack(
-                bytes.as_slice(),
-                &dest,
-                ownership,
-                "sha256:prop",
-                &mut budget(),
-            )
-            .is_ok()
-            {
+            let unpacked = match &sandbox {
+                None => layer::unpack(
+                    bytes.as_slice(),
+                    &dest,
+                    ownership,
+                    "sha256:prop",
+                    &mut budget(),
+                ),
+                Some(sandbox) => {
+                    let blob = work.join(format!("blob{i}"));
+                    std::fs::write(&blob, bytes).unwrap();
+                    sandbox.unpack(&blob, &dest, "sha256:prop", &mut budget())
+                }
+            };
+            if unpacked.is_ok() {
                 dirs.push(dest);
             }
         }
@@ -258,6 +286,7 @@ fn run_image(work: &Path, layers: &[Vec<u8>]) {
     });
     remove_tree(work).unwrap();
     assert!(!work.exists(), "the work directory was removed");
+    dirs.len()
 }
 
 proptest! {
@@ -279,10 +308,33 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The same, unpacked in the sandbox (fewer cases: each layer is a helper process).
+    #[test]
+    fn random_layers_unpacked_in_the_sandbox_change_nothing_outside(layers in prop::collection::vec(layer_specs(), 1..4)) {
+        let tmp = tempfile::tempdir().unwrap();
+        let sentinel = tmp.path().join("sentinel");
+        plant_sentinel(&sentinel);
+        let before = survey(&sentinel);
+        let tars: Vec<Vec<u8>> = layers.iter().map(|l| tar_of(l, &sentinel)).collect();
+        run_image_with(Unpacker::Sandboxed, &tmp.path().join("work"), &tars);
+        prop_assert_eq!(before, survey(&sentinel));
+        let _ = std::fs::set_permissions(sentinel.join("etc/sub"), std::fs::Permissions::from_mode(0o755));
+    }
+}
+
 /// The attack as reported: directory `x` (6777), then symlink `x -> HOST_FILE` in the same
 /// layer. The directory modes applied after unpacking once made the host file setuid.
 #[test]
 fn a_layer_cannot_chmod_a_host_file_through_a_replaced_directory() {
+    for unpacker in [Unpacker::InProcess, Unpacker::Sandboxed] {
+        chmod_attack(unpacker);
+    }
+}
+
+fn chmod_attack(unpacker: Unpacker) {
     let tmp = tempfile::tempdir().unwrap();
     let host_file = tmp.path().join("host-file");
     std::fs::write(&host_file, "root's").unwrap();
@@ -313,7 +365,8 @@ fn a_layer_cannot_chmod_a_host_file_through_a_replaced_directory() {
     bytes.truncate(bytes.len() - 1024);
     bytes.extend_from_slice(&tail);
     let work = tmp.path().join("work");
-    run_image(&work, &[bytes.clone(), bytes]);
+    let unpacked = run_image_with(unpacker, &work, &[bytes.clone(), bytes]);
+    assert_eq!(unpacked, 2, "both layers are accepted (the symlinks replace the directories)");
     let file_mode = std::fs::metadata(&host_file).unwrap().mode() & 0o7777;
     let dir_mode = std::fs::metadata(&host_dir).unwrap().mode() & 0o7777;
     assert_eq!(
@@ -384,4 +437,94 @@ fn a_layer_nesting_too_deep_is_refused() {
     .to_string();
     assert!(err.contains("deeper than"), "{err}");
     assert!(!dest.exists());
+}
+
+/// The unpacker holds the reserved slice's root and no other credential while it reads a
+/// layer: its blob here is a FIFO, so the test can look at it from outside while it waits.
+#[test]
+fn the_unpacker_runs_as_an_id_that_owns_nothing() {
+    let sandbox = sandbox();
+    let (uid, gid) = sandbox.unpacks_as();
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("blob");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let digest = format!("sha256:{:064x}", std::process::id());
+    let dest = tmp.path().join("layer");
+    let unpacking = {
+        let (fifo, dest, digest) = (fifo.clone(), dest.clone(), digest.clone());
+        std::thread::spawn(move || sandbox.unpack(&fifo, &dest, &digest, &mut budget()))
+    };
+    // Opening the FIFO for writing waits until the helper has opened it for reading,
+    // which it does before it drops its credentials: then wait until it has.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let helper = find_helper(&digest);
+    // The helper becomes the slice's root (groups, then gid, then uid) once it is mapped.
+    let status = |field: &str, want: u32| -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(format!("/proc/{helper}/status")).unwrap();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(field))
+                .unwrap()
+                .to_string();
+            if line.split_whitespace().nth(1) == Some(want.to_string().as_str())
+                || std::time::Instant::now() > deadline
+            {
+                return line;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let uids = status("Uid:", uid);
+    let gids = status("Gid:", gid);
+    assert_eq!(
+        uids.split_whitespace().skip(1).collect::<Vec<_>>(),
+        vec![uid.to_string(); 4],
+        "real, effective, saved and file-system uid: {uids}"
+    );
+    assert_eq!(
+        gids.split_whitespace().skip(1).collect::<Vec<_>>(),
+        vec![gid.to_string(); 4],
+        "{gids}"
+    );
+    let groups = std::fs::read_to_string(format!("/proc/{helper}/status")).unwrap();
+    let groups = groups.lines().find(|l| l.starts_with("Groups:")).unwrap();
+    assert_eq!(groups.trim(), "Groups:", "no supplementary group: {groups}");
+    // Now a real layer, which it unpacks and hands to the store's owner.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = header(tar::EntryType::Regular, 0o644, 5);
+    b.append_data(&mut h, "etc/hostname", &b"kat\n"[..]).unwrap();
+    std::io::Write::write_all(&mut writer, &b.into_inner().unwrap()).unwrap();
+    drop(writer);
+    let stats = unpacking.join().unwrap().expect("the layer unpacks");
+    assert_eq!(stats.bytes, 5);
+    let file = std::fs::metadata(dest.join("etc/hostname")).unwrap();
+    assert_eq!(
+        file.uid(),
+        nix::unistd::geteuid().as_raw(),
+        "the store owns what the sandbox unpacked"
+    );
+}
+
+/// The helper process unpacking `digest`.
+fn find_helper(digest: &str) -> u32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.contains(unpack_sandbox::HELPER_ARG) && cmdline.contains(digest) {
+                return pid;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no unpack helper for {digest}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

@@ -48,7 +48,7 @@ pub enum Ownership<'a> {
 }
 
 /// What one unpacked layer holds, as counted against its image's limits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LayerStats {
     /// Bytes of entry data (file contents).
     pub bytes: u64,
@@ -269,7 +269,8 @@ fn check_whiteouts(rel: &Path, digest: &str) -> Result<()> {
     Ok(())
 }
 
-fn unpack_into(
+/// Unpacks `reader` into the existing, empty directory `root`.
+pub(crate) fn unpack_into(
     reader: impl Read,
     root: &Path,
     ownership: Ownership<'_>,

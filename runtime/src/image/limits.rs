@@ -14,7 +14,7 @@ use crate::error::{Result, RuntimeError};
 pub const MAX_JSON_BLOB: u64 = 32 << 20;
 
 /// Caps on what one image unpacks to. Defaults: 8 GiB and 1,000,000 entries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnpackLimits {
     /// Bytes of all entries of all layers (`--image-max-unpacked-bytes`).
     pub max_bytes: u64,
@@ -54,8 +54,9 @@ impl Default for PullTimeouts {
     }
 }
 
-/// What an image has unpacked so far against its [`UnpackLimits`].
-#[derive(Clone, Debug)]
+/// What an image has unpacked so far against its [`UnpackLimits`]. (Serialized for the
+/// unpack sandbox, which counts a layer in another process.)
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Budget {
     image: String,
     limits: UnpackLimits,

@@ -7,6 +7,7 @@ pub mod limits;
 pub mod pull;
 pub mod snapshot;
 pub mod store;
+pub mod unpack_sandbox;
 
 pub use limits::{PullTimeouts, UnpackLimits};
 pub use pull::{ProgressSender, RegistryConfig};

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{digest_hex, RunConfig};
 use super::layer::{self, Ownership};
+use super::unpack_sandbox::UnpackSandbox;
 use super::limits::{Budget, PullTimeouts, UnpackLimits};
 use super::snapshot;
 use crate::error::{IoContext, Result, RuntimeError};
@@ -69,6 +70,8 @@ pub struct ImageStore {
     timeouts: PullTimeouts,
     index: Mutex<()>,
     pub(crate) locks: KeyedLocks,
+    /// Unpacks layers as an id that owns nothing; `None`: in this process.
+    sandbox: Option<UnpackSandbox>,
 }
 
 /// What the API shows of an image: its record and the bytes of its layers.
@@ -137,7 +140,24 @@ impl ImageStore {
             timeouts: PullTimeouts::default(),
             index: Mutex::new(()),
             locks: KeyedLocks::default(),
+            sandbox: None,
         })
+    }
+
+    /// The same store unpacking layers in `sandbox` (as an id that owns nothing on the
+    /// host); removes what an interrupted sandboxed unpack left.
+    pub fn with_sandbox(mut self, sandbox: UnpackSandbox) -> ImageStore {
+        if let Ok(entries) = fs::read_dir(self.root.join("layers")) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().contains(".partial-") {
+                    if let Err(err) = sandbox.remove(&e.path()) {
+                        tracing::warn!(path = %e.path().display(), error = %err, "cannot remove an interrupted unpack");
+                    }
+                }
+            }
+        }
+        self.sandbox = Some(sandbox);
+        self
     }
 
     /// The same store with other caps on what one image may unpack to.
@@ -197,7 +217,12 @@ impl ImageStore {
         let privileged = self.privileged;
         let digest_owned = digest.to_string();
         let mut working = budget.clone();
+        let sandbox = self.sandbox.clone();
         let (stats, working) = tokio::task::spawn_blocking(move || {
+            if let Some(sandbox) = sandbox {
+                let stats = sandbox.unpack(&blob, &dest, &digest_owned, &mut working)?;
+                return Ok::<_, RuntimeError>((stats, working));
+            }
             let file = fs::File::open(&blob).context(|| format!("opening {}", blob.display()))?;
             let ownership = if privileged {
                 Ownership::Mapped(&ids)
