@@ -738,6 +738,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
     tasks.spawn(leader_role(
         store.clone(),
         cluster.clone(),
+        node.clone(),
         endpoint.clone(),
         metrics.clone(),
         Some((etcd_store.clone(), backup_config(cluster, &node))),
@@ -880,6 +881,7 @@ pub(crate) fn write_client_config(path: &Path, config: &ClientConfig) -> Result<
 pub(crate) async fn leader_role(
     store: Arc<dyn StateStore>,
     cluster: ClusterConfiguration,
+    node: String,
     endpoint: String,
     metrics: Arc<Metrics>,
     backups: Option<(EtcdStore, kat_leader::backups::BackupConfig)>,
@@ -899,14 +901,31 @@ pub(crate) async fn leader_role(
         };
         tracing::info!("this node leads the cluster");
         metrics.set_leader(true);
-        if let Err(e) = store
-            .put(
-                keys::LEADER_ENDPOINT,
-                endpoint.clone().into_bytes(),
-                Some(leadership.lease()),
-            )
-            .await
-        {
+        // Where the leader's API is (what workers and katcall redirect to) and which node
+        // it is (`katcall get nodes`), both under the lease: they go with the leadership.
+        let record = kat_api::wire::LeaderRecord {
+            node: node.clone(),
+            endpoint: endpoint.clone(),
+            since: rfc3339(SystemTime::now()),
+        };
+        let recorded = match serde_json::to_vec(&record) {
+            Ok(value) => {
+                store
+                    .txn(kat_store::Txn::new().and_then([
+                        kat_store::TxnOp::put_leased(
+                            keys::LEADER_ENDPOINT,
+                            endpoint.clone().into_bytes(),
+                            leadership.lease(),
+                        ),
+                        kat_store::TxnOp::put_leased(keys::LEADER, value, leadership.lease()),
+                    ]))
+                    .await
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from)
+            }
+            Err(e) => Err(anyhow::Error::from(e)),
+        };
+        if let Err(e) = recorded {
             tracing::warn!(error = %e, "cannot record the leader endpoint");
         }
         let config = LeaderConfig::from_cluster(&cluster.spec);

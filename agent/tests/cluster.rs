@@ -410,6 +410,20 @@ impl Hosts {
         (out.status.success() && !text.is_empty()).then_some(text)
     }
 
+    /// The node `get nodes -o json` marks as the leader; panics if more than one is.
+    fn leader_node(&self, via: usize) -> Option<String> {
+        let nodes = self.json(via, &["get", "nodes", "-o", "json"]);
+        let leaders: Vec<String> = nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["leader"] == true)
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        assert!(leaders.len() <= 1, "one leader at most: {nodes}");
+        leaders.into_iter().next()
+    }
+
     fn ready_nodes(&self, via: usize) -> Vec<String> {
         self.json(via, &["get", "nodes", "-o", "json"])
             .as_array()
@@ -1034,10 +1048,40 @@ fn three_nodes_join_spread_and_survive_the_leader() {
 
     container_network(&mut h);
 
+    // `get nodes` marks the leader: the node whose endpoint the election recorded.
+    let endpoint = h.leader(1).expect("a leader endpoint");
+    let marked = h.leader_node(1).expect("a node marked as leader");
+    let marked_index: usize = marked.trim_start_matches('n').parse().expect("nN");
+    assert!(
+        endpoint.contains(&format!("//{}:", ip(marked_index))),
+        "{marked} is marked, {endpoint} leads"
+    );
+    let table = String::from_utf8_lossy(&h.katcall(1, &["get", "nodes"]).stdout).into_owned();
+    let leader_rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.split_whitespace().nth(3) == Some("yes"))
+        .collect();
+    assert!(
+        table.lines().next().is_some_and(|h| h.contains("LEADER"))
+            && leader_rows.len() == 1
+            && leader_rows[0].starts_with(&marked),
+        "{table}"
+    );
+
     // Kill the leader's agent (and with it its etcd): a new leader within 10 s.
     let killed = Instant::now();
     let (dead, alive, failover) = kill_leader(&mut h);
     eprintln!("failover: {:.1} s", failover.as_secs_f64());
+    assert_eq!(
+        format!("n{dead}"),
+        marked,
+        "the marked leader was the one killed"
+    );
+    // The new leader is marked, not the dead one.
+    wait("the new leader marked", Duration::from_secs(15), || {
+        h.leader_node(alive)
+            .is_some_and(|n| n != marked && n != format!("n{WORKER}"))
+    });
     // Desired state intact, and the dead node's instances rescheduled after the timeout.
     wait(
         "6 running on the 2 live nodes",

@@ -929,6 +929,8 @@ fn one_node_cluster_end_to_end() {
         wide.contains("tier=web") && wide.contains("dedicated=ops:PreferNoSchedule"),
         "{wide}"
     );
+    // The one node leads, and says so: a LEADER column, a typed field, `describe node`.
+    leader_shown(&c, "e2e-node");
     c.must(&["taint", "e2e-node", "dedicated-"]);
     c.must(&["drain", "e2e-node"]);
     c.wait("the node to show Draining", Duration::from_secs(10), |c| {
@@ -1075,6 +1077,47 @@ fn node_heartbeat(c: &Cluster) -> (String, String) {
         node["state"].as_str().unwrap_or("").to_string(),
         node["lastHeartbeat"].as_str().unwrap_or("").to_string(),
     )
+}
+
+/// `node` is shown as the leader: `yes` in the LEADER column of `get nodes`, `"leader": true`
+/// (with `leaderSince`) in `-o json`, `Leader: yes` in `describe node`.
+fn leader_shown(c: &Cluster, node: &str) {
+    let table = c.must(&["get", "nodes"]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+    let column = header
+        .iter()
+        .position(|h| *h == "LEADER")
+        .unwrap_or_else(|| panic!("a LEADER column: {table}"));
+    let row: Vec<&str> = lines
+        .find(|l| l.starts_with(node))
+        .unwrap_or_else(|| panic!("{node} listed: {table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row.get(column), Some(&"yes"), "{table}");
+    let out = c.must(&["get", "nodes", "-o", "json"]);
+    let nodes: Vec<Value> = serde_json::from_str(&out).expect("nodes as JSON");
+    let leaders: Vec<&Value> = nodes.iter().filter(|n| n["leader"] == true).collect();
+    assert_eq!(leaders.len(), 1, "{out}");
+    assert_eq!(leaders[0]["metadata"]["name"], node, "{out}");
+    assert!(leaders[0]["leaderSince"].is_string(), "{out}");
+    let described = c.must(&["describe", "node", node]);
+    assert!(described.contains("Leader:      yes, since"), "{described}");
+    assert!(
+        described.contains(&format!("Name:        {node}")),
+        "{described}"
+    );
+    let json: Value =
+        serde_json::from_str(&c.must(&["describe", "node", node, "-o", "json"])).expect("json");
+    assert_eq!(json["node"]["leader"], true, "{json}");
+    // A node that does not exist: an error naming it.
+    let missing = c.katcall(&["describe", "node", "nosuchnode"]);
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("node nosuchnode not found"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
 }
 
 /// How often the agent log says this node became the leader.

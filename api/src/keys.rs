@@ -10,6 +10,9 @@ pub const SCHEMA_VERSION_VALUE: &str = "v1.0";
 pub const CLUSTER_UID: &str = "/kat/config/cluster_uid";
 pub const CLUSTER_CONFIG: &str = "/kat/config/cluster";
 pub const LEADER_ENDPOINT: &str = "/kat/config/leader_endpoint";
+/// Who leads, as a [`crate::wire::LeaderRecord`] (node name, endpoint, since when), written
+/// with the leader's lease so it goes when the leadership does.
+pub const LEADER: &str = "/kat/config/leader";
 /// SHA-256 (hex) of the admin bearer token: the API checks tokens against it, and etcd never
 /// holds the token itself.
 pub const ADMIN_TOKEN_SHA256: &str = "/kat/config/admin_token_sha256";

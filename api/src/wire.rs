@@ -454,6 +454,25 @@ pub struct Node {
     /// Set while the node runs detached from its parent cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detached: Option<Detachment>,
+    /// Whether this node leads the cluster now (runs the controllers and the scheduler).
+    #[serde(default)]
+    pub leader: bool,
+    /// Since when it leads (RFC 3339); only on the leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_since: Option<String>,
+}
+
+/// The current leader ([`crate::keys::LEADER`]), written by the node that wins the election,
+/// under its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderRecord {
+    /// The node's name.
+    pub node: String,
+    /// Its API endpoint (as in [`crate::keys::LEADER_ENDPOINT`]).
+    pub endpoint: String,
+    /// RFC 3339: when it won the election.
+    pub since: String,
 }
 
 /// A node removed with `katcall delete node`: its certificate is refused from then on.

@@ -171,3 +171,70 @@ async fn a_refused_request_stores_nothing_not_even_its_namespace() {
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(api.dump().await, after);
 }
+
+/// `GET /nodes` marks the node named by the leader record, and only it; with no record (between
+/// leaders) none is marked, and a record that does not parse marks none rather than failing.
+#[tokio::test]
+async fn nodes_mark_the_leader_from_its_record() {
+    use kat_api::keys;
+    use kat_api::wire::{LeaderRecord, Node, NodeRegistration};
+    let api = Api::new();
+    for name in ["cp1", "cp2", "w1"] {
+        let reg = NodeRegistration {
+            name: name.into(),
+            addresses: vec![],
+            labels: BTreeMap::new(),
+            taints: vec![],
+            draining: false,
+        };
+        api.store
+            .put(
+                &keys::node_registration(name),
+                serde_json::to_vec(&reg).unwrap(),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    let leaders = |body: &str| -> Vec<(String, Option<String>)> {
+        let nodes: Vec<Node> = serde_json::from_str(body).unwrap();
+        assert_eq!(nodes.len(), 3, "{body}");
+        nodes
+            .into_iter()
+            .filter(|n| n.leader)
+            .map(|n| (n.metadata.name, n.leader_since))
+            .collect()
+    };
+    let (status, body) = api.send(Method::GET, "/v1alpha1/nodes", vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(leaders(&body).is_empty(), "{body}");
+    // The JSON field is there for every node, false where it does not lead.
+    assert!(body.contains("\"leader\":false"), "{body}");
+
+    let record = LeaderRecord {
+        node: "cp2".into(),
+        endpoint: "https://10.0.0.2:9443".into(),
+        since: "2025-01-02T03:04:05.000Z".into(),
+    };
+    api.store
+        .put(keys::LEADER, serde_json::to_vec(&record).unwrap(), None)
+        .await
+        .unwrap();
+    let (_, body) = api.send(Method::GET, "/v1alpha1/nodes", vec![]).await;
+    assert_eq!(
+        leaders(&body),
+        vec![("cp2".to_string(), Some(record.since.clone()))]
+    );
+    let (status, body) = api.send(Method::GET, "/v1alpha1/nodes/cp2", vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let cp2: Node = serde_json::from_str(&body).unwrap();
+    assert!(cp2.leader);
+
+    api.store
+        .put(keys::LEADER, b"not json".to_vec(), None)
+        .await
+        .unwrap();
+    let (status, body) = api.send(Method::GET, "/v1alpha1/nodes", vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(leaders(&body).is_empty(), "{body}");
+}

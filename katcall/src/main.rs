@@ -58,9 +58,10 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// Show a workload: spec summary, status, instances and recent events.
+    /// Show a workload (spec summary, status, instances, recent events) or a node (state,
+    /// whether it leads, resources, taints, labels, its instances, recent events).
     Describe {
-        #[arg(value_parser = ["workload"])]
+        #[arg(value_parser = ["workload", "node"])]
         kind: String,
         name: String,
         #[arg(short = 'n', long, default_value = "default")]
@@ -343,6 +344,9 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             namespace,
             output,
         } => workloads::get(&client, &what, &namespace, output).await?,
+        Command::Describe {
+            kind, name, output, ..
+        } if kind == "node" => nodes::describe(&client, &name, output).await?,
         Command::Describe {
             name,
             namespace,

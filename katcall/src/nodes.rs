@@ -1,13 +1,201 @@
-//! `drain`, `uncordon`, `taint`, `label`, `delete node`.
+//! `describe node`, `drain`, `uncordon`, `taint`, `label`, `delete node`.
 
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use kat_api::wire::{NodeRegistration, Taint};
+use kat_api::wire::{Event, InstanceStatus, Node, NodeRegistration, ResourceList, Taint};
 use kat_api::workload::TaintEffect;
 use reqwest::Method;
 
 use crate::client::Client;
+use crate::output::{self, age, structured, table, Format};
+
+/// `key[=value]:Effect`, as `taint` takes it.
+pub(crate) fn taint_text(t: &Taint) -> String {
+    format!(
+        "{}{}:{:?}",
+        t.key,
+        t.value
+            .as_ref()
+            .map(|v| format!("={v}"))
+            .unwrap_or_default(),
+        t.effect
+    )
+}
+
+fn resources(r: &ResourceList) -> String {
+    format!(
+        "cpu={}m memory={} pids={}",
+        r.cpu_millis,
+        output::bytes(r.memory_bytes),
+        r.pids
+    )
+}
+
+/// `katcall describe node NAME`: what the node is (state, role, whether it leads), what it
+/// offers and uses, its taints and labels, the instances assigned to it and its recent events.
+pub async fn describe(client: &Client, name: &str, format: Format) -> Result<()> {
+    let node: Node = client.get_json(&format!("/nodes/{name}")).await?;
+    let all: Vec<InstanceStatus> = client.get_json("/instances").await?;
+    let instances: Vec<InstanceStatus> = all
+        .into_iter()
+        .filter(|i| i.node.as_deref() == Some(name))
+        .collect();
+    let events: Vec<Event> = client
+        .get_json(&format!(
+            "/events?resourceType=Node&resourceName={name}&limit=15"
+        ))
+        .await?;
+    if structured(
+        format,
+        &serde_json::json!({"node": node, "instances": instances, "events": events}),
+    )? {
+        return Ok(());
+    }
+    print!("{}", describe_text(&node, &instances, &events));
+    Ok(())
+}
+
+fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut line = |label: &str, value: String| {
+        let _ = writeln!(out, "{:<13}{value}", format!("{label}:"));
+    };
+    line("Name", node.metadata.name.clone());
+    line("State", format!("{:?}", node.state));
+    line(
+        "Role",
+        node.metadata
+            .labels
+            .get(kat_api::wire::ROLE_LABEL)
+            .cloned()
+            .unwrap_or_else(|| "-".into()),
+    );
+    line(
+        "Leader",
+        match (&node.leader, &node.leader_since) {
+            (true, Some(since)) => format!("yes, since {since} ({} ago)", age(Some(since))),
+            (true, None) => "yes".into(),
+            (false, _) => "no".into(),
+        },
+    );
+    if let Some(d) = &node.detached {
+        line(
+            "Detached",
+            format!(
+                "from {} since {} ({} ago)",
+                d.parent_cluster,
+                d.since,
+                age(Some(&d.since))
+            ),
+        );
+    }
+    line(
+        "Addresses",
+        if node.addresses.is_empty() {
+            "-".into()
+        } else {
+            node.addresses.join(", ")
+        },
+    );
+    line("Subnet", node.subnet.clone().unwrap_or_else(|| "-".into()));
+    line(
+        "Heartbeat",
+        match &node.last_heartbeat {
+            Some(t) => format!("{t} ({} ago)", age(Some(t))),
+            None => "never".into(),
+        },
+    );
+    line("Capacity", resources(&node.capacity));
+    line("Allocatable", resources(&node.allocatable));
+    if let Some(u) = &node.usage {
+        let disk = match (u.disk_bytes, u.disk_total_bytes) {
+            (Some(used), Some(total)) => {
+                format!(" disk={}/{}", output::bytes(used), output::bytes(total))
+            }
+            _ => String::new(),
+        };
+        line(
+            "Usage",
+            format!(
+                "cpu={}m memory={} pids={}{disk}",
+                u.cpu_millis,
+                output::bytes(u.memory_bytes),
+                u.pids
+            ),
+        );
+    }
+    for g in &node.gpus {
+        line("GPU", format!("{:?} {} MB", g.driver, g.vram_mb));
+    }
+    line(
+        "Taints",
+        if node.taints.is_empty() {
+            "-".into()
+        } else {
+            node.taints
+                .iter()
+                .map(taint_text)
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    );
+    line(
+        "Labels",
+        node.metadata
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    let _ = writeln!(out, "\nInstances:");
+    if instances.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    } else {
+        let rows: Vec<Vec<String>> = instances
+            .iter()
+            .map(|i| {
+                vec![
+                    format!("{}/{}", i.namespace, i.workload),
+                    i.instance_id.clone(),
+                    format!("{:?}", i.state),
+                    format!("{:?}", i.health),
+                    i.restarts.to_string(),
+                    i.ip.clone().unwrap_or_else(|| "-".into()),
+                    age(i.started_at.as_deref()),
+                ]
+            })
+            .collect();
+        let header = [
+            "WORKLOAD", "INSTANCE", "STATE", "HEALTH", "RESTARTS", "IP", "AGE",
+        ];
+        for l in table(&header, &rows).lines() {
+            let _ = writeln!(out, "  {l}");
+        }
+    }
+    let _ = writeln!(out, "\nEvents:");
+    if events.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    } else {
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| {
+                vec![
+                    format!("{} ago", age(Some(&e.timestamp))),
+                    format!("{:?}", e.event_type),
+                    e.reason.clone(),
+                    e.message.clone(),
+                ]
+            })
+            .collect();
+        for l in table(&["AGE", "TYPE", "REASON", "MESSAGE"], &rows).lines() {
+            let _ = writeln!(out, "  {l}");
+        }
+    }
+    out
+}
 
 pub async fn drain(client: &Client, node: &str, undo: bool) -> Result<()> {
     let action = if undo { "uncordon" } else { "drain" };
@@ -111,5 +299,35 @@ mod tests {
         assert_eq!(parse_taint("gpu-").unwrap(), ("gpu".into(), None));
         assert!(parse_taint("gpu").is_err());
         assert!(parse_taint("gpu:Sometimes").is_err());
+    }
+
+    fn node(name: &str, leader: bool) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "uid": "", "creationTimestamp": "",
+                         "labels": {"kat.dws.rip/role": "control-plane"}},
+            "state": "Ready",
+            "capacity": {"cpuMillis": 2000, "memoryBytes": 1u64 << 30},
+            "allocatable": {"cpuMillis": 1500, "memoryBytes": 1u64 << 29},
+            "taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}],
+            "leader": leader,
+            "leaderSince": if leader { Some("2025-01-02T03:04:05Z") } else { None },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn describe_says_whether_the_node_leads() {
+        let text = describe_text(&node("cp1", true), &[], &[]);
+        assert!(text.contains("Name:        cp1\n"), "{text}");
+        assert!(
+            text.contains("Leader:      yes, since 2025-01-02T03:04:05Z"),
+            "{text}"
+        );
+        assert!(text.contains("Taints:      gpu=yes:NoSchedule\n"), "{text}");
+        assert!(text.contains("Instances:\n  (none)"), "{text}");
+        let text = describe_text(&node("cp2", false), &[], &[]);
+        assert!(text.contains("Leader:      no\n"), "{text}");
+        assert_eq!(crate::workloads::leader_mark(&node("cp1", true)), "yes");
+        assert_eq!(crate::workloads::leader_mark(&node("cp2", false)), "-");
     }
 }

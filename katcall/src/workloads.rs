@@ -107,7 +107,15 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
             if structured(format, &list)? {
                 return Ok(());
             }
-            let mut header = vec!["NAME", "STATE", "ROLE", "CPU", "MEMORY", "HEARTBEAT"];
+            let mut header = vec![
+                "NAME",
+                "STATE",
+                "ROLE",
+                "LEADER",
+                "CPU",
+                "MEMORY",
+                "HEARTBEAT",
+            ];
             if wide {
                 header.extend(["ADDRESSES", "SUBNET", "TAINTS", "LABELS"]);
             }
@@ -132,6 +140,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
                             .get(kat_api::wire::ROLE_LABEL)
                             .cloned()
                             .unwrap_or_else(|| "-".into()),
+                        leader_mark(n).into(),
                         format!("{}m", n.allocatable.cpu_millis),
                         output::bytes(n.allocatable.memory_bytes),
                         format!("{} ago", age(n.last_heartbeat.as_deref())),
@@ -142,17 +151,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
                         row.push(
                             n.taints
                                 .iter()
-                                .map(|t| {
-                                    format!(
-                                        "{}{}:{:?}",
-                                        t.key,
-                                        t.value
-                                            .as_ref()
-                                            .map(|v| format!("={v}"))
-                                            .unwrap_or_default(),
-                                        t.effect
-                                    )
-                                })
+                                .map(crate::nodes::taint_text)
                                 .collect::<Vec<_>>()
                                 .join(","),
                         );
@@ -191,6 +190,15 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
         ),
     }
     Ok(())
+}
+
+/// The LEADER column of `get nodes`: `yes` on the node that leads now, `-` elsewhere.
+pub(crate) fn leader_mark(n: &Node) -> &'static str {
+    if n.leader {
+        "yes"
+    } else {
+        "-"
+    }
 }
 
 fn print_or_empty(header: &[&str], rows: &[Vec<String>], empty: &str) {
@@ -326,7 +334,10 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
         w.status.replicas_ready, w.status.replicas_desired
     );
     if w.workload_type != kat_api::workload::WorkloadType::Job {
-        println!("DNS:         {}", dns_line(name, ns, w.status.replicas_ready));
+        println!(
+            "DNS:         {}",
+            dns_line(name, ns, w.status.replicas_ready)
+        );
     }
     if let Some(r) = &w.status.rollout {
         println!(

@@ -198,6 +198,7 @@ impl LocalCluster {
         tasks.spawn(crate::node::leader_role(
             store.clone(),
             parts.cluster.clone(),
+            node.clone(),
             endpoint,
             metrics.clone(),
             None,

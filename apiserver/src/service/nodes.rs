@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use kat_api::keys;
 use kat_api::wire::{
-    rfc3339, ErrorCode, EventType, Node, NodeHeartbeat, NodeRegistration, NodeState, ObjectMeta,
-    RevokedNode, Taint,
+    rfc3339, ErrorCode, EventType, LeaderRecord, Node, NodeHeartbeat, NodeRegistration, NodeState,
+    ObjectMeta, RevokedNode, Taint,
 };
 use kat_leader::node_admin;
 use kat_store::{Txn, TxnOp};
@@ -56,6 +56,8 @@ pub fn node_object(
         detached: hb.as_ref().and_then(|h| h.detached.clone()),
         last_heartbeat: hb.map(|h| h.timestamp),
         subnet: None,
+        leader: false,
+        leader_since: None,
     }
 }
 
@@ -91,7 +93,31 @@ impl Service {
                 }
             }
         }
+        if let Some(leader) = self.leader().await? {
+            if let Some(n) = nodes.get_mut(&leader.node) {
+                n.leader = true;
+                n.leader_since = Some(leader.since);
+            }
+        }
         Ok(nodes)
+    }
+
+    /// Who leads now, from the record the leader keeps under its lease; `None` between
+    /// leaders (or while a leader from before this record existed leads).
+    pub async fn leader(&self) -> Result<Option<LeaderRecord>> {
+        let Some(kv) = self.store.get(keys::LEADER).await? else {
+            return Ok(None);
+        };
+        match serde_json::from_slice::<LeaderRecord>(&kv.value) {
+            Ok(record) => Ok(Some(record)),
+            Err(e) => {
+                tracing::warn!(
+                    "{}: not a leader record ({e}); no node is shown as leader",
+                    keys::LEADER
+                );
+                Ok(None)
+            }
+        }
     }
 
     pub async fn node(&self, name: &str) -> Result<Node> {
