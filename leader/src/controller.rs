@@ -172,6 +172,8 @@ pub struct Round<'a> {
     subnets: HashMap<String, IpNet>,
     /// Addresses in use per node: its instances' and those of containers it still reports.
     used_ips: HashMap<String, HashSet<IpAddr>>,
+    /// Addresses freed recently, not to be given again yet.
+    quarantine: &'a ipam::Quarantine,
 }
 
 impl<'a> Round<'a> {
@@ -228,7 +230,8 @@ impl<'a> Round<'a> {
     }
 
     /// A new instance record on `node` (an index into `nodes`), accounted in the loads, with
-    /// the lowest free address of the node's subnet.
+    /// the lowest free address of the node's subnet that is not quarantined
+    /// ([`ipam::Quarantine::pick`]).
     pub fn create_on(
         &mut self,
         w: &WorkloadCtx,
@@ -239,7 +242,7 @@ impl<'a> Round<'a> {
         let name = &self.nodes[node].name;
         let ip = self.subnets.get(name).and_then(|subnet| {
             let used = self.used_ips.entry(name.clone()).or_default();
-            let ip = ipam::free_address(subnet, used)?;
+            let ip = self.quarantine.pick(name, subnet, used, self.now)?;
             used.insert(ip);
             Some(ip)
         });
@@ -416,6 +419,9 @@ pub struct Leader {
     watch: WatchStream,
     fence: Option<Compare>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Recently freed addresses (kept apart from [`Memory`], which controllers borrow
+    /// mutably while the round holds this).
+    quarantine: ipam::Quarantine,
 }
 
 /// What one round did, for tests, metrics and benchmarks.
@@ -451,6 +457,7 @@ impl Leader {
             watch,
             fence,
             metrics: None,
+            quarantine: ipam::Quarantine::default(),
         })
     }
 
@@ -506,9 +513,23 @@ impl Leader {
             memory,
             rng,
             clock,
+            quarantine,
             ..
         } = self;
-        let mut round = build_round(view, config, rng, clock, &memory.ready, now);
+        let reported = view.reported();
+        let used_ips = addresses_in_use(view, &reported);
+        quarantine.observe(&used_ips, now);
+        let mut round = build_round(
+            view,
+            config,
+            rng,
+            clock,
+            &memory.ready,
+            now,
+            reported,
+            used_ips,
+            quarantine,
+        );
         nodes::reconcile(&mut round, memory);
         ipam::reconcile(&mut round);
         let workloads: Vec<WorkloadCtx> =
@@ -675,6 +696,30 @@ impl Leader {
     }
 }
 
+/// What nodes report, by instance id: the node and the instance's status.
+type Reported<'a> = HashMap<&'a str, (&'a str, &'a InstanceStatus)>;
+
+/// Addresses in use: every record's, and every reported container's on its node (a deleted
+/// instance may still be stopping with its address).
+fn addresses_in_use(
+    view: &ClusterView,
+    reported: &Reported<'_>,
+) -> HashMap<String, HashSet<IpAddr>> {
+    let mut used_ips: HashMap<String, HashSet<IpAddr>> = HashMap::new();
+    for r in view.instances.values() {
+        if let Some(ip) = r.ip.as_deref().and_then(|ip| ip.parse().ok()) {
+            used_ips.entry(r.node.clone()).or_default().insert(ip);
+        }
+    }
+    for (node, s) in reported.values() {
+        if let Some(ip) = s.ip.as_deref().and_then(|ip| ip.parse().ok()) {
+            used_ips.entry(node.to_string()).or_default().insert(ip);
+        }
+    }
+    used_ips
+}
+
+#[allow(clippy::too_many_arguments)]
 fn build_round<'a>(
     view: &'a ClusterView,
     config: &'a LeaderConfig,
@@ -682,8 +727,10 @@ fn build_round<'a>(
     clock: &Clock,
     ready: &HashMap<String, bool>,
     now: Instant,
+    reported: Reported<'a>,
+    used_ips: HashMap<String, HashSet<IpAddr>>,
+    quarantine: &'a ipam::Quarantine,
 ) -> Round<'a> {
-    let reported = view.reported();
     let mut by_workload: HashMap<WorkloadKey, Vec<&InstanceRecord>> = HashMap::new();
     for r in view.instances.values() {
         by_workload.entry(r.workload_key()).or_default().push(r);
@@ -701,19 +748,6 @@ fn build_round<'a>(
             *terminating
                 .entry(WorkloadKey::new(&s.namespace, &s.workload))
                 .or_default() += 1;
-        }
-    }
-    // Addresses in use: every record's, and every reported container's on its node (a
-    // deleted instance may still be stopping with its address).
-    let mut used_ips: HashMap<String, HashSet<IpAddr>> = HashMap::new();
-    for r in view.instances.values() {
-        if let Some(ip) = r.ip.as_deref().and_then(|ip| ip.parse().ok()) {
-            used_ips.entry(r.node.clone()).or_default().insert(ip);
-        }
-    }
-    for (node, s) in reported.values() {
-        if let Some(ip) = s.ip.as_deref().and_then(|ip| ip.parse().ok()) {
-            used_ips.entry(node.to_string()).or_default().insert(ip);
         }
     }
     let nodes = sched_nodes(view, config, ready, &used_ips);
@@ -746,6 +780,7 @@ fn build_round<'a>(
         new_ids: HashSet::new(),
         subnets: view.subnets.iter().map(|(n, s)| (n.clone(), *s)).collect(),
         used_ips,
+        quarantine,
     }
 }
 

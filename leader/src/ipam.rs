@@ -10,13 +10,24 @@
 //! is the node's own (its bridge, the containers' gateway and DNS server), and an address stays
 //! taken while the node still reports a container with it (a deleted instance that is still
 //! stopping), so two live containers never share one.
+//!
+//! An address that has just been freed is **quarantined** for [`QUARANTINE`] ([`Quarantine`]):
+//! the bridge and the node's other containers still hold a neighbour entry for it, and a
+//! rolling update's replacement that took it at once would meet entries for its predecessor
+//! (before MACs were derived from addresses, 20–45 s of lost requests). The lowest address
+//! that is neither in use nor quarantined is given; only when the subnet has no other is a
+//! quarantined one given, the one freed longest ago. The leader keeps the release times in
+//! memory; a new leader does not know them, so it counts every free address as freed when it
+//! started.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
+use std::time::Duration;
 
 use ipnet::IpNet;
 use kat_api::keys;
 use kat_store::TxnOp;
+use tokio::time::Instant;
 
 use crate::controller::Round;
 
@@ -85,6 +96,88 @@ pub fn free_count(subnet: &IpNet, used: usize) -> u64 {
 pub fn free_address(subnet: &IpNet, used: &HashSet<IpAddr>) -> Option<IpAddr> {
     // At most used.len() + 2 steps: the lazy iterator never walks a big IPv6 subnet.
     hosts(subnet).skip(1).find(|ip| !used.contains(ip))
+}
+
+/// How long a freed address is not given again (unless its subnet has no other): longer than
+/// the kernel keeps an unconfirmed neighbour entry in use (`gc_stale_time`, 60 s).
+pub const QUARANTINE: Duration = Duration::from_secs(60);
+
+/// When each node's recently freed addresses were freed, as this leader saw it.
+#[derive(Debug, Default)]
+pub struct Quarantine {
+    /// The first round this leader made: addresses freed before it count as freed then.
+    since: Option<Instant>,
+    /// Addresses in use at the last round, per node.
+    in_use: HashMap<String, HashSet<IpAddr>>,
+    /// Addresses freed less than [`QUARANTINE`] ago, per node, with when.
+    released: HashMap<String, HashMap<IpAddr, Instant>>,
+}
+
+impl Quarantine {
+    /// Takes in a round's addresses in use (per node): those in use last round and no longer
+    /// are freed `now`; a release older than [`QUARANTINE`] is forgotten, and so is one whose
+    /// address is in use again.
+    pub fn observe(&mut self, in_use: &HashMap<String, HashSet<IpAddr>>, now: Instant) {
+        self.since.get_or_insert(now);
+        for (node, before) in &self.in_use {
+            let current = in_use.get(node);
+            let freed = before
+                .iter()
+                .filter(|ip| !current.is_some_and(|c| c.contains(*ip)));
+            let released = self.released.entry(node.clone()).or_default();
+            for ip in freed {
+                released.insert(*ip, now);
+            }
+        }
+        for (node, released) in &mut self.released {
+            let current = in_use.get(node);
+            released.retain(|ip, at| {
+                now.duration_since(*at) < QUARANTINE && !current.is_some_and(|c| c.contains(ip))
+            });
+        }
+        self.released.retain(|_, r| !r.is_empty());
+        self.in_use = in_use.clone();
+    }
+
+    /// When `ip` of `node` was freed as far as quarantine goes: `None` once it is free to give.
+    fn freed_at(&self, node: &str, ip: &IpAddr, now: Instant) -> Option<Instant> {
+        let at = match self.released.get(node).and_then(|r| r.get(ip)) {
+            Some(at) => *at,
+            // Unknown to this leader: freed before it started, or never used.
+            None => self.since?,
+        };
+        (now.duration_since(at) < QUARANTINE).then_some(at)
+    }
+
+    /// The address of `subnet` (node `node`'s) to give a new instance: not the node's, not
+    /// in `used`; the lowest one not quarantined, or if every free one is, the one freed
+    /// longest ago. `None` when the subnet is full.
+    pub fn pick(
+        &self,
+        node: &str,
+        subnet: &IpNet,
+        used: &HashSet<IpAddr>,
+        now: Instant,
+    ) -> Option<IpAddr> {
+        let mut oldest: Option<(Instant, IpAddr)> = None;
+        for ip in hosts(subnet).skip(1).filter(|ip| !used.contains(ip)) {
+            let Some(at) = self.freed_at(node, &ip, now) else {
+                return Some(ip);
+            };
+            if self.released.get(node).is_none_or(|r| !r.contains_key(&ip)) {
+                // Unknown and still quarantined: this leader started less than QUARANTINE
+                // ago, every free address is quarantined and none was freed earlier than
+                // this one (known releases are later than the start).
+                return Some(ip);
+            }
+            if oldest.is_none_or(|(t, _)| at < t) {
+                oldest = Some((at, ip));
+            }
+        }
+        // Only known, quarantined releases were free (at most as many steps as there are
+        // addresses in use or quarantined: a big IPv6 subnet is never walked).
+        oldest.map(|(_, ip)| ip)
+    }
 }
 
 /// Give every registered node without a subnet one, and take back the subnets of nodes that
@@ -203,5 +296,67 @@ mod tests {
         let huge = net("fd00::/64");
         assert_eq!(capacity(&huge), u64::MAX - 2);
         assert!(free_address(&huge, &HashSet::new()).is_some());
+    }
+
+    fn ips(list: &[&str]) -> HashSet<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_freed_address_waits_out_its_quarantine_unless_none_other_is_free() {
+        let subnet = net("10.0.0.0/29"); // .1 the node's, .2 to .6 for instances
+        let in_use = |list: &[&str]| HashMap::from([("n".to_string(), ips(list))]);
+        let mut q = Quarantine::default();
+        let now = Instant::now();
+        q.observe(&in_use(&[]), now);
+        // A new leader knows no release: the lowest free address, as before.
+        assert_eq!(
+            q.pick("n", &subnet, &ips(&[]), now),
+            Some("10.0.0.2".parse().unwrap())
+        );
+        tokio::time::advance(QUARANTINE).await;
+        q.observe(&in_use(&["10.0.0.2", "10.0.0.3"]), Instant::now());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // .2 is freed (its instance replaced, its container gone).
+        q.observe(&in_use(&["10.0.0.3"]), Instant::now());
+        let used = ips(&["10.0.0.3"]);
+        assert_eq!(
+            q.pick("n", &subnet, &used, Instant::now()),
+            Some("10.0.0.4".parse().unwrap()),
+            "not the address freed a moment ago"
+        );
+        // The subnet has nothing else: the quarantined one freed longest ago.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        q.observe(&in_use(&["10.0.0.3", "10.0.0.5"]), Instant::now());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        q.observe(&in_use(&["10.0.0.3"]), Instant::now()); // .5 freed after .2
+        let full = ips(&["10.0.0.3", "10.0.0.4", "10.0.0.6"]);
+        assert_eq!(
+            q.pick("n", &subnet, &full, Instant::now()),
+            Some("10.0.0.2".parse().unwrap())
+        );
+        let fuller = ips(&["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.6"]);
+        assert_eq!(
+            q.pick("n", &subnet, &fuller, Instant::now()),
+            Some("10.0.0.5".parse().unwrap())
+        );
+        let all = ips(&["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"]);
+        assert_eq!(q.pick("n", &subnet, &all, Instant::now()), None);
+        // Quarantine over: the lowest free address again.
+        tokio::time::advance(QUARANTINE).await;
+        q.observe(&in_use(&["10.0.0.3"]), Instant::now());
+        assert_eq!(
+            q.pick("n", &subnet, &used, Instant::now()),
+            Some("10.0.0.2".parse().unwrap())
+        );
+        assert!(q.released.is_empty(), "{:?}", q.released);
+        // A huge IPv6 subnet is never walked, even in a new leader's first minute.
+        let fresh = Quarantine {
+            since: Some(Instant::now()),
+            ..Default::default()
+        };
+        assert!(fresh
+            .pick("n", &net("fd00::/64"), &HashSet::new(), Instant::now())
+            .is_some());
     }
 }
