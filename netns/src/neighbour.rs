@@ -130,7 +130,10 @@ mod tests {
         assert_eq!(format_mac(mac), "02:4b:0a:e7:01:01");
         // Locally administered, unicast.
         assert_eq!(mac[0] & 0b11, 0b10);
-        assert_ne!(mac_for(Ipv4Addr::new(10, 0, 0, 2)), mac_for(Ipv4Addr::new(10, 0, 0, 3)));
+        assert_ne!(
+            mac_for(Ipv4Addr::new(10, 0, 0, 2)),
+            mac_for(Ipv4Addr::new(10, 0, 0, 3))
+        );
     }
 
     #[test]

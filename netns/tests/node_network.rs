@@ -336,11 +336,24 @@ fn a_container_takes_over_its_address_in_neighbour_tables() {
         // capability in a container's user namespace, where they are not mapped).
         let out = Command::new("nsenter")
             .args(["--target", &pid.to_string(), "--user", "--net", "--", "ip"])
-            .args(["neigh", "replace", "10.231.6.5", "lladdr", stale, "dev", dev, "nud", "stale"])
+            .args([
+                "neigh",
+                "replace",
+                "10.231.6.5",
+                "lladdr",
+                stale,
+                "dev",
+                dev,
+                "nud",
+                "stale",
+            ])
             .output()
             .expect("nsenter");
         assert!(out.status.success(), "{out:?}");
-        assert_eq!(neighbour_mac(pid, "10.231.6.5", dev).as_deref(), Some(stale));
+        assert_eq!(
+            neighbour_mac(pid, "10.231.6.5", dev).as_deref(),
+            Some(stale)
+        );
     }
     let a = attach_at(&net, Ipv4Addr::new(10, 231, 6, 5)).expect("the replacement");
     let ka = keeper_of(&a);
