@@ -549,8 +549,10 @@ pub async fn exec(
         env.retain(|e| !e.starts_with(&format!("{k}=")));
         env.push(format!("{k}={v}"));
     }
-    // The container's root as its processes see it, for a clear "not found".
-    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    // The container's root as its processes see it (one descriptor, mounts included), for
+    // a clear "not found".
+    let root = crate::tree_dir::TreeDir::open_root_of(pid as i32)
+        .map_err(|e| container_error(&id, format!("opening /proc/{pid}/root: {e}")))?;
     crate::rootfs::find_executable(&root, &options.command[0], &env)?;
     let cwd = options
         .cwd

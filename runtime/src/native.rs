@@ -515,7 +515,9 @@ impl NativeRuntime {
             options.hostname.clone()
         };
         let env = spec::merged_env(&record.config, &options.env, &hostname);
-        crate::rootfs::find_executable(&snapshot, &argv[0], &env)?;
+        let image_root = crate::tree_dir::TreeDir::open(&snapshot)
+            .context(|| format!("opening {}", snapshot.display()))?;
+        crate::rootfs::find_executable(&image_root, &argv[0], &env)?;
         let cwd = if record.config.working_dir.is_empty() {
             "/".to_string()
         } else {

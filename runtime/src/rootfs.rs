@@ -2,76 +2,30 @@
 //! users in `/etc/passwd`. Symlinks are resolved relative to the image root, as the kernel
 //! will once the container has pivoted into it.
 
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Result, RuntimeError};
+use crate::tree_dir::TreeDir;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Resolves `path` (absolute, inside the image) to a host path under `root`, following
-/// symlinks within the image. `None` if it does not exist.
-pub fn resolve_in_root(root: &Path, path: &str) -> Option<PathBuf> {
-    let mut pending: Vec<String> = path
-        .split('/')
-        .filter(|c| !c.is_empty())
-        .map(str::to_string)
-        .rev()
-        .collect();
-    let mut at: Vec<String> = Vec::new();
-    let mut hops = 0;
-    while let Some(part) = pending.pop() {
-        match part.as_str() {
-            "." => continue,
-            ".." => {
-                at.pop();
-                continue;
-            }
-            _ => {}
+/// Finds the executable the container will run, as the kernel will look for it (symlinks
+/// resolved inside `root`, by descriptor), or says clearly that the image does not have
+/// it. A lookup the kernel refuses for another reason (say, `root` became unreachable) is
+/// no verdict: the program's own exec will tell.
+pub fn find_executable(root: &TreeDir, program: &str, env: &[String]) -> Result<String> {
+    let is_exec = |path: &str| match root.is_executable_in_root(path) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::debug!(path, error = %e, "cannot look up the executable; leaving it to exec");
+            true
         }
-        let candidate = root.join(at.join("/")).join(&part);
-        let meta = fs::symlink_metadata(&candidate).ok()?;
-        if meta.file_type().is_symlink() {
-            hops += 1;
-            if hops > 40 {
-                return None;
-            }
-            let target = fs::read_link(&candidate).ok()?;
-            if target.is_absolute() {
-                at.clear();
-            }
-            for c in target.components().rev() {
-                if let Component::Normal(n) = c {
-                    pending.push(n.to_string_lossy().into_owned());
-                } else if c == Component::ParentDir {
-                    pending.push("..".into());
-                }
-            }
-        } else {
-            at.push(part);
-        }
-    }
-    Some(root.join(at.join("/")))
-}
-
-/// Finds the executable the container will run, as the kernel will look for it, or says
-/// clearly that the image does not have it.
-pub fn find_executable(root: &Path, program: &str, env: &[String]) -> Result<String> {
-    let is_exec = |p: &Path| {
-        fs::metadata(p)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
     };
     if program.contains('/') {
-        let absolute = if program.starts_with('/') {
-            program.to_string()
+        return if is_exec(program) {
+            Ok(program.to_string())
         } else {
-            format!("/{program}")
-        };
-        return match resolve_in_root(root, &absolute) {
-            Some(p) if is_exec(&p) => Ok(program.to_string()),
-            _ => Err(RuntimeError::ExecutableNotFound(program.to_string())),
+            Err(RuntimeError::ExecutableNotFound(program.to_string()))
         };
     }
     let path = env
@@ -79,11 +33,8 @@ pub fn find_executable(root: &Path, program: &str, env: &[String]) -> Result<Str
         .find_map(|e| e.strip_prefix("PATH="))
         .unwrap_or(DEFAULT_PATH);
     for dir in path.split(':').filter(|d| d.starts_with('/')) {
-        let candidate = format!("{}/{program}", dir.trim_end_matches('/'));
-        if let Some(p) = resolve_in_root(root, &candidate) {
-            if is_exec(&p) {
-                return Ok(program.to_string());
-            }
+        if is_exec(&format!("{}/{program}", dir.trim_end_matches('/'))) {
+            return Ok(program.to_string());
         }
     }
     Err(RuntimeError::ExecutableNotFound(format!(
@@ -174,6 +125,8 @@ pub fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
 
     /// An image whose `/etc/passwd` is a FIFO (nobody ever writes to it) or a symlink to the
     /// host's: the lookup neither blocks nor reads the host's file.
@@ -210,18 +163,22 @@ mod tests {
         fs::create_dir_all(root.join("bin")).unwrap();
         fs::write(root.join("bin/busybox"), "x").unwrap();
         fs::set_permissions(root.join("bin/busybox"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(root.join("bin/data"), "x").unwrap();
         std::os::unix::fs::symlink("/bin/busybox", root.join("bin/sh")).unwrap();
-        std::os::unix::fs::symlink("../../../../../etc", root.join("bin/escape")).unwrap();
-        assert_eq!(
-            resolve_in_root(root, "/bin/sh"),
-            Some(root.join("bin/busybox"))
-        );
-        // `..` past the root stays at the root, as it does after pivot_root.
-        assert_eq!(resolve_in_root(root, "/bin/escape"), None);
-        assert_eq!(find_executable(root, "sh", &[]).unwrap(), "sh");
-        assert!(
-            matches!(find_executable(root, "/app/server", &[]), Err(RuntimeError::ExecutableNotFound(p)) if p == "/app/server")
-        );
+        // `..` past the root stays at the root, as it does after pivot_root: this names the
+        // image's /usr/bin/env, not the host's.
+        std::os::unix::fs::symlink("../../../../../usr/bin/env", root.join("bin/escape"))
+            .unwrap();
+        let tree = TreeDir::open(root).unwrap();
+        assert_eq!(find_executable(&tree, "sh", &[]).unwrap(), "sh");
+        assert_eq!(find_executable(&tree, "/bin/sh", &[]).unwrap(), "/bin/sh");
+        for missing in ["/app/server", "/bin/escape", "/bin/data", "/bin"] {
+            assert!(
+                matches!(find_executable(&tree, missing, &[]), Err(RuntimeError::ExecutableNotFound(p)) if p == missing),
+                "{missing}"
+            );
+        }
+        assert!(find_executable(&tree, "env", &["PATH=/bin".into()]).is_err());
     }
 
     #[test]

@@ -179,6 +179,34 @@ impl TreeDir {
         Ok(Some(out))
     }
 
+    /// Opens the root directory of process `pid` (`/proc/PID/root`, a link the kernel
+    /// follows to that process's root, mounts included), to look things up as it would.
+    pub fn open_root_of(pid: i32) -> io::Result<TreeDir> {
+        let fd = nix::fcntl::openat(
+            None,
+            format!("/proc/{pid}/root").as_str(),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(TreeDir { fd: owned(fd) })
+    }
+
+    /// Whether `path` names an executable regular file as a process chrooted here would
+    /// see it (symlinks resolved inside this tree, `RESOLVE_IN_ROOT`; mounts below are
+    /// crossed, as an exec would). `Ok(false)` when nothing, or no such file, is there.
+    pub fn is_executable_in_root(&self, path: &str) -> io::Result<bool> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let fd = match openat2(self.raw(), path.trim_start_matches('/'), how) {
+            Ok(fd) => owned(fd),
+            Err(Errno::ENOENT) | Err(Errno::ENOTDIR) | Err(Errno::ELOOP) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
+        Ok(st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG && st.st_mode & 0o111 != 0)
+    }
+
     /// Creates the directory `path` (its parent must exist) with `mode`, and opens it.
     pub fn create(path: &Path, mode: u32) -> io::Result<TreeDir> {
         let (parent, name) = split(path)?;
