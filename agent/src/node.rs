@@ -573,6 +573,7 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
                     statuses: base.status_rx.clone(),
                     tick: base.tick,
                     client: node_client(&base.pki)?,
+                    parent_client: control_plane_client(&base.pki)?,
                 },
                 parent_cluster: parent.clone(),
                 link,

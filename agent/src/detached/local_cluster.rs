@@ -68,7 +68,11 @@ pub struct NodeParts {
     pub builds: Builds,
     pub statuses: watch::Receiver<Statuses>,
     pub tick: Duration,
+    /// Towards other nodes (the local cluster's own API calls): any node certificate.
     pub client: reqwest::Client,
+    /// Towards the parent's leader when rejoining: a control-plane certificate only, so a
+    /// node that offers itself as the leader with a worker's key gets no workload.
+    pub parent_client: reqwest::Client,
 }
 
 /// A workload created on the node while it was detached.

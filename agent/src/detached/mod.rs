@@ -267,7 +267,7 @@ impl Detacher {
         // reach all fail here).
         let probe = self
             .parts
-            .client
+            .parent_client
             .get(format!(
                 "{}/v1alpha1/nodes/{}/dns",
                 leader.trim_end_matches('/'),
@@ -375,7 +375,7 @@ impl Detacher {
                 tries += 1;
                 let sent = self
                     .parts
-                    .client
+                    .parent_client
                     .post(&url)
                     .header("content-type", "application/gzip")
                     .body(body.clone())
