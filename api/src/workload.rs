@@ -65,7 +65,18 @@ pub struct WorkloadSpec {
     pub container: Container,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// Seconds an instance that is being replaced or removed keeps running after it has left
+    /// DNS and the published ports, before it gets SIGTERM: requests under way finish and
+    /// clients that resolved its address a moment ago still reach it. Default
+    /// [`DEFAULT_DRAIN_SECONDS`], at most [`MAX_DRAIN_SECONDS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_seconds: Option<u32>,
 }
+
+/// Default of `spec.drainSeconds`.
+pub const DEFAULT_DRAIN_SECONDS: u32 = 5;
+/// Most `spec.drainSeconds` may be (an hour).
+pub const MAX_DRAIN_SECONDS: u32 = 3600;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
@@ -382,6 +393,15 @@ impl Resources {
 }
 
 impl WorkloadSpec {
+    /// How long an instance leaving drains before it is stopped (`drainSeconds`).
+    pub fn drain(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.drain_seconds
+                .unwrap_or(DEFAULT_DRAIN_SECONDS)
+                .min(MAX_DRAIN_SECONDS),
+        ))
+    }
+
     pub fn update_strategy_type(&self) -> UpdateStrategyType {
         self.update_strategy
             .as_ref()
@@ -431,6 +451,15 @@ impl WorkloadSpec {
                 s.error("replicas", "is not used by type Job; set completions and parallelism in job.kat instead")
             }
             _ => {}
+        }
+
+        if let Some(n) = self.drain_seconds {
+            if n > MAX_DRAIN_SECONDS {
+                s.error(
+                    "drainSeconds",
+                    format!("{n} is more than the maximum of {MAX_DRAIN_SECONDS} (an hour); an instance leaving keeps serving its connections this long before it is stopped"),
+                );
+            }
         }
 
         if let Some(strategy) = &self.update_strategy {

@@ -1144,3 +1144,17 @@ fn every_finding_of_a_file_at_once_whatever_its_kind() {
     );
     assert_eq!(found.len(), 8, "{found:#?}");
 }
+
+#[test]
+fn drain_seconds_is_bounded_and_named() {
+    assert_valid(&service_with("spec.drainSeconds", Some("0")));
+    assert_valid(&service_with("spec.drainSeconds", Some("30")));
+    assert_finding(
+        &service_with("spec.drainSeconds", Some("7200")),
+        "workload.kat: spec.drainSeconds: 7200 is more than the maximum of 3600",
+    );
+    let negative = service_with("spec.drainSeconds", Some("-1"));
+    assert_finding(&negative, "drainSeconds");
+    let words = service_with("spec.drainSeconds", Some("soon"));
+    assert_finding(&words, "drainSeconds");
+}
