@@ -30,8 +30,8 @@ export KAT_CONFIG="${KAT_CONFIG:-$HOME/.config/kat/config.yaml}"
 
 echo "==> building kat-agent and katcall (release), a static kat-init, the example image"
 # test-fixtures.sh builds the static kat-init and the busybox image, and serves the image at
-# 127.0.0.1:5000/kat/busybox:latest, the image examples/hello uses.
-source <(scripts/test-fixtures.sh)
+# 127.0.0.1:5000/kat/busybox:latest, the image examples/hello uses (so port 5000 it must be).
+source <(KAT_TEST_REGISTRY_PORT=5000 scripts/test-fixtures.sh)
 cargo build --release -q -p kat-agent -p katcall
 BIN=$PWD/target/release
 install -m 0755 "$KAT_INIT" "$BIN/kat-init"

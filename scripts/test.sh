@@ -16,6 +16,8 @@ echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -q -- -D warnings
 echo "==> test fixtures: static kat-init, busybox image, loopback registry"
 source <(scripts/test-fixtures.sh)
+# The registries this run started (on ports no other checkout's registry holds) go with it.
+trap '[ -z "${KAT_TEST_REGISTRY_PIDS:-}" ] || kill $KAT_TEST_REGISTRY_PIDS 2>/dev/null || true' EXIT
 echo "==> cargo test --workspace"
 cargo test --workspace --all-targets --locked
 if [ "$(id -u)" = 0 ]; then
