@@ -511,7 +511,11 @@ impl Supervisor {
                 match result {
                     // Present now: the next attempt finds it in the store.
                     Ok(_) => pulls.remove(&normalized),
-                    Err(e) => pulls.insert(normalized, Some(format!("pulling {reference}: {e}"))),
+                    Err(e) => {
+                        // In the log too: an instance's reason is only seen by those who ask.
+                        tracing::warn!(image = %reference, error = %e, "pull failed; retrying");
+                        pulls.insert(normalized, Some(format!("pulling {reference}: {e}")))
+                    }
                 };
             }
         });
