@@ -3,7 +3,8 @@
 //!
 //! Each round classifies the workload's instance records:
 //! - on a NotReady node: lost, deleted here and replaced elsewhere (the node stops it by
-//!   instance id if it comes back);
+//!   instance id if it comes back) — unless the workload is pinned to that node: nowhere
+//!   else to go, the record stays and the instance goes on when the node is back;
 //! - reported `Failed`/`OOMKilled` under `restartPolicy: Always`: deleted and replaced; under
 //!   `Never` or `MaxCount` the node already applied the policy and gave up, so the record
 //!   stays and the instance is shown `Failed` until the next apply replaces it;
@@ -162,7 +163,15 @@ pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&
     let replaces_ended =
         w.desired.workload.spec.restart_policy.condition == RestartCondition::Always;
     let mut kept = Vec::new();
+    // Pinned to one node (a workload a detached node created, or `nodeName` set by hand):
+    // a replacement could only go to that same node, and would make it restart a container
+    // that may well still run there (a detached node keeps its workloads). The record stays.
+    let pinned = kat_api::pinning::pinned_node(&w.desired.workload);
     for r in round.instances_of(&w.key) {
+        if !round.node_ready(&r.node) && pinned == Some(r.node.as_str()) {
+            kept.push(r);
+            continue;
+        }
         if !round.node_ready(&r.node) {
             round.event(
                 EventType::Warning,
