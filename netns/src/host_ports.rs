@@ -6,6 +6,11 @@
 //! namespace, so no netfilter rule there could send packets into the node network; rootless
 //! podman's default port handler (rootlessport) relays the same way. The container sees
 //! connections come from the node's bridge address, not the client's.
+//!
+//! The agent publishes only instances that are ready (healthy, or running without a health
+//! check), and takes one out before it stops it. During a rolling update a node may hold an
+//! old and a new instance of the workload: the relay spreads new connections over them (round
+//! robin, the next one when one refuses) and keeps its listener open throughout.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -34,40 +39,68 @@ const MAX_UDP_FLOWS: usize = 1024;
 const UDP_IDLE: Duration = Duration::from_secs(60);
 /// How soon a port that could not be bound (in use) is tried again.
 const RETRY: Duration = Duration::from_secs(5);
+/// How long a connection to one target may take before the next is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Keeps one relay per published port, following `published` as instances come and go.
+/// Where a published port's connections go: the instances of this node that publish it and
+/// are ready, in a stable order (a rolling update's old and new instance of one workload may
+/// both be here for a while).
+type Targets = watch::Receiver<Vec<SocketAddr>>;
+
+/// One relay: its listener task and the targets it picks from.
+struct Relay {
+    task: JoinHandle<()>,
+    targets: watch::Sender<Vec<SocketAddr>>,
+}
+
+/// Keeps one relay per published port and protocol, following `published` as instances
+/// come, become ready and go. The listener stays open while the port has any target: an
+/// instance that leaves (before it is stopped) or joins changes where new connections go
+/// without a moment where the port refuses them; connections under way are left alone.
 pub async fn serve(node: Arc<NodeNetwork>, mut published: watch::Receiver<Vec<PublishedPort>>) {
-    let mut relays: BTreeMap<(u16, Protocol), (PublishedPort, JoinHandle<()>)> = BTreeMap::new();
+    let mut relays: BTreeMap<(u16, Protocol), Relay> = BTreeMap::new();
     loop {
-        let wanted: BTreeMap<(u16, Protocol), PublishedPort> = published
-            .borrow_and_update()
-            .iter()
-            .map(|p| ((p.host_port, p.protocol), *p))
-            .collect();
-        relays.retain(|key, (port, task)| {
-            let keep = wanted.get(key) == Some(port) && !task.is_finished();
+        let mut wanted: BTreeMap<(u16, Protocol), Vec<SocketAddr>> = BTreeMap::new();
+        for p in published.borrow_and_update().iter() {
+            wanted
+                .entry((p.host_port, p.protocol))
+                .or_default()
+                .push(SocketAddr::from((p.address, p.container_port)));
+        }
+        for targets in wanted.values_mut() {
+            targets.sort();
+            targets.dedup();
+        }
+        relays.retain(|key, relay| {
+            let keep = wanted.contains_key(key) && !relay.task.is_finished();
             if !keep {
-                task.abort();
+                relay.task.abort();
             }
             keep
         });
         let mut failed = false;
-        for (key, port) in wanted {
-            if relays.contains_key(&key) {
+        for ((host_port, protocol), targets) in wanted {
+            if let Some(relay) = relays.get(&(host_port, protocol)) {
+                relay.targets.send_if_modified(|current| {
+                    if *current == targets {
+                        return false;
+                    }
+                    tracing::info!(host_port, ?protocol, to = ?targets, "published port targets");
+                    *current = targets.clone();
+                    true
+                });
                 continue;
             }
-            match start(node.clone(), port).await {
+            let (tx, rx) = watch::channel(targets.clone());
+            match start(node.clone(), host_port, protocol, rx).await {
                 Ok(task) => {
-                    tracing::info!(host_port = port.host_port, protocol = ?port.protocol, to = %port.address, "published port");
-                    relays.insert(key, (port, task));
+                    tracing::info!(host_port, ?protocol, to = ?targets, "published port");
+                    relays.insert((host_port, protocol), Relay { task, targets: tx });
                 }
                 Err(e) => {
                     failed = true;
                     tracing::warn!(
-                        "cannot publish {}/{:?} for {}: {e} (retrying every {} s)",
-                        port.host_port,
-                        port.protocol,
-                        port.address,
+                        "cannot publish {host_port}/{protocol:?} for {targets:?}: {e} (retrying every {} s)",
                         RETRY.as_secs()
                     );
                 }
@@ -84,23 +117,39 @@ pub async fn serve(node: Arc<NodeNetwork>, mut published: watch::Receiver<Vec<Pu
     }
 }
 
-async fn start(node: Arc<NodeNetwork>, port: PublishedPort) -> std::io::Result<JoinHandle<()>> {
-    let on = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port.host_port));
-    let to = SocketAddr::from((port.address, port.container_port));
-    Ok(match port.protocol {
+async fn start(
+    node: Arc<NodeNetwork>,
+    host_port: u16,
+    protocol: Protocol,
+    targets: Targets,
+) -> std::io::Result<JoinHandle<()>> {
+    let on = SocketAddr::from((Ipv4Addr::UNSPECIFIED, host_port));
+    Ok(match protocol {
         Protocol::TCP => {
             let listener = TcpListener::bind(on)
                 .await
-                .map_err(|e| explain(e, port.host_port))?;
-            tokio::spawn(relay_tcp(node, listener, to))
+                .map_err(|e| explain(e, host_port))?;
+            tokio::spawn(relay_tcp(node, listener, targets))
         }
         Protocol::UDP => {
             let socket = UdpSocket::bind(on)
                 .await
-                .map_err(|e| explain(e, port.host_port))?;
-            tokio::spawn(relay_udp(node, Arc::new(socket), to))
+                .map_err(|e| explain(e, host_port))?;
+            tokio::spawn(relay_udp(node, Arc::new(socket), targets))
         }
     })
+}
+
+/// The targets in the order to try them for the `n`th connection (round robin).
+fn in_turn(targets: &Targets, n: usize) -> Vec<SocketAddr> {
+    let list = targets.borrow().clone();
+    let len = list.len().max(1);
+    list.iter()
+        .cycle()
+        .skip(n % len)
+        .take(list.len())
+        .copied()
+        .collect()
 }
 
 fn explain(e: std::io::Error, port: u16) -> std::io::Error {
@@ -113,27 +162,36 @@ fn explain(e: std::io::Error, port: u16) -> std::io::Error {
     e
 }
 
-async fn relay_tcp(node: Arc<NodeNetwork>, listener: TcpListener, to: SocketAddr) {
+async fn relay_tcp(node: Arc<NodeNetwork>, listener: TcpListener, targets: Targets) {
+    let mut count: usize = 0;
     loop {
         let Ok((mut client, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        count = count.wrapping_add(1);
+        let order = in_turn(&targets, count);
         let node = node.clone();
         tokio::spawn(async move {
-            let upstream = async {
-                let socket = node.socket(Domain::IPV4, Type::STREAM).await?;
-                let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(socket));
-                socket.connect(to).await
-            };
-            match upstream.await {
-                Ok(mut server) => {
-                    let _ = client.set_nodelay(true);
-                    let _ = server.set_nodelay(true);
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-                Err(e) => {
-                    tracing::debug!(%peer, %to, "published port: cannot reach the instance: {e}")
+            // The next target when one refuses (it may be stopping this very moment).
+            for to in order {
+                let upstream = async {
+                    let socket = node.socket(Domain::IPV4, Type::STREAM).await?;
+                    let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(socket));
+                    tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(to))
+                        .await
+                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+                };
+                match upstream.await {
+                    Ok(mut server) => {
+                        let _ = client.set_nodelay(true);
+                        let _ = server.set_nodelay(true);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(%peer, %to, "published port: cannot reach the instance: {e}")
+                    }
                 }
             }
         });
@@ -147,7 +205,8 @@ struct Flow {
     last: tokio::time::Instant,
 }
 
-async fn relay_udp(node: Arc<NodeNetwork>, socket: Arc<UdpSocket>, to: SocketAddr) {
+async fn relay_udp(node: Arc<NodeNetwork>, socket: Arc<UdpSocket>, targets: Targets) {
+    let mut count: usize = 0;
     let flows: Arc<Mutex<HashMap<SocketAddr, Flow>>> = Arc::new(Mutex::new(HashMap::new()));
     let mut buffer = vec![0u8; 65_535];
     loop {
@@ -171,6 +230,10 @@ async fn relay_udp(node: Arc<NodeNetwork>, socket: Arc<UdpSocket>, to: SocketAdd
                     }
                 }
             }
+            count = count.wrapping_add(1);
+            let Some(to) = in_turn(&targets, count).first().copied() else {
+                continue;
+            };
             let upstream = match udp_towards(&node, to).await {
                 Ok(u) => Arc::new(u),
                 Err(e) => {

@@ -768,3 +768,127 @@ s,_=t.accept(); s.sendall(b'tcp '+s.recv(100)); s.close()\n";
     drop(c);
     net.remove();
 }
+
+/// A rolling update on one node: the relay follows its targets (old, old and new, new)
+/// without closing its port, spreads connections over both while both are ready, and a
+/// connection under way to the instance that left still completes (it drains).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_port_moves_between_instances_without_refusing() {
+    use kat_api::load_balancer::Protocol;
+    use kat_netns::host_ports::PublishedPort;
+    let tmp = tempfile::tempdir().unwrap();
+    let net = std::sync::Arc::new(NodeNetwork::start(config(tmp.path(), 7)).expect("node network"));
+    let (old_ip, new_ip) = (Ipv4Addr::new(10, 231, 7, 2), Ipv4Addr::new(10, 231, 7, 3));
+    let old = attach_at(&net, old_ip).unwrap();
+    let new = attach_at(&net, new_ip).unwrap();
+    // Each answers every connection with its name and what it was sent.
+    let serve = |name: &str| {
+        format!(
+            "import socketserver\n\
+class H(socketserver.BaseRequestHandler):\n    def handle(self): self.request.sendall(b'{name} '+self.request.recv(100))\n\
+socketserver.ThreadingTCPServer.allow_reuse_address=True\n\
+socketserver.ThreadingTCPServer(('0.0.0.0',9998),H).serve_forever()\n"
+        )
+    };
+    let mut servers = Vec::new();
+    for (k, name) in [(keeper_of(&old), "old"), (keeper_of(&new), "new")] {
+        servers.push(
+            nsenter(k)
+                .args(["python3", "-c", &serve(name)])
+                .spawn()
+                .expect("python3 in the container"),
+        );
+    }
+    let port = TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let at = |address| PublishedPort {
+        host_port: port,
+        protocol: Protocol::TCP,
+        address,
+        container_port: 9998,
+    };
+    async fn ask(port: u16, what: &str) -> Result<String, String> {
+        tokio::time::timeout(Duration::from_secs(5), ask_once(port, what))
+            .await
+            .map_err(|_| "no answer within 5 s".to_string())?
+    }
+    async fn ask_once(port: u16, what: &str) -> Result<String, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        c.write_all(what.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut reply = String::new();
+        c.read_to_string(&mut reply)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(reply)
+    }
+    let (published, rx) = tokio::sync::watch::channel(vec![at(old_ip)]);
+    tokio::spawn(kat_netns::host_ports::serve(net.clone(), rx));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ask(port, "x").await.as_deref() != Ok("old x") {
+        assert!(Instant::now() < deadline, "the old instance never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A connection to the old instance, opened before it leaves and used after.
+    let mut draining = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Both ready: new connections go to both, none refused while the targets change.
+    published.send_replace(vec![at(old_ip), at(new_ip)]);
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    let mut failures = Vec::new();
+    for _ in 0..20 {
+        match ask(port, "x").await {
+            Ok(reply) => *seen.entry(reply).or_default() += 1,
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(
+        seen.contains_key("old x") && seen.contains_key("new x"),
+        "{seen:?}"
+    );
+    // The old one leaves: the port never refuses meanwhile.
+    published.send_replace(vec![at(new_ip)]);
+    let started = Instant::now();
+    let mut asked = 0;
+    while started.elapsed() < Duration::from_secs(1) {
+        asked += 1;
+        match ask(port, "y").await {
+            Ok(reply) => assert!(reply == "new y" || reply == "old y", "{reply}"),
+            Err(e) => failures.push(e),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {asked}: {failures:?}",
+        failures.len()
+    );
+    // The connection opened before still reaches the old instance.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        draining.write_all(b"late").await.unwrap();
+        let mut reply = String::new();
+        draining.read_to_string(&mut reply).await.unwrap();
+        assert_eq!(reply, "old late");
+    }
+    // After the switch settles, only the new instance answers.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..5 {
+        assert_eq!(ask(port, "z").await.as_deref(), Ok("new z"));
+    }
+    for mut s in servers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    drop((old, new));
+    net.remove();
+}
