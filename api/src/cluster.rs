@@ -71,6 +71,14 @@ pub struct ClusterSpec {
     /// Host path prefixes a `hostMount` volume may use (see [`crate::host_paths`]).
     #[serde(default = "defaults::host_mount_allowed_paths")]
     pub host_mount_allowed_paths: Vec<String>,
+    /// Finished runs kept per workload, with their instances' records, exit codes and logs:
+    /// a Job's runs, or the instances of a Service that ended under `restartPolicy: Never`
+    /// (each its own run). 0 keeps none.
+    #[serde(default = "defaults::finished_run_history")]
+    pub finished_run_history: u32,
+    /// How long a finished run is kept at most, in hours.
+    #[serde(default = "defaults::finished_run_max_age_hours")]
+    pub finished_run_max_age_hours: u32,
 }
 
 impl ClusterSpec {
@@ -145,6 +153,12 @@ pub mod defaults {
     }
     pub fn backup_retention() -> u32 {
         5
+    }
+    pub fn finished_run_history() -> u32 {
+        3
+    }
+    pub fn finished_run_max_age_hours() -> u32 {
+        24
     }
     pub fn agent_tick_seconds() -> u32 {
         15
@@ -276,6 +290,24 @@ impl ClusterConfiguration {
             if v == 0 {
                 s.error(field, "0 must be at least 1");
             }
+        }
+        if spec.finished_run_history > 100 {
+            s.error(
+                "finishedRunHistory",
+                format!(
+                    "{} is more than 100 (every kept run holds records in etcd and logs on its node)",
+                    spec.finished_run_history
+                ),
+            );
+        }
+        if !(1..=8760).contains(&spec.finished_run_max_age_hours) {
+            s.error(
+                "finishedRunMaxAgeHours",
+                format!(
+                    "{} is not between 1 and 8760 (a year)",
+                    spec.finished_run_max_age_hours
+                ),
+            );
         }
         if spec.agent_tick_seconds > 0 && spec.node_loss_timeout_seconds <= spec.agent_tick_seconds
         {

@@ -168,6 +168,20 @@ pub fn job_run(ns: &str, workload: &str, run_id: &str) -> String {
     format!("/kat/jobs/runs/{ns}/{workload}/{run_id}")
 }
 
+/// A finished instance kept for its exit code and logs ([`crate::finished::FinishedInstance`]).
+pub fn finished_instance(ns: &str, workload: &str, id: &str) -> String {
+    format!("/kat/finished/{ns}/{workload}/{id}")
+}
+pub fn finished_instances(ns: &str, workload: &str) -> String {
+    format!("/kat/finished/{ns}/{workload}/")
+}
+pub fn finished_in_namespace(ns: &str) -> String {
+    format!("/kat/finished/{ns}/")
+}
+pub fn all_finished() -> &'static str {
+    "/kat/finished/"
+}
+
 /// An event: the writer's clock in microseconds (fixed-width hex, so events sort by time),
 /// then the writer's random id, so writers never collide (see `kat_leader::events`).
 pub fn event(micros: u64, writer: u64) -> String {
@@ -212,6 +226,11 @@ pub enum Key<'a> {
         name: &'a str,
         run: &'a str,
     },
+    FinishedInstance {
+        ns: &'a str,
+        name: &'a str,
+        id: &'a str,
+    },
     Namespace {
         name: &'a str,
     },
@@ -240,6 +259,7 @@ pub fn parse(key: &str) -> Option<Key<'_>> {
         ["dns", _, _, _, _] => Key::DnsRecord,
         ["instances", node, id] => Key::Instance { node, id },
         ["jobs", "runs", ns, name, run] => Key::JobRun { ns, name, run },
+        ["finished", ns, name, id] => Key::FinishedInstance { ns, name, id },
         ["namespaces", name] => Key::Namespace { name },
         ["events", _] => Key::Event,
         _ => return None,
@@ -315,6 +335,16 @@ mod tests {
         );
         assert_eq!(parse(&namespace("a")), Some(Key::Namespace { name: "a" }));
         assert_eq!(parse(&event(7, 9)), Some(Key::Event));
+        assert_eq!(
+            parse(&finished_instance("ns", "w", "w-1")),
+            Some(Key::FinishedInstance {
+                ns: "ns",
+                name: "w",
+                id: "w-1"
+            })
+        );
+        assert!(finished_instance("ns", "w", "w-1").starts_with(&finished_instances("ns", "w")));
+        assert!(!finished_instance("ns", "w2", "x").starts_with(&finished_instances("ns", "w")));
         assert_eq!(
             parse(&template("ns", "w", "ab12")),
             Some(Key::Template {

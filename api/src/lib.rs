@@ -22,6 +22,7 @@ pub mod load_balancer;
 pub mod names;
 pub mod namespace;
 pub mod pinning;
+pub mod finished;
 pub mod quadlet;
 pub mod quantity;
 pub mod report;

@@ -50,6 +50,8 @@ pub struct LeaderConfig {
     pub simultaneous_stop_timeout: Duration,
     /// Finished job runs kept per workload.
     pub job_history: usize,
+    /// Finished instances kept for their exit codes and logs (`crate::finished`).
+    pub finished: kat_api::finished::Retention,
     pub event_capacity: u64,
     /// Seed for tie-breaks and instance ids (fixed in simulations, random in production).
     pub seed: u64,
@@ -64,6 +66,7 @@ impl Default for LeaderConfig {
             rollout_progress_deadline: Duration::from_secs(600),
             simultaneous_stop_timeout: Duration::from_secs(60),
             job_history: 5,
+            finished: Default::default(),
             event_capacity: events::DEFAULT_CAPACITY,
             seed: rand::random(),
             addresses: "10.100.0.0/16"
@@ -78,6 +81,7 @@ impl LeaderConfig {
     pub fn from_cluster(spec: &ClusterSpec) -> Self {
         LeaderConfig {
             node_loss_timeout: Duration::from_secs(spec.node_loss_timeout_seconds as u64),
+            finished: kat_api::finished::Retention::from_cluster(spec),
             addresses: spec
                 .cluster_net()
                 .and_then(|net| AddressPlan::new(net, spec.node_subnet_bits)),
@@ -567,6 +571,7 @@ impl Leader {
         for r in orphans {
             round.delete_instance(r);
         }
+        crate::finished::reconcile(&mut round, &workloads, exists);
         for (key, runs) in &view.job_runs {
             if !exists(key) {
                 let ops = runs

@@ -13,6 +13,10 @@
 //! run, for the latest missed tick, and records a `MissedSchedule` event naming how many were
 //! skipped. Runs of a cron job may overlap if a run outlasts the interval. The last
 //! `job_history` finished runs are kept; older ones are deleted.
+//!
+//! Each instance that ended (or was stopped with its run) is kept with its exit code and
+//! node, in the transaction that deletes its record ([`crate::finished`]), so `katcall logs`
+//! of a Job still finds the last run's output.
 
 use std::collections::BTreeMap;
 
@@ -25,6 +29,7 @@ use kat_api::wire::{
 use kat_store::TxnOp;
 
 use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::finished;
 
 pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
     let spec = w
@@ -211,6 +216,7 @@ fn advance_run(
         let outcome = if !round.node_ready(&r.node) {
             Some((
                 false,
+                InstanceState::Unknown,
                 format!("{} lost with node {}", r.instance_id, r.node),
             ))
         } else {
@@ -218,9 +224,18 @@ fn advance_run(
                 .status_of(&r.instance_id)
                 .map(|s| (s.state, s.exit_code))
             {
-                Some((InstanceState::Succeeded, _)) => Some((true, String::new())),
+                Some((InstanceState::Succeeded, code)) => Some((
+                    true,
+                    InstanceState::Succeeded,
+                    format!(
+                        "{} exited with {}",
+                        r.instance_id,
+                        code.map_or("success".into(), |c| c.to_string())
+                    ),
+                )),
                 Some((InstanceState::Failed, code)) => Some((
                     false,
+                    InstanceState::Failed,
                     format!(
                         "{} exited with {}",
                         r.instance_id,
@@ -229,6 +244,7 @@ fn advance_run(
                 )),
                 Some((InstanceState::OOMKilled, _)) => Some((
                     false,
+                    InstanceState::OOMKilled,
                     format!(
                         "{} was killed for exceeding its memory limit",
                         r.instance_id
@@ -237,12 +253,14 @@ fn advance_run(
                 _ => None,
             }
         };
+        // Counted, kept (exit code, node for its logs) and deleted in one transaction.
         match outcome {
-            Some((true, _)) => {
+            Some((true, state, why)) => {
                 run.succeeded += 1;
+                group.push(finished::archive_op(round, r, state, Some(why)));
                 group.extend(Round::delete_instance_ops(r));
             }
-            Some((false, why)) => {
+            Some((false, state, why)) => {
                 run.failed += 1;
                 round.event(
                     EventType::Warning,
@@ -250,6 +268,7 @@ fn advance_run(
                     w.object(),
                     format!("run {}: {why}", run.run_id),
                 );
+                group.push(finished::archive_op(round, r, state, Some(why)));
                 group.extend(Round::delete_instance_ops(r));
             }
             None => active.push(r),
@@ -283,6 +302,13 @@ fn advance_run(
     };
     if let Some((state, reason)) = verdict {
         for r in &active {
+            let why = format!("stopped: run {} ended ({reason})", run.run_id);
+            group.push(finished::archive_op(
+                round,
+                r,
+                InstanceState::Stopped,
+                Some(why),
+            ));
             group.extend(Round::delete_instance_ops(r));
         }
         set_finished(round, w, run, state, reason);
@@ -331,12 +357,21 @@ fn finish(
     state: JobRunState,
     reason: String,
 ) {
-    let mut group: Vec<TxnOp> = round
+    let mut group: Vec<TxnOp> = Vec::new();
+    for r in round
         .instances_of(&w.key)
         .into_iter()
         .filter(|r| r.job_run.as_deref() == Some(run.run_id.as_str()))
-        .flat_map(Round::delete_instance_ops)
-        .collect();
+    {
+        let why = format!("stopped: run {} ended ({reason})", run.run_id);
+        group.push(finished::archive_op(
+            round,
+            r,
+            InstanceState::Stopped,
+            Some(why),
+        ));
+        group.extend(Round::delete_instance_ops(r));
+    }
     set_finished(round, w, run, state, reason);
     group.push(put_run_op(run));
     round.plan.groups.push(group);

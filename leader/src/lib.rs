@@ -23,6 +23,7 @@ pub mod controller;
 pub mod daemons;
 pub mod dns;
 pub mod events;
+pub mod finished;
 pub mod ipam;
 pub mod jobs;
 pub mod metrics;

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ipnet::IpNet;
+use kat_api::finished::FinishedInstance;
 use kat_api::keys::{self, Key};
 use kat_api::wire::{
     DnsRecord, InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration,
@@ -52,6 +53,9 @@ pub struct ClusterView {
     pub subnets: BTreeMap<String, IpNet>,
     /// The cluster's DNS records by key (`crate::dns`).
     pub dns: BTreeMap<String, DnsRecord>,
+    /// Finished instances kept for their exit codes and logs, by workload, then instance id
+    /// (`crate::finished`).
+    pub finished: BTreeMap<WorkloadKey, BTreeMap<String, FinishedInstance>>,
     /// Instances whose records this leader saw deleted, by id, with the node they were on:
     /// only that node may still report them (while their containers stop). Forgotten once
     /// the node stops reporting them or is gone.
@@ -171,6 +175,25 @@ impl ClusterView {
                             runs.remove(run);
                             if runs.is_empty() {
                                 self.job_runs.remove(&workload);
+                            }
+                        }
+                    }
+                }
+            }
+            Key::FinishedInstance { ns, name, id } => {
+                let workload = WorkloadKey::new(ns, name);
+                match value.and_then(decode::<FinishedInstance>) {
+                    Some(f) => {
+                        self.finished
+                            .entry(workload)
+                            .or_default()
+                            .insert(id.to_string(), f);
+                    }
+                    None => {
+                        if let Some(kept) = self.finished.get_mut(&workload) {
+                            kept.remove(id);
+                            if kept.is_empty() {
+                                self.finished.remove(&workload);
                             }
                         }
                     }

@@ -222,3 +222,189 @@ async fn missed_ticks_start_one_catch_up_run() {
         missed.message
     );
 }
+
+async fn finished(
+    c: &kat_leader::sim::SimCluster,
+    name: &str,
+) -> Vec<kat_api::finished::FinishedInstance> {
+    c.store
+        .list(&kat_api::keys::finished_instances("default", name))
+        .await
+        .unwrap()
+        .kvs
+        .iter()
+        .map(|kv| serde_json::from_slice(&kv.value).unwrap())
+        .collect()
+}
+
+async fn cluster_keeping(
+    nodes: Vec<kat_leader::sim::SimNode>,
+    history: usize,
+    max_age: Duration,
+) -> kat_leader::sim::SimCluster {
+    let mut config = config();
+    config.finished = kat_api::finished::Retention {
+        history,
+        max_age_ms: max_age.as_millis() as u64,
+    };
+    let store: Arc<dyn kat_store::StateStore> = Arc::new(kat_store::MemStore::new());
+    kat_leader::sim::SimCluster::start(store, nodes, config, true)
+        .await
+        .expect("start")
+}
+
+/// A finished run's instances keep their record, node and exit code after their records
+/// (and so their containers) are gone: the newest `history` runs, whole, none past the age
+/// limit; a lost one says which node it was lost with.
+#[tokio::test(start_paused = true)]
+async fn finished_runs_keep_their_instances_for_the_retention() {
+    let mut c = cluster_keeping(nodes(2), 2, Duration::from_secs(12 * 60)).await;
+    c.step = Duration::from_secs(30);
+    c.behaviour = Arc::new(|_| Behaviour {
+        healthy: true,
+        exit: Some((Duration::from_secs(10), 0)),
+    });
+    apply_job(
+        &mut c,
+        &job("tick", "  schedule: '*/5 * * * *'\n  completions: 2\n"),
+    )
+    .await;
+    c.run_until(2 * 17, |_| false).await.unwrap(); // 17 minutes: runs at 5, 10 and 15
+    assert!(c.live_of("tick").is_empty(), "the records are gone");
+    let r = runs(&c, "tick").await;
+    let done: Vec<&str> = r
+        .iter()
+        .filter(|x| x.state == JobRunState::Succeeded)
+        .map(|x| x.run_id.as_str())
+        .collect();
+    assert_eq!(done.len(), 3, "{r:?}");
+    let kept = finished(&c, "tick").await;
+    // The newest two runs, both instances of each.
+    let mut kept_runs: Vec<&str> = kept.iter().map(|f| f.run()).collect();
+    kept_runs.sort();
+    assert_eq!(
+        kept_runs,
+        vec![done[1], done[1], done[2], done[2]],
+        "{kept:?}"
+    );
+    for f in &kept {
+        assert_eq!(f.state, kat_api::wire::InstanceState::Succeeded);
+        assert_eq!(f.exit_code, Some(0));
+        assert!(f.record.node.starts_with("node-"), "{f:?}");
+        assert!(
+            f.reason.as_deref().unwrap().contains("exited with 0"),
+            "{f:?}"
+        );
+    }
+    // The schedule goes (a new generation that never runs again): after the age limit,
+    // nothing is kept.
+    apply_job(
+        &mut c,
+        &job("tick", "  schedule: '0 0 1 1 *'\n  completions: 2\n"),
+    )
+    .await;
+    c.run_until(2 * 14, |_| false).await.unwrap();
+    assert!(finished(&c, "tick").await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_instance_is_kept_with_its_node_and_a_deleted_job_leaves_nothing() {
+    let mut c = cluster_keeping(nodes(2), 3, Duration::from_secs(24 * 3600)).await;
+    c.behaviour = Arc::new(|_| Behaviour {
+        healthy: true,
+        exit: Some((Duration::from_secs(100), 0)),
+    });
+    apply_job(&mut c, &job("report", "  backoffLimit: 3\n")).await;
+    c.run_until(3, |_| false).await.unwrap();
+    let first = (*c.live_of("report")[0]).clone();
+    c.node(&first.node).partitioned = true;
+    c.run_until(200, |_| false).await.unwrap();
+    let kept = finished(&c, "report").await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let lost = kept
+        .iter()
+        .find(|f| f.record.instance_id == first.instance_id)
+        .expect("the lost instance is kept");
+    assert_eq!(lost.state, kat_api::wire::InstanceState::Unknown);
+    assert_eq!(lost.record.node, first.node);
+    assert!(
+        lost.reason
+            .as_deref()
+            .unwrap()
+            .contains(&format!("lost with node {}", first.node)),
+        "{lost:?}"
+    );
+    let ok = kept
+        .iter()
+        .find(|f| f.record.instance_id != first.instance_id)
+        .unwrap();
+    assert_eq!(
+        (ok.state, ok.exit_code),
+        (kat_api::wire::InstanceState::Succeeded, Some(0))
+    );
+
+    let log = c.leader.events().clone();
+    kat_leader::workloads::delete(&*c.store, &log, &c.clock, "default", "report")
+        .await
+        .unwrap();
+    c.run_until(3, |_| false).await.unwrap();
+    assert!(finished(&c, "report").await.is_empty());
+}
+
+/// A Service instance that ended under `restartPolicy: Never` is kept (its record stays
+/// too until the next apply); one under `Always` is replaced, not kept.
+#[tokio::test(start_paused = true)]
+async fn a_service_that_ended_under_never_is_kept() {
+    let mut c = cluster_keeping(nodes(1), 3, Duration::from_secs(24 * 3600)).await;
+    c.behaviour = Arc::new(|_| Behaviour {
+        healthy: true,
+        exit: Some((Duration::from_secs(5), 3)),
+    });
+    let service = |name: &str, policy: &str| {
+        format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: {name}\nspec:\n  type: Service\n  replicas: 1\n  source:\n    image: web:1\n  restartPolicy:\n    condition: {policy}\n  container: {{}}\n")
+    };
+    c.apply(&[("workload.kat", &service("once", "Never"))])
+        .await;
+    c.run_until(10, |_| false).await.unwrap();
+    let kept = finished(&c, "once").await;
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(
+        (kept[0].state, kept[0].exit_code),
+        (kat_api::wire::InstanceState::Failed, Some(3))
+    );
+    let record = kat_api::keys::instance(&kept[0].record.node, &kept[0].record.instance_id);
+    assert!(
+        c.store.get(&record).await.unwrap().is_some(),
+        "the record stays until the next apply"
+    );
+    // Kept once, not rewritten each round.
+    let rev = c
+        .store
+        .get(&kat_api::keys::finished_instance(
+            "default",
+            "once",
+            &kept[0].record.instance_id,
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .mod_revision;
+    c.run_until(5, |_| false).await.unwrap();
+    let again = c
+        .store
+        .get(&kat_api::keys::finished_instance(
+            "default",
+            "once",
+            &kept[0].record.instance_id,
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .mod_revision;
+    assert_eq!(rev, again);
+
+    c.apply(&[("workload.kat", &service("always", "Always"))])
+        .await;
+    c.run_until(10, |_| false).await.unwrap();
+    assert!(finished(&c, "always").await.is_empty());
+}

@@ -16,6 +16,10 @@ pub fn config() -> LeaderConfig {
         rollout_progress_deadline: Duration::from_secs(120),
         simultaneous_stop_timeout: Duration::from_secs(30),
         job_history: 3,
+        finished: kat_api::finished::Retention {
+            history: 2,
+            max_age_ms: 24 * 3_600_000,
+        },
         event_capacity: 200,
         seed: 7,
         addresses: kat_leader::ipam::AddressPlan::new("10.100.0.0/16".parse().unwrap(), 7),
