@@ -261,7 +261,14 @@ impl Supervisor {
                 if t.attempt > 0 {
                     ids.push(container_id(&id, t.attempt - 1));
                 }
-                self.stop_later(t.status, ids);
+                // A running instance drains: it has left the published ports (it is no
+                // longer tracked) and DNS (its record is gone), and keeps serving
+                // `drainSeconds` before SIGTERM.
+                let drain = match (&t.template, t.phase) {
+                    (Ok(template), Phase::Running) => template.workload.spec.drain(),
+                    _ => Duration::ZERO,
+                };
+                self.stop_later(t.status, ids, drain);
             }
         }
         for (id, assignment) in snapshot {
@@ -286,7 +293,7 @@ impl Supervisor {
                 }
                 let stale: Vec<String> = found.iter().skip(2).map(|(_, c)| c.clone()).collect();
                 if !stale.is_empty() {
-                    self.stop_later(t.status.clone(), stale);
+                    self.stop_later(t.status.clone(), stale, Duration::ZERO);
                 }
             }
             self.tracked.insert(id, t);
@@ -313,19 +320,32 @@ impl Supervisor {
                         warnings: vec![],
                         usage: None,
                     };
-                    self.stop_later(status, found.into_iter().map(|(_, c)| c).collect());
+                    self.stop_later(
+                        status,
+                        found.into_iter().map(|(_, c)| c).collect(),
+                        Duration::ZERO,
+                    );
                 }
             }
         }
     }
 
-    /// Stop (with the grace period) and remove `containers` in the background.
-    fn stop_later(&mut self, mut status: InstanceStatus, containers: Vec<String>) {
+    /// After `drain`, stop (with the grace period) and remove `containers` in the
+    /// background.
+    fn stop_later(&mut self, mut status: InstanceStatus, containers: Vec<String>, drain: Duration) {
         let runtime = self.runtime.clone();
         let grace = self.config.stop_grace;
         let id = status.instance_id.clone();
         status.state = InstanceState::Stopping;
+        if !drain.is_zero() {
+            tracing::info!(instance = %id, drain_ms = drain.as_millis() as u64, "draining before stop");
+            status.reason = Some(format!(
+                "draining for {} s before it is stopped",
+                drain.as_secs()
+            ));
+        }
         let task = tokio::spawn(async move {
+            tokio::time::sleep(drain).await;
             for c in containers {
                 match runtime.stop(&c, grace).await {
                     Ok(_) | Err(RuntimeError::ContainerNotFound(_)) => {}
@@ -678,10 +698,16 @@ impl Supervisor {
                 }
             });
         }
+        // Only ready instances take connections: healthy, or running where the workload has
+        // no health check (a container that runs but does not listen yet gets none).
         let mut published: Vec<PublishedPort> = self
             .tracked
             .values()
-            .filter(|t| t.phase == Phase::Running)
+            .filter(|t| {
+                t.phase == Phase::Running
+                    && t.status.state == InstanceState::Running
+                    && (t.health_check().is_none() || t.status.health == Health::Healthy)
+            })
             .flat_map(|t| published_ports(&t.assignment.record, t.template.as_ref().ok()))
             .collect();
         published.sort();

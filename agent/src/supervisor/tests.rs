@@ -62,6 +62,7 @@ const HEALTH: &str = "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalance
 
 struct Node {
     runtime: Arc<FakeRuntime>,
+    published: watch::Receiver<Vec<crate::network::PublishedPort>>,
     feed: watch::Sender<Option<(Source, Snapshot)>>,
     statuses: watch::Receiver<super::Statuses>,
     task: tokio::task::JoinHandle<()>,
@@ -74,6 +75,7 @@ impl Drop for Node {
 }
 
 fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
+    let (published_tx, published) = watch::channel(Vec::new());
     let config = SupervisorConfig {
         node: "n1".into(),
         volume_base: std::env::temp_dir().join("kat-fake-volumes"),
@@ -85,7 +87,7 @@ fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
             domain: "cluster.local".into(),
         }))
         .1,
-        published: watch::channel(Vec::new()).0,
+        published: published_tx,
         builds: super::builds::Builds::new(std::env::temp_dir().join("kat-fake-build-logs")),
     };
     let (status_tx, statuses) = watch::channel(None);
@@ -94,6 +96,7 @@ fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
     let task = tokio::spawn(Supervisor::new(config, rt, status_tx).run(feed_rx));
     Node {
         runtime,
+        published,
         feed,
         statuses,
         task,
@@ -346,8 +349,10 @@ async fn a_deleted_instance_gets_its_grace_period_then_goes() {
     node.until(Duration::from_secs(30), |n| n.status("web-1").is_none())
         .await;
     let gone = Instant::now() - deleted;
+    // It drains (drainSeconds, 5 by default), then gets SIGTERM and the grace period.
+    let drain = Duration::from_secs(u64::from(kat_api::workload::DEFAULT_DRAIN_SECONDS));
     assert!(
-        gone >= GRACE && gone < GRACE + Duration::from_secs(2),
+        gone >= drain + GRACE && gone < drain + GRACE + Duration::from_secs(2),
         "a container that ignores SIGTERM is killed after the grace period: {gone:?}"
     );
     assert!(rt.journal().iter().any(|(_, c)| *c
@@ -426,4 +431,64 @@ async fn running_instances_report_what_their_cgroups_use() {
     stopped[0].state = InstanceState::Failed;
     meter.measure(&mut stopped).await;
     assert_eq!(stopped[0].usage, None);
+}
+
+/// A published port takes connections only once its instance is healthy, and an instance
+/// that is deleted leaves the published ports at once but gets SIGTERM only after its
+/// `drainSeconds`.
+#[tokio::test(start_paused = true)]
+async fn only_ready_instances_are_published_and_a_leaving_one_drains_first() {
+    let rt = FakeRuntime::new(|_| Run::forever(), |_| 0);
+    rt.add_image("app:1");
+    let lb = "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{containerPort: 8080, hostPort: 18080}]\n  healthCheck:\n    exec: {command: [/bin/check]}\n    initialDelaySeconds: 2\n    periodSeconds: 5\n";
+    let mut a = assignment("web", "web-1", "app:1", "{condition: Always}", Some(lb));
+    a.record.ip = Some("10.100.0.5".into());
+    let mut template = (**a.template.as_ref().unwrap()).clone();
+    template.workload.spec.drain_seconds = Some(3);
+    a.template = Ok(Arc::new(template));
+    let node = start(rt.clone(), &[a]);
+    node.until(
+        Duration::from_secs(10),
+        state_is("web-1", InstanceState::Running),
+    )
+    .await;
+    assert!(
+        node.published.borrow().is_empty(),
+        "published while running but not yet healthy"
+    );
+    node.until(Duration::from_secs(10), |n| {
+        n.status("web-1")
+            .is_some_and(|s| s.health == Health::Healthy)
+    })
+    .await;
+    node.until(Duration::from_secs(1), |n| !n.published.borrow().is_empty())
+        .await;
+    assert_eq!(
+        node.published.borrow()[0].address,
+        "10.100.0.5".parse::<std::net::Ipv4Addr>().unwrap()
+    );
+
+    let deleted = Instant::now();
+    node.feed
+        .send(Some((Source::Store, Snapshot::new())))
+        .unwrap();
+    node.until(Duration::from_secs(1), |n| n.published.borrow().is_empty())
+        .await;
+    assert!(Instant::now() - deleted < Duration::from_millis(500));
+    node.until(Duration::from_secs(10), |_| {
+        rt.journal()
+            .iter()
+            .any(|(_, c)| matches!(c, Call::Stop { .. }))
+    })
+    .await;
+    let stopped = rt
+        .journal()
+        .into_iter()
+        .find_map(|(at, c)| matches!(c, Call::Stop { .. }).then_some(at))
+        .unwrap();
+    let after = stopped - deleted;
+    assert!(
+        after >= Duration::from_secs(3) && after < Duration::from_secs(4),
+        "SIGTERM {after:?} after the deletion, not after the 3 s drain"
+    );
 }
