@@ -21,13 +21,19 @@
 //!   holds a slot for as long as its socket lives). When all are taken, up to
 //!   [`MAX_WAITING`] new connections wait [`CONNECTION_WAIT`] for a slot and are then
 //!   closed; beyond that they are closed at once. The accept loop itself never waits, and
-//!   neither tasks nor memory grow with a flood of connections.
+//!   neither tasks nor memory grow with a flood of connections;
+//! - at most [`MAX_PER_ADDRESS`] of them come from one address without a node certificate:
+//!   a flood from one host (a container's egress leaves from its node's address) cannot take
+//!   every slot. A connection past that is still given a short handshake
+//!   ([`OVER_CAP_HANDSHAKE`]), so that a node at that address can connect, and closed
+//!   right after it unless it showed a node certificate; certified connections are never
+//!   counted.
 //!
 //! Requests themselves are bounded elsewhere: the rate limit per node certificate or client
 //! address, the token check before any body is read, and body size limits
 //! (`kat_apiserver::http`).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -75,6 +81,11 @@ pub const MAX_CONNECTIONS: usize = 512;
 pub const MAX_WAITING: usize = 64;
 /// How long a waiting connection waits for a slot before it is closed.
 pub const CONNECTION_WAIT: Duration = Duration::from_secs(2);
+/// Connections from one address that have shown no node certificate (or have not finished
+/// their handshake yet).
+pub const MAX_PER_ADDRESS: usize = 64;
+/// The handshake a connection past [`MAX_PER_ADDRESS`] gets to show a node certificate.
+pub const OVER_CAP_HANDSHAKE: Duration = Duration::from_secs(1);
 /// At most one warning about the connection limit per this period.
 const FULL_WARNING_EVERY: Duration = Duration::from_secs(10);
 
@@ -82,6 +93,7 @@ const FULL_WARNING_EVERY: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct ServeLimits {
     pub max_connections: usize,
+    pub max_per_address: usize,
     pub max_waiting: usize,
     pub connection_wait: Duration,
     pub tls_handshake_timeout: Duration,
@@ -109,6 +121,7 @@ impl Default for ServeLimits {
     fn default() -> Self {
         ServeLimits {
             max_connections: MAX_CONNECTIONS,
+            max_per_address: MAX_PER_ADDRESS,
             max_waiting: MAX_WAITING,
             connection_wait: CONNECTION_WAIT,
             tls_handshake_timeout: TLS_HANDSHAKE_TIMEOUT,
@@ -195,7 +208,9 @@ pub async fn serve_with_limits(
     let limits = Arc::new(limits);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let waiting = Arc::new(Semaphore::new(limits.max_waiting));
+    let per_address = Arc::new(AddressCounts::default());
     let mut warned_full: Option<Instant> = None;
+    let mut warned_address: Option<Instant> = None;
     loop {
         let (tcp, peer): (_, SocketAddr) = match listener.accept().await {
             Ok(c) => c,
@@ -206,6 +221,17 @@ pub async fn serve_with_limits(
                 continue;
             }
         };
+        let address = per_address.take(peer.ip(), limits.max_per_address);
+        if address.is_none()
+            && warned_address.is_none_or(|t| t.elapsed() >= FULL_WARNING_EVERY)
+        {
+            warned_address = Some(Instant::now());
+            tracing::warn!(
+                address = %peer.ip(),
+                max = limits.max_per_address,
+                "one address holds the most connections without a node certificate; more from it are closed unless they show one"
+            );
+        }
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => Slot::Ready(slot),
             Err(_) => {
@@ -247,7 +273,7 @@ pub async fn serve_with_limits(
                     }
                 }
             };
-            connection(tcp, peer, acceptor, router, &limits, slot).await;
+            connection(tcp, peer, acceptor, router, &limits, slot, address).await;
         });
     }
 }
@@ -265,8 +291,14 @@ async fn connection(
     router: Router,
     limits: &ServeLimits,
     slot: OwnedSemaphorePermit,
+    address: Option<AddressSlot>,
 ) {
-    let tls = match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp)).await {
+    let handshake = if address.is_some() {
+        limits.tls_handshake_timeout
+    } else {
+        OVER_CAP_HANDSHAKE.min(limits.tls_handshake_timeout)
+    };
+    let tls = match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -285,6 +317,16 @@ async fn connection(
         .and_then(|chain| chain.first());
     let node = leaf.and_then(|cert| kat_pki::node_of(cert.as_ref()));
     let serial = leaf.and_then(|cert| kat_pki::serial_of_der(cert.as_ref()));
+    // A node's connection does not count against its address; past the cap, only a node's
+    // is served.
+    let address = match (&node, address) {
+        (Some(_), _) => None,
+        (None, Some(address)) => Some(address),
+        (None, None) => {
+            tracing::debug!(%peer, "connection closed: too many from this address without a node certificate");
+            return;
+        }
+    };
     let clock = Arc::new(RequestClock::new());
     let on_request = clock.clone();
     let body_limits = Arc::new(limits.clone());
@@ -321,6 +363,7 @@ async fn connection(
         io: tls,
         clock: clock.clone(),
         _slot: slot,
+        _address: address,
     });
     let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
     tokio::pin!(conn);
@@ -407,6 +450,45 @@ struct Counted<T> {
     io: T,
     clock: Arc<RequestClock>,
     _slot: OwnedSemaphorePermit,
+    _address: Option<AddressSlot>,
+}
+
+/// Connections per client address not (yet) known to be a node's.
+#[derive(Default)]
+struct AddressCounts(std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>);
+
+impl AddressCounts {
+    /// One more connection from `ip`, or `None` when it already has `max`.
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<AddressSlot> {
+        let mut counts = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(ip).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot {
+            counts: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection counted against its address until dropped.
+struct AddressSlot {
+    counts: Arc<AddressCounts>,
+    ip: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
@@ -1014,6 +1096,59 @@ mod tests {
         assert_eq!(r.status().as_u16(), 200, "healthz is never limited");
         let r = anonymous.get(api.url("/v1alpha1/ca")).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 429);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_address_cannot_take_every_slot_but_a_node_there_still_connects() {
+        let api = api(ServeLimits {
+            max_per_address: 2,
+            ..ServeLimits::default()
+        })
+        .await;
+        // Two idle connections without a certificate from 127.0.0.1 (a flood, held open).
+        let _held = [api.connect().await, api.connect().await];
+        // A third from there: closed right after its handshake, with no answer.
+        let mut third = api.connect().await;
+        let _ = third
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await;
+        let took = tokio::time::timeout(Duration::from_secs(3), eof(&mut third))
+            .await
+            .expect("the third connection from one address is closed");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        // Another address is served.
+        let elsewhere = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(api.pki.ca_pem.as_bytes()).unwrap())
+            .local_address(IpAddr::from([127, 0, 0, 2]))
+            .build()
+            .unwrap();
+        let r = elsewhere.get(api.url("/healthz")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        // A node at the flooded address shows its certificate and is served, on several
+        // connections at once (none of them counts against the address).
+        for _ in 0..3 {
+            let w1 = api.client(Some(&api.worker));
+            let r = w1
+                .post(api.url("/v1alpha1/nodes/w1/status"))
+                .body(heartbeat("w1"))
+                .send()
+                .await
+                .unwrap();
+            assert_ne!(r.status().as_u16(), 401, "{}", r.text().await.unwrap());
+        }
+        // And the address gets its slots back as its connections close.
+        drop(_held);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let r = api.client(None).get(api.url("/healthz")).send().await;
+            if r.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the address never got a slot back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Send `head`, then `slow` one byte every 100 ms, while reading: what was answered and
