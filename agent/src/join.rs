@@ -46,6 +46,27 @@ pub struct JoinOptions {
 /// The environment variable a join token may come in.
 pub const TOKEN_ENV: &str = "KAT_JOIN_TOKEN";
 
+/// Overwrites the value of `name` where the kernel shows it: `/proc/PID/environ` reads the
+/// environment block the process was started with, which `remove_var` only unlinks from
+/// `environ` and never clears. Call it in `main` before any thread starts (nothing else may
+/// touch the environment meanwhile).
+pub fn scrub_initial_environment(name: &str) {
+    let prefix = format!("{name}=");
+    // SAFETY: single-threaded (see above); `environ` is the NULL-terminated array of
+    // NUL-terminated strings the process started with (nothing has set a variable yet), in
+    // writable memory; each value is overwritten within its own length.
+    unsafe {
+        let mut entry = nix::libc::environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            let text = std::ffi::CStr::from_ptr(*entry).to_bytes();
+            if let Some(value) = text.strip_prefix(prefix.as_bytes()) {
+                std::ptr::write_bytes((*entry).add(prefix.len()), 0, value.len());
+            }
+            entry = entry.add(1);
+        }
+    }
+}
+
 /// Most bytes read for a token (one is 61 characters).
 const MAX_TOKEN_BYTES: u64 = 4096;
 

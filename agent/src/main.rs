@@ -19,6 +19,7 @@ mod control_plane;
 mod detached;
 mod heartbeat;
 mod join;
+mod kept_logs;
 mod layout;
 mod malloc;
 mod network;
@@ -264,6 +265,9 @@ fn main() -> ExitCode {
     // thread starts: no child (etcd, container helpers) inherits it, and nothing later can
     // read it back.
     let env_token = std::env::var(join::TOKEN_ENV).ok();
+    if env_token.is_some() {
+        join::scrub_initial_environment(join::TOKEN_ENV);
+    }
     std::env::remove_var(join::TOKEN_ENV);
     let cli = Cli::parse();
     tracing_subscriber::fmt()
