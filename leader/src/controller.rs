@@ -146,6 +146,7 @@ impl WorkloadCtx {
             tolerations: &self.tolerations,
             gpu: self.gpu.as_ref(),
             host_ports: &self.host_ports,
+            template_hash: &self.template_hash,
         }
     }
 

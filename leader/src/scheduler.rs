@@ -11,7 +11,7 @@
 //! ports the workload publishes), checked per placement by [`pick`], so
 //! placing many replicas on a large cluster stays linear and cheap.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use kat_api::load_balancer::HostPort;
@@ -41,8 +41,8 @@ pub struct NodeLoad {
     pub requested: ResourceList,
     /// Instances per workload, for spreading.
     pub per_workload: HashMap<WorkloadKey, u32>,
-    /// Ports published on the node.
-    pub host_ports: HashSet<HostPort>,
+    /// Ports published on the node, with the workloads and template hashes publishing them.
+    pub host_ports: HashMap<HostPort, Vec<(WorkloadKey, String)>>,
 }
 
 impl NodeLoad {
@@ -51,7 +51,12 @@ impl NodeLoad {
         self.requested.cpu_millis += r.cpu_millis;
         self.requested.memory_bytes += r.memory_bytes;
         *self.per_workload.entry(record.workload_key()).or_default() += 1;
-        self.host_ports.extend(record.host_ports.iter().copied());
+        for p in &record.host_ports {
+            self.host_ports
+                .entry(*p)
+                .or_default()
+                .push((record.workload_key(), record.spec_hash.clone()));
+        }
     }
 
     /// Take a deleted instance off. Its host ports stay taken for the rest of the round: its
@@ -80,6 +85,9 @@ pub struct Request<'a> {
     pub gpu: Option<&'a GpuRequest>,
     /// Ports each instance publishes on its node.
     pub host_ports: &'a [HostPort],
+    /// The template the instance runs: an instance of the same workload on an older
+    /// template (one a rolling update replaces) does not hold a host port against it.
+    pub template_hash: &'a str,
 }
 
 /// Why a node was excluded.
@@ -212,11 +220,24 @@ pub fn resource_exclusion(
         Some(Exclusion::InsufficientMemory)
     } else if node.free_ips == 0 {
         Some(Exclusion::NoFreeIp)
-    } else if req.host_ports.iter().any(|p| load.host_ports.contains(p)) {
+    } else if req.host_ports.iter().any(|p| port_taken(load, req, p)) {
         Some(Exclusion::HostPortInUse)
     } else {
         None
     }
+}
+
+/// Whether `port` on a node is taken for `req`: published there by another workload, or by
+/// an instance of the same workload and template (two of those never share a node). An
+/// instance of the same workload on another template is one a rolling update is replacing:
+/// the node's relay spreads the port over both while both are ready, and the old one leaves
+/// it before it stops, so the update needs no spare node.
+fn port_taken(load: &NodeLoad, req: &Request<'_>, port: &HostPort) -> bool {
+    load.host_ports.get(port).is_some_and(|owners| {
+        owners
+            .iter()
+            .any(|(workload, hash)| workload != req.workload || hash == req.template_hash)
+    })
 }
 
 /// Whether `tolerations` tolerate `taint` (an empty effect tolerates every effect; an empty

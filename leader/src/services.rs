@@ -16,7 +16,8 @@
 //!   `replicas + maxSurge` instances in total, counting instances still terminating;
 //! - delete an old instance only while the healthy count stays at or above `replicas`, so
 //!   old instances go only once new ones are healthy;
-//! - unhealthy old instances go first; they hold no availability.
+//! - unhealthy old instances go first; they hold no availability; then those on a node that
+//!   has a healthy new instance.
 //!
 //! A version that never becomes healthy leaves the old ones serving and, after
 //! `rollout_progress_deadline` without progress, the rollout is marked stalled.
@@ -114,7 +115,15 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     // Retire old instances: unhealthy ones freely, healthy ones only above `replicas` healthy.
     let healthy_new = new.iter().filter(|r| healthy(round, r)).count();
     let mut healthy_total = healthy_new + old.iter().filter(|r| healthy(round, r)).count();
-    old.sort_by_key(|r| healthy(round, r));
+    // Among healthy ones, first those sharing a node with a healthy new instance: the node
+    // keeps serving (its published ports move to the new one), and a node left with only an
+    // old instance is where the next new one can go when host ports rule the others out.
+    let with_new: std::collections::HashSet<&str> = new
+        .iter()
+        .filter(|r| healthy(round, r))
+        .map(|r| r.node.as_str())
+        .collect();
+    old.sort_by_key(|r| (healthy(round, r), !with_new.contains(r.node.as_str())));
     let mut retired = Vec::new();
     for r in old.iter() {
         let is_healthy = healthy(round, r);

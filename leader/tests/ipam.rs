@@ -413,3 +413,69 @@ async fn a_full_subnet_gives_a_quarantined_address_rather_than_none() {
     let steps = c.run_until(10, |c| c.healthy_of("web") == 5).await.unwrap();
     assert!(steps < 10, "the fifth instance waited for the quarantine");
 }
+
+/// Three nodes, three replicas publishing one host port: a rolling update and a rollback
+/// complete (a new instance may join an old one of the same workload on its node; two of one
+/// template never share one), and every node has a healthy instance at every step, so its
+/// published port always has somewhere to go.
+#[tokio::test(start_paused = true)]
+async fn a_workload_publishing_a_host_port_on_every_node_rolls_node_by_node() {
+    let mut c = cluster(3).await;
+    let with = |image: &str| {
+        [
+            ("workload.kat", service("web", 3, image, "")),
+            (
+                "lb.kat",
+                "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{containerPort: 80, hostPort: 8080}]\n".to_string(),
+            ),
+        ]
+    };
+    let apply = |files: &[(&'static str, String); 2]| {
+        files
+            .iter()
+            .map(|(n, t)| (*n, t.clone()))
+            .collect::<Vec<(&str, String)>>()
+    };
+    let v1 = apply(&with("web:1"));
+    c.apply(&v1.iter().map(|(n, t)| (*n, t.as_str())).collect::<Vec<_>>())
+        .await;
+    c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();
+    for image in ["web:2", "web:1"] {
+        let files = apply(&with(image));
+        c.apply(
+            &files
+                .iter()
+                .map(|(n, t)| (*n, t.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        let target = c.live_of("web")[0].spec_hash.clone();
+        let mut done = false;
+        for _ in 0..120 {
+            c.tick().await.unwrap();
+            for node in ["node-1", "node-2", "node-3"] {
+                let serving = c
+                    .nodes
+                    .iter()
+                    .find(|n| n.name == node)
+                    .map_or(0, |n| n.live().filter(|r| r.workload == "web").count());
+                assert!(serving >= 1, "{node} had no instance of web");
+            }
+            let live = c.live_of("web");
+            if live.len() == 3
+                && live.iter().all(|r| r.spec_hash != target)
+                && c.healthy_of("web") == 3
+            {
+                done = true;
+                break;
+            }
+        }
+        assert!(
+            done,
+            "the update to {image} did not complete: {:?}",
+            c.live_of("web")
+        );
+        let nodes: BTreeSet<String> = c.live_of("web").iter().map(|r| r.node.clone()).collect();
+        assert_eq!(nodes.len(), 3, "one instance per node again");
+    }
+}

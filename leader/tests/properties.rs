@@ -111,7 +111,7 @@ proptest! {
         let tolerations: Vec<Toleration> = tolerate.iter().map(|k| Toleration { key: k.to_string(), operator: TolerationOperator::Exists, value: None, effect: None }).collect();
         let gpu_req = gpu.map(|v| GpuRequest { driver: Some(GpuDriver::Nvidia), min_vram_mb: Some(v) });
         let workload = kat_api::WorkloadKey::new("ns", "w");
-        let req = Request { workload: &workload, requests: ResourceList { cpu_millis: cpu, memory_bytes: mem_gi * GI, pids: 0 }, node_selector: &selector, tolerations: &tolerations, gpu: gpu_req.as_ref(), host_ports: &[] };
+        let req = Request { workload: &workload, requests: ResourceList { cpu_millis: cpu, memory_bytes: mem_gi * GI, pids: 0 }, node_selector: &selector, tolerations: &tolerations, gpu: gpu_req.as_ref(), host_ports: &[], template_hash: "" };
         let passes = |i: usize| scheduler::static_exclusion(&nodes[i], &req).is_none() && scheduler::resource_exclusion(&nodes[i], &loads[i], &req).is_none();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         match scheduler::place(&nodes, &loads, &req, &mut rng) {
@@ -245,6 +245,7 @@ fn a_node_name_selector_matches_that_node_only() {
         tolerations: &[],
         gpu: None,
         host_ports: &[],
+        template_hash: "",
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     for _ in 0..20 {
