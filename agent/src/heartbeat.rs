@@ -6,6 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use kat_apiserver::service::MIN_HEARTBEAT_INTERVAL;
+
+/// How long a burst of status changes may take to settle into one heartbeat.
+const SETTLE: Duration = Duration::from_millis(20);
+
 use kat_api::wire::{rfc3339, BuildReport, Detachment, NodeHeartbeat, ResourceList};
 use tokio::sync::watch;
 
@@ -82,15 +87,20 @@ pub async fn run(
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
+        let sent = tokio::time::Instant::now();
+        // Let a burst of changes settle into one heartbeat, and never send the next sooner
+        // than the leader takes them (with a margin for the network's jitter): an early
+        // one is refused with 429 and only delays the news.
+        let settled = || {
+            let earliest = sent + MIN_HEARTBEAT_INTERVAL * 3 / 2;
+            tokio::time::sleep_until(earliest.max(tokio::time::Instant::now() + SETTLE))
+        };
         tokio::select! {
             changed = statuses.changed() => {
                 if changed.is_err() { return; }
-                // Let a burst of changes settle into one heartbeat.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                settled().await;
             }
-            Ok(()) = builds.changed() => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            Ok(()) = builds.changed() => settled().await,
             _ = tokio::time::sleep(tick) => {}
         }
     }

@@ -33,7 +33,7 @@ use kat_store::{StateStore, StoreError};
 
 pub use backups::BackupTarget;
 pub use join::{Admission, JoinTokenOptions, MAX_TOKEN_ADDRESSES};
-pub use node_records::{NodeLimits, MAX_PROBLEMS};
+pub use node_records::{NodeLimits, MAX_PROBLEMS, MIN_HEARTBEAT_INTERVAL};
 pub use nodes::node_object;
 pub use workloads::MAX_PINNED_PER_NODE;
 
