@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kat_api::wire::{ExecRequest, InstanceRecord, LogLine};
+use kat_api::WorkloadKey;
 use kat_apiserver::http::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery,
 };
 use kat_runtime::{ContainerRuntime, ExecOptions, LogOptions, LogStream};
 use tokio::sync::mpsc;
 
+use crate::kept_logs::KeptLogs;
 use crate::supervisor::builds::{BuildLog, Builds};
 use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
 
@@ -19,6 +21,8 @@ pub struct LocalAccess {
     pub node: String,
     pub runtime: Arc<dyn ContainerRuntime>,
     pub builds: Builds,
+    /// Logs of finished instances kept after their containers went (`crate::kept_logs`).
+    pub kept: Option<KeptLogs>,
 }
 
 impl LocalAccess {
@@ -70,6 +74,21 @@ impl LocalAccess {
 }
 
 impl LocalAccess {
+    /// The kept log of `record`'s instance, if this node kept one for that workload.
+    async fn kept_log(
+        &self,
+        record: &InstanceRecord,
+        options: LogOptions,
+    ) -> Option<Result<kat_runtime::logs::LogReceiver, AccessError>> {
+        let kept = self.kept.as_ref()?;
+        let meta = kept.meta(&record.instance_id).await?;
+        if meta.namespace != record.namespace || meta.workload != record.workload {
+            return None;
+        }
+        let stream = kept.stream(&record.instance_id, options)?;
+        Some(stream.map_err(|e| AccessError::Failed(e.to_string())))
+    }
+
     /// The output of the newest build of the instance's workload on this node; with
     /// `follow`, until that build ends.
     async fn build_logs(
@@ -187,19 +206,26 @@ impl InstanceAccess for LocalAccess {
         if query.build {
             return self.build_logs(record, query).await;
         }
-        let id = self.container_of(record, query.previous).await?;
-        let mut records = self
-            .runtime
-            .logs(
-                &id,
-                LogOptions {
-                    follow: query.follow,
-                    since: query.since,
-                    tail: query.tail,
-                },
-            )
-            .await
-            .map_err(|e| AccessError::Failed(e.to_string()))?;
+        let options = LogOptions {
+            follow: query.follow,
+            since: query.since,
+            tail: query.tail,
+        };
+        let mut records = match self.container_of(record, query.previous).await {
+            Ok(id) => self
+                .runtime
+                .logs(&id, options)
+                .await
+                .map_err(|e| AccessError::Failed(e.to_string()))?,
+            // No container left: a finished instance whose log was kept.
+            Err(AccessError::NotFound(why)) if !query.previous => {
+                match self.kept_log(record, options).await {
+                    Some(r) => r?,
+                    None => return Err(AccessError::NotFound(why)),
+                }
+            }
+            Err(e) => return Err(e),
+        };
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             while let Some(r) = records.recv().await {
@@ -220,12 +246,51 @@ impl InstanceAccess for LocalAccess {
         Ok(rx)
     }
 
+    async fn kept(&self, key: &WorkloadKey, id: &str) -> Option<InstanceRecord> {
+        let meta = self.kept.as_ref()?.meta(id).await?;
+        if meta.namespace != key.namespace || meta.workload != key.name {
+            return None;
+        }
+        // Only what streaming its log reads: which instance, of what, on this node.
+        Some(InstanceRecord {
+            instance_id: meta.instance_id,
+            namespace: meta.namespace,
+            workload: meta.workload,
+            node: self.node.clone(),
+            generation: 0,
+            spec_hash: String::new(),
+            workload_type: kat_api::workload::WorkloadType::Job,
+            requests: Default::default(),
+            job_run: None,
+            created_at: meta.kept_at,
+            ip: None,
+            host_ports: vec![],
+        })
+    }
+
     async fn exec(
         &self,
         record: &InstanceRecord,
         request: ExecRequest,
     ) -> Result<ExecSession, AccessError> {
-        let id = self.container_of(record, false).await?;
+        let id = match self.container_of(record, false).await {
+            Ok(id) => id,
+            Err(AccessError::NotFound(why)) => {
+                let kept = match &self.kept {
+                    Some(k) => k.meta(&record.instance_id).await.is_some(),
+                    None => false,
+                };
+                return Err(AccessError::NotFound(if kept {
+                    format!(
+                        "instance {} has finished: there is no container to exec into (its output: `katcall logs {}/{}`)",
+                        record.instance_id, record.workload, record.instance_id
+                    )
+                } else {
+                    why
+                }));
+            }
+            Err(e) => return Err(e),
+        };
         let size = match (request.rows, request.cols) {
             (Some(r), Some(c)) => Some((r, c)),
             _ => None,

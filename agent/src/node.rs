@@ -190,6 +190,8 @@ struct NodeBase {
     pki: Pki,
     node: String,
     runtime: Arc<dyn ContainerRuntime>,
+    /// Logs of finished instances, kept after their containers went.
+    kept: crate::kept_logs::KeptLogs,
     tasks: tokio::task::JoinSet<()>,
     feed_tx: watch::Sender<Option<(Source, assignments::Snapshot)>>,
     status_rx: watch::Receiver<crate::supervisor::Statuses>,
@@ -313,8 +315,15 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
     native.image_limits = options.image_limits;
     let network = Arc::new(ContainerNetwork::default());
     native.network = Some(network.clone());
-    let runtime: Arc<dyn ContainerRuntime> =
-        Arc::new(NativeRuntime::new(native).context("starting the container runtime")?);
+    // Logs of finished instances outlive their containers (`crate::kept_logs`).
+    let kept = crate::kept_logs::KeptLogs::new(
+        layout.agent().join("finished-logs"),
+        Duration::from_secs(u64::from(cluster.spec.finished_run_max_age_hours) * 3600),
+    );
+    let runtime: Arc<dyn ContainerRuntime> = Arc::new(crate::kept_logs::KeepingRuntime {
+        inner: Arc::new(NativeRuntime::new(native).context("starting the container runtime")?),
+        kept: kept.clone(),
+    });
     let caps = runtime.capabilities();
     tracing::info!(rootless = caps.rootless, cgroups = ?caps.cgroup_mode, rootfs = ?caps.rootfs, "container runtime ready");
     for note in &caps.notes {
@@ -376,6 +385,7 @@ fn start_base(options: &NodeOptions) -> Result<NodeBase> {
         pki,
         node,
         runtime,
+        kept,
         tasks,
         feed_tx,
         status_rx,
@@ -543,6 +553,7 @@ async fn worker(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
             node: node.clone(),
             runtime: base.runtime.clone(),
             builds: base.builds.clone(),
+            kept: Some(base.kept.clone()),
         }),
         limiter: http::default_rate_limiter(),
     });
@@ -779,6 +790,7 @@ async fn control_plane(base: &mut NodeBase, options: &NodeOptions) -> Result<Etc
                 node: node.clone(),
                 runtime: base.runtime.clone(),
                 builds: base.builds.clone(),
+                kept: Some(base.kept.clone()),
             },
             store: store.clone(),
             api_port: cluster.spec.api_port,

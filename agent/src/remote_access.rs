@@ -85,6 +85,10 @@ async fn refused(node: &str, response: reqwest::Response) -> AccessError {
 
 #[async_trait::async_trait]
 impl InstanceAccess for ClusterAccess {
+    async fn kept(&self, key: &kat_api::WorkloadKey, id: &str) -> Option<InstanceRecord> {
+        self.local.kept(key, id).await
+    }
+
     async fn logs(
         &self,
         record: &InstanceRecord,

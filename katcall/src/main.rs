@@ -57,6 +57,10 @@ enum Command {
         namespace: String,
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
+        /// Instances: also the finished ones kept with their exit codes and logs (the last
+        /// `finishedRunHistory` runs of each workload, see cluster.kat).
+        #[arg(short = 'a', long)]
+        all: bool,
     },
     /// Show a workload (spec summary, status, instances, recent events) or a node (state,
     /// whether it leads, resources, taints, labels, its instances, recent events).
@@ -343,7 +347,8 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             what,
             namespace,
             output,
-        } => workloads::get(&client, &what, &namespace, output).await?,
+            all,
+        } => workloads::get(&client, &what, &namespace, output, all).await?,
         Command::Describe {
             kind, name, output, ..
         } if kind == "node" => nodes::describe(&client, &name, output).await?,

@@ -31,7 +31,28 @@ async fn resolve(client: &Client, target: &str, ns: &str) -> Result<(String, Str
         )
     });
     let Some(first) = instances.first() else {
-        bail!("workload {ns}/{workload} has no instances yet (see `katcall describe workload {workload}`)");
+        // Nothing has a record now (a Job between runs): the last run's output, kept.
+        let kept = crate::workloads::finished(client, ns, Some(&workload)).await?;
+        let Some(last) = kept.last() else {
+            bail!("workload {ns}/{workload} has no instances yet, and none that finished is kept (see `katcall describe workload {workload}`)");
+        };
+        let same_run = kept.iter().filter(|f| f.run() == last.run()).count();
+        eprintln!(
+            "katcall: {workload} has no instance now; showing {} ({:?}{}, finished {} ago on node {}){}",
+            last.record.instance_id,
+            last.state,
+            last.exit_code
+                .map(|c| format!(", exit code {c}"))
+                .unwrap_or_default(),
+            crate::output::age(Some(&last.finished_at)),
+            last.record.node,
+            if same_run > 1 {
+                format!("; its run had {same_run} instances (`katcall get instances --all`)")
+            } else {
+                String::new()
+            }
+        );
+        return Ok((workload, last.record.instance_id.clone()));
     };
     if instances.len() > 1 {
         eprintln!(

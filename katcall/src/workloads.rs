@@ -56,7 +56,10 @@ pub async fn workloads(client: &Client, ns: &str) -> Result<Vec<WorkloadObject>>
     client.get_json(&format!("/n/{ns}/workloads")).await
 }
 
-pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Result<()> {
+pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: bool) -> Result<()> {
+    if all && !matches!(what, "instances" | "instance" | "inst") {
+        anyhow::bail!("--all applies to `katcall get instances` only");
+    }
     let wide = format == Format::Wide;
     match what {
         "workloads" | "workload" | "wl" => {
@@ -88,11 +91,20 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
             print_or_empty(&header, &rows, &format!("no workloads in namespace {ns}"));
         }
         "instances" | "instance" | "inst" => {
-            let list: Vec<InstanceStatus> = workloads(client, ns)
+            let mut list: Vec<InstanceStatus> = workloads(client, ns)
                 .await?
                 .into_iter()
                 .flat_map(|w| w.status.instances)
                 .collect();
+            if all {
+                // Finished ones kept, after those that still have a record (a Service's
+                // that ended under Never is both: listed once).
+                for f in finished(client, ns, None).await? {
+                    if !list.iter().any(|i| i.instance_id == f.record.instance_id) {
+                        list.push(f.status());
+                    }
+                }
+            }
             if structured(format, &list)? {
                 return Ok(());
             }
@@ -190,6 +202,19 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format) -> Resul
         ),
     }
     Ok(())
+}
+
+/// Finished instances kept in `ns` (of `workload` only, if given), oldest first.
+pub async fn finished(
+    client: &Client,
+    ns: &str,
+    workload: Option<&str>,
+) -> Result<Vec<kat_api::finished::FinishedInstance>> {
+    let path = match workload {
+        Some(w) => format!("/n/{ns}/finished-instances?workload={w}"),
+        None => format!("/n/{ns}/finished-instances"),
+    };
+    client.get_json(&path).await
 }
 
 /// The LEADER column of `get nodes`: `yes` on the node that leads now, `-` elsewhere.

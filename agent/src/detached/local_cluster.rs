@@ -239,6 +239,7 @@ impl LocalCluster {
                     node: node.clone(),
                     runtime: parts.runtime.clone(),
                     builds: parts.builds.clone(),
+                    kept: None,
                 },
                 store: store.clone(),
                 api_port: parts.cluster.spec.api_port,

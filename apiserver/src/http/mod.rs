@@ -158,6 +158,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/n/:ns/instances", get(workloads::instances))
         .route("/instances", get(workloads::all_instances))
         .route(
+            "/n/:ns/finished-instances",
+            get(workloads::finished_instances),
+        )
+        .route(
             "/n/:ns/workloads/:name/instances/:id/logs",
             get(streams::logs::<ApiState>),
         )

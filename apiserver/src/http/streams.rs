@@ -90,6 +90,12 @@ pub trait InstanceAccess: Send + Sync {
         record: &InstanceRecord,
         request: ExecRequest,
     ) -> Result<ExecSession, AccessError>;
+
+    /// A finished instance whose log this node kept after its container was removed, as a
+    /// record to stream from (a worker's API finds no assignment for it). `None`: not kept.
+    async fn kept(&self, _key: &WorkloadKey, _id: &str) -> Option<InstanceRecord> {
+        None
+    }
 }
 
 /// For a leader without a local agent: every stream is unavailable.

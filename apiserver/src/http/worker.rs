@@ -44,17 +44,23 @@ pub struct WorkerApi {
 #[async_trait::async_trait]
 impl StreamSource for WorkerApi {
     async fn instance(&self, key: &WorkloadKey, id: &str) -> Result<InstanceRecord, ApiError> {
-        self.instances
+        let assigned = self
+            .instances
             .borrow()
             .get(id)
             .filter(|r| r.workload_key() == *key)
-            .cloned()
-            .ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "instance {id} of workload {key} does not run on node {}",
-                    self.node
-                ))
-            })
+            .cloned();
+        if let Some(r) = assigned {
+            return Ok(r);
+        }
+        // A finished instance: its container is gone, its log kept here.
+        if let Some(r) = self.access.kept(key, id).await {
+            return Ok(r);
+        }
+        Err(ApiError::not_found(format!(
+            "instance {id} of workload {key} does not run on node {}, and no log of it is kept there",
+            self.node
+        )))
     }
 
     fn access(&self) -> Arc<dyn InstanceAccess> {

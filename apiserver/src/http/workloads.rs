@@ -178,3 +178,25 @@ pub async fn all_instances(
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.reported_instances(None).await?))
 }
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinishedParams {
+    workload: Option<String>,
+}
+
+/// Finished instances kept (`finishedRunHistory`), oldest first: the record, how it ended.
+pub async fn finished_instances(
+    State(state): State<Arc<ApiState>>,
+    Path(ns): Path<String>,
+    params: Result<axum::extract::Query<FinishedParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let axum::extract::Query(p) =
+        params.map_err(|e| ApiError::bad_request(format!("{e} (expected workload)")))?;
+    Ok(Json(
+        state
+            .service
+            .finished_instances(&ns, p.workload.as_deref())
+            .await?,
+    ))
+}

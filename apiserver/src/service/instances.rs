@@ -1,7 +1,8 @@
 //! Instances: finding the record of one (logs, exec); what runs now, as nodes report it.
 
+use kat_api::finished::FinishedInstance;
 use kat_api::keys;
-use kat_api::wire::{InstanceRecord, InstanceStatus};
+use kat_api::wire::{ErrorCode, InstanceRecord, InstanceStatus, NodeState};
 use kat_api::WorkloadKey;
 
 use super::{Error, Result, Service};
@@ -23,10 +24,79 @@ impl Service {
                 }
             }
         }
+        if let Some(kv) = self
+            .store
+            .get(&keys::finished_instance(&key.namespace, &key.name, id))
+            .await?
+        {
+            let f: FinishedInstance = serde_json::from_slice(&kv.value).map_err(|e| {
+                Error::new(
+                    ErrorCode::Internal,
+                    format!("the kept record of instance {id} of {key} does not decode: {e}"),
+                )
+            })?;
+            return self.reachable_finished(key, f).await;
+        }
         Err(Error::not_found(format!(
-            "instance {id} of workload {key} not found (see `katcall get instances -n {}`)",
+            "instance {id} of workload {key} not found (see `katcall get instances --all -n {}`)",
             key.namespace
         )))
+    }
+
+    /// The record of a finished instance, if the node that kept its log can be asked;
+    /// otherwise an error that names that node and what became of it.
+    async fn reachable_finished(
+        &self,
+        key: &WorkloadKey,
+        f: FinishedInstance,
+    ) -> Result<InstanceRecord> {
+        let node = f.record.node.clone();
+        let id = &f.record.instance_id;
+        match self.nodes().await?.get(&node) {
+            None => Err(Error::not_found(format!(
+                "instance {id} of {key} ran on node {node}, which is no longer in the cluster: its logs were kept on that node and cannot be read any more"
+            ))),
+            Some(n) if n.state == NodeState::NotReady => Err(Error::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "instance {id} of {key} ran on node {node}, which is NotReady (last heartbeat {}): its logs are kept there; try again once the node is back",
+                    n.last_heartbeat.as_deref().unwrap_or("never")
+                ),
+            )),
+            Some(_) => Ok(f.record),
+        }
+    }
+
+    /// Finished instances kept in namespace `ns` (of `workload` only, if given), oldest
+    /// first.
+    pub async fn finished_instances(
+        &self,
+        ns: &str,
+        workload: Option<&str>,
+    ) -> Result<Vec<FinishedInstance>> {
+        kat_leader::namespaces::get(&*self.store, ns).await?;
+        let prefix = match workload {
+            Some(w) => keys::finished_instances(ns, w),
+            None => keys::finished_in_namespace(ns),
+        };
+        let mut out: Vec<FinishedInstance> = self
+            .store
+            .list(&prefix)
+            .await?
+            .kvs
+            .iter()
+            .filter_map(|kv| match serde_json::from_slice(&kv.value) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::warn!(key = %kv.key, error = %e, "a kept instance record does not decode");
+                    None
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (a.finished_ms, &a.record.instance_id).cmp(&(b.finished_ms, &b.record.instance_id))
+        });
+        Ok(out)
     }
 
     /// Instances as their nodes last reported them, with what each uses; of namespace `ns`
