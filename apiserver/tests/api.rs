@@ -238,3 +238,112 @@ async fn nodes_mark_the_leader_from_its_record() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(leaders(&body).is_empty(), "{body}");
 }
+
+/// Logs of a finished instance: the API finds its kept record; when the node that ran it has
+/// left the cluster, or is NotReady, the error names that node. `finished-instances` lists
+/// what is kept and refuses unknown parameters.
+#[tokio::test]
+async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
+    use kat_api::finished::FinishedInstance;
+    use kat_api::keys;
+    use kat_api::wire::{ErrorBody, InstanceRecord, InstanceState, NodeRegistration};
+    let api = Api::new();
+    api.store
+        .put(
+            &keys::namespace("default"),
+            br#"{"metadata":{"name":"default","uid":"u","creationTimestamp":"2025-01-01T00:00:00Z"}}"#.to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    let kept = |id: &str, node: &str| FinishedInstance {
+        record: InstanceRecord {
+            instance_id: id.into(),
+            namespace: "default".into(),
+            workload: "report".into(),
+            node: node.into(),
+            generation: 1,
+            spec_hash: "h".into(),
+            workload_type: kat_api::workload::WorkloadType::Job,
+            requests: Default::default(),
+            job_run: Some("0000000001".into()),
+            created_at: "2025-01-01T00:00:00Z".into(),
+            ip: None,
+            host_ports: vec![],
+        },
+        state: InstanceState::Succeeded,
+        exit_code: Some(0),
+        reason: None,
+        started_at: None,
+        finished_at: "2025-01-01T00:01:00Z".into(),
+        finished_ms: 1,
+    };
+    for (id, node) in [("report-a", "gone"), ("report-b", "quiet")] {
+        api.store
+            .put(
+                &keys::finished_instance("default", "report", id),
+                serde_json::to_vec(&kept(id, node)).unwrap(),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    // "quiet" is registered but has never sent a heartbeat: NotReady.
+    let reg = NodeRegistration {
+        name: "quiet".into(),
+        addresses: vec![],
+        labels: BTreeMap::new(),
+        taints: vec![],
+        draining: false,
+    };
+    api.store
+        .put(
+            &keys::node_registration("quiet"),
+            serde_json::to_vec(&reg).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+
+    let logs = |id: &str| format!("/v1alpha1/n/default/workloads/report/instances/{id}/logs");
+    let (status, body) = api.send(Method::GET, &logs("report-a"), vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let e: ErrorBody = serde_json::from_str(&body).unwrap();
+    assert!(
+        e.message
+            .contains("ran on node gone, which is no longer in the cluster"),
+        "{}",
+        e.message
+    );
+    let (status, body) = api.send(Method::GET, &logs("report-b"), vec![]).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let e: ErrorBody = serde_json::from_str(&body).unwrap();
+    assert!(
+        e.message.contains("ran on node quiet, which is NotReady"),
+        "{}",
+        e.message
+    );
+    // An id nothing knows: 404 that points at --all.
+    let (status, body) = api.send(Method::GET, &logs("report-zzz"), vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("get instances --all"), "{body}");
+
+    let (status, body) = api
+        .send(
+            Method::GET,
+            "/v1alpha1/n/default/finished-instances?workload=report",
+            vec![],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let listed: Vec<FinishedInstance> = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed.len(), 2);
+    let (status, _) = api
+        .send(
+            Method::GET,
+            "/v1alpha1/n/default/finished-instances?bogus=1",
+            vec![],
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
