@@ -82,8 +82,9 @@ pub const MAX_WAITING: usize = 64;
 /// How long a waiting connection waits for a slot before it is closed.
 pub const CONNECTION_WAIT: Duration = Duration::from_secs(2);
 /// Connections from one address that have shown no node certificate (or have not finished
-/// their handshake yet).
-pub const MAX_PER_ADDRESS: usize = 64;
+/// their handshake yet): half of [`MAX_CONNECTIONS`], so one host can never hold them all,
+/// while a busy client host (a CI runner, a node's local users) still has plenty.
+pub const MAX_PER_ADDRESS: usize = MAX_CONNECTIONS / 2;
 /// The handshake a connection past [`MAX_PER_ADDRESS`] gets to show a node certificate.
 pub const OVER_CAP_HANDSHAKE: Duration = Duration::from_secs(1);
 /// At most one warning about the connection limit per this period.
