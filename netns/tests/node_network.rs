@@ -203,7 +203,8 @@ async fn containers_talk_to_each_other_the_node_and_the_outside() {
         ])
         .spawn()
         .expect("busybox nc in b");
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Waits on a condition: generous, so that a loaded machine only makes it slower.
+    let deadline = Instant::now() + Duration::from_secs(20);
     let reply = loop {
         let out = inside(
             ka,
@@ -280,7 +281,8 @@ async fn containers_talk_to_each_other_the_node_and_the_outside() {
     // The holder stops once its record is gone (a removed data directory).
     let keeper = net.keeper_pid();
     net.remove();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Waits on a condition: generous, so that a loaded machine only makes it slower.
+    let deadline = Instant::now() + Duration::from_secs(20);
     while std::path::Path::new(&format!("/proc/{keeper}")).exists() {
         assert!(Instant::now() < deadline, "the holder did not stop");
         std::thread::sleep(Duration::from_millis(100));
@@ -622,7 +624,8 @@ async fn the_overlay_carries_container_traffic_encrypted() {
     let _ = listen.kill();
     let _ = listen.wait();
 
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Waits on a condition: generous, so that a loaded machine only makes it slower.
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut state = a.overlay_state();
     while state.first().is_none_or(|p| p.rx_bytes == 0) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
@@ -757,7 +760,8 @@ s,_=t.accept(); s.sendall(b'tcp '+s.recv(100)); s.close()\n";
 
     // No longer published: the host port closes.
     published.send_replace(vec![]);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Waits on a condition: generous, so that a loaded machine only makes it slower.
+    let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::TcpStream::connect(("127.0.0.1", tcp_port))
         .await
         .is_ok()
