@@ -922,20 +922,18 @@ pub(crate) async fn leader_role(
             since: rfc3339(SystemTime::now()),
         };
         let recorded = match serde_json::to_vec(&record) {
-            Ok(value) => {
-                store
-                    .txn(kat_store::Txn::new().and_then([
-                        kat_store::TxnOp::put_leased(
-                            keys::LEADER_ENDPOINT,
-                            endpoint.clone().into_bytes(),
-                            leadership.lease(),
-                        ),
-                        kat_store::TxnOp::put_leased(keys::LEADER, value, leadership.lease()),
-                    ]))
-                    .await
-                    .map(|_| ())
-                    .map_err(anyhow::Error::from)
-            }
+            Ok(value) => store
+                .txn(kat_store::Txn::new().and_then([
+                    kat_store::TxnOp::put_leased(
+                        keys::LEADER_ENDPOINT,
+                        endpoint.clone().into_bytes(),
+                        leadership.lease(),
+                    ),
+                    kat_store::TxnOp::put_leased(keys::LEADER, value, leadership.lease()),
+                ]))
+                .await
+                .map(|_| ())
+                .map_err(anyhow::Error::from),
             Err(e) => Err(anyhow::Error::from(e)),
         };
         if let Err(e) = recorded {

@@ -223,9 +223,7 @@ pub async fn serve_with_limits(
             }
         };
         let address = per_address.take(peer.ip(), limits.max_per_address);
-        if address.is_none()
-            && warned_address.is_none_or(|t| t.elapsed() >= FULL_WARNING_EVERY)
-        {
+        if address.is_none() && warned_address.is_none_or(|t| t.elapsed() >= FULL_WARNING_EVERY) {
             warned_address = Some(Instant::now());
             tracing::warn!(
                 address = %peer.ip(),
@@ -1121,7 +1119,9 @@ mod tests {
         let elsewhere = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(api.pki.ca_pem.as_bytes()).unwrap())
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(api.pki.ca_pem.as_bytes()).unwrap(),
+            )
             .local_address(IpAddr::from([127, 0, 0, 2]))
             .build()
             .unwrap();
@@ -1147,7 +1147,10 @@ mod tests {
             if r.is_ok_and(|r| r.status().is_success()) {
                 break;
             }
-            assert!(Instant::now() < deadline, "the address never got a slot back");
+            assert!(
+                Instant::now() < deadline,
+                "the address never got a slot back"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

@@ -37,21 +37,38 @@ async fn a_pinned_service_is_not_replaced_while_its_node_is_lost() {
         "  nodeSelector:\n    kat.dws.rip/nodeName: node-2\n",
     );
     c.apply(&[("workload.kat", &pinned)]).await;
-    c.run_until(5, |c| c.healthy_of("notes") == 1).await.unwrap();
-    let before: Vec<String> = c.live_of("notes").iter().map(|r| r.instance_id.clone()).collect();
+    c.run_until(5, |c| c.healthy_of("notes") == 1)
+        .await
+        .unwrap();
+    let before: Vec<String> = c
+        .live_of("notes")
+        .iter()
+        .map(|r| r.instance_id.clone())
+        .collect();
     assert_eq!(c.live_of("notes")[0].node, "node-2");
     c.node("node-2").partitioned = true;
     // Well past the 30 s loss timeout: node-2 is NotReady.
     c.run_until(90, |_| false).await.unwrap();
     let records = c.store.list("/kat/instances/").await.unwrap().kvs;
-    assert_eq!(records.len(), 1, "no replacement record while node-2 is lost");
+    assert_eq!(
+        records.len(),
+        1,
+        "no replacement record while node-2 is lost"
+    );
     c.node("node-2").partitioned = false;
     c.run_until(10, |_| false).await.unwrap();
-    let after: Vec<String> = c.live_of("notes").iter().map(|r| r.instance_id.clone()).collect();
+    let after: Vec<String> = c
+        .live_of("notes")
+        .iter()
+        .map(|r| r.instance_id.clone())
+        .collect();
     assert_eq!(before, after, "the same instance runs on, never restarted");
     let reasons: Vec<String> = events(&c).await.into_iter().map(|e| e.reason).collect();
     assert!(reasons.contains(&"NodeNotReady".to_string()), "{reasons:?}");
-    assert!(!reasons.contains(&"InstanceLost".to_string()), "{reasons:?}");
+    assert!(
+        !reasons.contains(&"InstanceLost".to_string()),
+        "{reasons:?}"
+    );
     no_duplicate_ids(&c);
 }
 

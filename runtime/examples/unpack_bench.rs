@@ -65,8 +65,12 @@ fn make_layer(path: &Path, dirs: usize, files: usize) -> u64 {
             l.set_entry_type(tar::EntryType::Symlink);
             l.set_mode(0o777);
             l.set_size(0);
-            tar.append_link(&mut l, format!("usr/lib/d{}/s{f}", f % dirs), format!("f{f}"))
-                .expect("append a symlink");
+            tar.append_link(
+                &mut l,
+                format!("usr/lib/d{}/s{f}", f % dirs),
+                format!("f{f}"),
+            )
+            .expect("append a symlink");
         }
         if f % 25 == 0 {
             let mut l = tar::Header::new_gnu();
@@ -77,7 +81,10 @@ fn make_layer(path: &Path, dirs: usize, files: usize) -> u64 {
         }
     }
     let gz = tar.into_inner().expect("finish the tar");
-    gz.finish().expect("finish the gzip").flush().expect("flush");
+    gz.finish()
+        .expect("finish the gzip")
+        .flush()
+        .expect("flush");
     bytes
 }
 

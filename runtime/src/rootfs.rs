@@ -167,8 +167,7 @@ mod tests {
         std::os::unix::fs::symlink("/bin/busybox", root.join("bin/sh")).unwrap();
         // `..` past the root stays at the root, as it does after pivot_root: this names the
         // image's /usr/bin/env, not the host's.
-        std::os::unix::fs::symlink("../../../../../usr/bin/env", root.join("bin/escape"))
-            .unwrap();
+        std::os::unix::fs::symlink("../../../../../usr/bin/env", root.join("bin/escape")).unwrap();
         let tree = TreeDir::open(root).unwrap();
         assert_eq!(find_executable(&tree, "sh", &[]).unwrap(), "sh");
         assert_eq!(find_executable(&tree, "/bin/sh", &[]).unwrap(), "/bin/sh");

@@ -46,9 +46,7 @@ pub fn start(
             .as_mut()
             .ok_or("no pipe to the helper")?
             .read_exact(&mut ready)
-            .map_err(|e| {
-                format!("the helper did not create its user namespace: {e}")
-            })?;
+            .map_err(|e| format!("the helper did not create its user namespace: {e}"))?;
         let pid = child.id();
         write_map(pid, "uid", uids)?;
         write_map(pid, "gid", gids)?;

@@ -366,7 +366,10 @@ fn chmod_attack(unpacker: Unpacker) {
     bytes.extend_from_slice(&tail);
     let work = tmp.path().join("work");
     let unpacked = run_image_with(unpacker, &work, &[bytes.clone(), bytes]);
-    assert_eq!(unpacked, 2, "both layers are accepted (the symlinks replace the directories)");
+    assert_eq!(
+        unpacked, 2,
+        "both layers are accepted (the symlinks replace the directories)"
+    );
     let file_mode = std::fs::metadata(&host_file).unwrap().mode() & 0o7777;
     let dir_mode = std::fs::metadata(&host_dir).unwrap().mode() & 0o7777;
     assert_eq!(
@@ -494,7 +497,8 @@ fn the_unpacker_runs_as_an_id_that_owns_nothing() {
     // Now a real layer, which it unpacks and hands to the store's owner.
     let mut b = tar::Builder::new(Vec::new());
     let mut h = header(tar::EntryType::Regular, 0o644, 5);
-    b.append_data(&mut h, "etc/hostname", &b"kat\n"[..]).unwrap();
+    b.append_data(&mut h, "etc/hostname", &b"kat\n"[..])
+        .unwrap();
     std::io::Write::write_all(&mut writer, &b.into_inner().unwrap()).unwrap();
     drop(writer);
     let stats = unpacking.join().unwrap().expect("the layer unpacks");

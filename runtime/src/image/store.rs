@@ -21,9 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{digest_hex, RunConfig};
 use super::layer::{self, Ownership};
-use super::unpack_sandbox::UnpackSandbox;
 use super::limits::{Budget, PullTimeouts, UnpackLimits};
 use super::snapshot;
+use super::unpack_sandbox::UnpackSandbox;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::idmap::IdMap;
 use crate::tree_dir::remove_tree;

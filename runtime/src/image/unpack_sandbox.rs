@@ -94,13 +94,15 @@ impl UnpackSandbox {
         // the store's directories are the agent's alone (0700).
         fs::set_permissions(&work, fs::Permissions::from_mode(0o777))
             .context(|| format!("chmod {}", work.display()))?;
-        let result = self.run_helper(blob, &work, digest, budget).and_then(|stats| {
-            let tree = work.join(TREE);
-            id_tool::run(&self.program, &self.range, &self.give_to_store(&tree))?;
-            fs::rename(&tree, dest)
-                .context(|| format!("moving layer {digest} into {}", dest.display()))?;
-            Ok(stats)
-        });
+        let result = self
+            .run_helper(blob, &work, digest, budget)
+            .and_then(|stats| {
+                let tree = work.join(TREE);
+                id_tool::run(&self.program, &self.range, &self.give_to_store(&tree))?;
+                fs::rename(&tree, dest)
+                    .context(|| format!("moving layer {digest} into {}", dest.display()))?;
+                Ok(stats)
+            });
         let cleaned = self.remove(&work);
         let stats = result?;
         cleaned?;
@@ -169,7 +171,9 @@ impl UnpackSandbox {
         };
         let child = userns_helper::start(command, &slice(self.slice.0), &slice(self.slice.1))
             .map_err(failed)?;
-        let out = child.wait_with_output().map_err(|e| failed(e.to_string()))?;
+        let out = child
+            .wait_with_output()
+            .map_err(|e| failed(e.to_string()))?;
         match serde_json::from_slice::<Outcome>(&out.stdout) {
             Ok(Outcome::Unpacked { stats, budget: b }) if out.status.success() => {
                 *budget = b;
