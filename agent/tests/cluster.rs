@@ -681,6 +681,84 @@ fn pinned(h: &Hosts, via: usize, name: &str) {
     );
 }
 
+/// A Job that ran on the worker keeps its output after its record and container are gone:
+/// asked through a control-plane node `via`, the leader finds the finished record and the
+/// worker serves the log it kept (`katcall logs JOB`, `get instances --all`).
+fn a_finished_job_on_the_worker_keeps_its_output(h: &Hosts, via: usize) {
+    let app = h.path("report");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(
+        app.join("workload.kat"),
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: report, namespace: default}}\nspec:\n  type: Job\n  source: {{image: {}/kat/busybox:latest}}\n  nodeSelector: {{kat.dws.rip/hostname: n{WORKER}}}\n  restartPolicy: {{condition: Never}}\n  container:\n    command: [/bin/sh, -c, 'echo report-from-$(hostname); exit 0']\n",
+            h.registry_addr
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        app.join("job.kat"),
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: JobDefinition\nspec:\n  completions: 1\n",
+    )
+    .unwrap();
+    let out = h.katcall(via, &["apply", "-f", &app.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut id = String::new();
+    wait(
+        "the report job to succeed on the worker",
+        Duration::from_secs(90),
+        || {
+            let list = h.json(via, &["get", "instances", "--all", "-o", "json"]);
+            match list
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|i| i["workload"] == "report" && i["state"] == "Succeeded")
+            {
+                Some(i) => {
+                    assert_eq!(i["node"], format!("n{WORKER}").as_str(), "{i}");
+                    id = i["instanceID"].as_str().unwrap_or_default().to_string();
+                    true
+                }
+                None => false,
+            }
+        },
+    );
+    let worker_log = h.dir.path().join(format!("n{WORKER}.log"));
+    wait(
+        "the worker to remove the report container",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&worker_log)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains("kept the log of a removed container") && l.contains(&id))
+        },
+    );
+    let out = h.katcall(via, &["logs", "report"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("report-from-"),
+        "logs of a finished Job through n{via}: stdout {stdout} stderr {stderr}"
+    );
+    assert!(
+        stderr.contains(&id) && stderr.contains("exit code 0"),
+        "{stderr}"
+    );
+    let out = h.katcall(via, &["delete", "workload", "report"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A worker's certificate: nothing in etcd, only its own records on the leader's API, and
 /// no logs or exec on another node. Each refusal beside a positive control.
 /// What a workload on the worker sends leaves from the worker's own address. A flood of
@@ -1011,6 +1089,7 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     assert_eq!(roles[&format!("n{WORKER}")], "worker", "{roles:?}");
     assert_eq!(roles["n2"], "control-plane", "{roles:?}");
     pinned(&h, 1, "onworker");
+    a_finished_job_on_the_worker_keeps_its_output(&h, 2);
     worker_cannot_overreach(&h);
     a_flood_from_the_workers_address_leaves_it_ready(&h);
     if h.unprivileged {
