@@ -393,8 +393,13 @@ impl Resources {
 }
 
 impl WorkloadSpec {
-    /// How long an instance leaving drains before it is stopped (`drainSeconds`).
+    /// How long an instance leaving drains before it is stopped (`drainSeconds`). A Job's
+    /// instances serve no one through DNS or published ports, and one stopped at its
+    /// deadline or the end of its run must stop then: they never drain.
     pub fn drain(&self) -> std::time::Duration {
+        if self.workload_type == WorkloadType::Job {
+            return std::time::Duration::ZERO;
+        }
         std::time::Duration::from_secs(u64::from(
             self.drain_seconds
                 .unwrap_or(DEFAULT_DRAIN_SECONDS)

@@ -1158,3 +1158,22 @@ fn drain_seconds_is_bounded_and_named() {
     let words = service_with("spec.drainSeconds", Some("soon"));
     assert_finding(&words, "drainSeconds");
 }
+
+#[test]
+fn a_jobs_instances_never_drain() {
+    let bundle = |kind: &str, extra: &str| {
+        let workload = format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: w\nspec:\n  type: {kind}\n  drainSeconds: 30\n  source:\n    image: busybox:1\n  restartPolicy:\n    condition: Never\n  container: {{}}\n");
+        let mut files = BTreeMap::from([("workload.kat".to_string(), workload.into_bytes())]);
+        if !extra.is_empty() {
+            files.insert("job.kat".to_string(), extra.as_bytes().to_vec());
+        }
+        WorkloadBundle::parse(files).expect("valid").workload
+    };
+    let job = bundle(
+        "Job",
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: JobDefinition\nspec:\n  completions: 1\n",
+    );
+    assert_eq!(job.spec.drain(), std::time::Duration::ZERO);
+    let service = bundle("Service\n  replicas: 1", "");
+    assert_eq!(service.spec.drain(), std::time::Duration::from_secs(30));
+}

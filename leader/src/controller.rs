@@ -113,6 +113,9 @@ pub struct Memory {
     pub statuses: HashMap<WorkloadKey, WorkloadStatus>,
     pub first_seen: HashMap<WorkloadKey, u64>,
     pub builds: crate::builds::BuildMemory,
+    /// Ended Service instances already kept once ([`crate::finished::reconcile`]): never
+    /// kept again after the retention dropped them.
+    pub archived: HashSet<String>,
 }
 
 /// What the controllers need to know about a workload, extracted once per round.
@@ -572,7 +575,7 @@ impl Leader {
         for r in orphans {
             round.delete_instance(r);
         }
-        crate::finished::reconcile(&mut round, &workloads, exists);
+        crate::finished::reconcile(&mut round, &workloads, exists, &mut memory.archived);
         for (key, runs) in &view.job_runs {
             if !exists(key) {
                 let ops = runs

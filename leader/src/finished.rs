@@ -35,30 +35,63 @@ pub fn archive_op(
         finished_at: reported
             .and_then(|s| s.finished_at.clone())
             .unwrap_or_else(|| round.wall.clone()),
-        finished_ms: round.wall_ms,
+        finished_ms: finished_ms(round, reported.and_then(|s| s.finished_at.as_deref())),
     };
-    TxnOp::put(
-        keys::finished_instance(&r.namespace, &r.workload, &r.instance_id),
-        serde_json::to_vec(&kept).unwrap_or_default(),
-    )
+    match serde_json::to_vec(&kept) {
+        Ok(value) => TxnOp::put(
+            keys::finished_instance(&r.namespace, &r.workload, &r.instance_id),
+            value,
+        ),
+        // Never an empty value in its place (a reader takes that for a corrupt record).
+        Err(e) => {
+            tracing::warn!(instance = %r.instance_id, error = %e, "cannot encode a finished instance; not kept");
+            TxnOp::delete(keys::finished_instance(
+                &r.namespace,
+                &r.workload,
+                &r.instance_id,
+            ))
+        }
+    }
+}
+
+/// When it finished, in ms since the epoch: as its node reported it (the same every round),
+/// else now.
+fn finished_ms(round: &Round<'_>, reported: Option<&str>) -> u64 {
+    reported
+        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(round.wall_ms, |d| d.as_millis() as u64)
 }
 
 /// Keep Service instances that ended for good; drop what the retention no longer keeps and
 /// what deleted workloads left. `exists` says whether a workload is still there.
+/// An ended instance is kept once, and only if the retention would keep it: one the
+/// retention already dropped (or would drop at once) is never written again, so a
+/// workload with more ended instances than `finishedRunHistory` (or a history of 0) does
+/// not make every round save and prune the same records.
 pub fn reconcile(
     round: &mut Round<'_>,
     workloads: &[WorkloadCtx],
     exists: impl Fn(&WorkloadKey) -> bool,
+    archived: &mut std::collections::HashSet<String>,
 ) {
     let view = round.view;
+    let retention = round.config.finished;
     for w in workloads {
         let gives_up = w.desired.workload.spec.restart_policy.condition != RestartCondition::Always;
         if w.workload_type == WorkloadType::Job || !gives_up {
             continue;
         }
         let kept = view.finished.get(&w.key);
+        let mut items: Vec<(String, u64)> = kept
+            .into_iter()
+            .flat_map(|k| k.values())
+            .map(|f| (f.run().to_string(), f.finished_ms))
+            .collect();
         for r in round.instances_of(&w.key) {
-            if kept.is_some_and(|k| k.contains_key(&r.instance_id)) {
+            if archived.contains(&r.instance_id)
+                || kept.is_some_and(|k| k.contains_key(&r.instance_id))
+            {
                 continue;
             }
             let Some(s) = round.status_of(&r.instance_id) else {
@@ -68,12 +101,22 @@ pub fn reconcile(
                 s.state,
                 InstanceState::Succeeded | InstanceState::Failed | InstanceState::OOMKilled
             ) {
+                archived.insert(r.instance_id.clone());
+                items.push((
+                    r.instance_id.clone(),
+                    finished_ms(round, s.finished_at.as_deref()),
+                ));
+                let refs: Vec<(&str, u64)> =
+                    items.iter().map(|(run, ms)| (run.as_str(), *ms)).collect();
+                if !retained(&refs, retention, round.wall_ms).contains(&(items.len() - 1)) {
+                    continue;
+                }
                 let op = archive_op(round, r, s.state, s.reason.clone());
                 round.plan.groups.push(vec![op]);
             }
         }
     }
-    let retention = round.config.finished;
+    archived.retain(|id| view.instances.contains_key(id));
     for (key, kept) in &view.finished {
         let items: Vec<(&str, u64)> = kept.values().map(|f| (f.run(), f.finished_ms)).collect();
         let keep = if exists(key) {

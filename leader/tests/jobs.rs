@@ -408,3 +408,40 @@ async fn a_service_that_ended_under_never_is_kept() {
     c.run_until(10, |_| false).await.unwrap();
     assert!(finished(&c, "always").await.is_empty());
 }
+
+/// More ended instances than the history keeps (and a history of none): the retention's
+/// choice is written once and stays; nothing is saved and pruned again round after round.
+#[tokio::test(start_paused = true)]
+async fn ended_services_beyond_the_history_are_not_saved_again_every_round() {
+    for history in [2, 0] {
+        let mut c = cluster_keeping(nodes(2), history, Duration::from_secs(24 * 3600)).await;
+        c.behaviour = Arc::new(|_| Behaviour {
+            healthy: true,
+            exit: Some((Duration::from_secs(5), 3)),
+        });
+        let service = "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: many\nspec:\n  type: Service\n  replicas: 5\n  source:\n    image: web:1\n  restartPolicy:\n    condition: Never\n  container:\n    resources:\n      requests: {cpu: 100m, memory: 64Mi}\n";
+        c.apply(&[("workload.kat", service)]).await;
+        c.run_until(15, |_| false).await.unwrap();
+        let revisions = |c: &kat_leader::sim::SimCluster| {
+            let store = c.store.clone();
+            async move {
+                store
+                    .list(&kat_api::keys::finished_instances("default", "many"))
+                    .await
+                    .unwrap()
+                    .kvs
+                    .iter()
+                    .map(|kv| (kv.key.clone(), kv.mod_revision))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let settled = revisions(&c).await;
+        assert_eq!(settled.len(), history, "history {history}: {settled:?}");
+        c.run_until(20, |_| false).await.unwrap();
+        assert_eq!(
+            revisions(&c).await,
+            settled,
+            "history {history}: the kept instances were written again"
+        );
+    }
+}

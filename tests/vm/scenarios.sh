@@ -278,6 +278,9 @@ s_limits() {
   [ "$(sudo cat "$bscope/pids.max")" = 64 ] || ok=1
   K delete workload bomb >/dev/null
   K delete workload hog >/dev/null
+  # Gone only after their drain (spec.drainSeconds, 5 s) and stop: later scenarios count scopes.
+  until_ok 60 bash -c "! ls -d $(slice)/kat-bomb-*.scope $(slice)/kat-hog-*.scope >/dev/null 2>&1" \
+    || { log "bomb or hog still has a scope"; ok=1; }
   return $ok
 }
 
