@@ -264,8 +264,10 @@ fn main() -> ExitCode {
     // A join token in the environment is read once, here, and taken out of it before any
     // thread starts: no child (etcd, container helpers) inherits it, and nothing later can
     // read it back.
+    // Scrubbed whatever it holds: a value that is not UTF-8 counts as no token, yet must not
+    // stay readable either.
     let env_token = std::env::var(join::TOKEN_ENV).ok();
-    if env_token.is_some() {
+    if std::env::var_os(join::TOKEN_ENV).is_some() {
         join::scrub_initial_environment(join::TOKEN_ENV);
     }
     std::env::remove_var(join::TOKEN_ENV);

@@ -175,9 +175,15 @@ pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&
     // Pinned to one node (a workload a detached node created, or `nodeName` set by hand):
     // a replacement could only go to that same node, and would make it restart a container
     // that may well still run there (a detached node keeps its workloads). The record stays.
+    // Only while the node is still registered: one removed for good is not coming back.
     let pinned = kat_api::pinning::pinned_node(&w.desired.workload);
     for r in round.instances_of(&w.key) {
-        if !round.node_ready(&r.node) && pinned == Some(r.node.as_str()) {
+        let registered = round
+            .view
+            .nodes
+            .get(&r.node)
+            .is_some_and(|n| n.registration.is_some());
+        if !round.node_ready(&r.node) && registered && pinned == Some(r.node.as_str()) {
             kept.push(r);
             continue;
         }

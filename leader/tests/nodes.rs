@@ -363,3 +363,35 @@ async fn a_new_leader_continues_without_duplicates() {
         .collect();
     assert_eq!(ids, after, "the new leader keeps the same instances");
 }
+
+/// A pinned Service whose node was removed for good (its registration gone) is not kept
+/// waiting for it: the record goes, with an event saying so.
+#[tokio::test(start_paused = true)]
+async fn a_pinned_service_on_a_removed_node_is_not_kept() {
+    let mut c = cluster(3).await;
+    let pinned = service(
+        "notes",
+        1,
+        "notes:1",
+        "  nodeSelector:\n    kat.dws.rip/nodeName: node-2\n",
+    );
+    c.apply(&[("workload.kat", &pinned)]).await;
+    c.run_until(5, |c| c.healthy_of("notes") == 1)
+        .await
+        .unwrap();
+    let id = c.live_of("notes")[0].instance_id.clone();
+    c.node("node-2").partitioned = true;
+    c.run_until(45, |_| false).await.unwrap();
+    c.store
+        .delete(&kat_api::keys::node_registration("node-2"))
+        .await
+        .unwrap();
+    c.run_until(5, |_| false).await.unwrap();
+    let records = c.store.list("/kat/instances/").await.unwrap().kvs;
+    assert!(
+        !records.iter().any(|kv| kv.key.contains(&id)),
+        "the record of {id} is kept for a node that is gone"
+    );
+    let reasons: Vec<String> = events(&c).await.into_iter().map(|e| e.reason).collect();
+    assert!(reasons.contains(&"InstanceLost".to_string()), "{reasons:?}");
+}
