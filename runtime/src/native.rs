@@ -281,12 +281,12 @@ impl NativeRuntime {
         match sandbox {
             Some(sandbox) => {
                 notes.push(format!(
-                    "image layers unpacked as uid {} (the reserved id slice), which owns nothing on the host",
+                    "image layers unpacked as uid {} (an id slice of their own), which owns nothing on the host",
                     sandbox.unpacks_as().0
                 ));
                 images = images.with_sandbox(sandbox);
             }
-            None => notes.push("image layers unpacked with the agent's own credentials: the id range has no slice to spare (give the agent's user at least two slices of 65536 ids)".into()),
+            None => notes.push("image layers unpacked with the agent's own credentials: the id range has no slice to spare (give the agent's user at least three slices of 65536 ids)".into()),
         }
         if rootless {
             notes.push("image files owned by non-root ids are owned by container root (unpacked without privilege)".into());
@@ -322,7 +322,7 @@ impl NativeRuntime {
     }
 
     /// Builds run as root of the last id slice, which no workload is given (layers are
-    /// unpacked there too: [`UnpackSandbox`]).
+    /// unpacked as the one before it: [`UnpackSandbox`]).
     pub fn builder(&self) -> Result<crate::build::Builder> {
         let range = self.range.as_ref().map_err(|e| {
             crate::build::BuildError::Unavailable(format!("no subordinate id range: {e}"))
@@ -785,8 +785,16 @@ impl NativeRuntime {
         if guard.is_none() {
             *guard = Some(IdSlices::load(
                 &self.config.root.join("id-slices.json"),
-                // The last slice is the builds' (`builder`).
-                range.slots().saturating_sub(1).max(1),
+                // The last slice is the builds' (`builder`), the one before it the layer
+                // unpacker's when the range has room for it.
+                range
+                    .slots()
+                    .saturating_sub(if UnpackSandbox::slot(range).is_some() {
+                        2
+                    } else {
+                        1
+                    })
+                    .max(1),
             )?);
         }
         let table = guard

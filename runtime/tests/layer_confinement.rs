@@ -448,6 +448,14 @@ fn a_layer_nesting_too_deep_is_refused() {
 fn the_unpacker_runs_as_an_id_that_owns_nothing() {
     let sandbox = sandbox();
     let (uid, gid) = sandbox.unpacks_as();
+    // A slice of its own: not the builds' (the last), whose steps run untrusted code.
+    let range = NodeIdRange::for_current_user().expect("a subuid range");
+    assert_eq!((uid, gid), range.slot_root(range.slots() - 2));
+    assert_ne!(
+        uid,
+        range.slot_root(range.slots() - 1).0,
+        "the builds' slice"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let fifo = tmp.path().join("blob");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();

@@ -3,8 +3,8 @@
 //! [`super::layer`] touches a layer's tree only by descriptor and never follows a symlink.
 //! This is the second wall, for the case that code missed: the unpacking runs in a helper
 //! process (`PROGRAM __kat-unpack-layer`, see [`crate::userns_helper`]) whose user namespace
-//! maps only the node's reserved id slice — the last one, which no workload is given
-//! (builds run there too, each in its own pid namespace) — and which becomes root there
+//! maps only an id slice reserved for it — the one before the builds' (the last), which no
+//! workload and no build is given — and which becomes root there
 //! before it reads a byte of the layer. On the host it is then the slice's root, an id that
 //! owns no host file, no key of the agent and nothing of any workload: the kernel refuses
 //! whatever a missed case would make it write outside. It reaches its work directory as its
@@ -61,14 +61,23 @@ pub struct UnpackSandbox {
 }
 
 impl UnpackSandbox {
-    /// The sandbox of a node with `range`, or `None` when the range has no slice to spare
-    /// (one slice of ids: the workloads').
+    /// The sandbox of a node with `range`, unpacking as the root of [`Self::slot`], or
+    /// `None` when the range has no slice to spare for it.
     pub fn new(program: PathBuf, range: NodeIdRange) -> Option<UnpackSandbox> {
-        (range.slots() >= 2).then(|| UnpackSandbox {
+        let slot = Self::slot(&range)?;
+        Some(UnpackSandbox {
             program,
             range,
-            slice: range.slot_root(range.slots() - 1),
+            slice: range.slot_root(slot),
         })
+    }
+
+    /// The slice unpacking uses: the one before the builds' (the last), so that no build
+    /// step (which runs as the builds' slice) can signal, trace or reach an unpacker, and no
+    /// workload is given it. `None` with fewer than three slices (one for workloads, one
+    /// for builds, one for this).
+    pub fn slot(range: &NodeIdRange) -> Option<u32> {
+        (range.slots() >= 3).then(|| range.slots() - 2)
     }
 
     /// Host uid and gid the helper unpacks as.
