@@ -31,6 +31,9 @@ use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
 /// Kept instance logs on one node, at most (the oldest go first).
 pub const MAX_KEPT: usize = 500;
 
+/// At most this much of a removed container's log is kept (its newest part).
+pub const MAX_KEPT_BYTES: usize = 4 << 20;
+
 /// Whose a kept log is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -117,6 +120,29 @@ impl KeptLogs {
 }
 
 /// One record in the runtime's log format (`TIME STREAM F|P TEXT`).
+/// The newest records of `rx` that fit in about `cap` bytes: a workload writes its own log
+/// (the runtime reads up to 256 MiB a file), and keeping it must not cost the agent as much
+/// memory.
+async fn newest_within(
+    rx: &mut tokio::sync::mpsc::Receiver<LogRecord>,
+    cap: usize,
+) -> Vec<LogRecord> {
+    let size = |r: &LogRecord| r.text.len() + r.time.len() + 16;
+    let mut records = std::collections::VecDeque::new();
+    let mut bytes = 0usize;
+    while let Some(r) = rx.recv().await {
+        bytes += size(&r);
+        records.push_back(r);
+        while bytes > cap {
+            match records.pop_front() {
+                Some(old) => bytes -= size(&old),
+                None => break,
+            }
+        }
+    }
+    records.into()
+}
+
 fn record_line(r: &LogRecord) -> String {
     let stream = match r.stream {
         LogStream::Stdout => "stdout",
@@ -223,10 +249,7 @@ impl KeepingRuntime {
                 return;
             }
         };
-        let mut records = Vec::new();
-        while let Some(r) = rx.recv().await {
-            records.push(r);
-        }
+        let records = newest_within(&mut rx, MAX_KEPT_BYTES).await;
         let meta = KeptMeta {
             instance_id: instance.clone(),
             namespace: status.namespace.clone(),
@@ -396,6 +419,33 @@ mod tests {
         left.sort();
         // report-a1 (now), b3 (1 min), b2 (2 min) are the newest three; b1 and old go.
         assert_eq!(left, vec!["b2", "b3", "report-a1"]);
+    }
+
+    #[tokio::test]
+    async fn only_the_newest_part_of_a_huge_log_is_held() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        let sender = tokio::spawn(async move {
+            for i in 0..20_000 {
+                let r = LogRecord {
+                    time: "2026-11-25T00:00:00.000000000Z".into(),
+                    stream: LogStream::Stdout,
+                    partial: false,
+                    text: format!("{i:06} {}", "x".repeat(1000)),
+                };
+                if tx.send(r).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // 20,000 records of ~1 KiB: about 20 MiB sent, at most 1 MiB held.
+        let kept = newest_within(&mut rx, 1 << 20).await;
+        sender.await.unwrap();
+        let held: usize = kept.iter().map(|r| r.text.len()).sum();
+        assert!(held <= 1 << 20 && held > 900 << 10, "{held}");
+        assert!(
+            kept.last().unwrap().text.starts_with("019999"),
+            "the newest stay"
+        );
     }
 
     /// An instance's containers are removed newest first (`stop_later`): the kept log is the
