@@ -57,6 +57,9 @@ else
 fi
 REGISTRY=127.0.0.1:$PORT
 STARTED=()
+# A fixture that fails half-way takes down the registries it started: the caller never
+# learns their pids.
+trap 'rc=$?; [ $rc = 0 ] || [ ${#STARTED[@]} = 0 ] || kill "${STARTED[@]}" 2>/dev/null || true; exit $rc' EXIT
 
 need() { command -v "$1" >/dev/null 2>&1 || { echo "missing $1: run scripts/install-deps.sh" >&2; exit 1; }; }
 need buildah; need docker-registry; need curl; need htpasswd

@@ -234,8 +234,11 @@ fn with_ownership<T>(f: impl FnOnce(Ownership<'_>, bool) -> T) -> T {
 /// the reserved id slice (an id owning nothing on the host).
 fn sandbox() -> UnpackSandbox {
     let range = NodeIdRange::for_current_user().expect("the test user has a subuid range");
-    UnpackSandbox::new(env!("CARGO_BIN_EXE_kat-runtime-helper").into(), range)
-        .expect("the test user's range has a slice to spare")
+    // The VM stage runs this binary away from its build tree, with the helper beside it.
+    let helper = std::env::var_os("KAT_TEST_CREATE_HELPER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_kat-runtime-helper").into());
+    UnpackSandbox::new(helper, range).expect("the test user's range has a slice to spare")
 }
 
 /// How a test unpacks: the descriptor code alone, or inside the sandbox as well.
@@ -321,6 +324,8 @@ proptest! {
         let tars: Vec<Vec<u8>> = layers.iter().map(|l| tar_of(l, &sentinel)).collect();
         run_image_with(Unpacker::Sandboxed, &tmp.path().join("work"), &tars);
         prop_assert_eq!(before, survey(&sentinel));
+        let beside: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        prop_assert_eq!(beside, vec![std::ffi::OsString::from("sentinel")]);
         let _ = std::fs::set_permissions(sentinel.join("etc/sub"), std::fs::Permissions::from_mode(0o755));
     }
 }

@@ -24,9 +24,12 @@ VM=${KAT_VM_DIR:-$ROOT/../shared/vm}
 
 echo "==> fixtures: static kat-init, busybox image, loopback registry"
 source <(scripts/test-fixtures.sh)
+STAGE=
+# The registries this stage started (none when test.sh's are running) go with it.
+trap '[ -z "$STAGE" ] || rm -rf "$STAGE"; [ -z "${KAT_TEST_REGISTRY_PIDS:-}" ] || kill $KAT_TEST_REGISTRY_PIDS 2>/dev/null || true' EXIT
 echo "==> release build"
 cargo build --release --locked -q -p kat-agent -p katcall
-echo "==> the runtime's lifecycle and escape tests, to run on cgroup v2 in the guest"
+echo "==> the runtime's lifecycle, escape and layer confinement tests, to run on cgroup v2 in the guest"
 test_binary() {
   cargo test -q -p kat-runtime --test "$1" --no-run --locked --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
@@ -37,15 +40,16 @@ for l in sys.stdin:
 }
 LIFECYCLE=$(test_binary lifecycle)
 ESCAPE=$(test_binary escape)
-for b in "$LIFECYCLE" "$ESCAPE"; do
+LAYERS=$(test_binary layer_confinement)
+for b in "$LIFECYCLE" "$ESCAPE" "$LAYERS"; do
   [ -x "$b" ] || { echo "tests/vm/run.sh: a runtime test binary was not built" >&2; exit 1; }
 done
 
 STAGE=$(mktemp -d /tmp/kat-vm-stage.XXXXXX)
-trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/kat-vm/bin" "$STAGE/kat-vm/registry" "$STAGE/kat-vm/tests"
 cp "$LIFECYCLE" "$STAGE/kat-vm/tests/lifecycle"
 cp "$ESCAPE" "$STAGE/kat-vm/tests/escape"
+cp "$LAYERS" "$STAGE/kat-vm/tests/layer_confinement"
 cp -a "$KAT_TEST_PROBE_DIR" "$STAGE/kat-vm/probe"
 cp target/debug/kat-runtime-helper "$STAGE/kat-vm/tests/"
 cp target/release/kat-agent target/release/katcall "$KAT_INIT" "$(command -v etcd)" \

@@ -107,6 +107,15 @@ s_runtime_v2() {
     env "${env[@]}" KAT_TEST_PROBE_DIR="$HERE/probe" KAT_TEST_CGROUP_MANAGER=cgroupfs "$t/escape" --test-threads 1 > rt-escape.log 2>&1 \
     || { grep -v "^\s*[0-9]*:\|at /" rt-escape.log | tail -40; ok=1; }
   grep -E "^test |test result|ticks" rt-escape.log | sed 's/^/   /'
+  # The layer attack as it was found, and the unpacker's ids, on this unprivileged user (the
+  # property tests run on the host, root and rootless: too many cases for emulation).
+  log "layer confinement: the chmod attack and the unpacker's ids, unprivileged"
+  env "${env[@]}" "$t/layer_confinement" --test-threads 1 \
+    a_layer_cannot_chmod_a_host_file_through_a_replaced_directory \
+    the_unpacker_runs_as_an_id_that_owns_nothing > rt-layers.log 2>&1 \
+    || { grep -v "^\s*[0-9]*:\|at /" rt-layers.log | tail -40; ok=1; }
+  grep -E "^test |test result" rt-layers.log | sed 's/^/   /'
+  grep -q "test result: ok. 2 passed" rt-layers.log || { log "layer confinement: not both tests ran"; ok=1; }
   # The tests remove their scopes; the empty kat.slice of tester goes too.
   systemctl --user stop kat.slice 2>/dev/null || true
   return $ok

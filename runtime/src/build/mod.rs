@@ -678,30 +678,26 @@ fn paths_in(src: &Path, context: &str, dockerfile: &str) -> Result<(PathBuf, Pat
 }
 
 /// Lets the build's root (another host id) read the checkout: directories 0755, files
-/// 0644 or 0755; symbolic links are left as they are.
+/// 0644 or 0755; symbolic links are left as they are. The checkout came from a repository
+/// someone else controls, so it is walked by descriptor (`crate::tree_dir`): a symlink is
+/// never followed out of it. Best effort: what cannot be opened stays as it is, and the
+/// build then fails to read it with its own message.
 fn open_tree(dir: &Path) {
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755));
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
+    let walked = crate::tree_dir::TreeDir::open(dir).and_then(|root| {
+        let _ = root.set_mode(0o755);
+        root.for_each_entry(|parent, name, entry| {
+            let mode = match entry.kind {
+                crate::tree_dir::Kind::Dir => 0o755,
+                crate::tree_dir::Kind::File if entry.mode & 0o100 != 0 => 0o755,
+                crate::tree_dir::Kind::File => 0o644,
+                _ => return Ok(()),
             };
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else if meta.is_file() {
-                let mode = if meta.permissions().mode() & 0o100 != 0 {
-                    0o755
-                } else {
-                    0o644
-                };
-                let _ =
-                    std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode));
-            }
-        }
+            let _ = parent.set_mode_of(name, mode);
+            Ok(())
+        })
+    });
+    if let Err(e) = walked {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot open the checkout to the build's user");
     }
 }
 

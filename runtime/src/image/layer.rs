@@ -454,13 +454,19 @@ pub(crate) fn unpack_into(
             Ok(dir) => dir
                 .set_mode(mode)
                 .map_err(|e| bad(digest, format!("chmod {}: {e}", rel.display())))?,
-            // Replaced by a later entry (a file or a symlink): its mode went with it.
+            // Replaced by a symlink (or under one): the mode is never applied through it.
+            // Harmless in a tar, and the shape of an attack on the host: said once per entry.
+            Err(e) if tree_dir::is_symlink_refusal(&e) => tracing::warn!(
+                layer = digest,
+                entry = %rel.display(),
+                "a directory of this layer was replaced by a symbolic link; its mode is not applied through the link (nothing outside the image is touched)"
+            ),
+            // Replaced by a later file, or removed: its mode went with it.
             Err(e)
-                if tree_dir::is_symlink_refusal(&e)
-                    || matches!(
-                        e.raw_os_error(),
-                        Some(nix::libc::ENOTDIR) | Some(nix::libc::ENOENT)
-                    ) => {}
+                if matches!(
+                    e.raw_os_error(),
+                    Some(nix::libc::ENOTDIR) | Some(nix::libc::ENOENT)
+                ) => {}
             Err(e) => return Err(bad(digest, format!("chmod {}: {e}", rel.display()))),
         }
     }
