@@ -83,6 +83,8 @@ struct State {
     containers: BTreeMap<String, Container>,
     images: BTreeSet<String>,
     pull_time: HashMap<String, Duration>,
+    /// Workloads whose containers never finish stopping (a stuck kernel, a hung disk).
+    stuck_stops: BTreeSet<String>,
     journal: Vec<(Instant, Call)>,
 }
 
@@ -104,6 +106,7 @@ impl FakeRuntime {
                 containers: BTreeMap::new(),
                 images: BTreeSet::new(),
                 pull_time: HashMap::new(),
+                stuck_stops: BTreeSet::new(),
                 journal: Vec::new(),
             }),
             run: Box::new(run),
@@ -134,6 +137,11 @@ impl FakeRuntime {
     /// Pulling `reference` takes this long (default: no time).
     pub fn set_pull_time(&self, reference: &str, took: Duration) {
         self.lock().pull_time.insert(normalized(reference), took);
+    }
+
+    /// Stopping a container of `workload` never returns.
+    pub fn stick_stops_of(&self, workload: &str) {
+        self.lock().stuck_stops.insert(workload.to_string());
     }
 
     /// A container left running by an earlier agent (for adoption).
@@ -311,12 +319,17 @@ impl ContainerRuntime for FakeRuntime {
             id: id.to_string(),
             grace,
         });
-        let stops_on_term = {
+        let (stops_on_term, stuck) = {
             let mut state = self.lock();
+            let c = state.containers.get(id).ok_or_else(|| not_found(id))?;
+            let stuck = state.stuck_stops.contains(&c.options.workload);
             let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
             c.settle(Instant::now());
-            c.ended.is_some() || c.run.stops_on_term
+            (c.ended.is_some() || c.run.stops_on_term, stuck)
         };
+        if stuck {
+            std::future::pending::<()>().await;
+        }
         if !stops_on_term {
             tokio::time::sleep(grace).await;
         }

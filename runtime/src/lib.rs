@@ -28,6 +28,7 @@ pub mod image;
 pub mod logs;
 pub mod native;
 pub mod network;
+pub mod reaping;
 pub mod rootfs;
 pub mod spec;
 pub mod state_file;

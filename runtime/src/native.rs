@@ -134,7 +134,7 @@ pub struct NativeRuntime {
     overlay: AtomicBool,
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if
     /// kat-init could not, a moment after the process is gone.
-    reaping: Arc<Mutex<HashSet<String>>>,
+    reaping: Arc<crate::reaping::Reaping>,
 }
 
 fn lc_error(context: impl Into<String>, e: impl std::fmt::Display) -> RuntimeError {
@@ -144,9 +144,10 @@ fn lc_error(context: impl Into<String>, e: impl std::fmt::Display) -> RuntimeErr
     }
 }
 
-/// Short blocking reads (a container's state files, libcontainer's state) that need `&self`:
-/// the async worker hands its other tasks to another worker while this one reads, so a slow
-/// disk never stalls heartbeats or the API. On a single-threaded runtime (tests) it just runs.
+/// Blocking work that needs `&self` (a container's state files, libcontainer's state, its
+/// directory made or removed, a wait for the reaper's word): the async worker hands its
+/// other tasks to another worker while this one blocks, so a slow disk or a stuck removal
+/// never stalls heartbeats or the API. On a single-threaded runtime (tests) it just runs.
 fn read_in_place<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
@@ -689,19 +690,13 @@ impl NativeRuntime {
         if let Some(pid) = init_pid {
             let (cgroups, id) = (self.cgroups.clone(), options.id.clone());
             let reaping = self.reaping.clone();
-            if let Ok(mut set) = reaping.lock() {
-                set.insert(options.id.clone());
-            }
+            reaping.started(&options.id);
             let done_id = options.id.clone();
             spawn_reaper(
                 pid.as_raw(),
                 logs,
                 move || cgroups.oom_killed(&id),
-                move || {
-                    if let Ok(mut set) = reaping.lock() {
-                        set.remove(&done_id);
-                    }
-                },
+                move || reaping.done(&done_id),
             );
         }
         if let Some(pid) = init_pid {
@@ -933,10 +928,6 @@ impl NativeRuntime {
         self.cgroups.remove(id);
     }
 
-    fn is_reaping(&self, id: &str) -> bool {
-        self.reaping.lock().map(|s| s.contains(id)).unwrap_or(false)
-    }
-
     fn status_of(&self, id: &str, meta: Meta) -> ContainerStatus {
         let container = self.load_container(id);
         let lc_status = container.as_ref().map(|c| c.status());
@@ -944,11 +935,9 @@ impl NativeRuntime {
         let read_exit = || read_exit_record(&self.dir(id).join("logs"));
         let mut exit = read_exit();
         if exit.is_none() && lc_status == Some(LcStatus::Stopped) {
-            // kat-init died without a record; if our reaper has it, its record is a moment away.
-            let deadline = std::time::Instant::now() + Duration::from_secs(2);
-            while self.is_reaping(id) && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            // kat-init died without a record; if our reaper has it, its record is a moment
+            // away: the reaper says when it is written.
+            self.reaping.wait_until_reaped(id, Duration::from_secs(2));
             exit = read_exit();
         }
         let state = match lc_status {
@@ -1158,31 +1147,33 @@ impl ContainerRuntime for NativeRuntime {
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {
         check_id(&options.id)?;
         let dir = self.dir(&options.id);
-        if dir.exists() || self.lib_root().join(&options.id).exists() {
-            return Err(RuntimeError::ContainerExists(options.id.clone()));
-        }
-        fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
-        // Ours alone until `create_in` knows the slice: then its root (a different host uid)
-        // may pass through to mount its overlay and bind sources, and no other user may.
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
-            .context(|| format!("chmod {}", dir.display()))?;
+        read_in_place(|| {
+            if dir.exists() || self.lib_root().join(&options.id).exists() {
+                return Err(RuntimeError::ContainerExists(options.id.clone()));
+            }
+            fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
+            // Ours alone until `create_in` knows the slice: then its root (a different host
+            // uid) may pass through to mount its overlay and bind sources, and no other user may.
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .context(|| format!("chmod {}", dir.display()))
+        })?;
         match self.create_in(options, &dir).await {
-            Ok(meta) => {
+            Ok(meta) => read_in_place(|| {
                 if let Err(e) = self.write_meta(&options.id, &meta) {
                     self.discard(&options.id);
                     return Err(e);
                 }
                 Ok(self.status_of(&options.id, meta))
-            }
+            }),
             Err(e) => {
-                self.discard(&options.id);
+                read_in_place(|| self.discard(&options.id));
                 Err(e)
             }
         }
     }
 
     async fn start(&self, id: &str) -> Result<()> {
-        let mut meta = self.read_meta(id)?;
+        let mut meta = read_in_place(|| self.read_meta(id))?;
         let lib_root = self.lib_root();
         let owned = id.to_string();
         blocking("starting the container", move || {
@@ -1206,12 +1197,14 @@ impl ContainerRuntime for NativeRuntime {
         })
         .await?;
         meta.started_at = Some(SystemTime::now());
-        self.write_meta(id, &meta)
+        read_in_place(|| self.write_meta(id, &meta))
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus> {
-        let meta = self.read_meta(id)?;
-        if let Some(mut c) = self.load_container(id) {
+        let (meta, container) = read_in_place(|| {
+            Ok::<_, RuntimeError>((self.read_meta(id)?, self.load_container(id)))
+        })?;
+        if let Some(mut c) = container {
             if matches!(
                 c.status(),
                 LcStatus::Running | LcStatus::Created | LcStatus::Paused
@@ -1232,12 +1225,12 @@ impl ContainerRuntime for NativeRuntime {
                 }
             }
         }
-        Ok(self.status_of(id, meta))
+        Ok(read_in_place(|| self.status_of(id, meta)))
     }
 
     async fn remove(&self, id: &str, force: bool) -> Result<()> {
-        let meta = self.read_meta(id)?;
-        let status = self.status_of(id, meta);
+        let status =
+            read_in_place(|| Ok::<_, RuntimeError>(self.status_of(id, self.read_meta(id)?)))?;
         if status.state == ContainerState::Running {
             if !force {
                 return Err(RuntimeError::WrongState {
@@ -1267,7 +1260,7 @@ impl ContainerRuntime for NativeRuntime {
             Ok(())
         })
         .await?;
-        self.discard(id);
+        read_in_place(|| self.discard(id));
         Ok(())
     }
 

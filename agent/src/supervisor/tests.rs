@@ -1,6 +1,6 @@
 //! The supervisor on the fake runtime under tokio's paused clock: restart backoff, MaxCount,
 //! health probes, adoption after an agent restart, deletion with its grace period, and a slow
-//! pull that delays nobody else.
+//! pull or a stop that never returns that delays nobody else.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -490,5 +490,65 @@ async fn only_ready_instances_are_published_and_a_leaving_one_drains_first() {
     assert!(
         after >= Duration::from_secs(3) && after < Duration::from_secs(4),
         "SIGTERM {after:?} after the deletion, not after the 3 s drain"
+    );
+}
+
+/// A stop that never returns (a hung kernel call, a stuck disk) holds only its own
+/// instance: the node's statuses (what its heartbeats carry) keep being published, the
+/// other instance keeps running, and a new one is created and started meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_stop_that_never_returns_delays_no_other_instance() {
+    let rt = runtime_with(|_| Run::forever());
+    rt.stick_stops_of("stuck");
+    let stuck = assignment("stuck", "stuck-1", "app:1", "{condition: Always}", None);
+    let web = assignment("web", "web-1", "app:1", "{condition: Always}", None);
+    let node = start(rt.clone(), &[stuck.clone(), web.clone()]);
+    for id in ["stuck-1", "web-1"] {
+        node.until(
+            Duration::from_secs(10),
+            state_is(id, InstanceState::Running),
+        )
+        .await;
+    }
+    // stuck-1 is deleted: its stop hangs for good.
+    node.feed
+        .send(Some((Source::Store, snap(std::slice::from_ref(&web)))))
+        .unwrap();
+    let drain = Duration::from_secs(u64::from(kat_api::workload::DEFAULT_DRAIN_SECONDS));
+    node.until(drain + Duration::from_secs(5), |_| {
+        rt.journal()
+            .iter()
+            .any(|(_, c)| matches!(c, Call::Stop { id, .. } if id.starts_with("stuck-1")))
+    })
+    .await;
+    // Meanwhile a new instance comes and starts, and statuses keep flowing.
+    let mut statuses = node.statuses.clone();
+    statuses.borrow_and_update();
+    let api = assignment("api", "api-1", "app:1", "{condition: Always}", None);
+    node.feed
+        .send(Some((Source::Store, snap(&[web, api]))))
+        .unwrap();
+    node.until(
+        Duration::from_secs(10),
+        state_is("api-1", InstanceState::Running),
+    )
+    .await;
+    assert!(
+        statuses.has_changed().unwrap_or(false),
+        "statuses were published while a stop hung"
+    );
+    assert_eq!(
+        node.status("web-1").map(|s| s.state),
+        Some(InstanceState::Running)
+    );
+    // Ten minutes on, the stop still hangs and nothing else is held up.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(
+        node.status("api-1").map(|s| s.state),
+        Some(InstanceState::Running)
+    );
+    assert!(
+        rt.containers().iter().any(|c| c.starts_with("stuck-1")),
+        "the stuck container is still there"
     );
 }

@@ -1,0 +1,87 @@
+//! Which containers' kat-init the runtime's reaper threads still wait for, with a way to
+//! wait until one is reaped. A kat-init that died without writing its exit record gets one
+//! from its reaper a moment after the process is gone; a status read in that moment waits
+//! for the reaper's word (a condition variable) instead of polling.
+
+use std::collections::HashSet;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+#[derive(Default)]
+pub struct Reaping {
+    ids: Mutex<HashSet<String>>,
+    reaped: Condvar,
+}
+
+impl Reaping {
+    /// A reaper starts waiting for `id`'s kat-init.
+    pub fn started(&self, id: &str) {
+        if let Ok(mut ids) = self.ids.lock() {
+            ids.insert(id.to_string());
+        }
+    }
+
+    /// `id`'s reaper is done (its exit record is written); wakes whoever waits for it.
+    pub fn done(&self, id: &str) {
+        if let Ok(mut ids) = self.ids.lock() {
+            ids.remove(id);
+        }
+        self.reaped.notify_all();
+    }
+
+    /// Blocks until `id` is not being reaped, at most `timeout`; true if it is not.
+    /// Blocking: call it from a blocking context.
+    pub fn wait_until_reaped(&self, id: &str, timeout: Duration) -> bool {
+        let Ok(ids) = self.ids.lock() else {
+            return false;
+        };
+        match self
+            .reaped
+            .wait_timeout_while(ids, timeout, |ids| ids.contains(id))
+        {
+            Ok((_, result)) => !result.timed_out(),
+            Err(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn a_waiter_wakes_when_its_container_is_reaped_not_later() {
+        let reaping = Arc::new(Reaping::default());
+        reaping.started("a");
+        reaping.started("b");
+        let r = reaping.clone();
+        let reaper = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            r.done("b");
+            std::thread::sleep(Duration::from_millis(50));
+            r.done("a");
+        });
+        let t0 = Instant::now();
+        assert!(reaping.wait_until_reaped("a", Duration::from_secs(5)));
+        let waited = t0.elapsed();
+        assert!(
+            waited >= Duration::from_millis(90),
+            "woke early: {waited:?}"
+        );
+        assert!(waited < Duration::from_secs(2), "woke late: {waited:?}");
+        reaper.join().unwrap();
+        // Not being reaped at all: no wait.
+        assert!(reaping.wait_until_reaped("c", Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_reaper_that_never_ends_gives_up_at_the_timeout() {
+        let reaping = Reaping::default();
+        reaping.started("stuck");
+        let t0 = Instant::now();
+        assert!(!reaping.wait_until_reaped("stuck", Duration::from_millis(100)));
+        assert!(t0.elapsed() >= Duration::from_millis(100));
+    }
+}
