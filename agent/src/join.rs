@@ -303,10 +303,7 @@ fn write_files(
         if !endpoints.contains(&leader_api.to_string()) {
             endpoints.push(leader_api.to_string());
         }
-        crate::control_plane::write_endpoints(
-            &layout.agent().join(crate::node::API_ENDPOINTS_FILE),
-            &endpoints,
-        )?;
+        crate::control_plane::write_endpoints(&layout.api_endpoints(), &endpoints)?;
     }
     let identity = NodeIdentity {
         node_name: node_name.to_string(),

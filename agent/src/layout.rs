@@ -3,11 +3,17 @@
 //! ```text
 //! {data}/node.json          identity: node name, cluster name (present = initialized)
 //! {data}/cluster.kat        the cluster configuration init was given
-//! {data}/pki/               ca.crt, ca.key, server.crt, server.key, admin.token (0600)
+//! {data}/pki/               ca.crt, ca.key, node.crt, node.key, admin.token (0600), crl.pem
 //! {data}/etcd/, etcd.log    the supervised etcd
 //! {data}/runtime/           images, containers, logs (kat-runtime)
-//! {data}/agent/             assignments.json: the local copy of this node's assignments
+//! {data}/agent/             assignments.json: the local copy of this node's assignments;
+//!                           api-endpoints.json (a worker's known control plane);
+//!                           finished-logs/, build-logs/
+//! {data}/network/           the node network's holder and state (kat-netns)
+//! {data}/detached/          a detached node's own one-node cluster
 //! ```
+//!
+//! Every path under the data directory is named here and nowhere else.
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +58,38 @@ impl Layout {
     }
     pub fn agent(&self) -> PathBuf {
         self.root.join("agent")
+    }
+    /// The CA's private key: present on a node that signs joins (a control-plane node).
+    pub fn ca_key(&self) -> PathBuf {
+        self.pki().join("ca.key")
+    }
+    /// The revocation list etcd checks, written by a node that holds the CA key.
+    pub fn crl(&self) -> PathBuf {
+        self.pki().join("crl.pem")
+    }
+    /// The supervised etcd's data directory.
+    pub fn etcd_data(&self) -> PathBuf {
+        self.root.join("etcd")
+    }
+    /// Logs of finished instances, kept after their containers went (`crate::kept_logs`).
+    pub fn finished_logs(&self) -> PathBuf {
+        self.agent().join("finished-logs")
+    }
+    /// Logs of builds run on this node.
+    pub fn build_logs(&self) -> PathBuf {
+        self.agent().join("build-logs")
+    }
+    /// A worker's list of the control plane's API endpoints.
+    pub fn api_endpoints(&self) -> PathBuf {
+        self.agent().join("api-endpoints.json")
+    }
+    /// The node network's directory (`kat_netns::node`).
+    pub fn network(&self) -> PathBuf {
+        kat_netns::node::network_dir(&self.root)
+    }
+    /// A detached node's local cluster.
+    pub fn detached(&self) -> PathBuf {
+        self.root.join("detached")
     }
     /// Make the data directory of a new node. Searchable, not listable: the root of each
     /// container (a host id of its workload's slice) walks through to its overlay and log

@@ -69,7 +69,7 @@ pub fn restore(options: RestoreOptions) -> Result<()> {
     let layout = Layout::new(&options.data_dir);
     let identity = read_identity(&layout)?;
     let cluster = crate::node::read_cluster(&layout.cluster_config())?;
-    if !layout.pki().join("ca.key").exists() {
+    if !layout.ca_key().exists() {
         bail!(
             "{} holds no cluster CA key: restore on a control-plane node (the one that ran `kat-agent init`, or one joined with --etcd-peer)",
             layout.root.display()
@@ -79,7 +79,7 @@ pub fn restore(options: RestoreOptions) -> Result<()> {
     let sha = kat_store::snapshot::verify(&options.snapshot)
         .map_err(|e| anyhow::anyhow!("--snapshot: {e}"))?;
     println!("{}: checksum ok (sha256 {sha})", options.snapshot.display());
-    let etcd_dir = layout.root.join("etcd");
+    let etcd_dir = layout.etcd_data();
     // etcdctl restores into a directory of its own; only a good result replaces the data.
     let staging = layout.root.join(format!("etcd.restoring-{}", stamp()));
     let peer_url = format!(
@@ -206,7 +206,7 @@ pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
         .context("the cluster's answer is not what kat-agent expects")?;
     let initial_cluster = answer.initial_cluster.clone();
     let aside = tokio::task::spawn_blocking(move || -> Result<_> {
-        let aside = move_aside(&layout.root.join("etcd"), "rejoin")?;
+        let aside = move_aside(&layout.etcd_data(), "rejoin")?;
         write_identity(
             &layout,
             &NodeIdentity {

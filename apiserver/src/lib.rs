@@ -3,12 +3,14 @@
 //! - [`service`]: typed operations (workloads, namespaces, nodes, events, instances) over the
 //!   state store and the leader's desired-state writes, free of HTTP;
 //! - [`http`]: the axum router: authentication, rate limits, audit, metrics, and handlers
-//!   that only translate between HTTP and the service layer; logs and exec streams.
+//!   that only translate between HTTP and the service layer; logs and exec streams;
+//! - [`serve`]: serving a router over HTTPS (rustls) with bounded connections and deadlines.
 //!
 //! Dependencies flow `kat-api` ← `kat-store` ← `kat-leader` ← `kat-apiserver` ← `kat-agent`:
-//! the controllers know nothing of HTTP, and the agent serves this router over rustls.
+//! the controllers know nothing of HTTP, and the agent only assembles and starts what is here.
 
 pub mod http;
+pub mod serve;
 pub mod service;
 
 pub use http::{router, ApiState, ClientAddr, ClientNode, ClientSerial};

@@ -7,6 +7,7 @@
 //!   events and status of the builds nodes report;
 //! - [`workloads`], [`node_admin`]: the desired-state writes the API makes;
 //! - [`events`]: the capped event log; [`backups`]: the leader's etcd snapshots;
+//! - [`election`]: campaigning and leading, forever, on a control-plane node;
 //! - [`metrics`]: the control plane's Prometheus families; [`namespaces`]: namespace records;
 //! - [`sim`]: simulated nodes for deterministic tests and benchmarks.
 //!
@@ -22,6 +23,7 @@ pub mod clock;
 pub mod controller;
 pub mod daemons;
 pub mod dns;
+pub mod election;
 pub mod events;
 pub mod finished;
 pub mod ipam;

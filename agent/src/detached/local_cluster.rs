@@ -20,24 +20,22 @@ use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
 use kat_api::wire::{rfc3339, Detachment};
-use kat_apiserver::http::{self, ApiState};
+use kat_apiserver::http;
 use kat_apiserver::Service;
 use kat_leader::metrics::Metrics;
-use kat_leader::{namespaces, node_admin, Clock};
+use kat_leader::Clock;
 use kat_pki::{NodeRole, Pki};
 use kat_runtime::ContainerRuntime;
 use kat_store::{EtcdServer, EtcdServerConfig, EtcdStore, EtcdTls, StateStore};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::access::LocalAccess;
 use crate::control_plane::StoreLink;
-use crate::heartbeat;
-use crate::remote_access::ClusterAccess;
-use crate::supervisor::assignments::{Feed, Snapshot, Source};
+use crate::roles::assembly::{Assembled, Assembly};
+use crate::roles::NodeWork;
+use crate::supervisor::assignments::{Snapshot, Source};
 use crate::supervisor::builds::Builds;
 use crate::supervisor::Statuses;
-use crate::usage::UsageMeter;
 
 /// What the local cluster keeps between agent restarts: `{data}/detached/state.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -99,7 +97,7 @@ pub struct LocalCluster {
 
 /// `{data}/detached`.
 pub fn dir(root: &Path) -> PathBuf {
-    root.join("detached")
+    crate::layout::Layout::new(root).detached()
 }
 
 pub fn state_file(root: &Path) -> PathBuf {
@@ -172,82 +170,44 @@ impl LocalCluster {
                 .context("connecting to the local cluster's etcd")?,
         );
         let node = &parts.node;
-        crate::node::first_state(&*store, &parts.cluster, &token).await?;
-        let clock = Clock::system();
-        for ns in kat_api::namespace::SYSTEM_NAMESPACES {
-            namespaces::create(&*store, &clock, ns, true).await?;
-        }
-        node_admin::register(
-            &*store,
-            node,
-            vec![parts.advertise.clone()],
-            kat_apiserver::service::node_labels(node, NodeRole::Worker, parts.node_type.as_deref()),
-        )
-        .await?;
-        if let Some(subnet) = &state.subnet {
-            // Before the leader first runs, so that it keeps the node's own subnet.
-            let key = keys::node_subnet(node);
-            store
-                .txn(
-                    kat_store::Txn::new()
-                        .when([kat_store::Compare::absent(&key)])
-                        .and_then([kat_store::TxnOp::put(&key, subnet.clone().into_bytes())]),
-                )
-                .await?;
-        }
-
         let mut tasks = tokio::task::JoinSet::new();
-        let metrics = Arc::new(Metrics::default());
-        let endpoint = format!("https://127.0.0.1:{}", parts.cluster.spec.api_port);
-        tasks.spawn(crate::node::leader_role(
-            store.clone(),
-            parts.cluster.clone(),
-            node.clone(),
-            endpoint,
-            metrics.clone(),
-            None,
-            None,
-        ));
-        let link = Arc::new(StoreLink::new(
-            store.clone(),
-            node,
-            parts.cluster.spec.wireguard_port,
-        ));
-        tasks.spawn(Feed::new(link.clone(), &dir).run(feed));
-        tasks.spawn(heartbeat::run(
-            link.clone(),
-            node.clone(),
-            parts.tick,
-            parts.statuses.clone(),
-            parts.builds.reports(),
-            UsageMeter::new(parts.runtime.clone(), parts.root.clone()),
-            Some(Detachment {
+        let Assembled { link, api } = Assembly {
+            store: store.clone(),
+            cluster: parts.cluster.clone(),
+            address: parts.advertise.clone(),
+            role: NodeRole::Worker,
+            node_type: parts.node_type.clone(),
+            admin_token: Some(token.clone()),
+            subnet: state.subnet.clone(),
+            state_dir: dir.clone(),
+            feed,
+            work: NodeWork {
+                node: node.clone(),
+                root: parts.root.clone(),
+                runtime: parts.runtime.clone(),
+                builds: parts.builds.clone(),
+                statuses: parts.statuses.clone(),
+                tick: parts.tick,
+                kept: None,
+            },
+            detachment: Some(Detachment {
                 parent_cluster: state.parent_cluster.clone(),
                 since: state.since.clone(),
             }),
-        ));
-
-        let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
-        let api = Arc::new(ApiState {
-            service: Service {
+            endpoint: format!("https://127.0.0.1:{}", parts.cluster.spec.api_port),
+            metrics: Arc::new(Metrics::default()),
+            client: parts.client.clone(),
+        }
+        // No duties while leading: the local cluster takes no backups and hears no rejoins.
+        .start(
+            &mut tasks,
+            |_| {},
+            |service| Service {
                 pin_to_node: Some(node.clone()),
-                ..Service::new(store.clone(), events, clock, parts.cluster.clone())
+                ..service
             },
-            token_sha256: http::token_sha256(&token),
-            access: Arc::new(ClusterAccess {
-                local: LocalAccess {
-                    node: node.clone(),
-                    runtime: parts.runtime.clone(),
-                    builds: parts.builds.clone(),
-                    kept: None,
-                },
-                store: store.clone(),
-                api_port: parts.cluster.spec.api_port,
-                client: parts.client.clone(),
-            }),
-            metrics,
-            limiter: http::default_rate_limiter(),
-        });
+        )
+        .await?;
         let client_config = dir.join("katcall.yaml");
         let config = ClientConfig {
             endpoint: format!(
@@ -270,7 +230,7 @@ impl LocalCluster {
             store,
             router: http::router(api),
             client_config,
-            link: link.clone(),
+            link,
             node: node.clone(),
             etcd,
             tasks,

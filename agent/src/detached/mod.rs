@@ -136,7 +136,7 @@ impl Detacher {
     async fn detach(&self, why: &str) -> Option<LocalCluster> {
         // The subnet the node network runs on (saved by it; the leader's word after a
         // restart may not have come yet): the local cluster must use the same.
-        let dir = kat_netns::node::network_dir(&self.parts.root);
+        let dir = crate::layout::Layout::new(&self.parts.root).network();
         let saved = tokio::task::spawn_blocking(move || crate::network::saved_subnet(&dir))
             .await
             .ok()

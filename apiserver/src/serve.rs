@@ -11,7 +11,7 @@
 //! - a request body must have arrived within its deadline, counted from the end of its
 //!   header: [`BODY_TIMEOUT`], plus the time its `Content-Length` takes at
 //!   [`BODY_MIN_RATE`], at most [`BODY_TIMEOUT_MAX`]. A handler reading it later gets a 408
-//!   and the connection is closed (`kat_apiserver::http::deadline`);
+//!   and the connection is closed (`crate::http::deadline`);
 //! - a keep-alive connection that sits idle between requests is closed after
 //!   [`IDLE_TIMEOUT`]: hyper's header-read timer, which hyper starts when a connection goes
 //!   idle. No timer runs on a response in flight, so streams (`logs -f`, `events --watch`)
@@ -31,7 +31,7 @@
 //!
 //! Requests themselves are bounded elsewhere: the rate limit per node certificate or client
 //! address, the token check before any body is read, and body size limits
-//! (`kat_apiserver::http`).
+//! (`crate::http`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -40,14 +40,13 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use crate::http::{deadline, ClientAddr, ClientNode, ClientSerial};
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kat_apiserver::http::{deadline, ClientAddr, ClientNode, ClientSerial};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -142,24 +141,25 @@ pub fn tls_config_with_clients(
     cert_pem: &str,
     key_pem: &str,
     client_ca: Option<&str>,
-) -> Result<Arc<rustls::ServerConfig>> {
+) -> Result<Arc<rustls::ServerConfig>, TlsConfigError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
         .collect::<Result<_, _>>()
-        .context("parsing the server certificate")?;
-    let key =
-        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("parsing the server key")?;
+        .map_err(|e| TlsConfigError::new("parsing the server certificate", e))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| TlsConfigError::new("parsing the server key", e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?;
+        .map_err(|e| TlsConfigError::new("TLS protocol versions", e))?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                let cert = cert.map_err(|e| TlsConfigError::new("parsing the cluster CA", e))?;
                 roots
-                    .add(cert.context("parsing the cluster CA")?)
-                    .context("the cluster CA")?;
+                    .add(cert)
+                    .map_err(|e| TlsConfigError::new("the cluster CA", e))?;
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots),
@@ -167,15 +167,32 @@ pub fn tls_config_with_clients(
             )
             .allow_unauthenticated()
             .build()
-            .context("the client certificate verifier")?;
+            .map_err(|e| TlsConfigError::new("the client certificate verifier", e))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let mut config = builder
         .with_single_cert(certs, key)
-        .context("the server certificate and key do not match")?;
+        .map_err(|e| TlsConfigError::new("the server certificate and key do not match", e))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// The server's certificate, key or client CA cannot make a TLS configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {detail}")]
+pub struct TlsConfigError {
+    what: &'static str,
+    detail: String,
+}
+
+impl TlsConfigError {
+    fn new(what: &'static str, error: impl std::fmt::Display) -> Self {
+        TlsConfigError {
+            what,
+            detail: error.to_string(),
+        }
+    }
 }
 
 /// Accept connections until the task is dropped, with the default [`ServeLimits`].
@@ -922,7 +939,7 @@ mod tests {
     const TOKEN: &str = "admin-token";
 
     async fn api(limits: ServeLimits) -> Api {
-        use kat_apiserver::http;
+        use crate::http;
         let dir = tempfile::tempdir().unwrap();
         let pki = kat_pki::Pki::generate(dir.path(), "lab", "node-a", &[]).unwrap();
         let (key, csr) = kat_pki::key_and_csr("w1").unwrap();
@@ -931,7 +948,7 @@ mod tests {
             .sign_csr(&csr, "w1", &[], kat_pki::NodeRole::Worker)
             .unwrap();
         let cluster = "apiVersion: kat.dws.rip/v1alpha1\nkind: ClusterConfiguration\nmetadata: {name: lab}\nspec:\n  clusterCIDR: 10.100.0.0/16\n  serviceCIDR: 10.200.0.0/16\n";
-        let service = kat_apiserver::Service::new(
+        let service = crate::Service::new(
             Arc::new(kat_store::MemStore::new()),
             kat_leader::events::EventLog::new(100),
             kat_leader::Clock::system(),

@@ -1,0 +1,212 @@
+//! The one assembly of a control plane on a store, used by a control-plane node (on the
+//! cluster's etcd) and by a detached node's local cluster (on its own etcd): the cluster's
+//! first state, the system namespaces, this node's registration, its feed and heartbeat
+//! through a [`StoreLink`], the election loop with its duties, and the API's state.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use kat_api::cluster::ClusterConfiguration;
+use kat_api::keys;
+use kat_api::wire::Detachment;
+use kat_apiserver::http::{self, ApiState};
+use kat_apiserver::Service;
+use kat_leader::election::{self, Candidate};
+use kat_leader::metrics::Metrics;
+use kat_leader::{namespaces, node_admin, Clock};
+use kat_pki::NodeRole;
+use kat_store::{Compare, StateStore, Txn, TxnOp};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::NodeWork;
+use crate::access::LocalAccess;
+use crate::control_plane::StoreLink;
+use crate::heartbeat;
+use crate::remote_access::ClusterAccess;
+use crate::supervisor::assignments::{Feed, Snapshot, Source};
+use crate::usage::UsageMeter;
+
+/// What a control plane is assembled from.
+pub struct Assembly {
+    pub store: Arc<dyn StateStore>,
+    pub cluster: ClusterConfiguration,
+    /// This node's address, as registered.
+    pub address: String,
+    /// The role label this node is registered with.
+    pub role: NodeRole,
+    /// `--node-type`: the node's `kat.dws.rip/nodeType` label.
+    pub node_type: Option<String>,
+    /// The admin token of a store this node may initialize: the cluster's first keys are
+    /// written from it where absent (a resumed cluster changes nothing).
+    pub admin_token: Option<String>,
+    /// The subnet this node keeps, written before the leader first runs (a detached node
+    /// keeps the one its parent gave it).
+    pub subnet: Option<String>,
+    /// Where the feed keeps its local copy of the assignments.
+    pub state_dir: PathBuf,
+    pub feed: watch::Sender<Option<(Source, Snapshot)>>,
+    pub work: NodeWork,
+    /// Set on a detached node's local cluster: its heartbeats say so.
+    pub detachment: Option<Detachment>,
+    /// This node's API, where the leader is found when this node leads.
+    pub endpoint: String,
+    pub metrics: Arc<Metrics>,
+    /// Towards other nodes (logs and exec of their instances).
+    pub client: reqwest::Client,
+}
+
+/// A running control plane: the node's link to its store and the state its API serves.
+pub struct Assembled {
+    pub link: Arc<StoreLink>,
+    pub api: Arc<ApiState>,
+}
+
+impl Assembly {
+    /// Write what a fresh store needs, register the node, and start the feed, the heartbeat
+    /// and the election loop in `tasks`. `duties` spawns what runs while this node leads;
+    /// `service` completes the API's service layer (admission, backups, pinning).
+    pub async fn start<D>(
+        self,
+        tasks: &mut JoinSet<()>,
+        duties: D,
+        service: impl FnOnce(Service) -> Service,
+    ) -> Result<Assembled>
+    where
+        D: Fn(&mut JoinSet<()>) + Send + 'static,
+    {
+        let Assembly {
+            store,
+            cluster,
+            address,
+            role,
+            node_type,
+            admin_token,
+            subnet,
+            state_dir,
+            feed,
+            work,
+            detachment,
+            endpoint,
+            metrics,
+            client,
+        } = self;
+        let node = work.node.clone();
+        if let Some(token) = &admin_token {
+            first_state(&*store, &cluster, token).await?;
+        }
+        let clock = Clock::system();
+        for ns in kat_api::namespace::SYSTEM_NAMESPACES {
+            namespaces::create(&*store, &clock, ns, true).await?;
+        }
+        node_admin::register(
+            &*store,
+            &node,
+            vec![address],
+            kat_apiserver::service::node_labels(&node, role, node_type.as_deref()),
+        )
+        .await?;
+        if let Some(subnet) = subnet {
+            // Before the leader first runs, so that it keeps the node's own subnet.
+            let key = keys::node_subnet(&node);
+            store
+                .txn(
+                    Txn::new()
+                        .when([Compare::absent(&key)])
+                        .and_then([TxnOp::put(&key, subnet.into_bytes())]),
+                )
+                .await?;
+        }
+
+        let link = Arc::new(StoreLink::new(
+            store.clone(),
+            &node,
+            cluster.spec.wireguard_port,
+        ));
+        tasks.spawn(Feed::new(link.clone(), &state_dir).run(feed));
+        tasks.spawn(heartbeat::run(
+            link.clone(),
+            node.clone(),
+            work.tick,
+            work.statuses.clone(),
+            work.builds.reports(),
+            UsageMeter::new(work.runtime.clone(), work.root.clone()),
+            detachment,
+        ));
+        tasks.spawn(election::lead_forever(
+            store.clone(),
+            Candidate {
+                node: node.clone(),
+                endpoint,
+                cluster: cluster.clone(),
+                metrics: metrics.clone(),
+            },
+            duties,
+        ));
+
+        let token_sha256 = stored_token_hash(&*store).await?;
+        let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
+        let api = Arc::new(ApiState {
+            service: service(Service::new(store.clone(), events, clock, cluster.clone())),
+            token_sha256,
+            access: Arc::new(ClusterAccess {
+                local: LocalAccess {
+                    node,
+                    runtime: work.runtime.clone(),
+                    builds: work.builds.clone(),
+                    kept: work.kept.clone(),
+                },
+                store,
+                api_port: cluster.spec.api_port,
+                client,
+            }),
+            metrics,
+            limiter: http::default_rate_limiter(),
+        });
+        Ok(Assembled { link, api })
+    }
+}
+
+/// The cluster's first keys, written only where absent (a resumed node changes nothing).
+async fn first_state(
+    store: &dyn StateStore,
+    cluster: &ClusterConfiguration,
+    token: &str,
+) -> Result<()> {
+    let hash = hex::encode(http::token_sha256(token));
+    let puts = [
+        (
+            keys::CLUSTER_UID,
+            format!("{:032x}", rand::random::<u128>()).into_bytes(),
+        ),
+        (
+            keys::SCHEMA_VERSION,
+            keys::SCHEMA_VERSION_VALUE.as_bytes().to_vec(),
+        ),
+        (keys::CLUSTER_CONFIG, serde_json::to_vec(cluster)?),
+        (keys::ADMIN_TOKEN_SHA256, hash.into_bytes()),
+    ];
+    for (key, value) in puts {
+        let txn = Txn::new()
+            .when([Compare::absent(key)])
+            .and_then([TxnOp::put(key, value)]);
+        store
+            .txn(txn)
+            .await
+            .with_context(|| format!("writing {key}"))?;
+    }
+    Ok(())
+}
+
+/// The admin token's SHA-256 as the store keeps it (hex).
+async fn stored_token_hash(store: &dyn StateStore) -> Result<[u8; 32]> {
+    let kv = store
+        .get(keys::ADMIN_TOKEN_SHA256)
+        .await?
+        .context("the cluster has no admin token hash")?;
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(&kv.value, &mut out)
+        .context("the stored admin token hash is malformed")?;
+    Ok(out)
+}
