@@ -990,7 +990,7 @@ impl NativeRuntime {
     async fn wait_until_exited(&self, id: &str, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            match self.load_container(id).map(|c| c.status()) {
+            match read_in_place(|| self.load_container(id).map(|c| c.status())) {
                 Some(LcStatus::Stopped) | None => return true,
                 _ => {}
             }
@@ -1209,18 +1209,20 @@ impl ContainerRuntime for NativeRuntime {
                 c.status(),
                 LcStatus::Running | LcStatus::Created | LcStatus::Paused
             ) {
-                signal_init(&mut c, 15);
+                read_in_place(|| signal_init(&mut c, 15));
                 if !self.wait_until_exited(id, grace).await {
-                    if let Some(mut c) = self.load_container(id) {
-                        // Every process of the container; without a cgroup to walk (no
-                        // usable cgroups on this node), PID 1, which takes its PID
-                        // namespace with it.
-                        if c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true)
-                            .is_err()
-                        {
-                            signal_init(&mut c, 9);
+                    read_in_place(|| {
+                        if let Some(mut c) = self.load_container(id) {
+                            // Every process of the container (a walk of its cgroup); without
+                            // a cgroup to walk (no usable cgroups on this node), PID 1, which
+                            // takes its PID namespace with it.
+                            if c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true)
+                                .is_err()
+                            {
+                                signal_init(&mut c, 9);
+                            }
                         }
-                    }
+                    });
                     self.wait_until_exited(id, Duration::from_secs(10)).await;
                 }
             }
@@ -1361,6 +1363,36 @@ fn is_dynamic_elf(path: &Path) -> bool {
         return false;
     };
     goblin::elf::Elf::parse(&bytes).is_ok_and(|elf| elf.interpreter.is_some())
+}
+
+#[cfg(test)]
+mod blocking_tests {
+    use std::time::{Duration, Instant};
+
+    /// Work that blocks its thread (a slow disk, a stuck kernel call) on both async workers
+    /// at once leaves the runtime free for other tasks: a timer still fires on time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn blocking_work_on_every_worker_leaves_timers_running() {
+        let blockers: Vec<_> = (0..2)
+            .map(|_| {
+                tokio::spawn(async {
+                    super::read_in_place(|| std::thread::sleep(Duration::from_millis(800)))
+                })
+            })
+            .collect();
+        // Both workers are inside the blocking call now.
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let late = t0.elapsed();
+        for b in blockers {
+            b.await.unwrap();
+        }
+        assert!(
+            late < Duration::from_millis(500),
+            "a 20 ms timer took {late:?} while the workers blocked"
+        );
+    }
 }
 
 #[cfg(test)]
