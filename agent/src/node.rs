@@ -176,9 +176,8 @@ pub(crate) fn read_identity(layout: &Layout) -> Result<NodeIdentity> {
     let path = layout.identity();
     let bytes = std::fs::read(&path).with_context(|| {
         format!(
-            "{} not found: {} is not the data directory of an initialized node (--data-dir; `kat-agent init --config cluster.kat --data-dir {}` makes one)",
+            "{} not found: {} is not the data directory of an initialized node (--data-dir)",
             path.display(),
-            layout.root.display(),
             layout.root.display()
         )
     })?;

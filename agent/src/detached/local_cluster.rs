@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::control_plane::StoreLink;
-use crate::roles::assembly::{Assembled, Assembly};
+use crate::roles::assembly::{AdminToken, Assembled, Assembly};
 use crate::roles::NodeWork;
 use crate::supervisor::assignments::{Snapshot, Source};
 use crate::supervisor::builds::Builds;
@@ -177,7 +177,7 @@ impl LocalCluster {
             address: parts.advertise.clone(),
             role: NodeRole::Worker,
             node_type: parts.node_type.clone(),
-            admin_token: Some(token.clone()),
+            admin_token: AdminToken::Own(token.clone()),
             subnet: state.subnet.clone(),
             state_dir: dir.clone(),
             feed,
@@ -197,6 +197,7 @@ impl LocalCluster {
             endpoint: format!("https://127.0.0.1:{}", parts.cluster.spec.api_port),
             metrics: Arc::new(Metrics::default()),
             client: parts.client.clone(),
+            network: None,
         }
         // No duties while leading: the local cluster takes no backups and hears no rejoins.
         .start(

@@ -20,7 +20,7 @@ use kat_store::{Compare, StateStore, Txn, TxnOp};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::NodeWork;
+use super::{NetworkStart, NodeWork};
 use crate::access::LocalAccess;
 use crate::control_plane::StoreLink;
 use crate::heartbeat;
@@ -38,9 +38,8 @@ pub struct Assembly {
     pub role: NodeRole,
     /// `--node-type`: the node's `kat.dws.rip/nodeType` label.
     pub node_type: Option<String>,
-    /// The admin token of a store this node may initialize: the cluster's first keys are
-    /// written from it where absent (a resumed cluster changes nothing).
-    pub admin_token: Option<String>,
+    /// The admin token the API checks, and whether this node may initialize the store.
+    pub admin_token: AdminToken,
     /// The subnet this node keeps, written before the leader first runs (a detached node
     /// keeps the one its parent gave it).
     pub subnet: Option<String>,
@@ -55,6 +54,18 @@ pub struct Assembly {
     pub metrics: Arc<Metrics>,
     /// Towards other nodes (logs and exec of their instances).
     pub client: reqwest::Client,
+    /// The node network, told about the store link as soon as there is one.
+    pub network: Option<NetworkStart>,
+}
+
+/// Which admin token the API accepts.
+pub enum AdminToken {
+    /// The cluster's, as its store keeps it (a hash, written by the first node's init);
+    /// `first`: the token this node holds, written as the first state where absent.
+    Stored { first: Option<String> },
+    /// A token of this node's own (a detached node's local cluster): written as the first
+    /// state where absent, and checked as given, whatever the store holds.
+    Own(String),
 }
 
 /// A running control plane: the node's link to its store and the state its API serves.
@@ -91,9 +102,14 @@ impl Assembly {
             endpoint,
             metrics,
             client,
+            network,
         } = self;
         let node = work.node.clone();
-        if let Some(token) = &admin_token {
+        let first = match &admin_token {
+            AdminToken::Stored { first } => first.as_deref(),
+            AdminToken::Own(token) => Some(token.as_str()),
+        };
+        if let Some(token) = first {
             first_state(&*store, &cluster, token).await?;
         }
         let clock = Clock::system();
@@ -124,6 +140,9 @@ impl Assembly {
             &node,
             cluster.spec.wireguard_port,
         ));
+        if let Some(network) = network {
+            network.connect(link.clone());
+        }
         tasks.spawn(Feed::new(link.clone(), &state_dir).run(feed));
         tasks.spawn(heartbeat::run(
             link.clone(),
@@ -145,7 +164,10 @@ impl Assembly {
             duties,
         ));
 
-        let token_sha256 = stored_token_hash(&*store).await?;
+        let token_sha256 = match &admin_token {
+            AdminToken::Stored { .. } => stored_token_hash(&*store).await?,
+            AdminToken::Own(token) => http::token_sha256(token),
+        };
         let events = kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY);
         let api = Arc::new(ApiState {
             service: service(Service::new(store.clone(), events, clock, cluster.clone())),

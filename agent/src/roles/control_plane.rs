@@ -19,7 +19,7 @@ use kat_leader::metrics::Metrics;
 use kat_pki::{self as pki, JoinToken, NodeRole, Pki};
 use kat_store::{EtcdServer, StateStore};
 
-use super::assembly::{Assembled, Assembly};
+use super::assembly::{AdminToken, Assembled, Assembly};
 use super::NodeBase;
 use crate::etcd_member;
 use crate::node::{node_client, write_client_config, NodeOptions};
@@ -108,13 +108,15 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         config: backup_config(cluster, &node),
     };
     let api_endpoint = endpoint.clone();
-    let Assembled { link, api } = Assembly {
+    let Assembled { api, .. } = Assembly {
         store: store.clone(),
         cluster: cluster.clone(),
         address: identity.advertise_address.clone(),
         role: NodeRole::ControlPlane,
         node_type: options.node_type.clone(),
-        admin_token: pki.token.clone(),
+        admin_token: AdminToken::Stored {
+            first: pki.token.clone(),
+        },
         subnet: None,
         state_dir: layout.agent(),
         feed: base.feed_tx.clone(),
@@ -123,6 +125,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         endpoint: endpoint.clone(),
         metrics,
         client: node_client(pki)?,
+        network: base.network.take(),
     }
     .start(&mut base.tasks, duties, move |service| Service {
         admission,
@@ -131,9 +134,6 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         ..service
     })
     .await?;
-    if let Some(n) = base.network.take() {
-        n.connect(link);
-    }
 
     let listener = base.api_listener(options.api_bind).await?;
     base.tasks.spawn(kat_apiserver::serve::serve(

@@ -80,6 +80,13 @@ impl NodeBase {
     /// assignments until the control plane answers).
     pub fn start(options: &NodeOptions) -> Result<NodeBase> {
         let layout = Layout::new(&options.data_dir);
+        if !layout.identity().exists() {
+            anyhow::bail!(
+                "{} is not an initialized node (run `kat-agent init --config cluster.kat --data-dir {}` first)",
+                layout.root.display(),
+                layout.root.display()
+            );
+        }
         let identity = read_identity(&layout)?;
         let cluster = read_cluster(&layout.cluster_config())?;
         let pki = Pki::load(&layout.pki())?;
