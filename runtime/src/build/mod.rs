@@ -680,24 +680,50 @@ fn paths_in(src: &Path, context: &str, dockerfile: &str) -> Result<(PathBuf, Pat
 /// Lets the build's root (another host id) read the checkout: directories 0755, files
 /// 0644 or 0755; symbolic links are left as they are. The checkout came from a repository
 /// someone else controls, so it is walked by descriptor (`crate::tree_dir`): a symlink is
-/// never followed out of it. Best effort: what cannot be opened stays as it is, and the
+/// never followed out of it. Best effort, subtree by subtree: what cannot be opened (or lies
+/// deeper than `tree_dir::MAX_DEPTH`) keeps its mode, is logged, and the walk goes on; the
 /// build then fails to read it with its own message.
 fn open_tree(dir: &Path) {
-    let walked = crate::tree_dir::TreeDir::open(dir).and_then(|root| {
-        let _ = root.set_mode(0o755);
-        root.for_each_entry(|parent, name, entry| {
-            let mode = match entry.kind {
-                crate::tree_dir::Kind::Dir => 0o755,
-                crate::tree_dir::Kind::File if entry.mode & 0o100 != 0 => 0o755,
-                crate::tree_dir::Kind::File => 0o644,
-                _ => return Ok(()),
-            };
-            let _ = parent.set_mode_of(name, mode);
-            Ok(())
-        })
-    });
-    if let Err(e) = walked {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot open the checkout to the build's user");
+    use crate::tree_dir::{Kind, TreeDir, MAX_DEPTH};
+    let root = match TreeDir::open(dir) {
+        Ok(root) => root,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot open the checkout to the build's user");
+            return;
+        }
+    };
+    let _ = root.set_mode(0o755);
+    let mut skipped = 0usize;
+    // One descriptor per level, and the names still to visit at each.
+    let names = root.names().unwrap_or_default();
+    let mut stack = vec![(root, names)];
+    while let Some(top) = stack.len().checked_sub(1) {
+        let Some(name) = stack[top].1.pop() else {
+            stack.pop();
+            continue;
+        };
+        let parent = &stack[top].0;
+        let Ok(Some(entry)) = parent.stat(&name) else {
+            continue;
+        };
+        let mode = match entry.kind {
+            Kind::Dir => 0o755,
+            Kind::File if entry.mode & 0o100 != 0 => 0o755,
+            Kind::File => 0o644,
+            _ => continue,
+        };
+        let _ = parent.set_mode_of(&name, mode);
+        if entry.kind != Kind::Dir {
+            continue;
+        }
+        match (stack.len() < MAX_DEPTH).then(|| parent.dir(&name).and_then(|d| Ok((d.names()?, d))))
+        {
+            Some(Ok((names, sub))) => stack.push((sub, names)),
+            _ => skipped += 1,
+        }
+    }
+    if skipped > 0 {
+        tracing::warn!(dir = %dir.display(), skipped, "directories of the checkout could not be opened to the build's user (unreadable, or nested deeper than {MAX_DEPTH} levels)");
     }
 }
 
