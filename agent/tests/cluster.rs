@@ -2000,10 +2000,17 @@ fn katcall_with(h: &Hosts, i: usize, config: &Path, args: &[&str]) -> Output {
 /// Shells on this machine whose command line holds `marker`: one per running container of a
 /// workload whose command carries it.
 fn shells_with(marker: &str) -> usize {
+    shell_pids(marker).len()
+}
+
+/// The host pids of the `sh` processes whose command line holds `marker`: a workload that
+/// was restarted, however quickly, has another.
+fn shell_pids(marker: &str) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
+        return Vec::new();
     };
-    dir.filter_map(Result::ok)
+    let mut pids: Vec<u32> = dir
+        .filter_map(Result::ok)
         .filter(|e| {
             e.file_name()
                 .to_string_lossy()
@@ -2015,7 +2022,10 @@ fn shells_with(marker: &str) -> usize {
                 && std::fs::read(e.path().join("cmdline"))
                     .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
         })
-        .count()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
 /// A sample of n1's `/metrics` (admin token): the value of the series `name`, 0 if absent.
@@ -2459,6 +2469,7 @@ fn detached_laptop_rejoins() {
         assert!(ok.success());
     };
     drop_requests(true);
+    let notes_before = shell_pids("notes-marker");
     cut_from_leader(&h, WORKER, true);
     let mut notes_range = (1, 1);
     wait(
@@ -2488,6 +2499,12 @@ fn detached_laptop_rejoins() {
         notes_range,
         (1, 1),
         "notes stopped or ran twice around the second detachment"
+    );
+    // Not restarted either, however quickly: the very same process.
+    assert_eq!(
+        shell_pids("notes-marker"),
+        notes_before,
+        "notes was restarted around the second detachment"
     );
     wait("the laptop Ready again", Duration::from_secs(30), || {
         h.ready_nodes(1).contains(&laptop)
