@@ -288,8 +288,9 @@ s_limits() {
   K delete workload bomb >/dev/null
   K delete workload hog >/dev/null
   # Gone only after their drain (spec.drainSeconds, 5 s) and stop: later scenarios count scopes.
-  until_ok 60 bash -c "! ls -d $(slice)/kat-bomb-*.scope $(slice)/kat-hog-*.scope >/dev/null 2>&1" \
-    || { log "bomb or hog still has a scope"; ok=1; }
+  # Both must be gone (`ls` of the two fails as soon as either one is, so it asks for output).
+  until_ok 120 bash -c "[ -z \"\$(ls -d $(slice)/kat-bomb-*.scope $(slice)/kat-hog-*.scope 2>/dev/null)\" ]" \
+    || { log "bomb or hog still has a scope"; ls -d "$(slice)"/kat-*.scope; ok=1; }
   return $ok
 }
 
