@@ -23,10 +23,8 @@ use tokio::task::JoinSet;
 use super::{NetworkStart, NodeWork};
 use crate::access::LocalAccess;
 use crate::control_plane::StoreLink;
-use crate::heartbeat;
 use crate::remote_access::ClusterAccess;
 use crate::supervisor::assignments::{Feed, Snapshot, Source};
-use crate::usage::UsageMeter;
 
 /// What a control plane is assembled from.
 pub struct Assembly {
@@ -144,15 +142,7 @@ impl Assembly {
             network.connect(link.clone());
         }
         tasks.spawn(Feed::new(link.clone(), &state_dir).run(feed));
-        tasks.spawn(heartbeat::run(
-            link.clone(),
-            node.clone(),
-            work.tick,
-            work.statuses.clone(),
-            work.builds.reports(),
-            UsageMeter::new(work.runtime.clone(), work.root.clone()),
-            detachment,
-        ));
+        tasks.spawn(work.heartbeat(link.clone(), detachment));
         tasks.spawn(election::lead_forever(
             store.clone(),
             Candidate {

@@ -69,6 +69,26 @@ pub(crate) struct NodeWork {
 /// DNS records), once the node's role has made the link.
 pub(crate) struct NetworkStart(watch::Sender<Option<Arc<dyn ControlPlane>>>);
 
+impl NodeWork {
+    /// The node's heartbeat to the control plane behind `link` (with `detachment` while a
+    /// detached node reports to its local cluster): run it as a task.
+    pub fn heartbeat(
+        &self,
+        link: Arc<dyn ControlPlane>,
+        detachment: Option<kat_api::wire::Detachment>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        crate::heartbeat::run(
+            link,
+            self.node.clone(),
+            self.tick,
+            self.statuses.clone(),
+            self.builds.reports(),
+            crate::usage::UsageMeter::new(self.runtime.clone(), self.root.clone()),
+            detachment,
+        )
+    }
+}
+
 impl NetworkStart {
     pub fn connect(self, control: Arc<dyn ControlPlane>) {
         self.0.send_replace(Some(control));

@@ -13,10 +13,8 @@ use super::NodeBase;
 use crate::access::LocalAccess;
 use crate::control_plane::LeaderLink;
 use crate::detached::local_cluster::{self, NodeParts};
-use crate::heartbeat;
 use crate::node::{control_plane_client, node_client, NodeOptions};
 use crate::supervisor::assignments::Feed;
-use crate::usage::UsageMeter;
 
 pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     let node = base.node().to_string();
@@ -65,16 +63,8 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
     };
     base.tasks
         .spawn(Feed::new(link.clone(), &base.layout.agent()).run(parent_feed));
+    base.tasks.spawn(base.work.heartbeat(link.clone(), None));
     let work = &base.work;
-    base.tasks.spawn(heartbeat::run(
-        link.clone(),
-        node.clone(),
-        work.tick,
-        work.statuses.clone(),
-        work.builds.reports(),
-        UsageMeter::new(work.runtime.clone(), work.root.clone()),
-        None,
-    ));
 
     // The node's own records, for the API's logs and exec.
     let (records_tx, records_rx) = watch::channel(BTreeMap::new());
