@@ -103,10 +103,8 @@ pub async fn take(
         sha256: file.sha256,
         trigger: trigger.to_string(),
     };
-    let mut ops = vec![TxnOp::put(
-        keys::backup(&name),
-        serde_json::to_vec(&record).unwrap_or_default(),
-    )];
+    let mut ops = vec![TxnOp::put_json(keys::backup(&name), &record)
+        .map_err(|e| format!("recording backup {name}: {e}"))?];
     ops.extend(events.ops(&event(
         record.taken_at.clone(),
         EventType::Normal,

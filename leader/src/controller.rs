@@ -99,6 +99,21 @@ pub struct Plan {
     pub scheduled: usize,
     /// Instances that could not be placed this round, by [`Unschedulable::reason_label`].
     pub unschedulable: BTreeMap<&'static str, usize>,
+    /// A record that could not be encoded: the round writes nothing and fails (retried).
+    pub failed: Option<StoreError>,
+}
+
+impl Plan {
+    /// Queue one atomic group of writes, or, if building it failed, fail the round.
+    pub fn push_group(&mut self, group: Result<Vec<TxnOp>>) {
+        match group {
+            Ok(ops) => self.groups.push(ops),
+            Err(e) => {
+                tracing::error!(error = %e, "a record of this round cannot be encoded; the round writes nothing");
+                self.failed.get_or_insert(e);
+            }
+        }
+    }
 }
 
 /// What leader remembers between rounds; all of it can be rebuilt from the store (a new
@@ -297,18 +312,18 @@ impl<'a> Round<'a> {
     }
 
     /// Write a new instance's record and its address allocation.
-    pub fn put_instance_ops(record: &InstanceRecord) -> Vec<TxnOp> {
-        let mut ops = vec![TxnOp::put(
+    pub fn put_instance_ops(record: &InstanceRecord) -> Result<Vec<TxnOp>> {
+        let mut ops = vec![TxnOp::put_json(
             keys::instance(&record.node, &record.instance_id),
-            serde_json::to_vec(record).unwrap_or_default(),
-        )];
+            record,
+        )?];
         if let Some(ip) = &record.ip {
             ops.push(TxnOp::put(
                 keys::ip_allocation(&record.instance_id),
                 ip.clone(),
             ));
         }
-        ops
+        Ok(ops)
     }
 
     /// Delete an instance's record and release its address.
@@ -326,7 +341,7 @@ impl<'a> Round<'a> {
             return;
         }
         for r in created {
-            self.plan.groups.push(Self::put_instance_ops(r));
+            self.plan.push_group(Self::put_instance_ops(r));
         }
         self.plan.scheduled += created.len();
         let placements: Vec<String> = created
@@ -554,11 +569,10 @@ impl Leader {
             };
             status.builds = crate::builds::of(&builds, &w.key);
             if memory.statuses.get(&w.key) != Some(&status) {
-                let op = TxnOp::put(
-                    keys::workload_status(&w.key.namespace, &w.key.name),
-                    serde_json::to_vec(&status).unwrap_or_default(),
-                );
-                round.plan.groups.push(vec![op]);
+                let key = keys::workload_status(&w.key.namespace, &w.key.name);
+                round
+                    .plan
+                    .push_group(TxnOp::put_json(key, &status).map(|op| vec![op]));
                 memory.statuses.insert(w.key.clone(), status);
             }
         }
@@ -618,6 +632,9 @@ impl Leader {
 
     /// Write a plan in fenced transactions of at most [`MAX_TXN_OPS`] operations.
     async fn commit(&mut self, plan: Plan) -> Result<RoundReport> {
+        if let Some(e) = plan.failed {
+            return Err(e);
+        }
         let mut groups = plan.groups;
         for event in &plan.events {
             groups.push(self.events.ops(event));

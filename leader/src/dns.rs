@@ -61,10 +61,10 @@ pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {
     let mut ops = Vec::new();
     for (key, record) in &desired {
         if view.dns.get(key) != Some(record) {
-            ops.push(TxnOp::put(
-                key,
-                serde_json::to_vec(record).unwrap_or_default(),
-            ));
+            match TxnOp::put_json(key, record) {
+                Ok(op) => ops.push(op),
+                Err(e) => return round.plan.push_group(Err(e)),
+            }
         }
     }
     for key in view.dns.keys() {

@@ -108,11 +108,19 @@ fn new_run(
     }
 }
 
-fn put_run_op(run: &JobRun) -> TxnOp {
-    TxnOp::put(
+fn put_run_op(run: &JobRun) -> kat_store::Result<TxnOp> {
+    TxnOp::put_json(
         keys::job_run(&run.namespace, &run.workload, &run.run_id),
-        serde_json::to_vec(run).unwrap_or_default(),
+        run,
     )
+}
+
+/// Queue `group` with the run's record written last, in one transaction.
+fn push_with_run(round: &mut Round<'_>, mut group: Vec<TxnOp>, run: &JobRun) {
+    round.plan.push_group(put_run_op(run).map(|op| {
+        group.push(op);
+        group
+    }));
 }
 
 fn start_due_runs(
@@ -147,7 +155,7 @@ fn start_due_runs(
             w.object(),
             format!("run {} for generation {}", run.run_id, w.generation),
         );
-        round.plan.groups.push(vec![put_run_op(&run)]);
+        push_with_run(round, Vec::new(), &run);
         runs.insert(run.run_id.clone(), run);
         return;
     };
@@ -193,7 +201,7 @@ fn start_due_runs(
         w.object(),
         format!("run {} for the tick at minute {due}", run.run_id),
     );
-    round.plan.groups.push(vec![put_run_op(&run)]);
+    push_with_run(round, Vec::new(), &run);
     runs.insert(run.run_id.clone(), run);
 }
 
@@ -312,13 +320,11 @@ fn advance_run(
             group.extend(Round::delete_instance_ops(r));
         }
         set_finished(round, w, run, state, reason);
-        group.push(put_run_op(run));
-        round.plan.groups.push(group);
+        push_with_run(round, group, run);
         return None;
     }
     if changed {
-        group.push(put_run_op(run));
-        round.plan.groups.push(group);
+        push_with_run(round, group, run);
     }
     let remaining = spec.completions - run.succeeded;
     let want = spec
@@ -373,8 +379,7 @@ fn finish(
         group.extend(Round::delete_instance_ops(r));
     }
     set_finished(round, w, run, state, reason);
-    group.push(put_run_op(run));
-    round.plan.groups.push(group);
+    push_with_run(round, group, run);
 }
 
 fn prune_history(round: &mut Round<'_>, w: &WorkloadCtx, runs: &mut BTreeMap<String, JobRun>) {

@@ -4,7 +4,7 @@ use kat_api::keys;
 use kat_api::names::dns_label_problem;
 use kat_api::namespace::SYSTEM_NAMESPACES;
 use kat_api::wire::{NamespaceObject, ObjectMeta};
-use kat_store::{Compare, StateStore, StoreError, Txn, TxnOp};
+use kat_store::{Compare, JsonStore, StateStore, StoreError, Txn, TxnOp};
 
 use crate::clock::Clock;
 
@@ -25,12 +25,10 @@ pub enum NamespaceError {
 }
 
 pub async fn get(store: &dyn StateStore, name: &str) -> Result<NamespaceObject, NamespaceError> {
-    let kv = store
-        .get(&keys::namespace(name))
+    let (mut ns, kv) = store
+        .get_json::<NamespaceObject>(&keys::namespace(name))
         .await?
         .ok_or_else(|| NamespaceError::NotFound(name.into()))?;
-    let mut ns: NamespaceObject = serde_json::from_slice(&kv.value)
-        .map_err(|e| StoreError::InvalidRequest(format!("namespace {name} is corrupt: {e}")))?;
     ns.metadata.resource_version = kv.mod_revision;
     Ok(ns)
 }
@@ -80,10 +78,7 @@ pub async fn create(
     let ns = record(clock, name);
     let txn = Txn::new()
         .when([Compare::absent(&key)])
-        .and_then([TxnOp::put(
-            &key,
-            serde_json::to_vec(&ns).unwrap_or_default(),
-        )]);
+        .and_then([TxnOp::put_json(&key, &ns)?]);
     if store.txn(txn).await?.succeeded {
         return get(store, name).await;
     }

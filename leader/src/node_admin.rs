@@ -53,10 +53,9 @@ pub async fn register(
             || Compare::absent(&key),
             |kv| Compare::mod_revision_is(&key, kv.mod_revision),
         );
-        let txn = Txn::new().when([guard]).and_then([TxnOp::put(
-            &key,
-            serde_json::to_vec(&reg).unwrap_or_default(),
-        )]);
+        let txn = Txn::new()
+            .when([guard])
+            .and_then([TxnOp::put_json(&key, &reg)?]);
         if store.txn(txn).await?.succeeded {
             return Ok(());
         }
@@ -80,10 +79,7 @@ async fn modify(
         let mut reg: NodeRegistration = serde_json::from_slice(&kv.value)
             .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?;
         change(&mut reg);
-        let mut ops = vec![TxnOp::put(
-            &key,
-            serde_json::to_vec(&reg).unwrap_or_default(),
-        )];
+        let mut ops = vec![TxnOp::put_json(&key, &reg)?];
         ops.extend(events.ops(&event(
             clock.rfc3339(),
             EventType::Normal,

@@ -21,7 +21,7 @@ use kat_api::wire::{
     NodeRegistration, ResourceList, Taint,
 };
 use kat_api::WorkloadBundle;
-use kat_store::{batch_groups, Result, StateStore, Txn, TxnOp, MAX_TXN_OPS};
+use kat_store::{batch_groups, JsonStore, Result, StateStore, Txn, TxnOp, MAX_TXN_OPS};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
@@ -241,14 +241,14 @@ impl SimCluster {
         let clock = Clock::simulated(std::time::UNIX_EPOCH + Duration::from_secs(1_795_000_000));
         let mut ops = Vec::new();
         for n in &nodes {
-            ops.push(TxnOp::put(
+            ops.push(TxnOp::put_json(
                 keys::node_registration(&n.name),
-                serde_json::to_vec(&n.registration()).unwrap_or_default(),
-            ));
-            ops.push(TxnOp::put(
+                &n.registration(),
+            )?);
+            ops.push(TxnOp::put_json(
                 keys::node_status(&n.name),
-                serde_json::to_vec(&n.heartbeat(&clock)).unwrap_or_default(),
-            ));
+                &n.heartbeat(&clock),
+            )?);
         }
         commit_batched(&*store, ops).await?;
         let leader = Leader::start(store.clone(), config, clock, None).await?;
@@ -266,9 +266,9 @@ impl SimCluster {
     /// A node joins the running cluster: registered now, heartbeating from the next step.
     pub async fn add_node(&mut self, node: SimNode) -> Result<()> {
         self.store
-            .put(
+            .put_json(
                 &keys::node_registration(&node.name),
-                serde_json::to_vec(&node.registration()).unwrap_or_default(),
+                &node.registration(),
                 None,
             )
             .await?;
@@ -318,10 +318,10 @@ impl SimCluster {
             }
             let assigned = by_node.remove(node.name.as_str()).unwrap_or_default();
             node.converge(&assigned, now, &self.behaviour);
-            ops.push(TxnOp::put(
+            ops.push(TxnOp::put_json(
                 keys::node_status(&node.name),
-                serde_json::to_vec(&node.heartbeat(&self.clock)).unwrap_or_default(),
-            ));
+                &node.heartbeat(&self.clock),
+            )?);
         }
         commit_batched(&*self.store, ops).await
     }

@@ -148,10 +148,10 @@ async fn write(
     match store.get(&ns_key).await? {
         Some(kv) => guards.push(Compare::mod_revision_is(ns_key, kv.mod_revision)),
         None if bundle.namespace.is_some() || SYSTEM_NAMESPACES.contains(&ns.as_str()) => {
-            ops.push(TxnOp::put(
+            ops.push(TxnOp::put_json(
                 ns_key.clone(),
-                serde_json::to_vec(&namespaces::record(clock, ns)).unwrap_or_default(),
-            ));
+                &namespaces::record(clock, ns),
+            )?);
             guards.push(Compare::absent(ns_key));
         }
         None => return Err(WorkloadError::NamespaceNotFound(ns.clone())),
@@ -189,14 +189,11 @@ async fn write(
         ));
     }
     // Immutable: the same hash is the same template, so rewriting it changes nothing.
-    ops.push(TxnOp::put(
+    ops.push(TxnOp::put_json(
         keys::template(ns, name, &template_hash),
-        serde_json::to_vec(&template).unwrap_or_default(),
-    ));
-    ops.push(TxnOp::put(
-        meta_key.clone(),
-        serde_json::to_vec(&meta).unwrap_or_default(),
-    ));
+        &template,
+    )?);
+    ops.push(TxnOp::put_json(meta_key.clone(), &meta)?);
     let (reason, message) = match &previous {
         None => (
             "WorkloadCreated",

@@ -14,6 +14,7 @@ pub mod election;
 pub mod etcd;
 pub mod etcd_server;
 pub mod etcd_tls;
+mod json;
 pub mod mem;
 pub mod snapshot;
 mod types;
@@ -22,6 +23,7 @@ pub use election::{campaign, current_leader, Leadership};
 pub use etcd::EtcdStore;
 pub use etcd_server::{EtcdHealth, EtcdServer, EtcdServerConfig, EtcdServerError};
 pub use etcd_tls::EtcdTls;
+pub use json::{decode, encode, JsonStore};
 pub use mem::MemStore;
 pub use types::*;
 

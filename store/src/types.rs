@@ -23,6 +23,9 @@ pub enum StoreError {
     Backend(String),
     #[error("invalid state store request: {0}")]
     InvalidRequest(String),
+    /// A value that could not be encoded for, or decoded from, `key`.
+    #[error("state store value at {key} {detail}")]
+    Value { key: String, detail: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -273,14 +273,19 @@ impl ControlPlane for LeaderLink {
         if **self.revoked.borrow() != revoked {
             let mut sorted: Vec<&String> = revoked.iter().collect();
             sorted.sort();
-            let bytes = serde_json::to_vec(&sorted).unwrap_or_default();
+            // A list of strings always encodes; the file is only a cache for the next start.
             let path = revoked_file(&self.file);
-            let saved = tokio::task::spawn_blocking(move || {
-                kat_runtime::state_file::write_atomic(&path, &bytes, 0o600)
-            })
-            .await;
-            if !matches!(saved, Ok(Ok(()))) {
-                tracing::warn!("cannot save the revoked certificates the leader named");
+            let saved = match serde_json::to_vec(&sorted) {
+                Ok(bytes) => tokio::task::spawn_blocking(move || {
+                    kat_runtime::state_file::write_atomic(&path, &bytes, 0o600)
+                })
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r.map_err(anyhow::Error::from)),
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = saved {
+                tracing::warn!(error = %e, "cannot save the revoked certificates the leader named");
             }
             self.revoked.send_replace(Arc::new(revoked));
         }

@@ -419,8 +419,14 @@ pub(crate) fn ndjson_body<T: serde::Serialize + Send + 'static>(
     rx: tokio::sync::mpsc::Receiver<T>,
 ) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let item = rx.recv().await?;
-        let mut line = serde_json::to_vec(&item).unwrap_or_default();
+        let mut line = loop {
+            let item = rx.recv().await?;
+            match serde_json::to_vec(&item) {
+                Ok(line) => break line,
+                // Never an empty line in its place: the reader would take it for the end.
+                Err(e) => tracing::warn!(error = %e, "a streamed item cannot be encoded; skipped"),
+            }
+        };
         line.push(b'\n');
         Some((
             Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(line)),

@@ -23,7 +23,7 @@ use kat_api::wire::{
     JoinTokenRecord, NewJoinToken, NodeState, HOSTNAME_LABEL, NODE_TYPE_LABEL, ROLE_LABEL,
 };
 use kat_pki::{Authority, JoinToken, NodeRole};
-use kat_store::{Compare, EtcdStore, KeyValue, Txn, TxnOp};
+use kat_store::{Compare, EtcdStore, JsonStore, KeyValue, Txn, TxnOp};
 
 use super::{Error, Result, Service};
 
@@ -177,11 +177,7 @@ impl Service {
             secret_sha256: token.secret_sha256(),
         };
         self.store
-            .put(
-                &keys::join_token(&token.id),
-                serde_json::to_vec(&record).unwrap_or_default(),
-                None,
-            )
+            .put_json(&keys::join_token(&token.id), &record, None)
             .await?;
         tracing::info!(token = %token.id, role = %options.role, expires_at = %record.info.expires_at, "join token created");
         Ok(NewJoinToken {
@@ -413,10 +409,7 @@ impl Service {
             record.info.used_by.push(node.to_string());
             let txn = Txn::new()
                 .when([Compare::mod_revision_is(key, kv.mod_revision)])
-                .and_then([TxnOp::put(
-                    key,
-                    serde_json::to_vec(&record).unwrap_or_default(),
-                )]);
+                .and_then([TxnOp::put_json(key, &record)?]);
             if self.store.txn(txn).await?.succeeded {
                 return Ok(());
             }

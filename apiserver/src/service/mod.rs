@@ -136,6 +136,9 @@ impl Error {
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         tracing::warn!(error = %e, "store error in an API operation");
+        if let StoreError::Value { .. } = e {
+            return Error::new(ErrorCode::Internal, e.to_string());
+        }
         Error::new(
             ErrorCode::Unavailable,
             format!("the cluster store is unavailable: {e}; retry shortly"),

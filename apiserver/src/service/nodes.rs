@@ -203,10 +203,7 @@ impl Service {
             revoked_at: rfc3339(self.clock.wall()),
         };
         let txn = Txn::new().and_then([
-            TxnOp::put(
-                keys::revoked_node(name),
-                serde_json::to_vec(&revoked).unwrap_or_default(),
-            ),
+            TxnOp::put_json(keys::revoked_node(name), &revoked)?,
             TxnOp::delete(keys::node_registration(name)),
             TxnOp::delete(keys::node_status(name)),
             TxnOp::delete(keys::wireguard_key(name)),
