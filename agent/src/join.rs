@@ -22,6 +22,7 @@
 //!
 //! Running `join` again on a joined node resumes it, as `run` does; it needs no token then.
 
+use kat_client::paths;
 use std::io::{BufRead, Read};
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -29,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
-use kat_api::wire::{rfc3339, ErrorBody, JoinRequest, JoinResponse};
+use kat_api::wire::{rfc3339, JoinRequest, JoinResponse};
 use kat_pki::{write_secret, JoinToken};
 
 use crate::layout::{Layout, NodeIdentity};
@@ -224,7 +225,7 @@ fn verifying_client(ca: Option<&str>) -> Result<reqwest::Client> {
 
 async fn fetch_ca(base: &str) -> Result<String> {
     let response = verifying_client(None)?
-        .get(format!("{base}/v1alpha1/ca"))
+        .get(paths::url(base, &paths::ca()))
         .send()
         .await
         .with_context(|| {
@@ -244,7 +245,7 @@ async fn send_join(base: &str, ca: &str, request: &JoinRequest) -> Result<JoinRe
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let response = client
-            .post(format!("{base}/v1alpha1/join"))
+            .post(paths::url(base, &paths::join()))
             .json(request)
             .send()
             .await
@@ -269,11 +270,7 @@ async fn send_join(base: &str, ca: &str, request: &JoinRequest) -> Result<JoinRe
 }
 
 async fn error_text(response: reqwest::Response) -> String {
-    let status = response.status();
-    match response.json::<ErrorBody>().await {
-        Ok(body) => body.message,
-        Err(_) => status.to_string(),
-    }
+    kat_client::message(response).await
 }
 
 fn write_files(

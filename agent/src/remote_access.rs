@@ -4,6 +4,7 @@
 //! routes (`kat_apiserver::http`'s node rules) and answers from its own runtime, so TTY,
 //! resize, stdin, exit codes and `logs -f` behave as on one node.
 
+use kat_client::paths::{self, Stream};
 use std::sync::Arc;
 
 use kat_api::exec_stream::{Decoder, Frame};
@@ -39,7 +40,8 @@ impl ClusterAccess {
     }
 
     /// `https://ADDRESS:PORT/v1alpha1/n/NS/workloads/W/instances/ID/` on the instance's node.
-    async fn base(&self, record: &InstanceRecord) -> Result<String, AccessError> {
+    /// The URL of `record`'s `stream` on the node that runs it.
+    async fn url(&self, record: &InstanceRecord, stream: Stream) -> Result<String, AccessError> {
         let kv = self
             .store
             .get(&keys::node_registration(&record.node))
@@ -53,14 +55,18 @@ impl ClusterAccess {
         let address = reg.addresses.first().ok_or_else(|| {
             AccessError::Unavailable(format!("node {} has no address", record.node))
         })?;
-        Ok(format!(
-            "https://{}:{}/v1alpha1/n/{}/workloads/{}/instances/{}/",
+        let base = format!(
+            "https://{}:{}",
             kat_api::wire::url_host(address),
-            self.api_port,
-            record.namespace,
-            record.workload,
-            record.instance_id
-        ))
+            self.api_port
+        );
+        let path = paths::instance_stream(
+            &record.namespace,
+            &record.workload,
+            &record.instance_id,
+            stream,
+        );
+        Ok(paths::url(&base, &path))
     }
 }
 
@@ -108,7 +114,7 @@ impl InstanceAccess for ClusterAccess {
         if let Some(since) = query.since {
             params.push(("since", humantime::format_rfc3339_nanos(since).to_string()));
         }
-        let url = format!("{}logs", self.base(record).await?);
+        let url = self.url(record, Stream::Logs).await?;
         let response = self
             .client
             .get(url)
@@ -146,7 +152,7 @@ impl InstanceAccess for ClusterAccess {
         if record.node == self.local.node {
             return self.local.exec(record, request).await;
         }
-        let url = format!("{}exec", self.base(record).await?);
+        let url = self.url(record, Stream::Exec).await?;
         let response = self
             .client
             .post(url)

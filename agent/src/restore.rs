@@ -8,6 +8,7 @@
 //! it rewrites the member list and cluster id in the backend, which no Rust crate writes);
 //! taking snapshots goes through the maintenance API instead (`kat_leader::backups`).
 
+use kat_client::paths::{self, NodeCall};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -182,12 +183,10 @@ pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
     })
     .await??;
     let client = crate::node::control_plane_client(&pki)?;
-    let url = format!(
-        "https://{}/v1alpha1/nodes/{}/etcd-member",
-        leader_api
-            .trim_start_matches("https://")
-            .trim_end_matches('/'),
-        identity.node_name
+    let base = format!("https://{}", leader_api.trim_start_matches("https://"));
+    let url = paths::url(
+        &base,
+        &paths::node_call(&identity.node_name, NodeCall::EtcdMember),
     );
     let response =
         client.post(&url).send().await.with_context(|| {

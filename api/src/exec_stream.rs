@@ -6,6 +6,9 @@
 //! [`Frame::Error`]). A small framing of our own keeps both ends free of a WebSocket stack
 //! while carrying what an interactive shell needs: stdin, stdout, stderr, resize, exit.
 
+/// The `Upgrade` protocol name of an exec request.
+pub const PROTOCOL: &str = "kat-exec.v1";
+
 /// The largest payload accepted in one frame.
 pub const MAX_FRAME: usize = 1 << 20;
 

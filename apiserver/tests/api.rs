@@ -1,5 +1,6 @@
 //! The HTTP API in process, on `MemStore`: a request that fails changes nothing stored.
 
+use std::time::Duration;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -346,4 +347,100 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// Every path `kat-client` builds is a route the API serves with that method (the answer may
+/// be a refusal, e.g. a workload that does not exist, but never "no route" or 405).
+#[tokio::test]
+async fn every_client_path_is_a_route() {
+    use kat_client::paths::{self, NodeAdmin, NodeCall, Stream, WorkloadAction};
+    let api = Api::new();
+    let template = NodeCall::Template {
+        ns: "default",
+        workload: "web",
+        hash: "ab",
+    };
+    let calls = [
+        (Method::GET, paths::namespaces()),
+        (Method::POST, paths::namespaces()),
+        (Method::GET, paths::workloads("default")),
+        (Method::POST, paths::workloads("default")),
+        (Method::GET, paths::workload("default", "web")),
+        (Method::PUT, paths::workload("default", "web")),
+        (Method::DELETE, paths::workload("default", "web")),
+        (
+            Method::GET,
+            paths::workload_file("default", "web", "workload.kat"),
+        ),
+        (
+            Method::POST,
+            paths::workload_action("default", "web", WorkloadAction::Rollback),
+        ),
+        (
+            Method::POST,
+            paths::workload_action("default", "web", WorkloadAction::Redeploy),
+        ),
+        (
+            Method::POST,
+            paths::workload_action("default", "web", WorkloadAction::Webhook),
+        ),
+        (
+            Method::DELETE,
+            paths::workload_action("default", "web", WorkloadAction::Webhook),
+        ),
+        (
+            Method::GET,
+            paths::instance_stream("default", "web", "web-1", Stream::Logs),
+        ),
+        (
+            Method::POST,
+            paths::instance_stream("default", "web", "web-1", Stream::Exec),
+        ),
+        (Method::GET, paths::instances(Some("default"))),
+        (Method::GET, paths::instances(None)),
+        (Method::GET, paths::finished_instances("default")),
+        (Method::GET, paths::nodes()),
+        (Method::GET, paths::node("n1")),
+        (Method::DELETE, paths::node("n1")),
+        (Method::POST, paths::node_admin("n1", NodeAdmin::Drain)),
+        (Method::POST, paths::node_admin("n1", NodeAdmin::Uncordon)),
+        (Method::PUT, paths::node_admin("n1", NodeAdmin::Taints)),
+        (Method::PUT, paths::node_admin("n1", NodeAdmin::Labels)),
+        (Method::POST, paths::node_call("n1", NodeCall::Status)),
+        (Method::GET, paths::node_call("n1", NodeCall::Assignments)),
+        (Method::GET, paths::node_call("n1", NodeCall::Dns)),
+        (Method::GET, paths::node_call("n1", NodeCall::Peers)),
+        (Method::POST, paths::node_call("n1", NodeCall::WireGuard)),
+        (Method::POST, paths::node_call("n1", NodeCall::EtcdMember)),
+        (
+            Method::POST,
+            paths::node_call("n1", NodeCall::TemplateProblems),
+        ),
+        (Method::GET, paths::node_call("n1", template)),
+        (
+            Method::POST,
+            paths::node_call("n1", NodeCall::SubmitWorkload { ns: "default" }),
+        ),
+        (Method::GET, paths::events()),
+        (Method::GET, paths::backups()),
+        (Method::POST, paths::backups()),
+        (Method::GET, paths::join_tokens()),
+        (Method::POST, paths::join_tokens()),
+        (Method::DELETE, paths::join_token("abc")),
+        (Method::POST, paths::join()),
+        (Method::GET, paths::ca()),
+    ];
+    for (method, path) in calls {
+        // A stream that has started (events, assignments) never ends: its route exists.
+        let sent = api.send(method.clone(), &path, Vec::new());
+        let Ok((status, body)) = tokio::time::timeout(Duration::from_secs(2), sent).await else {
+            continue;
+        };
+        assert_ne!(
+            status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path}: {body}"
+        );
+        assert!(!body.contains("no route"), "{method} {path}: {body}");
+    }
 }

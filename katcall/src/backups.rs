@@ -2,20 +2,12 @@
 //! keep in their `backupPath`.
 
 use anyhow::Result;
-use kat_api::wire::BackupRecord;
-use reqwest::Method;
 
 use crate::client::Client;
 use crate::output::{self, structured, Format};
-use crate::workloads::json;
 
 pub async fn create(client: &Client, format: Format) -> Result<()> {
-    let record: BackupRecord = json(
-        client
-            .send(client.request(Method::POST, "/backups"))
-            .await?,
-    )
-    .await?;
+    let record = client.create_backup().await?;
     if structured(format, &record)? {
         return Ok(());
     }
@@ -32,7 +24,7 @@ pub async fn create(client: &Client, format: Format) -> Result<()> {
 }
 
 pub async fn list(client: &Client, format: Format) -> Result<()> {
-    let list: Vec<BackupRecord> = client.get_json("/backups").await?;
+    let list = client.backups().await?;
     if structured(format, &list)? {
         return Ok(());
     }

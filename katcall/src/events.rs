@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use kat_api::wire::Event;
-use reqwest::Method;
+use kat_client::admin::EventQuery;
 
 use crate::client::Client;
 use crate::output::{structured, table, Format};
@@ -31,33 +31,21 @@ fn row(e: &Event) -> Vec<String> {
 const HEADER: [&str; 5] = ["TIME", "TYPE", "REASON", "OBJECT", "MESSAGE"];
 
 pub async fn run(client: &Client, filter: Filter, watch: bool, format: Format) -> Result<()> {
-    let mut query: Vec<(&str, String)> = Vec::new();
-    if let Some(ns) = filter.namespace {
-        query.push(("namespace", ns));
-    }
-    if let Some(k) = filter.kind {
-        query.push(("resourceType", k));
-    }
-    if let Some(n) = filter.name {
-        query.push(("resourceName", n));
-    }
+    let query = EventQuery {
+        namespace: filter.namespace,
+        resource_type: filter.kind,
+        resource_name: filter.name,
+        limit: None,
+    };
     if !watch {
-        let events: Vec<Event> = crate::workloads::json(
-            client
-                .send(client.request(Method::GET, "/events").query(&query))
-                .await?,
-        )
-        .await?;
+        let events = client.events(&query).await?;
         if !structured(format, &events)? {
             let rows: Vec<Vec<String>> = events.iter().map(row).collect();
             print!("{}", table(&HEADER, &rows));
         }
         return Ok(());
     }
-    query.push(("watch", "true".into()));
-    let resp = client
-        .send(client.request(Method::GET, "/events").query(&query))
-        .await?;
+    let resp = client.watch_events(&query).await?;
     if matches!(format, Format::Table | Format::Wide) {
         println!("{}", HEADER.join("  "));
     }

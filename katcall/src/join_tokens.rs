@@ -3,12 +3,10 @@
 use std::net::IpAddr;
 
 use anyhow::Result;
-use kat_api::wire::{JoinRole, JoinTokenInfo, NewJoinToken};
-use reqwest::Method;
+use kat_api::wire::{JoinRole, NewJoinToken};
 
 use crate::client::Client;
 use crate::output::{self, structured, Format};
-use crate::workloads::json;
 
 /// What `katcall create join-token` asks the cluster for.
 pub struct CreateRequest {
@@ -44,11 +42,7 @@ impl CreateRequest {
 }
 
 pub async fn create(client: &Client, request: &CreateRequest, format: Format) -> Result<()> {
-    let req = client
-        .request(Method::POST, "/join-tokens")
-        .header("content-type", "application/json")
-        .body(request.body().to_string());
-    let token: NewJoinToken = json(client.send(req).await?).await?;
+    let token = client.create_join_token(&request.body()).await?;
     if structured(format, &token)? {
         return Ok(());
     }
@@ -92,7 +86,7 @@ fn instructions(token: &NewJoinToken, uses: Option<u32>) -> String {
 }
 
 pub async fn list(client: &Client, format: Format) -> Result<()> {
-    let list: Vec<JoinTokenInfo> = client.get_json("/join-tokens").await?;
+    let list = client.join_tokens().await?;
     if structured(format, &list)? {
         return Ok(());
     }
@@ -127,9 +121,7 @@ pub async fn list(client: &Client, format: Format) -> Result<()> {
 }
 
 pub async fn delete(client: &Client, id: &str) -> Result<()> {
-    client
-        .send(client.request(Method::DELETE, &format!("/join-tokens/{id}")))
-        .await?;
+    client.delete_join_token(id).await?;
     println!("join token {id} deleted");
     Ok(())
 }

@@ -333,7 +333,7 @@ fn main() -> ExitCode {
 }
 
 async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let client = client::Client::from_config(config)?;
+    let client = client::from_config(config)?;
     match command {
         Command::Apply { dir, output } => workloads::apply(&client, &dir, output).await?,
         Command::Get { what, output, .. } if what.starts_with("join-token") => {

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use kat_api::wire::{Event, InstanceStatus, Node, NodeRegistration, ResourceList, Taint};
+use kat_api::wire::{Event, InstanceStatus, Node, ResourceList, Taint};
 use kat_api::workload::TaintEffect;
-use reqwest::Method;
+use kat_client::admin::EventQuery;
 
 use crate::client::Client;
 use crate::output::{self, age, structured, table, Format};
@@ -35,16 +35,19 @@ fn resources(r: &ResourceList) -> String {
 /// `katcall describe node NAME`: what the node is (state, role, whether it leads), what it
 /// offers and uses, its taints and labels, the instances assigned to it and its recent events.
 pub async fn describe(client: &Client, name: &str, format: Format) -> Result<()> {
-    let node: Node = client.get_json(&format!("/nodes/{name}")).await?;
-    let all: Vec<InstanceStatus> = client.get_json("/instances").await?;
+    let node = client.node(name).await?;
+    let all = client.instances(None).await?;
     let instances: Vec<InstanceStatus> = all
         .into_iter()
         .filter(|i| i.node.as_deref() == Some(name))
         .collect();
-    let events: Vec<Event> = client
-        .get_json(&format!(
-            "/events?resourceType=Node&resourceName={name}&limit=15"
-        ))
+    let events = client
+        .events(&EventQuery {
+            resource_type: Some("Node".into()),
+            resource_name: Some(name.to_string()),
+            limit: Some(15),
+            ..Default::default()
+        })
         .await?;
     if structured(
         format,
@@ -198,10 +201,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
 }
 
 pub async fn drain(client: &Client, node: &str, undo: bool) -> Result<()> {
-    let action = if undo { "uncordon" } else { "drain" };
-    client
-        .send(client.request(Method::POST, &format!("/nodes/{node}/{action}")))
-        .await?;
+    client.drain(node, !undo).await?;
     println!(
         "node {node} {}",
         if undo {
@@ -237,18 +237,14 @@ fn parse_taint(spec: &str) -> Result<(String, Option<Taint>)> {
 }
 
 pub async fn taint(client: &Client, node: &str, specs: &[String]) -> Result<()> {
-    let n: kat_api::wire::Node = client.get_json(&format!("/nodes/{node}")).await?;
+    let n = client.node(node).await?;
     let mut taints = n.taints;
     for spec in specs {
         let (key, taint) = parse_taint(spec)?;
         taints.retain(|t| t.key != key);
         taints.extend(taint);
     }
-    let req = client
-        .request(Method::PUT, &format!("/nodes/{node}/taints"))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&taints)?);
-    let reg: NodeRegistration = crate::workloads::json(client.send(req).await?).await?;
+    let reg = client.set_taints(node, &taints).await?;
     println!("node {node} taints: {}", reg.taints.len());
     Ok(())
 }
@@ -265,20 +261,14 @@ pub async fn label(client: &Client, node: &str, specs: &[String]) -> Result<()> 
             bail!("label {spec:?}: expected key=value, or key- to remove");
         }
     }
-    let req = client
-        .request(Method::PUT, &format!("/nodes/{node}/labels"))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&changes)?);
-    let reg: NodeRegistration = crate::workloads::json(client.send(req).await?).await?;
+    let reg = client.set_labels(node, &changes).await?;
     println!("node {node} labels: {:?}", reg.labels);
     Ok(())
 }
 
 /// Remove a node from the cluster for good.
 pub async fn remove(client: &Client, node: &str) -> Result<()> {
-    client
-        .send(client.request(Method::DELETE, &format!("/nodes/{node}")))
-        .await?;
+    client.delete_node(node).await?;
     println!(
         "node {node} removed: its etcd member left the quorum, its certificate is revoked, its instances move to other nodes; stop kat-agent on it and remove its data directory"
     );

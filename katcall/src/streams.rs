@@ -5,7 +5,6 @@ use std::io::Write;
 use anyhow::{bail, Context, Result};
 use kat_api::exec_stream::{Decoder, Frame};
 use kat_api::wire::{ExecRequest, LogLine, WorkloadObject};
-use reqwest::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::Client;
@@ -20,9 +19,7 @@ async fn resolve(client: &Client, target: &str, ns: &str) -> Result<(String, Str
     if let Some(i) = instance {
         return Ok((workload, i));
     }
-    let w: WorkloadObject = client
-        .get_json(&format!("/n/{ns}/workloads/{workload}"))
-        .await?;
+    let w = client.workload(ns, &workload).await?;
     let mut instances = w.status.instances;
     instances.sort_by_key(|i| {
         (
@@ -80,9 +77,7 @@ async fn resolve_build(client: &Client, target: &str, ns: &str) -> Result<(Strin
     if target.contains('/') {
         return resolve(client, target, ns).await;
     }
-    let w: WorkloadObject = client
-        .get_json(&format!("/n/{ns}/workloads/{target}"))
-        .await?;
+    let w: WorkloadObject = client.workload(ns, target).await?;
     let newest = w
         .status
         .builds
@@ -126,16 +121,7 @@ pub async fn logs(client: &Client, target: &str, ns: &str, filter: &LogFilter) -
     if let Some(t) = filter.tail {
         query.push(("tail", t.to_string()));
     }
-    let resp = client
-        .send(
-            client
-                .request(
-                    Method::GET,
-                    &format!("/n/{ns}/workloads/{workload}/instances/{instance}/logs"),
-                )
-                .query(&query),
-        )
-        .await?;
+    let resp = client.logs(ns, &workload, &instance, &query).await?;
     let stdout = std::io::stdout();
     Client::json_lines(resp, |l: LogLine| {
         let mut out = stdout.lock();
@@ -161,17 +147,7 @@ pub async fn exec(
     let (workload, instance) = resolve(client, target, ns).await?;
     let terminal = tty.then(crate::terminal::RawMode::enter).transpose()?;
     let size = terminal.as_ref().and_then(|_| crate::terminal::size());
-    let resp = client
-        .send(
-            client
-                .request(
-                    Method::POST,
-                    &format!("/n/{ns}/workloads/{workload}/instances/{instance}/exec"),
-                )
-                .header("connection", "upgrade")
-                .header("upgrade", "kat-exec.v1"),
-        )
-        .await?;
+    let resp = client.exec(ns, &workload, &instance).await?;
     let upgraded = resp
         .upgrade()
         .await

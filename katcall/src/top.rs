@@ -2,13 +2,13 @@
 //! heartbeats report it (the figures `/metrics` exports too).
 
 use anyhow::Result;
-use kat_api::wire::{InstanceStatus, Node, Usage};
+use kat_api::wire::{Node, Usage};
 
 use crate::client::Client;
 use crate::output::{self, structured, Format};
 
 pub async fn nodes(client: &Client, format: Format) -> Result<()> {
-    let list: Vec<Node> = client.get_json("/nodes").await?;
+    let list = client.nodes().await?;
     if structured(format, &list)? {
         return Ok(());
     }
@@ -46,11 +46,7 @@ fn node_row(n: &Node) -> Vec<String> {
 }
 
 pub async fn instances(client: &Client, ns: Option<&str>, format: Format) -> Result<()> {
-    let path = match ns {
-        Some(ns) => format!("/n/{ns}/instances"),
-        None => "/instances".to_string(),
-    };
-    let list: Vec<InstanceStatus> = client.get_json(&path).await?;
+    let list = client.instances(ns).await?;
     if structured(format, &list)? {
         return Ok(());
     }

@@ -2,10 +2,11 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use kat_api::wire::{Event, InstanceStatus, NamespaceObject, Node, WorkloadObject};
+use anyhow::Result;
+use kat_api::wire::{InstanceStatus, Node};
 use kat_api::{bundle, WorkloadBundle};
-use reqwest::Method;
+use kat_client::admin::EventQuery;
+use kat_client::paths::WorkloadAction;
 
 use crate::client::Client;
 use crate::output::{self, age, structured, table, Format};
@@ -22,15 +23,8 @@ pub async fn apply(client: &Client, dir: &Path, format: Format) -> Result<()> {
     let ns = &parsed.workload.metadata.namespace;
     let name = &parsed.workload.metadata.name;
     let archive = bundle::pack(&files);
-    let path = format!("/n/{ns}/workloads/{name}");
-    let before: Option<WorkloadObject> = client.get_optional(&path).await?;
-    let req = match &before {
-        Some(_) => client.request(Method::PUT, &path),
-        None => client.request(Method::POST, &format!("/n/{ns}/workloads")),
-    }
-    .header("content-type", "application/gzip")
-    .body(archive);
-    let after: WorkloadObject = json(client.send(req).await?).await?;
+    let before = client.workload_if_any(ns, name).await?;
+    let after = client.apply(ns, name, archive, before.is_some()).await?;
     if structured(format, &after)? {
         return Ok(());
     }
@@ -46,16 +40,6 @@ pub async fn apply(client: &Client, dir: &Path, format: Format) -> Result<()> {
     Ok(())
 }
 
-/// The JSON body of a response.
-pub async fn json<T: serde::de::DeserializeOwned>(resp: reqwest::Response) -> Result<T> {
-    let bytes = resp.bytes().await.context("reading the API's answer")?;
-    serde_json::from_slice(&bytes).context("the API's answer is not what katcall expects")
-}
-
-pub async fn workloads(client: &Client, ns: &str) -> Result<Vec<WorkloadObject>> {
-    client.get_json(&format!("/n/{ns}/workloads")).await
-}
-
 pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: bool) -> Result<()> {
     if all && !matches!(what, "instances" | "instance" | "inst") {
         anyhow::bail!("--all applies to `katcall get instances` only");
@@ -63,7 +47,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
     let wide = format == Format::Wide;
     match what {
         "workloads" | "workload" | "wl" => {
-            let list = workloads(client, ns).await?;
+            let list = client.workloads(ns).await?;
             if structured(format, &list)? {
                 return Ok(());
             }
@@ -91,7 +75,8 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
             print_or_empty(&header, &rows, &format!("no workloads in namespace {ns}"));
         }
         "instances" | "instance" | "inst" => {
-            let mut list: Vec<InstanceStatus> = workloads(client, ns)
+            let mut list: Vec<InstanceStatus> = client
+                .workloads(ns)
                 .await?
                 .into_iter()
                 .flat_map(|w| w.status.instances)
@@ -115,7 +100,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
             );
         }
         "nodes" | "node" => {
-            let list: Vec<Node> = client.get_json("/nodes").await?;
+            let list = client.nodes().await?;
             if structured(format, &list)? {
                 return Ok(());
             }
@@ -182,7 +167,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
             print_or_empty(&header, &rows, "no nodes registered");
         }
         "namespaces" | "namespace" | "ns" => {
-            let list: Vec<NamespaceObject> = client.get_json("/namespaces").await?;
+            let list = client.namespaces().await?;
             if structured(format, &list)? {
                 return Ok(());
             }
@@ -210,11 +195,7 @@ pub async fn finished(
     ns: &str,
     workload: Option<&str>,
 ) -> Result<Vec<kat_api::finished::FinishedInstance>> {
-    let path = match workload {
-        Some(w) => format!("/n/{ns}/finished-instances?workload={w}"),
-        None => format!("/n/{ns}/finished-instances"),
-    };
-    client.get_json(&path).await
+    client.finished_instances(ns, workload).await
 }
 
 /// The LEADER column of `get nodes`: `yes` on the node that leads now, `-` elsewhere.
@@ -268,13 +249,14 @@ fn instance_rows(list: &[InstanceStatus], wide: bool) -> Vec<Vec<String>> {
 }
 
 pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> Result<()> {
-    let w: WorkloadObject = client
-        .get_json(&format!("/n/{ns}/workloads/{name}"))
-        .await?;
-    let events: Vec<Event> = client
-        .get_json(&format!(
-            "/events?resourceType=Workload&resourceName={name}&namespace={ns}&limit=15"
-        ))
+    let w = client.workload(ns, name).await?;
+    let events = client
+        .events(&EventQuery {
+            namespace: Some(ns.to_string()),
+            resource_type: Some("Workload".into()),
+            resource_name: Some(name.to_string()),
+            limit: Some(15),
+        })
         .await?;
     if structured(
         format,
@@ -282,14 +264,7 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
     )? {
         return Ok(());
     }
-    let file = client
-        .send(client.request(
-            Method::GET,
-            &format!("/n/{ns}/workloads/{name}/files/workload.kat"),
-        ))
-        .await?
-        .bytes()
-        .await?;
+    let file = client.workload_file(ns, name, "workload.kat").await?;
     let spec = kat_api::parse_file("workload.kat", &file, &mut kat_api::Report::new());
     println!("Name:        {ns}/{name}");
     println!("Type:        {:?}", w.workload_type);
@@ -445,20 +420,15 @@ fn dns_line(name: &str, ns: &str, ready: u32) -> String {
 }
 
 pub async fn delete(client: &Client, name: &str, ns: &str) -> Result<()> {
-    client
-        .send(client.request(Method::DELETE, &format!("/n/{ns}/workloads/{name}")))
-        .await?;
+    client.delete_workload(ns, name).await?;
     println!("workload {ns}/{name} deleted");
     Ok(())
 }
 
 pub async fn rollback(client: &Client, name: &str, ns: &str) -> Result<()> {
-    let w: WorkloadObject = json(
-        client
-            .send(client.request(Method::POST, &format!("/n/{ns}/workloads/{name}/rollback")))
-            .await?,
-    )
-    .await?;
+    let w = client
+        .workload_action(ns, name, WorkloadAction::Rollback)
+        .await?;
     println!(
         "workload {ns}/{name} rolled back (now generation {})",
         w.metadata.generation
@@ -467,18 +437,10 @@ pub async fn rollback(client: &Client, name: &str, ns: &str) -> Result<()> {
 }
 
 pub async fn redeploy(client: &Client, name: &str, ns: &str) -> Result<()> {
-    let before: WorkloadObject = json(
-        client
-            .send(client.request(Method::GET, &format!("/n/{ns}/workloads/{name}")))
-            .await?,
-    )
-    .await?;
-    let w: WorkloadObject = json(
-        client
-            .send(client.request(Method::POST, &format!("/n/{ns}/workloads/{name}/redeploy")))
-            .await?,
-    )
-    .await?;
+    let before = client.workload(ns, name).await?;
+    let w = client
+        .workload_action(ns, name, WorkloadAction::Redeploy)
+        .await?;
     if w.metadata.generation == before.metadata.generation {
         println!(
             "workload {ns}/{name}: the source has not moved (generation {})",
@@ -500,14 +462,12 @@ pub async fn webhook(
     delete: bool,
     format: Format,
 ) -> Result<()> {
-    let path = format!("/n/{ns}/workloads/{name}/webhook");
     if delete {
-        client.send(client.request(Method::DELETE, &path)).await?;
+        client.delete_webhook(ns, name).await?;
         println!("webhook of {ns}/{name} deleted: push notifications are refused from now on");
         return Ok(());
     }
-    let hook: kat_api::wire::WebhookInfo =
-        json(client.send(client.request(Method::POST, &path)).await?).await?;
+    let hook = client.create_webhook(ns, name).await?;
     let url = format!("{}{}", client.base(), hook.path);
     if structured(
         format,
@@ -538,14 +498,7 @@ pub async fn webhook(
 }
 
 pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
-    client
-        .send(
-            client
-                .request(Method::POST, "/namespaces")
-                .header("content-type", "application/json")
-                .body(serde_json::json!({"metadata": {"name": name}}).to_string()),
-        )
-        .await?;
+    client.create_namespace(name).await?;
     println!("namespace {name} created");
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! leader (or the path to it) is gone, and the feed reconnects, resuming from the last
 //! revision it saw.
 
+use kat_client::paths::{self, NodeCall};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -195,18 +196,15 @@ impl LeaderLink {
         bail!("{what}: cannot reach the leader ({last})")
     }
 
-    fn url(&self, base: &str, rest: &str) -> String {
-        format!("{base}/v1alpha1/nodes/{}/{rest}", self.node)
+    fn url(&self, base: &str, call: NodeCall<'_>) -> String {
+        paths::url(base, &paths::node_call(&self.node, call))
     }
 }
 
 /// The error an API answer carries, for a message.
 async fn refusal(what: &str, response: reqwest::Response) -> anyhow::Error {
     let status = response.status();
-    let message = match response.json::<ErrorBody>().await {
-        Ok(b) => b.message,
-        Err(_) => status.to_string(),
-    };
+    let message = kat_client::message(response).await;
     anyhow::anyhow!("{what}: the leader refused ({status}): {message}")
 }
 
@@ -215,7 +213,7 @@ impl ControlPlane for LeaderLink {
     async fn assignments(&self, resume: Option<i64>) -> Result<Assignments> {
         let response = self
             .send("assignments", |c, base| {
-                let r = c.get(self.url(base, "assignments"));
+                let r = c.get(self.url(base, NodeCall::Assignments));
                 match resume {
                     Some(rev) => r.query(&[("resume", rev)]),
                     None => r,
@@ -231,13 +229,14 @@ impl ControlPlane for LeaderLink {
     }
 
     async fn template(&self, record: &InstanceRecord) -> Result<Option<Vec<u8>>> {
-        let rest = format!(
-            "templates/{}/{}/{}",
-            record.namespace, record.workload, record.spec_hash
-        );
+        let call = NodeCall::Template {
+            ns: &record.namespace,
+            workload: &record.workload,
+            hash: &record.spec_hash,
+        };
         let response = self
             .send("template", |c, base| {
-                c.get(self.url(base, &rest)).timeout(REQUEST_TIMEOUT)
+                c.get(self.url(base, call.clone())).timeout(REQUEST_TIMEOUT)
             })
             .await?;
         match response.status().as_u16() {
@@ -256,7 +255,7 @@ impl ControlPlane for LeaderLink {
     async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()> {
         let response = self
             .send("heartbeat", |c, base| {
-                c.post(self.url(base, "status"))
+                c.post(self.url(base, NodeCall::Status))
                     .json(heartbeat)
                     .timeout(REQUEST_TIMEOUT)
             })
@@ -303,7 +302,8 @@ impl ControlPlane for LeaderLink {
     async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
         let response = self
             .send("DNS records", |c, base| {
-                c.get(self.url(base, "dns")).timeout(REQUEST_TIMEOUT)
+                c.get(self.url(base, NodeCall::Dns))
+                    .timeout(REQUEST_TIMEOUT)
             })
             .await?;
         if !response.status().is_success() {
@@ -318,7 +318,7 @@ impl ControlPlane for LeaderLink {
         };
         let response = self
             .send("WireGuard key", |c, base| {
-                c.post(self.url(base, "wireguard"))
+                c.post(self.url(base, NodeCall::WireGuard))
                     .json(&body)
                     .timeout(REQUEST_TIMEOUT)
             })
@@ -332,7 +332,8 @@ impl ControlPlane for LeaderLink {
     async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
         let response = self
             .send("overlay peers", |c, base| {
-                c.get(self.url(base, "peers")).timeout(REQUEST_TIMEOUT)
+                c.get(self.url(base, NodeCall::Peers))
+                    .timeout(REQUEST_TIMEOUT)
             })
             .await?;
         if !response.status().is_success() {
@@ -344,7 +345,7 @@ impl ControlPlane for LeaderLink {
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {
         let response = self
             .send("template problems", |c, base| {
-                c.post(self.url(base, "template-problems"))
+                c.post(self.url(base, NodeCall::TemplateProblems))
                     .json(&problems)
                     .timeout(REQUEST_TIMEOUT)
             })

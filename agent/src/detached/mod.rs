@@ -20,6 +20,7 @@ pub mod local_cluster;
 pub mod protocol;
 pub mod uplink;
 
+use kat_client::paths::{self, NodeCall};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -268,10 +269,9 @@ impl Detacher {
         let probe = self
             .parts
             .parent_client
-            .get(format!(
-                "{}/v1alpha1/nodes/{}/dns",
-                leader.trim_end_matches('/'),
-                self.parts.node
+            .get(paths::url(
+                leader,
+                &paths::node_call(&self.parts.node, NodeCall::Dns),
             ))
             .timeout(Duration::from_secs(5))
             .send()
@@ -364,10 +364,9 @@ impl Detacher {
         } in workloads
         {
             let body = kat_api::bundle::pack(files);
-            let url = format!(
-                "{}/v1alpha1/nodes/{}/workloads/{ns}",
-                leader.trim_end_matches('/'),
-                self.parts.node
+            let url = paths::url(
+                leader,
+                &paths::node_call(&self.parts.node, NodeCall::SubmitWorkload { ns }),
             );
             // A lost answer is asked again: the same bundle twice is no change there.
             let mut tries = 0;

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::{ApiError, ApiState};
 
 /// The protocol name in the `Upgrade` header of an exec request.
-pub const EXEC_PROTOCOL: &str = "kat-exec.v1";
+pub const EXEC_PROTOCOL: &str = kat_api::exec_stream::PROTOCOL;
 
 #[derive(Debug, Clone, Default)]
 pub struct LogQuery {

@@ -1,0 +1,259 @@
+//! The typed calls an administrator makes (`katcall`, tests): one method per route, taking
+//! and returning `kat_api::wire` types.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use kat_api::finished::FinishedInstance;
+use kat_api::wire::{
+    BackupRecord, Event, InstanceStatus, JoinTokenInfo, NamespaceObject, NewJoinToken, Node,
+    NodeRegistration, Taint, WebhookInfo, WorkloadObject,
+};
+use reqwest::Method;
+
+use crate::paths::{self, NodeAdmin, Stream, WorkloadAction};
+use crate::Client;
+
+/// Filters of `GET /events` (all optional).
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    pub namespace: Option<String>,
+    pub resource_type: Option<String>,
+    pub resource_name: Option<String>,
+    pub limit: Option<u32>,
+}
+
+impl EventQuery {
+    fn params(&self) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if let Some(ns) = &self.namespace {
+            q.push(("namespace", ns.clone()));
+        }
+        if let Some(t) = &self.resource_type {
+            q.push(("resourceType", t.clone()));
+        }
+        if let Some(n) = &self.resource_name {
+            q.push(("resourceName", n.clone()));
+        }
+        if let Some(l) = self.limit {
+            q.push(("limit", l.to_string()));
+        }
+        q
+    }
+}
+
+impl Client {
+    pub async fn workloads(&self, ns: &str) -> Result<Vec<WorkloadObject>> {
+        self.get_json(&paths::workloads(ns)).await
+    }
+
+    pub async fn workload(&self, ns: &str, name: &str) -> Result<WorkloadObject> {
+        self.get_json(&paths::workload(ns, name)).await
+    }
+
+    /// The workload, or `None` if there is none of that name.
+    pub async fn workload_if_any(&self, ns: &str, name: &str) -> Result<Option<WorkloadObject>> {
+        self.get_optional(&paths::workload(ns, name)).await
+    }
+
+    /// Create (`exists` false) or update a workload from its packed bundle.
+    pub async fn apply(
+        &self,
+        ns: &str,
+        name: &str,
+        archive: Vec<u8>,
+        exists: bool,
+    ) -> Result<WorkloadObject> {
+        let req = if exists {
+            self.request(Method::PUT, &paths::workload(ns, name))
+        } else {
+            self.request(Method::POST, &paths::workloads(ns))
+        };
+        let req = req.header("content-type", "application/gzip").body(archive);
+        self.json_of(req, &format!("applying {ns}/{name}")).await
+    }
+
+    pub async fn delete_workload(&self, ns: &str, name: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &paths::workload(ns, name)))
+            .await
+            .map(drop)
+    }
+
+    /// Roll back or redeploy; the workload as it is afterwards.
+    pub async fn workload_action(
+        &self,
+        ns: &str,
+        name: &str,
+        action: WorkloadAction,
+    ) -> Result<WorkloadObject> {
+        let path = paths::workload_action(ns, name, action);
+        self.json_of(self.request(Method::POST, &path), &path).await
+    }
+
+    /// A new push-webhook secret (the old one stops working).
+    pub async fn create_webhook(&self, ns: &str, name: &str) -> Result<WebhookInfo> {
+        let path = paths::workload_action(ns, name, WorkloadAction::Webhook);
+        self.json_of(self.request(Method::POST, &path), &path).await
+    }
+
+    pub async fn delete_webhook(&self, ns: &str, name: &str) -> Result<()> {
+        let path = paths::workload_action(ns, name, WorkloadAction::Webhook);
+        self.send(self.request(Method::DELETE, &path))
+            .await
+            .map(drop)
+    }
+
+    /// One of the workload's files as it was applied.
+    pub async fn workload_file(&self, ns: &str, name: &str, file: &str) -> Result<Vec<u8>> {
+        let path = paths::workload_file(ns, name, file);
+        let resp = self.send(self.request(Method::GET, &path)).await?;
+        Ok(resp
+            .bytes()
+            .await
+            .with_context(|| format!("reading {file} of {ns}/{name}"))?
+            .to_vec())
+    }
+
+    /// Instances of `ns`, or of every namespace.
+    pub async fn instances(&self, ns: Option<&str>) -> Result<Vec<InstanceStatus>> {
+        self.get_json(&paths::instances(ns)).await
+    }
+
+    /// Finished instances kept in `ns` (of `workload` only, if given), oldest first.
+    pub async fn finished_instances(
+        &self,
+        ns: &str,
+        workload: Option<&str>,
+    ) -> Result<Vec<FinishedInstance>> {
+        let query: Vec<(&str, String)> = workload
+            .map(|w| ("workload", w.to_string()))
+            .into_iter()
+            .collect();
+        self.get_json_query(&paths::finished_instances(ns), &query)
+            .await
+    }
+
+    pub async fn namespaces(&self) -> Result<Vec<NamespaceObject>> {
+        self.get_json(&paths::namespaces()).await
+    }
+
+    pub async fn create_namespace(&self, name: &str) -> Result<()> {
+        let body = serde_json::json!({"metadata": {"name": name}});
+        self.send(self.request(Method::POST, &paths::namespaces()).json(&body))
+            .await
+            .map(drop)
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<Node>> {
+        self.get_json(&paths::nodes()).await
+    }
+
+    pub async fn node(&self, name: &str) -> Result<Node> {
+        self.get_json(&paths::node(name)).await
+    }
+
+    /// Remove a node from the cluster for good.
+    pub async fn delete_node(&self, name: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &paths::node(name)))
+            .await
+            .map(drop)
+    }
+
+    /// Drain (`true`) or uncordon (`false`) a node.
+    pub async fn drain(&self, name: &str, drain: bool) -> Result<()> {
+        let what = if drain {
+            NodeAdmin::Drain
+        } else {
+            NodeAdmin::Uncordon
+        };
+        self.send(self.request(Method::POST, &paths::node_admin(name, what)))
+            .await
+            .map(drop)
+    }
+
+    /// Replace a node's taints.
+    pub async fn set_taints(&self, name: &str, taints: &[Taint]) -> Result<NodeRegistration> {
+        let path = paths::node_admin(name, NodeAdmin::Taints);
+        self.json_of(self.request(Method::PUT, &path).json(taints), &path)
+            .await
+    }
+
+    /// Set (`Some`) or remove (`None`) labels of a node.
+    pub async fn set_labels(
+        &self,
+        name: &str,
+        changes: &BTreeMap<String, Option<String>>,
+    ) -> Result<NodeRegistration> {
+        let path = paths::node_admin(name, NodeAdmin::Labels);
+        self.json_of(self.request(Method::PUT, &path).json(changes), &path)
+            .await
+    }
+
+    pub async fn events(&self, query: &EventQuery) -> Result<Vec<Event>> {
+        self.get_json_query(&paths::events(), &query.params()).await
+    }
+
+    /// The events from now on, as JSON lines (read with [`Client::json_lines`]).
+    pub async fn watch_events(&self, query: &EventQuery) -> Result<reqwest::Response> {
+        let mut params = query.params();
+        params.push(("watch", "true".into()));
+        self.send(self.request(Method::GET, &paths::events()).query(&params))
+            .await
+    }
+
+    pub async fn backups(&self) -> Result<Vec<BackupRecord>> {
+        self.get_json(&paths::backups()).await
+    }
+
+    /// Take a backup now, on the leader.
+    pub async fn create_backup(&self) -> Result<BackupRecord> {
+        let path = paths::backups();
+        self.json_of(self.request(Method::POST, &path), &path).await
+    }
+
+    pub async fn join_tokens(&self) -> Result<Vec<JoinTokenInfo>> {
+        self.get_json(&paths::join_tokens()).await
+    }
+
+    /// A new join token; `request` is the body `POST /join-tokens` takes.
+    pub async fn create_join_token(&self, request: &serde_json::Value) -> Result<NewJoinToken> {
+        let path = paths::join_tokens();
+        self.json_of(self.request(Method::POST, &path).json(request), &path)
+            .await
+    }
+
+    pub async fn delete_join_token(&self, id: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &paths::join_token(id)))
+            .await
+            .map(drop)
+    }
+
+    /// An instance's log stream (JSON lines of `LogLine`).
+    pub async fn logs(
+        &self,
+        ns: &str,
+        workload: &str,
+        instance: &str,
+        query: &[(&str, String)],
+    ) -> Result<reqwest::Response> {
+        let path = paths::instance_stream(ns, workload, instance, Stream::Logs);
+        self.send(self.request(Method::GET, &path).query(query))
+            .await
+    }
+
+    /// Ask to switch to the exec protocol with an instance; upgrade the response.
+    pub async fn exec(
+        &self,
+        ns: &str,
+        workload: &str,
+        instance: &str,
+    ) -> Result<reqwest::Response> {
+        let path = paths::instance_stream(ns, workload, instance, Stream::Exec);
+        self.send(
+            self.request(Method::POST, &path)
+                .header("connection", "upgrade")
+                .header("upgrade", kat_api::exec_stream::PROTOCOL),
+        )
+        .await
+    }
+}
