@@ -1,9 +1,9 @@
 //! The HTTP API in process, on `MemStore`: a request that fails changes nothing stored.
 
-use std::time::Duration;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};

@@ -1,0 +1,194 @@
+//! Types on the wire between `katcall`, agents and the leader: JSON in camelCase.
+//!
+//! These are the API's representation (RFC 001 §8.2). Timestamps are RFC 3339 strings in UTC,
+//! quantities are integers (millicores, bytes) so that clients never parse units. One file per
+//! domain; every type is re-exported here, so `kat_api::wire::X` names them all.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::workload::TaintEffect;
+
+mod detached;
+mod events;
+mod join;
+mod nodes;
+mod workloads;
+
+pub use detached::*;
+pub use events::*;
+pub use join::*;
+pub use nodes::*;
+pub use workloads::*;
+
+/// Format a time as RFC 3339 with milliseconds, e.g. `2026-11-21T10:43:00.123Z`.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// An address as the host part of a URL: IPv6 in brackets (`https://[fd00::1]:9115`).
+pub fn url_host(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    }
+}
+
+/// The error body of every failed API request: `{"error": code, "message": …}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: ErrorCode,
+    pub message: String,
+    /// With `not_leader`: the API endpoint of the node that leads (`https://IP:PORT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+}
+
+/// Machine-readable error codes; each has one HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    InvalidQuadlet,
+    Unauthorized,
+    /// Authenticated, but not allowed: a node's certificate outside its own records.
+    Forbidden,
+    NotFound,
+    Conflict,
+    PayloadTooLarge,
+    RateLimited,
+    /// The request (its header or its body) did not arrive within the server's deadline.
+    RequestTimeout,
+    Unavailable,
+    Internal,
+    /// A node route sent to a node that does not lead; the body names the leader.
+    NotLeader,
+}
+
+impl ErrorCode {
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest | ErrorCode::InvalidQuadlet => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::RateLimited => 429,
+            ErrorCode::RequestTimeout => 408,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::Internal => 500,
+            ErrorCode::NotLeader => 421,
+        }
+    }
+}
+
+/// Metadata common to stored objects.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectMeta {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub uid: String,
+    #[serde(default)]
+    pub generation: u64,
+    /// The store revision this object was read at; send it back to update conditionally.
+    #[serde(default)]
+    pub resource_version: i64,
+    pub creation_timestamp: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wireguard_keys_are_32_bytes_of_canonical_base64() {
+        let key = |k: &str| WireguardKey {
+            public_key: k.into(),
+        };
+        assert_eq!(
+            key("xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=").problem(),
+            None
+        );
+        for bad in [
+            "",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dh=",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8D==",
+            "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=\n",
+            "xTIBA5rb Uvnh4htodjb6e697QjLERt1NAB4mZqp8Dg=",
+        ] {
+            let problem = key(bad).problem().expect(bad);
+            assert!(problem.contains("not a WireGuard public key"), "{problem}");
+        }
+    }
+
+    #[test]
+    fn a_join_token_record_from_before_roles_reads_as_a_worker_token() {
+        // As an older version stored it: no role, no addresses.
+        let old = r#"{"id":"0123456789ab","createdAt":"2026-01-01T00:00:00Z","expiresAt":"2026-01-02T00:00:00Z","usedBy":["n2"],"secretSha256":"ab"}"#;
+        let record: JoinTokenRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(record.info.role, JoinRole::Worker);
+        assert!(record.info.addresses.is_empty());
+        assert_eq!(record.info.used_by, ["n2"]);
+        assert_eq!(record.secret_sha256, "ab");
+        // A control-plane token keeps its role through the store.
+        let mut cp = record.clone();
+        cp.info.role = JoinRole::ControlPlane;
+        cp.info.addresses = vec!["192.0.2.7".into()];
+        let text = serde_json::to_string(&cp).unwrap();
+        assert!(text.contains(r#""role":"control-plane""#), "{text}");
+        assert_eq!(serde_json::from_str::<JoinTokenRecord>(&text).unwrap(), cp);
+        assert_eq!(JoinRole::ControlPlane.default_ttl().as_secs(), 3600);
+        assert_eq!(JoinRole::Worker.default_ttl().as_secs(), 24 * 3600);
+    }
+
+    #[test]
+    fn error_body_shape() {
+        let body = ErrorBody {
+            error: ErrorCode::InvalidQuadlet,
+            message: "workload.kat: spec.replicas: is required".into(),
+            leader: None,
+        };
+        let json = serde_json::to_string(&body).unwrap();
+        assert_eq!(
+            json,
+            r#"{"error":"invalid_quadlet","message":"workload.kat: spec.replicas: is required"}"#
+        );
+        assert_eq!(ErrorCode::PayloadTooLarge.http_status(), 413);
+    }
+
+    #[test]
+    fn camel_case_on_the_wire() {
+        let s = InstanceStatus {
+            instance_id: "web-abc".into(),
+            namespace: "default".into(),
+            workload: "web".into(),
+            node: Some("n1".into()),
+            generation: 2,
+            state: InstanceState::Running,
+            health: Health::Healthy,
+            restarts: 1,
+            exit_code: None,
+            reason: None,
+            ip: None,
+            started_at: Some(rfc3339(std::time::UNIX_EPOCH)),
+            finished_at: None,
+            warnings: vec![],
+            usage: None,
+        };
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["instanceID"], "web-abc");
+        assert_eq!(json["startedAt"], "1970-01-01T00:00:00.000Z");
+        let back: InstanceStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back, s);
+    }
+}

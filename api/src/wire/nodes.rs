@@ -1,0 +1,283 @@
+//! Nodes: registration, heartbeats and what the leader answers, resources and usage,
+//! labels and taints, assignments, the overlay (WireGuard keys, peers) and DNS records.
+
+use super::*;
+
+/// `POST /nodes/{node}/etcd-member` (`kat-agent rejoin`): the member list a control-plane
+/// node starts its etcd with to join the (restored) cluster again, as a learner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdMembership {
+    pub initial_cluster: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    Ready,
+    NotReady,
+    Draining,
+}
+
+/// Amounts of node resources, in integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceList {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub pids: u64,
+}
+
+/// Resources in use, measured by a node at a heartbeat: for an instance from its container's
+/// cgroup, for a node from the kernel's totals (`/proc`) and the data directory's file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// CPU time used per second over the last measuring interval, in millicores (1000 = one
+    /// core busy all the time).
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub pids: u64,
+    /// Nodes only: bytes used and in all on the file system of the agent's data directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_total_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    pub driver: crate::workload::GpuDriver,
+    #[serde(rename = "vramMB")]
+    pub vram_mb: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Taint {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub effect: TaintEffect,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub metadata: ObjectMeta,
+    pub state: NodeState,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    pub capacity: ResourceList,
+    pub allocatable: ResourceList,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<String>,
+    /// What the node used at its last heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Its subnet of `clusterCIDR`, from which its instances get their addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
+    /// Set while the node runs detached from its parent cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached: Option<Detachment>,
+    /// Whether this node leads the cluster now (runs the controllers and the scheduler).
+    #[serde(default)]
+    pub leader: bool,
+    /// Since when it leads (RFC 3339); only on the leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_since: Option<String>,
+}
+
+/// The current leader ([`crate::keys::LEADER`]), written by the node that wins the election,
+/// under its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderRecord {
+    /// The node's name.
+    pub node: String,
+    /// Its API endpoint (as in [`crate::keys::LEADER_ENDPOINT`]).
+    pub endpoint: String,
+    /// RFC 3339: when it won the election.
+    pub since: String,
+}
+
+/// A node removed with `katcall delete node`: its certificate is refused from then on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevokedNode {
+    pub node: String,
+    /// The serial (hex) of the certificate it had; `None` if it never recorded one.
+    #[serde(default)]
+    pub serial: Option<String>,
+    pub revoked_at: String,
+}
+
+/// The answer to a worker's heartbeat: the control plane as it is now, so the worker's list
+/// of where to find the leader stays fresh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAnswer {
+    pub accepted: bool,
+    #[serde(default)]
+    pub api_endpoints: Vec<String>,
+    /// Serials of removed nodes' certificates: a worker's own API refuses them.
+    #[serde(default)]
+    pub revoked_serials: Vec<String>,
+    /// The node's subnet of `clusterCIDR`, once the leader has given it one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
+}
+
+/// `GET /nodes/{name}/assignments`: one JSON line each. A stream starts with a `snapshot`
+/// (every instance record of the node, as of `revision`) unless it resumes from a revision
+/// the leader still has history for; then come changes in revision order, and `keepalive`
+/// lines while nothing changes, so a client notices a dead leader within seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum AssignmentUpdate {
+    Snapshot {
+        revision: i64,
+        records: Vec<InstanceRecord>,
+    },
+    Put {
+        revision: i64,
+        record: Box<InstanceRecord>,
+    },
+    #[serde(rename_all = "camelCase")]
+    Delete {
+        revision: i64,
+        instance_id: String,
+    },
+    Keepalive,
+}
+
+/// `POST /nodes/{name}/template-problems`: instances of the node whose template is unusable
+/// (gone, or not matching its hash); the leader records a `TemplateMissing` event for each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateProblem {
+    #[serde(rename = "instanceID")]
+    pub instance_id: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdJoin {
+    /// etcd's `--initial-cluster`: every member's `name=peerURL`, this node included.
+    pub initial_cluster: String,
+    /// The CA's key (PEM): quorum members can admit nodes when they lead.
+    pub ca_key: String,
+}
+
+/// `POST /nodes/{name}/status`: what an agent reports every tick.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeHeartbeat {
+    pub node: String,
+    pub timestamp: String,
+    pub capacity: ResourceList,
+    pub allocatable: ResourceList,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
+    #[serde(default)]
+    pub instances: Vec<InstanceStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Builds running on the node and those that ended in the last minutes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub builds: Vec<BuildReport>,
+    /// Set while the node runs detached from its parent cluster (in its local cluster only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached: Option<Detachment>,
+}
+
+/// Another node as the overlay needs it (`GET /nodes/{name}/peers`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OverlayPeer {
+    pub node: String,
+    /// WireGuard public key, base64.
+    pub public_key: String,
+    /// `address:wireguardPort`, from the node's registration.
+    pub endpoint: String,
+    pub subnet: String,
+}
+
+/// A node's WireGuard public key (`POST /nodes/{name}/wireguard`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WireguardKey {
+    pub public_key: String,
+}
+
+impl WireguardKey {
+    /// A WireGuard public key is 32 bytes in base64 (44 characters ending in `=`).
+    pub fn problem(&self) -> Option<String> {
+        let k = self.public_key.as_bytes();
+        let base64 = |c: &u8| c.is_ascii_alphanumeric() || *c == b'+' || *c == b'/';
+        let ok = k.len() == 44
+            && k[..43].iter().all(base64)
+            && k[43] == b'='
+            && b"AEIMQUYcgkosw048".contains(&k[42]);
+        (!ok).then(|| {
+            format!(
+                "{:?} is not a WireGuard public key (expected 32 bytes in base64, 44 characters)",
+                self.public_key
+            )
+        })
+    }
+}
+
+/// One address of a workload in the cluster's DNS (`/kat/dns/{ns}/{workload}/{A|AAAA}/{ip}`),
+/// written by the leader for every running instance that has an address. The workload's name
+/// answers with the `ready` ones (healthy, or running where there is no health check); the
+/// instance's own name (`{instanceID}.{workload}.{ns}.{domain}`) with its address always.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsRecord {
+    pub namespace: String,
+    pub workload: String,
+    #[serde(rename = "instanceID")]
+    pub instance_id: String,
+    pub ip: std::net::IpAddr,
+    pub ready: bool,
+}
+
+/// A node's static registration plus what administrators set on it (labels, taints, drain).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRegistration {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<Taint>,
+    /// Set by `katcall drain`: no new instances, Service instances move elsewhere.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// The label that names a node's host (set at registration; a `nodeSelector` can use it).
+pub const HOSTNAME_LABEL: &str = "kat.dws.rip/hostname";
+
+/// The label that says what a node is: `control-plane` (an etcd member) or `worker`.
+pub const ROLE_LABEL: &str = "kat.dws.rip/role";
+
+/// Every node has it, with its own name, without being stored (RFC 001 §4.9): a detached
+/// node pins the workloads created on it with `nodeSelector: {kat.dws.rip/nodeName: NODE}`.
+pub const NODE_NAME_LABEL: &str = "kat.dws.rip/nodeName";
+
+/// The agent's `--node-type` (e.g. `laptop`, `stable`), recorded at join.
+pub const NODE_TYPE_LABEL: &str = "kat.dws.rip/nodeType";
+
+/// The taint `katcall drain` adds; `katcall uncordon` removes it.
+pub const DRAIN_TAINT_KEY: &str = "kat.dws.rip/unschedulable";

@@ -1,0 +1,559 @@
+//! Making a container: limits checked, volumes opened and verified, an id slot and its
+//! shifted root file system, the network joined; and forgetting a half-made one.
+
+use super::*;
+
+impl NativeRuntime {
+    /// Checks limits against what is possible; returns warnings for what cannot be enforced.
+    pub(super) fn check_limits(&self, r: &Resources) -> Result<Vec<String>> {
+        if r.memory_limit_bytes > 0 && r.memory_limit_bytes < 4 * 1024 * 1024 {
+            return Err(RuntimeError::BadLimits(format!(
+                "memory limit {} bytes is below the 4 MiB a container needs to start",
+                r.memory_limit_bytes
+            )));
+        }
+        if r.cpu_limit_millis > 0 && r.cpu_limit_millis < 10 {
+            return Err(RuntimeError::BadLimits(format!(
+                "cpu limit {}m is below the kernel's minimum of 10m (1 ms per 100 ms)",
+                r.cpu_limit_millis
+            )));
+        }
+        if r.cpu_limit_millis > 0 && r.cpu_request_millis > r.cpu_limit_millis {
+            return Err(RuntimeError::BadLimits(format!(
+                "cpu request {}m is above the cpu limit {}m",
+                r.cpu_request_millis, r.cpu_limit_millis
+            )));
+        }
+        if r.pids_limit > 0 && r.pids_limit < 2 {
+            return Err(RuntimeError::BadLimits(
+                "pids limit must be at least 2 (kat-init and the workload)".into(),
+            ));
+        }
+        let mut warnings = Vec::new();
+        let mode = format!("{:?}", self.caps.cgroup_mode);
+        if r.memory_limit_bytes > 0 && !self.caps.memory_limit {
+            warnings.push(format!(
+                "memory limit not enforced on this node (cgroups: {mode})"
+            ));
+        }
+        if (r.cpu_limit_millis > 0 || r.cpu_request_millis > 0) && !self.caps.cpu_limit {
+            warnings.push(format!(
+                "cpu limit not enforced on this node (cgroups: {mode})"
+            ));
+        }
+        if r.pids_limit > 0 && !self.caps.pids_limit {
+            warnings.push(format!(
+                "pids limit not enforced on this node (cgroups: {mode})"
+            ));
+        }
+        Ok(warnings)
+    }
+
+    /// Opens every volume's source (its `subPath` walked without following symlinks, see
+    /// [`crate::volume_paths`]); the opened sources are checked again once mounted.
+    pub(super) fn volume_sources(&self, options: &CreateOptions) -> Result<Vec<OpenedSource>> {
+        let mut out = Vec::new();
+        for v in &options.volumes {
+            let bad = |reason: &str| RuntimeError::BadMount {
+                name: v.name.clone(),
+                source_path: v.source.clone(),
+                reason: reason.to_string(),
+            };
+            if !v.source.is_absolute() {
+                return Err(bad("is not an absolute path"));
+            }
+            if !v.destination.starts_with('/') || v.destination.split('/').any(|c| c == "..") {
+                return Err(bad(&format!(
+                    "has destination {:?}, which must be an absolute path without '..'",
+                    v.destination
+                )));
+            }
+            if let Some(sub) = &v.sub_path {
+                if sub.starts_with('/') || sub.split('/').any(|c| c == "..") {
+                    return Err(bad(&format!(
+                        "subPath {sub:?} must be relative and without '..'"
+                    )));
+                }
+            }
+            // The source was resolved by the agent: it is opened refusing any symlink, and
+            // so is everything below it, which a container may have planted.
+            let opened = crate::volume_paths::open_beneath(&v.source, v.sub_path.as_deref(), true)
+                .map_err(|e| match &v.sub_path {
+                    Some(sub) => bad(&format!("subPath {sub:?}: {e}")),
+                    None => bad(&e),
+                })?;
+            out.push(opened);
+        }
+        Ok(out)
+    }
+
+    /// After create, before start: every volume mount is the object opened for it.
+    pub(super) fn verify_volumes(
+        &self,
+        options: &CreateOptions,
+        pid: i32,
+        sources: &[OpenedSource],
+    ) -> Result<()> {
+        for (v, source) in options.volumes.iter().zip(sources) {
+            crate::volume_paths::verify_mounted(pid, &v.destination, source).map_err(|reason| {
+                RuntimeError::BadMount {
+                    name: v.name.clone(),
+                    source_path: v.source.clone(),
+                    reason,
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Everything of `create` after the container directory exists; on error the caller
+    /// removes that directory.
+    pub(super) async fn create_in(&self, options: &CreateOptions, dir: &Path) -> Result<Meta> {
+        let warnings = self.check_limits(&options.resources)?;
+        let record = self.images.resolve(&options.image)?;
+        let volume_sources = self.volume_sources(options)?;
+        let snapshot = self.images.snapshot(&record).await?;
+        let user = if options.user.is_empty() {
+            record.config.user.clone()
+        } else {
+            options.user.clone()
+        };
+        let (uid, gid) = crate::rootfs::resolve_user(&snapshot, &user)?;
+        let argv = spec::workload_argv(&record.config, &options.command, &options.args);
+        if argv.is_empty() {
+            return Err(RuntimeError::InvalidOption {
+                field: "command".into(),
+                reason: format!(
+                    "image {} has no Entrypoint or Cmd; give the workload a command",
+                    options.image
+                ),
+            });
+        }
+        let hostname = if options.hostname.is_empty() {
+            options.id.clone()
+        } else {
+            options.hostname.clone()
+        };
+        let env = spec::merged_env(&record.config, &options.env, &hostname);
+        let image_root = crate::tree_dir::TreeDir::open(&snapshot)
+            .context(|| format!("opening {}", snapshot.display()))?;
+        crate::rootfs::find_executable(&image_root, &argv[0], &env)?;
+        let cwd = if record.config.working_dir.is_empty() {
+            "/".to_string()
+        } else {
+            record.config.working_dir.clone()
+        };
+
+        let range = *self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let slot = self.acquire_slot(options)?;
+        let ids = range.slot_map(slot, !nix::unistd::geteuid().is_root());
+        let host_root = range.slot_root(slot);
+        let host_user = (ids.host_uid(uid), ids.host_gid(gid));
+        // Its root only: the workload reaches its files through the mounts root made.
+        crate::acl::searchable_by(dir, &[host_root.0]).context(|| {
+            format!(
+                "setting an ACL on {} (the file system must support POSIX ACLs)",
+                dir.display()
+            )
+        })?;
+        let logs = dir.join("logs");
+        let etc = dir.join("etc");
+        let rootfs = dir.join("rootfs");
+        for d in [&logs, &etc, &dir.join("bundle")] {
+            fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
+        }
+        // config.json holds the workload's environment (secrets, often): ours alone.
+        fs::set_permissions(dir.join("bundle"), fs::Permissions::from_mode(0o700))
+            .context(|| "chmod bundle".to_string())?;
+        // kat-init writes here as the workload's user, and only it and we may: ours, with
+        // an ACL for it (see `acl`); no other host user gets in.
+        fs::set_permissions(&logs, fs::Permissions::from_mode(0o700))
+            .context(|| format!("chmod {}", logs.display()))?;
+        crate::acl::share_log_dir(&logs, host_user.0, nix::unistd::geteuid().as_raw()).context(
+            || {
+                format!(
+                    "setting an ACL on {} (the file system must support POSIX ACLs)",
+                    logs.display()
+                )
+            },
+        )?;
+        fs::write(
+            etc.join("hosts"),
+            spec::hosts_file(&hostname, options.address, &options.hosts),
+        )
+        .context(|| "writing /etc/hosts".to_string())?;
+        fs::write(etc.join("hostname"), format!("{hostname}\n"))
+            .context(|| "writing /etc/hostname".to_string())?;
+        fs::write(
+            etc.join("resolv.conf"),
+            spec::resolv_conf(&options.dns_servers, &options.dns_search),
+        )
+        .context(|| "writing /etc/resolv.conf".to_string())?;
+
+        let use_overlay = self.overlay.load(Ordering::Relaxed);
+        let (upper, work) = (dir.join("upper"), dir.join("work"));
+        let lower = if use_overlay {
+            for d in [&rootfs, &upper, &work] {
+                fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
+            }
+            fs::set_permissions(&upper, fs::Permissions::from_mode(0o755))
+                .context(|| format!("chmod {}", upper.display()))?;
+            // The overlay's directories and the workload's own volumes belong to its
+            // root: one task, so an unprivileged agent starts one helper per create.
+            let mut paths = vec![rootfs.clone(), upper.clone(), work.clone()];
+            paths.extend(
+                options
+                    .volumes
+                    .iter()
+                    .filter(|v| v.owned_by_container)
+                    .map(|v| v.source.clone()),
+            );
+            self.id_task(IdTask::Own {
+                paths,
+                owner: host_root,
+            })
+            .await?;
+            self.slot_rootfs(&record.id, &snapshot, slot).await?
+        } else {
+            self.shifted_copy(&snapshot, &rootfs, host_root).await?;
+            let volumes: Vec<PathBuf> = options
+                .volumes
+                .iter()
+                .filter(|v| v.owned_by_container)
+                .map(|v| v.source.clone())
+                .collect();
+            if !volumes.is_empty() {
+                self.id_task(IdTask::Own {
+                    paths: volumes,
+                    owner: host_root,
+                })
+                .await?;
+            }
+            rootfs.clone()
+        };
+        let joined = match options.address {
+            Some(address) => Some(self.join_network(address, &ids).await?),
+            None => None,
+        };
+        let cgroups_path = self.cgroups.container_path(&options.id);
+        let kat_limits = self.cgroups.kat_applies_limits();
+        let input = SpecInput {
+            options,
+            hostname: &hostname,
+            argv,
+            env,
+            cwd,
+            uid,
+            gid,
+            ids: &ids,
+            rootfs: if use_overlay {
+                Rootfs::Overlay {
+                    mountpoint: &rootfs,
+                    lower: &lower,
+                    upper: &upper,
+                    work: &work,
+                }
+            } else {
+                Rootfs::Copy(&rootfs)
+            },
+            init_binary: &self.config.init_binary,
+            etc_dir: &etc,
+            log_dir: &logs,
+            volume_sources: volume_sources.iter().map(|o| o.path.clone()).collect(),
+            cgroups_path,
+            memory_limit: self.caps.memory_limit && !kat_limits,
+            cpu_limit: self.caps.cpu_limit && !kat_limits,
+            pids_limit: self.caps.pids_limit && !kat_limits,
+            omit_resources: kat_limits,
+            seccomp: self.config.seccomp,
+            cgroup_mount: matches!(
+                self.cgroups.mode,
+                CgroupMode::Systemd | CgroupMode::V2Delegated | CgroupMode::V2Root
+            ),
+            joined: joined.as_ref().map(|j| (j.user(), j.network())),
+        };
+        let config = spec::build(&input);
+        let bundle = dir.join("bundle");
+        fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&config).map_err(|e| lc_error("encoding config.json", e))?,
+        )
+        .context(|| "writing config.json".to_string())?;
+
+        let request = crate::create_helper::Request {
+            id: options.id.clone(),
+            lib_root: self.lib_root(),
+            bundle,
+            systemd: self.cgroups.mode == CgroupMode::Systemd,
+            enter_user_namespace: joined
+                .as_ref()
+                .filter(|_| !nix::unistd::geteuid().is_root())
+                .map(|j| j.parent_user()),
+        };
+        crate::create_helper::create(
+            &self.config.create_helper,
+            &request,
+            &dir.join("create.err"),
+        )
+        .await?;
+        // The container's processes hold its namespaces now.
+        drop(joined);
+        // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
+        let init_pid = self.load_container(&options.id).and_then(|c| c.pid());
+        if let Some(pid) = init_pid {
+            let (cgroups, id) = (self.cgroups.clone(), options.id.clone());
+            let reaping = self.reaping.clone();
+            reaping.started(&options.id);
+            let done_id = options.id.clone();
+            spawn_reaper(
+                pid.as_raw(),
+                logs,
+                move || cgroups.oom_killed(&id),
+                move || reaping.done(&done_id),
+            );
+        }
+        if let Some(pid) = init_pid {
+            self.verify_volumes(options, pid.as_raw(), &volume_sources)?;
+        }
+        if kat_limits {
+            self.cgroups
+                .apply_v1_limits(&options.id, &options.resources)?;
+        }
+
+        Ok(Meta {
+            options: options.clone(),
+            image_id: record.id,
+            created_at: SystemTime::now(),
+            started_at: None,
+            rootfs: if use_overlay {
+                RootfsMode::Overlay
+            } else {
+                RootfsMode::Copy
+            },
+            warnings,
+        })
+    }
+
+    /// The namespaces a container with `address` joins, from the node network.
+    pub(super) async fn join_network(
+        &self,
+        address: std::net::Ipv4Addr,
+        ids: &IdMap,
+    ) -> Result<Box<dyn crate::network::JoinedNamespaces>> {
+        let network = self
+            .config
+            .network
+            .clone()
+            .ok_or_else(|| RuntimeError::InvalidOption {
+                field: "address".into(),
+                reason: format!("this node has no container network to give {address} on"),
+            })?;
+        let ids = ids.clone();
+        blocking("connecting the container to the node network", move || {
+            network
+                .prepare(address, &ids)
+                .map_err(|message| RuntimeError::Container {
+                    context: format!("connecting the container to the node network as {address}"),
+                    message,
+                })
+        })
+        .await
+    }
+
+    /// Runs an ownership task off the async threads (see [`crate::id_tool`]).
+    pub(super) async fn id_task(&self, task: IdTask) -> Result<()> {
+        let range = *self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let program = self.config.create_helper.clone();
+        blocking("changing file ownership", move || {
+            crate::id_tool::run(&program, &range, &task)
+        })
+        .await
+    }
+
+    /// The slice of this container's workload, allocated on first use and kept.
+    pub(super) fn acquire_slot(&self, options: &CreateOptions) -> Result<u32> {
+        let range = self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let key = WorkloadKey::new(&options.namespace, &options.workload);
+        let mut guard = self
+            .slices
+            .lock()
+            .map_err(|_| lc_error("the id-slice table", "a thread panicked while holding it"))?;
+        if guard.is_none() {
+            *guard = Some(IdSlices::load(
+                &self.config.root.join("id-slices.json"),
+                // The last slice is the builds' (`builder`), the one before it the layer
+                // unpacker's when the range has room for it.
+                range
+                    .slots()
+                    .saturating_sub(if UnpackSandbox::slot(range).is_some() {
+                        2
+                    } else {
+                        1
+                    })
+                    .max(1),
+            )?);
+        }
+        let table = guard
+            .as_mut()
+            .ok_or_else(|| lc_error("the id-slice table", "not loaded"))?;
+        let in_use = std::cell::OnceCell::new();
+        table.acquire(&key, |k| {
+            in_use
+                .get_or_init(|| self.workloads_with_containers())
+                .contains(k)
+        })
+    }
+
+    /// The workload of every container on the node.
+    pub(super) fn workloads_with_containers(&self) -> HashSet<WorkloadKey> {
+        let dir = self.config.root.join("containers");
+        fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| self.read_meta(&e.file_name().to_string_lossy()).ok())
+            .map(|m| WorkloadKey::new(&m.options.namespace, &m.options.workload))
+            .collect()
+    }
+
+    /// Ids as the image store keeps them: a root agent keeps the image's own ids (0…), an
+    /// unprivileged one owns every file itself.
+    pub(super) fn stored_ids(&self) -> ((u32, u32), u32) {
+        if nix::unistd::geteuid().is_root() {
+            ((0, 0), SLICE_SIZE)
+        } else {
+            (
+                (
+                    nix::unistd::geteuid().as_raw(),
+                    nix::unistd::getegid().as_raw(),
+                ),
+                1,
+            )
+        }
+    }
+
+    /// Copies `from` to `to` (which must not exist) and shifts the copy into the slice whose
+    /// root is `root`. Setuid and setgid bits do not survive the change of owner.
+    pub(super) async fn shifted_copy(
+        &self,
+        from: &Path,
+        to: &Path,
+        root: (u32, u32),
+    ) -> Result<()> {
+        let (f, t) = (from.to_path_buf(), to.to_path_buf());
+        let privileged = nix::unistd::geteuid().is_root();
+        blocking("copying the image", move || {
+            crate::image::snapshot::copy_tree(&f, &t, privileged)
+        })
+        .await?;
+        let (stored, count) = self.stored_ids();
+        self.id_task(IdTask::Shift {
+            path: to.to_path_buf(),
+            from: stored,
+            count,
+            to: root,
+        })
+        .await
+    }
+
+    /// The image's tree owned by slice `slot`: the lower directory of its containers'
+    /// overlays, made once per image and slice and kept under `slots/`.
+    pub(super) async fn slot_rootfs(
+        &self,
+        image_id: &str,
+        snapshot: &Path,
+        slot: u32,
+    ) -> Result<PathBuf> {
+        let hex = image_id.trim_start_matches("sha256:");
+        // One directory per slice, which only that slice's root may pass through: other
+        // local users (and other slices) cannot read the image copies below.
+        let slice_dir = self.config.root.join("slots").join(slot.to_string());
+        let dest = slice_dir.join(hex);
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let slice_root = self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?
+            .slot_root(slot);
+        fs::create_dir_all(&slice_dir).context(|| format!("creating {}", slice_dir.display()))?;
+        fs::set_permissions(&slice_dir, fs::Permissions::from_mode(0o700))
+            .context(|| format!("chmod {}", slice_dir.display()))?;
+        crate::acl::searchable_by(&slice_dir, &[slice_root.0])
+            .context(|| format!("setting an ACL on {}", slice_dir.display()))?;
+        let range = *self
+            .range
+            .as_ref()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })?;
+        let tmp = dest.with_extension(format!(
+            "partial-{}-{}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let made = self
+            .shifted_copy(snapshot, &tmp, range.slot_root(slot))
+            .await;
+        let renamed = made.and_then(|()| {
+            fs::rename(&tmp, &dest).or_else(|e| {
+                // Another create of the same workload got there first.
+                if dest.is_dir() {
+                    Ok(())
+                } else {
+                    Err(e).context(|| format!("moving {} into place", dest.display()))
+                }
+            })
+        });
+        if tmp.exists() {
+            let _ = self.id_task(IdTask::Remove { path: tmp }).await;
+        }
+        renamed.map(|()| dest)
+    }
+
+    /// Forgets a half-made container: libcontainer state, cgroups, files.
+    pub(super) fn discard(&self, id: &str) {
+        if let Some(mut c) = self.load_container(id) {
+            let _ = c.kill(LcSignal::try_from(9).expect("SIGKILL is a signal"), true);
+            let _ = c.delete(true);
+        }
+        let _ = remove_tree(&self.lib_root().join(id));
+        // The upper layer and logs belong to the workload's ids: an unprivileged agent
+        // removes them from inside a user namespace.
+        if remove_tree(&self.dir(id)).is_err() {
+            if let Ok(range) = &self.range {
+                let task = IdTask::Remove { path: self.dir(id) };
+                if let Err(e) = crate::id_tool::run(&self.config.create_helper, range, &task) {
+                    tracing::warn!(container = %id, error = %e, "cannot remove the container's files");
+                }
+            }
+        }
+        self.cgroups.remove(id);
+    }
+}

@@ -1,0 +1,147 @@
+//! How containers end: their status from libcontainer and kat-init's exit record, waits,
+//! signals to PID 1, and the reaper that records an exit.
+
+use super::*;
+
+impl NativeRuntime {
+    pub(super) fn status_of(&self, id: &str, meta: Meta) -> ContainerStatus {
+        let container = self.load_container(id);
+        let lc_status = container.as_ref().map(|c| c.status());
+        let pid = container.as_ref().and_then(|c| c.pid()).map(|p| p.as_raw());
+        let read_exit = || read_exit_record(&self.dir(id).join("logs"));
+        let mut exit = read_exit();
+        if exit.is_none() && lc_status == Some(LcStatus::Stopped) {
+            // kat-init died without a record; if our reaper has it, its record is a moment
+            // away: the reaper says when it is written.
+            self.reaping.wait_until_reaped(id, Duration::from_secs(2));
+            exit = read_exit();
+        }
+        let state = match lc_status {
+            Some(LcStatus::Created) | Some(LcStatus::Creating) => ContainerState::Created,
+            Some(LcStatus::Running) | Some(LcStatus::Paused) => ContainerState::Running,
+            Some(LcStatus::Stopped) => ContainerState::Exited,
+            None => ContainerState::Unknown,
+        };
+        let mut warnings = meta.warnings.clone();
+        let (exit_code, signal, finished_at) = match (&exit, state) {
+            (Some(e), _) => (
+                Some(e.exit_code),
+                e.signal,
+                crate::logs::parse_time(&e.finished_at),
+            ),
+            (None, ContainerState::Exited) => {
+                warnings.push("kat-init was killed before it could record the exit status".into());
+                (Some(137), Some(9), None)
+            }
+            _ => (None, None, None),
+        };
+        // An OOM kill counts when the workload failed: kat-init read the counter before the
+        // cgroup could go away (systemd removes an empty scope), or the cgroup still has it.
+        let oom_killed = state == ContainerState::Exited
+            && exit_code != Some(0)
+            && (exit.as_ref().is_some_and(|e| e.oom_killed) || self.cgroups.oom_killed(id));
+        ContainerStatus {
+            id: id.to_string(),
+            namespace: meta.options.namespace.clone(),
+            workload: meta.options.workload.clone(),
+            image: meta.options.image.clone(),
+            image_id: meta.image_id.clone(),
+            state,
+            pid: if state == ContainerState::Running {
+                pid
+            } else {
+                None
+            },
+            exit_code,
+            signal,
+            oom_killed,
+            created_at: Some(meta.created_at),
+            started_at: meta.started_at,
+            finished_at,
+            labels: meta.options.labels.clone(),
+            warnings,
+        }
+    }
+
+    pub(super) async fn wait_until_exited(&self, id: &str, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match read_in_place(|| self.load_container(id).map(|c| c.status())) {
+                Some(LcStatus::Stopped) | None => return true,
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Sends `signal` to the container's PID 1 (kat-init forwards it to the workload), through
+/// libcontainer or, where that fails, directly.
+pub(super) fn signal_init(c: &mut Container, signal: i32) {
+    let Ok(lc_signal) = LcSignal::try_from(signal) else {
+        return;
+    };
+    if c.kill(lc_signal, false).is_err() {
+        if let (Some(pid), Ok(sig)) = (c.pid(), nix::sys::signal::Signal::try_from(signal)) {
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
+    }
+}
+
+/// Reaps kat-init when it is our child, and records its end if kat-init could not
+/// (SIGKILL, OOM kill of PID 1).
+/// `oom_killed` is asked at once, while the cgroup most likely still exists; `done` runs
+/// when the record is written, or when there is none to write.
+pub(super) fn spawn_reaper(
+    pid: i32,
+    logs: PathBuf,
+    oom_killed: impl FnOnce() -> bool + Send + 'static,
+    done: impl FnOnce() + Send + 'static,
+) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("reap-{pid}"))
+        .spawn(move || {
+            record_end(pid, &logs, oom_killed);
+            done();
+        });
+    if spawned.is_err() {
+        tracing::warn!(
+            pid,
+            "cannot start a reaper thread; exit codes of a killed kat-init will be approximate"
+        );
+    }
+}
+
+pub(super) fn record_end(pid: i32, logs: &Path, oom_killed: impl FnOnce() -> bool) {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    let status = waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let exit = logs.join("exit.json");
+    if fs::symlink_metadata(&exit).is_ok() {
+        return;
+    }
+    let (code, signal) = match status {
+        Ok(WaitStatus::Exited(_, code)) => (code, None),
+        Ok(WaitStatus::Signaled(_, sig, _)) => (128 + sig as i32, Some(sig as i32)),
+        _ => return,
+    };
+    let record = ExitRecord {
+        exit_code: code,
+        signal,
+        finished_at: crate::logs::format_time(SystemTime::now()),
+        oom_killed: oom_killed(),
+    };
+    if let Ok(bytes) = serde_json::to_vec(&record) {
+        // The directory is the container's: never follow what a workload planted in it.
+        let _ = crate::state_file::write_atomic(&exit, &bytes, 0o640);
+    }
+}
+
+/// `exit.json` of a container's log directory, which its workload can write: read without
+/// following links or blocking, bounded, and ignored when it is not a valid record.
+pub(super) fn read_exit_record(logs: &Path) -> Option<ExitRecord> {
+    let bytes = crate::state_file::read_untrusted(&logs.join("exit.json"), 4096).ok()??;
+    serde_json::from_slice(&bytes).ok()
+}
