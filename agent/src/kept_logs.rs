@@ -92,6 +92,7 @@ impl KeptLogs {
                 ..options
             },
             || false,
+            None,
         ))
     }
 

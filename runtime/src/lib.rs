@@ -25,6 +25,7 @@ pub mod id_slices;
 pub mod id_tool;
 pub mod idmap;
 pub mod image;
+pub mod log_watch;
 pub mod logs;
 pub mod native;
 pub mod network;

@@ -92,6 +92,9 @@ pub struct NativeRuntime {
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if
     /// kat-init could not, a moment after the process is gone.
     reaping: Arc<crate::reaping::Reaping>,
+    /// Change notices for followed logs, made at the first `logs -f` (on the agent's
+    /// runtime); `None` if inotify is unavailable (followers then read every 50 ms).
+    log_watch: std::sync::OnceLock<Option<crate::log_watch::LogWatcher>>,
 }
 
 fn lc_error(context: impl Into<String>, e: impl std::fmt::Display) -> RuntimeError {
@@ -451,7 +454,12 @@ impl ContainerRuntime for NativeRuntime {
                 })
                 .unwrap_or(false)
         };
-        logs::stream(dir, options, running)
+        let watcher = self.log_watch.get_or_init(|| {
+            crate::log_watch::LogWatcher::new()
+                .inspect_err(|e| tracing::warn!(error = %e, "no inotify: followed logs are read every 50 ms"))
+                .ok()
+        });
+        logs::stream(dir, options, running, watcher.as_ref())
     }
 
     async fn exec(&self, id: &str, options: ExecOptions) -> Result<ExecHandle> {

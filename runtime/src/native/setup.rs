@@ -187,6 +187,7 @@ impl NativeRuntime {
             range,
             slices: Mutex::new(None),
             caps,
+            log_watch: Default::default(),
         })
     }
 }

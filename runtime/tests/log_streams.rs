@@ -1,0 +1,68 @@
+//! Following a log: a follower that goes away leaves nothing behind; without change notices
+//! it reads on a timer.
+
+use std::time::{Duration, Instant};
+
+use kat_runtime::log_watch::LogWatcher;
+use kat_runtime::logs;
+use kat_runtime::LogOptions;
+
+fn line(text: &str) -> String {
+    format!("2026-11-26T10:00:00.000000000Z stdout F {text}\n")
+}
+
+/// A follower that goes away (the client hung up) ends its task and its watch even though
+/// the container still runs and writes nothing.
+#[test]
+fn a_dropped_follower_leaves_nothing_behind() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stdio.log"), line("only")).unwrap();
+        let watcher = LogWatcher::new().unwrap();
+        let options = LogOptions {
+            follow: true,
+            ..Default::default()
+        };
+        let mut rx =
+            logs::stream(dir.path().to_path_buf(), options, || true, Some(&watcher)).unwrap();
+        assert_eq!(rx.recv().await.unwrap().text, "only");
+        assert_eq!(watcher.watched(), 1);
+        drop(rx);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while watcher.watched() != 0 {
+            assert!(Instant::now() < deadline, "the watch outlived its follower");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+/// Without change notices (no inotify), following still works by reading on a timer.
+#[test]
+fn without_a_watcher_following_reads_on_a_timer() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stdio.log");
+        std::fs::write(&log, "").unwrap();
+        let options = LogOptions {
+            follow: true,
+            ..Default::default()
+        };
+        let mut rx = logs::stream(dir.path().to_path_buf(), options, || true, None).unwrap();
+        std::fs::write(&log, line("late")).unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.text, "late");
+    });
+}
