@@ -1,7 +1,6 @@
 //! Logs and exec of this node's instances for the API ([`InstanceAccess`] on the local
 //! runtime). The instance's newest container is found by its labels.
 
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use kat_api::WorkloadKey;
 use kat_apiserver::http::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery,
 };
+use kat_runtime::async_pipe::AsyncPipe;
 use kat_runtime::{ContainerRuntime, ExecOptions, LogOptions, LogStream};
 use tokio::sync::mpsc;
 
@@ -311,24 +311,31 @@ impl InstanceAccess for LocalAccess {
         let (in_tx, mut in_rx) = mpsc::channel::<ExecInput>(64);
         let (out_tx, out_rx) = mpsc::channel::<ExecOutput>(64);
 
-        // Output: a blocking reader per stream, ending at EOF.
-        let mut readers = Vec::new();
-        let outputs: Vec<(std::fs::File, bool)> = match handle.pty.as_ref() {
-            Some(pty) => pty
-                .try_clone()
-                .map(|f| vec![(f, false)])
-                .map_err(|e| AccessError::Failed(format!("cloning the TTY: {e}")))?,
+        // Output: a task per stream on the reactor, ending at EOF (a terminal's master
+        // reads EIO once the process is gone: the end too).
+        let failed = |what: &str, e: std::io::Error| AccessError::Failed(format!("{what}: {e}"));
+        let pty = match handle.pty.take() {
+            Some(pty) => Some(Arc::new(
+                AsyncPipe::new(pty).map_err(|e| failed("the exec's terminal", e))?,
+            )),
+            None => None,
+        };
+        let outputs: Vec<(Arc<AsyncPipe>, bool)> = match &pty {
+            Some(pty) => vec![(pty.clone(), false)],
             None => [(handle.stdout.take(), false), (handle.stderr.take(), true)]
                 .into_iter()
                 .filter_map(|(f, err)| Some((f?, err)))
-                .collect(),
+                .map(|(f, err)| Ok((Arc::new(AsyncPipe::new(f)?), err)))
+                .collect::<std::io::Result<_>>()
+                .map_err(|e| failed("the exec's output", e))?,
         };
-        for (mut file, is_stderr) in outputs {
+        let mut readers = Vec::new();
+        for (pipe, is_stderr) in outputs {
             let tx = out_tx.clone();
-            readers.push(tokio::task::spawn_blocking(move || {
-                let mut buf = [0u8; 16 * 1024];
+            readers.push(tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
                 loop {
-                    match file.read(&mut buf) {
+                    match pipe.read(&mut buf).await {
                         Ok(0) | Err(_) => return,
                         Ok(n) => {
                             let chunk = buf[..n].to_vec();
@@ -337,7 +344,7 @@ impl InstanceAccess for LocalAccess {
                             } else {
                                 ExecOutput::Stdout(chunk)
                             };
-                            if tx.blocking_send(msg).is_err() {
+                            if tx.send(msg).await.is_err() {
                                 return;
                             }
                         }
@@ -346,20 +353,22 @@ impl InstanceAccess for LocalAccess {
             }));
         }
         // Input: stdin bytes, close and resize.
-        let mut stdin: Option<std::fs::File> = match handle.pty.as_ref() {
-            Some(pty) => pty.try_clone().ok(),
-            None => handle.stdin.take(),
+        let mut stdin: Option<Arc<AsyncPipe>> = match (&pty, handle.stdin.take()) {
+            (Some(pty), _) => Some(pty.clone()),
+            (None, Some(f)) => Some(Arc::new(
+                AsyncPipe::new(f).map_err(|e| failed("the exec's input", e))?,
+            )),
+            (None, None) => None,
         };
-        let tty = handle.pty.is_some();
-        let pty_for_resize = handle.pty.as_ref().and_then(|p| p.try_clone().ok());
-        // A write to a process that never reads its stdin blocks once the pipe is full:
-        // that happens on a blocking thread of its own, never on an async worker.
-        tokio::task::spawn_blocking(move || {
-            while let Some(input) = in_rx.blocking_recv() {
+        let tty = pty.is_some();
+        // A write to a process that never reads its stdin waits once the pipe is full: a
+        // task waiting for the descriptor to be writable, never a blocked thread.
+        tokio::spawn(async move {
+            while let Some(input) = in_rx.recv().await {
                 match input {
                     ExecInput::Stdin(bytes) => {
-                        if let Some(f) = stdin.as_mut() {
-                            if f.write_all(&bytes).is_err() {
+                        if let Some(f) = stdin.as_ref() {
+                            if f.write_all(&bytes).await.is_err() {
                                 stdin = None;
                             }
                         }
@@ -367,16 +376,16 @@ impl InstanceAccess for LocalAccess {
                     ExecInput::CloseStdin => {
                         if tty {
                             // A terminal has no end of input; send ^D instead.
-                            if let Some(f) = stdin.as_mut() {
-                                let _ = f.write_all(&[4]);
+                            if let Some(f) = stdin.as_ref() {
+                                let _ = f.write_all(&[4]).await;
                             }
                         } else {
                             stdin = None;
                         }
                     }
                     ExecInput::Resize { rows, cols } => {
-                        if let Some(p) = &pty_for_resize {
-                            if let Err(e) = kat_runtime::exec::resize_pty(p, rows, cols) {
+                        if let Some(p) = &pty {
+                            if let Err(e) = kat_runtime::exec::resize_pty(p.file(), rows, cols) {
                                 tracing::debug!(error = %e, "exec resize failed");
                             }
                         }

@@ -14,6 +14,7 @@
 //! `docs/runtime.md` describes what every container gets and what is enforced.
 
 pub mod acl;
+pub mod async_pipe;
 pub mod build;
 pub mod cgroups;
 pub mod create_helper;

@@ -745,8 +745,13 @@ async fn probe(
         .into_iter()
         .flatten()
     {
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut &out, &mut std::io::sink());
+        // Drained and dropped, by a task on the reactor (not a thread per probe).
+        let Ok(out) = kat_runtime::async_pipe::AsyncPipe::new(out) else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while matches!(out.read(&mut buf).await, Ok(n) if n > 0) {}
         });
     }
     match tokio::time::timeout(timeout, handle.wait()).await {
