@@ -433,7 +433,7 @@ fn same_file(a: &File, b: &File) -> bool {
 fn prepare(
     id: &str,
     pid: i64,
-    process: &serde_json::Value,
+    process: &oci_spec::runtime::Process,
     cgroup_procs: &[PathBuf],
     cwd: &str,
     tty: Option<Terminal>,
@@ -474,8 +474,7 @@ fn prepare(
     }
     let root_path = format!("/proc/{pid}/root");
     let root = File::open(&root_path).context(|| format!("opening {root_path}"))?;
-    let user_field = &process["user"];
-    let id_of = |v: &serde_json::Value| v.as_u64().unwrap_or(0) as u32;
+    let user = process.user();
     Ok(Entry {
         cgroup_procs: procs,
         user_ns,
@@ -485,12 +484,9 @@ fn prepare(
             field: "cwd".into(),
             reason: "contains a NUL byte".into(),
         })?,
-        uid: id_of(&user_field["uid"]),
-        gid: id_of(&user_field["gid"]),
-        groups: user_field["additionalGids"]
-            .as_array()
-            .map(|a| a.iter().map(id_of).collect())
-            .unwrap_or_default(),
+        uid: user.uid(),
+        gid: user.gid(),
+        groups: user.additional_gids().clone().unwrap_or_default(),
         caps,
         last_cap,
         tty,
@@ -498,7 +494,14 @@ fn prepare(
     })
 }
 
-fn read_json(path: &Path, what: &str) -> Result<serde_json::Value> {
+/// What KAT reads of libcontainer's `state.json`.
+#[derive(serde::Deserialize)]
+struct LcState {
+    bundle: PathBuf,
+    pid: Option<i64>,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
     serde_json::from_slice(&std::fs::read(path).context(|| format!("reading {what}"))?).map_err(
         |e| RuntimeError::Container {
             context: what.to_string(),
@@ -521,30 +524,28 @@ pub async fn exec(
             reason: "exec needs a command".into(),
         });
     }
-    let state = read_json(
+    let state: LcState = read_json(
         &lib_root.join(&id).join("state.json"),
         &format!("the state of {id}"),
     )?;
-    let bundle = PathBuf::from(state["bundle"].as_str().unwrap_or_default());
-    let pid = state["pid"]
-        .as_i64()
+    let pid = state
+        .pid
         .filter(|p| *p > 0)
         .ok_or_else(|| container_error(&id, "the container has no PID 1"))?;
-    let config = read_json(&bundle.join("config.json"), &format!("the spec of {id}"))?;
-    let process = &config["process"];
+    let config: oci_spec::runtime::Spec = read_json(
+        &state.bundle.join("config.json"),
+        &format!("the spec of {id}"),
+    )?;
+    let process = config
+        .process()
+        .clone()
+        .ok_or_else(|| container_error(&id, "its config.json has no process"))?;
     // The same seccomp filter as PID 1: kat-init installs it when the spec asked it to.
-    let seccomp = process["args"].as_array().is_some_and(|args| {
+    let seccomp = process.args().as_ref().is_some_and(|args| {
         args.windows(2)
             .any(|w| w[0] == "--seccomp" && w[1] == "default")
     });
-    let mut env: Vec<String> = process["env"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut env: Vec<String> = process.env().clone().unwrap_or_default();
     for (k, v) in &options.env {
         env.retain(|e| !e.starts_with(&format!("{k}=")));
         env.push(format!("{k}={v}"));
@@ -557,7 +558,7 @@ pub async fn exec(
     let cwd = options
         .cwd
         .clone()
-        .unwrap_or_else(|| process["cwd"].as_str().unwrap_or("/").to_string());
+        .unwrap_or_else(|| process.cwd().to_string_lossy().into_owned());
 
     let (steps_r, steps_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| RuntimeError::Io {
@@ -584,7 +585,7 @@ pub async fn exec(
     } else {
         (None, None)
     };
-    let entry = prepare(&id, pid, process, &cgroup_procs, &cwd, terminal, steps_w)?;
+    let entry = prepare(&id, pid, &process, &cgroup_procs, &cwd, terminal, steps_w)?;
 
     let mut command = Command::new(INIT_PATH);
     if seccomp {

@@ -1,4 +1,4 @@
-//! The OCI runtime spec (`config.json`) of a KAT container.
+//! The OCI runtime spec (`config.json`) of a KAT container, built with `oci-spec`'s types.
 //!
 //! What every container gets, and why:
 //! - `kat-init` as PID 1, bind-mounted read-only at `/.kat/init`, with the workload's argv
@@ -19,7 +19,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use std::collections::HashSet;
+
+use oci_spec::runtime::{
+    Capability, Linux, LinuxCapabilities, LinuxCpu, LinuxIdMapping, LinuxIdMappingBuilder,
+    LinuxMemory, LinuxNamespace, LinuxNamespaceType, LinuxPids, LinuxResources, Mount, Process,
+    Root, Spec, User,
+};
+use oci_spec::OciSpecError;
 
 use crate::idmap::IdMap;
 use crate::image::config::RunConfig;
@@ -34,21 +41,21 @@ pub const LOG_DIR_PATH: &str = "/.kat/log";
 
 /// Capabilities a workload keeps: enough to run ordinary services as root, nothing that
 /// reaches outside the container.
-pub const CAPABILITIES: [&str; 9] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
+pub const CAPABILITIES: [Capability; 9] = [
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fowner,
+    Capability::Fsetid,
+    Capability::Kill,
+    Capability::Setgid,
+    Capability::Setuid,
+    Capability::Setpcap,
+    Capability::NetBindService,
 ];
 
 /// Held by kat-init alone, dropped before the workload starts: the container's network
 /// namespace (its loopback) is set up with it.
-pub const INIT_ONLY_CAPABILITY: &str = "CAP_NET_ADMIN";
+pub const INIT_ONLY_CAPABILITY: Capability = Capability::NetAdmin;
 
 const MASKED: [&str; 11] = [
     "/proc/acpi",
@@ -157,16 +164,46 @@ pub struct SpecInput<'a> {
     pub joined: Option<(PathBuf, PathBuf)>,
 }
 
-fn bind(source: &Path, destination: &str, read_only: bool) -> Value {
+fn mount(destination: &str, typ: &str, source: impl Into<PathBuf>, options: &[&str]) -> Mount {
+    let mut m = Mount::default();
+    m.set_destination(destination.into());
+    m.set_typ(Some(typ.into()));
+    m.set_source(Some(source.into()));
+    m.set_options(Some(options.iter().map(|o| o.to_string()).collect()));
+    m
+}
+
+fn bind(source: &Path, destination: &str, read_only: bool) -> Mount {
     let mut options = vec!["rbind", "nosuid", "nodev"];
     if read_only {
         options.push("ro");
     }
-    json!({"destination": destination, "type": "bind", "source": source, "options": options})
+    mount(destination, "bind", source, &options)
 }
 
-/// Builds `config.json`.
-pub fn build(input: &SpecInput<'_>) -> Value {
+fn namespace(typ: LinuxNamespaceType, path: Option<&Path>) -> LinuxNamespace {
+    let mut ns = LinuxNamespace::default();
+    ns.set_typ(typ);
+    ns.set_path(path.map(Path::to_path_buf));
+    ns
+}
+
+fn mappings(ranges: &[crate::idmap::IdRange]) -> Result<Vec<LinuxIdMapping>, OciSpecError> {
+    ranges
+        .iter()
+        .map(|r| {
+            LinuxIdMappingBuilder::default()
+                .container_id(r.inside)
+                .host_id(r.outside)
+                .size(r.count)
+                .build()
+        })
+        .collect()
+}
+
+/// Builds `config.json`. Every field is set here: the crate's defaults (an `RLIMIT_NOFILE`,
+/// a capability set, default mounts and namespaces) are never taken by omission.
+pub fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
     let o = input.options;
     let mut init_args: Vec<String> = vec![
         INIT_PATH.into(),
@@ -193,128 +230,177 @@ pub fn build(input: &SpecInput<'_>) -> Value {
             lower,
             upper,
             work,
-        } => (
-            *mountpoint,
-            vec![json!({
-                "destination": "/",
-                "type": "overlay",
-                "source": "overlay",
-                "options": [
-                    format!("lowerdir={}", lower.display()),
-                    format!("upperdir={}", upper.display()),
-                    format!("workdir={}", work.display()),
-                    "userxattr",
-                ],
-            })],
-        ),
+        } => {
+            let (lower, upper, work) = (
+                format!("lowerdir={}", lower.display()),
+                format!("upperdir={}", upper.display()),
+                format!("workdir={}", work.display()),
+            );
+            let options = [lower.as_str(), upper.as_str(), work.as_str(), "userxattr"];
+            (
+                *mountpoint,
+                vec![mount("/", "overlay", "overlay", &options)],
+            )
+        }
         Rootfs::Copy(path) => (*path, Vec::new()),
     };
     mounts.extend([
-        json!({"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]}),
-        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
-        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}),
-        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
-        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
-        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+            ],
+        ),
+        mount(
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        ),
+        mount(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        ),
+        mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        ),
         bind(input.init_binary, INIT_PATH, true),
-        json!({"destination": LOG_DIR_PATH, "type": "bind", "source": input.log_dir, "options": ["rbind", "nosuid", "nodev", "noexec"]}),
+        mount(
+            LOG_DIR_PATH,
+            "bind",
+            input.log_dir,
+            &["rbind", "nosuid", "nodev", "noexec"],
+        ),
         bind(&input.etc_dir.join("hosts"), "/etc/hosts", false),
         bind(&input.etc_dir.join("hostname"), "/etc/hostname", false),
-        bind(&input.etc_dir.join("resolv.conf"), "/etc/resolv.conf", false),
+        bind(
+            &input.etc_dir.join("resolv.conf"),
+            "/etc/resolv.conf",
+            false,
+        ),
     ]);
     if input.cgroup_mount {
-        mounts.push(json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]}));
+        mounts.push(mount(
+            "/sys/fs/cgroup",
+            "cgroup",
+            "cgroup",
+            &["nosuid", "noexec", "nodev", "relatime", "ro"],
+        ));
     }
     for (volume, source) in o.volumes.iter().zip(&input.volume_sources) {
         mounts.push(bind(source, &volume.destination, volume.read_only));
     }
 
-    let mapping = |ranges: &[crate::idmap::IdRange]| -> Vec<Value> {
-        ranges
-            .iter()
-            .map(|r| json!({"containerID": r.inside, "hostID": r.outside, "size": r.count}))
-            .collect()
-    };
-
-    let mut resources = serde_json::Map::new();
     let r = &input.options.resources;
+    let mut resources = LinuxResources::default();
+    resources.set_devices(None);
     if input.memory_limit && r.memory_limit_bytes > 0 {
         // No swap beyond the limit: exceeding it means the OOM killer, as users expect.
-        resources.insert(
-            "memory".into(),
-            json!({"limit": r.memory_limit_bytes, "swap": r.memory_limit_bytes}),
-        );
+        let limit = i64::try_from(r.memory_limit_bytes).unwrap_or(i64::MAX);
+        let mut memory = LinuxMemory::default();
+        memory.set_limit(Some(limit));
+        memory.set_swap(Some(limit));
+        resources.set_memory(Some(memory));
     }
     if input.cpu_limit && (r.cpu_limit_millis > 0 || r.cpu_request_millis > 0) {
-        let mut cpu = serde_json::Map::new();
+        let mut cpu = LinuxCpu::default();
         if r.cpu_limit_millis > 0 {
-            cpu.insert("quota".into(), json!(r.cpu_quota_us()));
-            cpu.insert("period".into(), json!(Resources::CPU_PERIOD_US));
+            cpu.set_quota(Some(i64::try_from(r.cpu_quota_us()).unwrap_or(i64::MAX)));
+            cpu.set_period(Some(Resources::CPU_PERIOD_US));
         }
         if r.cpu_request_millis > 0 {
-            cpu.insert("shares".into(), json!(r.cpu_shares()));
+            cpu.set_shares(Some(r.cpu_shares()));
         }
-        resources.insert("cpu".into(), Value::Object(cpu));
+        resources.set_cpu(Some(cpu));
     }
     if input.pids_limit && r.pids_limit > 0 {
-        resources.insert("pids".into(), json!({"limit": r.pids_limit}));
+        let mut pids = LinuxPids::default();
+        pids.set_limit(i64::try_from(r.pids_limit).unwrap_or(i64::MAX));
+        resources.set_pids(Some(pids));
     }
 
-    let mut linux = json!({
-        "uidMappings": mapping(&input.ids.uids),
-        "gidMappings": mapping(&input.ids.gids),
-        "namespaces": [
-            {"type": "user"}, {"type": "pid"}, {"type": "mount"}, {"type": "ipc"},
-            {"type": "uts"}, {"type": "cgroup"}, {"type": "network"},
-        ],
-        "resources": Value::Object(resources),
-        "maskedPaths": MASKED,
-        "readonlyPaths": READ_ONLY,
-    });
-    if input.omit_resources {
-        if let Some(l) = linux.as_object_mut() {
-            l.remove("resources");
-        }
+    let joined = input.joined.as_ref();
+    let mut linux = Linux::default();
+    linux.set_namespaces(Some(vec![
+        namespace(LinuxNamespaceType::User, joined.map(|j| j.0.as_path())),
+        namespace(LinuxNamespaceType::Pid, None),
+        namespace(LinuxNamespaceType::Mount, None),
+        namespace(LinuxNamespaceType::Ipc, None),
+        namespace(LinuxNamespaceType::Uts, None),
+        namespace(LinuxNamespaceType::Cgroup, None),
+        namespace(LinuxNamespaceType::Network, joined.map(|j| j.1.as_path())),
+    ]));
+    // Joined namespaces carry the container's id mappings already.
+    if joined.is_none() {
+        linux.set_uid_mappings(Some(mappings(&input.ids.uids)?));
+        linux.set_gid_mappings(Some(mappings(&input.ids.gids)?));
+    } else {
+        linux.set_uid_mappings(None);
+        linux.set_gid_mappings(None);
     }
-    if let Some((user, network)) = &input.joined {
-        linux["namespaces"] = json!([
-            {"type": "user", "path": user}, {"type": "pid"}, {"type": "mount"}, {"type": "ipc"},
-            {"type": "uts"}, {"type": "cgroup"}, {"type": "network", "path": network},
-        ]);
-        if let Some(l) = linux.as_object_mut() {
-            l.remove("uidMappings");
-            l.remove("gidMappings");
-        }
-    }
-    if let Some(path) = &input.cgroups_path {
-        linux["cgroupsPath"] = json!(path);
-    }
+    linux.set_resources((!input.omit_resources).then_some(resources));
+    linux.set_masked_paths(Some(MASKED.iter().map(|p| p.to_string()).collect()));
+    linux.set_readonly_paths(Some(READ_ONLY.iter().map(|p| p.to_string()).collect()));
+    linux.set_cgroups_path(input.cgroups_path.as_ref().map(PathBuf::from));
 
     // kat-init (PID 1) also holds CAP_NET_ADMIN, to set the container's loopback up; it
     // drops it from every set before the workload starts (init/src/loopback.rs).
-    let init_caps: Vec<&str> = CAPABILITIES
+    let init_caps: HashSet<Capability> = CAPABILITIES
         .iter()
         .copied()
         .chain([INIT_ONLY_CAPABILITY])
         .collect();
-    json!({
-        "ociVersion": "1.0.2",
-        "process": {
-            "terminal": false,
-            "user": {"uid": input.uid, "gid": input.gid},
-            "args": init_args,
-            "env": input.env,
-            "cwd": input.cwd,
-            "capabilities": {
-                "bounding": init_caps, "effective": init_caps, "permitted": init_caps,
-            },
-            "noNewPrivileges": true,
-        },
-        "root": {"path": root_path, "readonly": false},
-        "hostname": input.hostname,
-        "mounts": mounts,
-        "linux": linux,
-    })
+    let mut capabilities = LinuxCapabilities::default();
+    capabilities.set_bounding(Some(init_caps.clone()));
+    capabilities.set_effective(Some(init_caps.clone()));
+    capabilities.set_permitted(Some(init_caps));
+    capabilities.set_inheritable(None);
+    capabilities.set_ambient(None);
+
+    let mut user = User::default();
+    user.set_uid(input.uid);
+    user.set_gid(input.gid);
+    let mut process = Process::default();
+    process.set_terminal(Some(false));
+    process.set_user(user);
+    process.set_args(Some(init_args));
+    process.set_env(Some(input.env.clone()));
+    process.set_cwd(PathBuf::from(&input.cwd));
+    process.set_capabilities(Some(capabilities));
+    process.set_no_new_privileges(Some(true));
+    process.set_rlimits(None);
+
+    let mut root = Root::default();
+    root.set_path(root_path.to_path_buf());
+    root.set_readonly(Some(false));
+
+    let mut spec = Spec::default();
+    spec.set_version("1.0.2".into());
+    spec.set_process(Some(process));
+    spec.set_root(Some(root));
+    spec.set_hostname(Some(input.hostname.into()));
+    spec.set_mounts(Some(mounts));
+    spec.set_linux(Some(linux));
+    spec.set_annotations(None);
+    Ok(spec)
 }
 
 /// `/etc/hosts` of a container: its own name on its address (else `127.0.1.1`, as Debian).
@@ -348,6 +434,7 @@ pub fn resolv_conf(servers: &[String], search: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
@@ -384,5 +471,147 @@ mod tests {
             "h",
         );
         assert_eq!(env, s(&["A=2", "HOSTNAME=h", "PATH=/app/bin"]));
+    }
+
+    /// `config.json` for three kinds of container, against the files under
+    /// `runtime/tests/spec_golden/` (compared as JSON, where an absent field, `null`, `false`
+    /// and an empty list or object mean the same to the runtime). `KAT_BLESS=1` rewrites them.
+    #[test]
+    fn config_json_matches_the_golden_files() {
+        let options = CreateOptions {
+            id: "web-1a".into(),
+            log: crate::types::LogConfig {
+                max_bytes: 1 << 20,
+                max_files: 3,
+            },
+            resources: Resources {
+                memory_limit_bytes: 256 << 20,
+                cpu_limit_millis: 500,
+                cpu_request_millis: 250,
+                pids_limit: 512,
+            },
+            volumes: vec![
+                crate::types::VolumeMount {
+                    name: "data".into(),
+                    source: "/srv/data".into(),
+                    sub_path: None,
+                    destination: "/data".into(),
+                    read_only: false,
+                    ..Default::default()
+                },
+                crate::types::VolumeMount {
+                    name: "conf".into(),
+                    source: "/srv/conf".into(),
+                    sub_path: None,
+                    destination: "/etc/app".into(),
+                    read_only: true,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let ids = IdMap {
+            uids: vec![crate::idmap::IdRange {
+                inside: 0,
+                outside: 100_000,
+                count: 65_536,
+            }],
+            gids: vec![crate::idmap::IdRange {
+                inside: 0,
+                outside: 100_000,
+                count: 65_536,
+            }],
+        };
+        let dir = Path::new("/var/lib/kat/containers/web-1a");
+        let (etc, logs) = (dir.join("etc"), dir.join("logs"));
+        let (mountpoint, lower, upper, work) = (
+            dir.join("rootfs"),
+            PathBuf::from("/var/lib/kat/slots/3/img"),
+            dir.join("upper"),
+            dir.join("work"),
+        );
+        let input = |name: &str| SpecInput {
+            options: &options,
+            hostname: "web-1a",
+            argv: s(&["/bin/app", "--port", "8080"]),
+            env: s(&["HOSTNAME=web-1a", "PATH=/bin"]),
+            cwd: "/".into(),
+            uid: 0,
+            gid: 0,
+            ids: &ids,
+            rootfs: if name == "copy" {
+                Rootfs::Copy(&mountpoint)
+            } else {
+                Rootfs::Overlay {
+                    mountpoint: &mountpoint,
+                    lower: &lower,
+                    upper: &upper,
+                    work: &work,
+                }
+            },
+            init_binary: Path::new("/usr/lib/kat/kat-init"),
+            etc_dir: &etc,
+            log_dir: &logs,
+            volume_sources: vec!["/srv/data".into(), "/srv/conf/sub".into()],
+            cgroups_path: Some("kat.slice:kat:web-1a".into()),
+            memory_limit: name != "copy",
+            cpu_limit: name != "copy",
+            pids_limit: true,
+            omit_resources: name == "joined",
+            seccomp: name != "copy",
+            cgroup_mount: name == "joined",
+            joined: (name == "joined").then(|| {
+                (
+                    PathBuf::from("/proc/4242/ns/user"),
+                    PathBuf::from("/proc/4242/ns/net"),
+                )
+            }),
+        };
+        const CAPABILITY_SETS: [&str; 5] = [
+            "bounding",
+            "effective",
+            "permitted",
+            "inheritable",
+            "ambient",
+        ];
+        fn normal(v: Value) -> Option<Value> {
+            match v {
+                Value::Null | Value::Bool(false) => None,
+                Value::Array(a) if a.is_empty() => None,
+                Value::Object(o) => {
+                    let o: serde_json::Map<String, Value> = o
+                        .into_iter()
+                        .filter_map(|(k, v)| {
+                            let mut v = normal(v)?;
+                            // Capability sets are sets: their order means nothing.
+                            if let (true, Value::Array(a)) =
+                                (CAPABILITY_SETS.contains(&k.as_str()), &mut v)
+                            {
+                                a.sort_by_key(|c| c.to_string());
+                            }
+                            Some((k, v))
+                        })
+                        .collect();
+                    (!o.is_empty()).then_some(Value::Object(o))
+                }
+                Value::Array(a) => Some(Value::Array(a.into_iter().filter_map(normal).collect())),
+                v => Some(v),
+            }
+        }
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/spec_golden");
+        for name in ["overlay", "copy", "joined"] {
+            let built = serde_json::to_value(build(&input(name)).unwrap()).unwrap();
+            let file = golden.join(format!("{name}.json"));
+            if std::env::var_os("KAT_BLESS").is_some() {
+                std::fs::write(&file, serde_json::to_vec_pretty(&built).unwrap()).unwrap();
+            }
+            let want: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            assert_eq!(
+                normal(built),
+                normal(want),
+                "config.json of the {name} case differs from {}",
+                file.display()
+            );
+        }
     }
 }

@@ -278,7 +278,7 @@ impl NativeRuntime {
             ),
             joined: joined.as_ref().map(|j| (j.user(), j.network())),
         };
-        let config = spec::build(&input);
+        let config = spec::build(&input).map_err(|e| lc_error("building config.json", e))?;
         let bundle = dir.join("bundle");
         fs::write(
             bundle.join("config.json"),
