@@ -3,7 +3,8 @@
 //! containers, and `katcall` as a user runs it.
 //!
 //! One cluster walks through every scenario in order (a cluster takes seconds to start and
-//! the scenarios build on each other): two healthy replicas with a volume and their logs;
+//! the scenarios build on each other), each scenario a named test of its own ([`STEPS`], run
+//! by libtest-mimic) so that a failure names its scenario and hides none of the others: two healthy replicas with a volume and their logs;
 //! exec; a killed process restarted per policy; MaxCount exhausted to Failed; an updated
 //! spec replacing the instances; a bad bundle refused with nothing changed; 401 without the
 //! token; `kill -9` of the agent with no duplicate containers and no lost log lines; delete
@@ -475,13 +476,155 @@ fn all_running_healthy(instances: &[Value], n: usize, generation: u64) -> bool {
         })
 }
 
-#[test]
-fn one_node_cluster_end_to_end() {
-    let mut c = Cluster::start();
-    let image = format!("{}/kat/busybox:latest", c.registry);
+/// What the steps share: the cluster, and what one step leaves for the next.
+struct Run {
+    c: Cluster,
+    image: String,
+    /// The first generation's instances of `web`.
+    first: BTreeSet<String>,
+    /// One of them, and the other.
+    id: String,
+    other: String,
+    /// The second generation's instances of `web`.
+    second: BTreeSet<String>,
+    /// `web`'s instances before the agent is killed, and the `ticker` instance.
+    before: BTreeSet<String>,
+    ticker: String,
+}
 
+type Step = fn(&mut Run);
+
+/// The scenarios, in order, on one cluster: each a test of its own, so that one failing
+/// does not hide the rest (a later step may still fail for want of what a failed one left).
+const STEPS: &[(&str, Step)] = &[
+    (
+        "a_service_runs_healthy_with_its_logs_and_volume",
+        a_service_runs_healthy_with_its_logs_and_volume,
+    ),
+    (
+        "exec_passes_the_exit_code_through",
+        exec_passes_the_exit_code_through,
+    ),
+    (
+        "containers_reach_each_other_and_the_outside",
+        containers_reach_each_other_and_the_outside,
+    ),
+    ("workloads_build_from_git", workloads_build_from_git),
+    (
+        "a_killed_process_restarts_under_always",
+        a_killed_process_restarts_under_always,
+    ),
+    (
+        "a_stuck_pull_delays_nothing_and_max_count_ends_failed",
+        a_stuck_pull_delays_nothing_and_max_count_ends_failed,
+    ),
+    (
+        "an_updated_spec_replaces_the_instances",
+        an_updated_spec_replaces_the_instances,
+    ),
+    (
+        "a_bad_bundle_is_refused_and_changes_nothing",
+        a_bad_bundle_is_refused_and_changes_nothing,
+    ),
+    (
+        "host_mounts_off_the_allow_list_are_refused",
+        host_mounts_off_the_allow_list_are_refused,
+    ),
+    (
+        "the_api_and_etcd_refuse_strangers",
+        the_api_and_etcd_refuse_strangers,
+    ),
+    (
+        "usage_shows_in_top_and_metrics",
+        usage_shows_in_top_and_metrics,
+    ),
+    ("the_node_never_stalls", the_node_never_stalls),
+    (
+        "an_agent_killed_and_restarted_duplicates_nothing",
+        an_agent_killed_and_restarted_duplicates_nothing,
+    ),
+    (
+        "a_reboot_without_etcd_runs_from_the_local_copy",
+        a_reboot_without_etcd_runs_from_the_local_copy,
+    ),
+    (
+        "node_admin_and_rollback_show_in_events",
+        node_admin_and_rollback_show_in_events,
+    ),
+    (
+        "delete_leaves_no_containers_cgroups_or_mounts",
+        delete_leaves_no_containers_cgroups_or_mounts,
+    ),
+    (
+        "backups_are_taken_listed_and_pruned",
+        backups_are_taken_listed_and_pruned,
+    ),
+];
+
+/// libtest's own harness cannot share one cluster between tests in order; libtest-mimic
+/// runs the steps as named tests with the same command line (`--list`, filters, `--exact`).
+fn main() -> std::process::ExitCode {
+    let mut args = libtest_mimic::Arguments::from_args();
+    // The steps build on each other: one at a time, in order.
+    args.test_threads = Some(1);
+    if args.list {
+        let trials = STEPS
+            .iter()
+            .map(|(name, _)| libtest_mimic::Trial::test(*name, || Ok(())))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    let c = Cluster::start();
+    let image = format!("{}/kat/busybox:latest", c.registry);
+    let run = Arc::new(std::sync::Mutex::new(Run {
+        c,
+        image,
+        first: BTreeSet::new(),
+        id: String::new(),
+        other: String::new(),
+        second: BTreeSet::new(),
+        before: BTreeSet::new(),
+        ticker: String::new(),
+    }));
+    let trials = STEPS
+        .iter()
+        .map(|(name, step)| {
+            let (run, step) = (run.clone(), *step);
+            libtest_mimic::Trial::test(*name, move || {
+                let mut run = run.lock().unwrap_or_else(|p| p.into_inner());
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(&mut run))).map_err(
+                    |e| {
+                        let message = e
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "the step panicked".into());
+                        libtest_mimic::Failed::from(message)
+                    },
+                )
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    // The cluster stops (its Drop) before the process exits.
+    drop(run);
+    if conclusion.has_failed() {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
+fn a_service_runs_healthy_with_its_logs_and_volume(r: &mut Run) {
+    let Run {
+        c,
+        image,
+        first,
+        id: _,
+        ..
+    } = r;
     // A Service with 2 replicas, a health check and a volume: running, healthy, logged.
-    let out = c.apply("web", &web(&image, "hello"));
+    let out = c.apply("web", &web(image, "hello"));
     assert!(
         out.contains("workload default/web created (generation 1)"),
         "{out}"
@@ -496,15 +639,18 @@ fn one_node_cluster_end_to_end() {
             .any(|l| l.starts_with("web") && l.contains("2/2")),
         "{table}"
     );
-    let first = ids(&c.instances("web"));
-    for id in &first {
+    *first = ids(&c.instances("web"));
+    for id in first.iter() {
         let logs = c.must(&["logs", &format!("web/{id}")]);
         assert_eq!(logs.trim(), format!("hello from {id}"));
     }
     assert!(Path::new(&c.path("volumes/default/web/data/www/index.html")).is_file());
+}
 
+fn exec_passes_the_exit_code_through(r: &mut Run) {
+    let Run { c, first, id, .. } = r;
     // exec, with the exit code passed through.
-    let id = first.iter().next().cloned().expect("an instance");
+    *id = first.iter().next().cloned().expect("an instance");
     let out = c.katcall(&[
         "exec",
         &format!("web/{id}"),
@@ -515,17 +661,34 @@ fn one_node_cluster_end_to_end() {
     ]);
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi\n{id}\n"));
+}
 
-    container_network(&c, &image);
-    git_builds(&c, &image);
+fn containers_reach_each_other_and_the_outside(r: &mut Run) {
+    let Run { c, image, .. } = r;
+    container_network(c, image);
+}
 
+fn workloads_build_from_git(r: &mut Run) {
+    let Run { c, image, .. } = r;
+    git_builds(c, image);
+}
+
+fn a_killed_process_restarts_under_always(r: &mut Run) {
+    let Run {
+        c,
+        first,
+        id,
+        other,
+        second: _,
+        ..
+    } = r;
     // Killing the workload process restarts it (Always).
-    let other = first
+    *other = first
         .iter()
-        .find(|i| **i != id)
+        .find(|i| *i != id)
         .cloned()
         .expect("a second instance");
-    let pids = workload_pids(Some(&id));
+    let pids = workload_pids(Some(id));
     assert!(!pids.is_empty(), "no process for {id}");
     for pid in pids {
         let _ = nix::sys::signal::kill(
@@ -542,7 +705,16 @@ fn one_node_cluster_end_to_end() {
             })
         },
     );
+}
 
+fn a_stuck_pull_delays_nothing_and_max_count_ends_failed(r: &mut Run) {
+    let Run {
+        c,
+        image,
+        other,
+        before: _,
+        ..
+    } = r;
     // A registry that accepts connections and never answers: its pull runs beside the
     // convergence of everything else, so the crash loop below is not delayed by it.
     let blackhole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -573,7 +745,7 @@ fn one_node_cluster_end_to_end() {
         "crasher",
         &simple(
             "crasher",
-            &image,
+            image,
             "    condition: MaxCount\n    maxRestarts: 2\n    resetSeconds: 60",
             "echo boom $(cat /proc/sys/kernel/random/uuid); exit 3",
         ),
@@ -615,18 +787,28 @@ fn one_node_cluster_end_to_end() {
         String::from_utf8_lossy(&out.stderr)
     );
     c.must(&["delete", "workload", "crasher"]);
+}
 
+fn an_updated_spec_replaces_the_instances(r: &mut Run) {
+    let Run {
+        c,
+        image,
+        first,
+        id: _,
+        second,
+        ..
+    } = r;
     // An updated spec replaces the instances.
-    let out = c.apply("web", &web(&image, "bonjour"));
+    let out = c.apply("web", &web(image, "bonjour"));
     assert!(out.contains("configured (generation 2)"), "{out}");
     c.wait(
         "2 healthy replicas of generation 2",
         Duration::from_secs(90),
         |c| all_running_healthy(&c.instances("web"), 2, 2),
     );
-    let second = ids(&c.instances("web"));
-    assert!(second.is_disjoint(&first), "{first:?} {second:?}");
-    for id in &second {
+    *second = ids(&c.instances("web"));
+    assert!(second.is_disjoint(first), "{first:?} {second:?}");
+    for id in second.iter() {
         assert_eq!(
             c.must(&["logs", &format!("web/{id}")]).trim(),
             format!("bonjour from {id}")
@@ -637,12 +819,17 @@ fn one_node_cluster_end_to_end() {
         Duration::from_secs(20),
         |_| first.iter().all(|id| workload_pids(Some(id)).is_empty()),
     );
+}
 
+fn a_bad_bundle_is_refused_and_changes_nothing(r: &mut Run) {
+    let Run {
+        c, image, second, ..
+    } = r;
     // A bad bundle gets 400 naming the file and field; nothing changes.
     let token = c.token();
     let bad = c.dir.path().join("bad");
     std::fs::create_dir_all(&bad).expect("dir");
-    let broken = web(&image, "x")[0].1.replace("replicas: 2", "replicas: -1");
+    let broken = web(image, "x")[0].1.replace("replicas: 2", "replicas: -1");
     std::fs::write(bad.join("workload.kat"), broken).expect("write");
     let tgz = c.path("bad.tgz");
     assert!(Command::new("tar")
@@ -669,13 +856,16 @@ fn one_node_cluster_end_to_end() {
     );
     let w = c.workload("web").expect("web");
     assert_eq!(w["metadata"]["generation"], 2);
-    assert_eq!(ids(&c.instances("web")), second);
+    assert_eq!(ids(&c.instances("web")), *second);
+}
 
+fn host_mounts_off_the_allow_list_are_refused(r: &mut Run) {
+    let Run { c, image, .. } = r;
     // hostMount of `/`, the agent's data directory or a path off the allow-list is refused
     // at apply, naming the file and field; nothing is stored.
     let data_dir = c.path("data");
     for host_path in ["/", data_dir.as_str(), "/etc"] {
-        let mut files = simple("sneaky", &image, "    condition: Always", "ls /host");
+        let mut files = simple("sneaky", image, "    condition: Always", "ls /host");
         files[0].1.push_str(&format!(
             "    volumeMounts:\n      - name: host\n        mountPath: /host\n  volumes:\n    - name: host\n      hostMount:\n        hostPath: {host_path}\n"
         ));
@@ -692,7 +882,11 @@ fn one_node_cluster_end_to_end() {
         );
         assert!(c.workload("sneaky").is_none());
     }
+}
 
+fn the_api_and_etcd_refuse_strangers(r: &mut Run) {
+    let Run { c, .. } = r;
+    let token = c.token();
     // Without the token, or with a wrong one: 401, with the error body.
     let (code, body) = c.curl(&[&c.url("/v1alpha1/n/default/workloads")]);
     assert_eq!(code, 401, "{body}");
@@ -744,7 +938,11 @@ fn one_node_cluster_end_to_end() {
             && metrics.contains("kat_scheduling_attempts_total{result=\"scheduled\",reason=\"\"}"),
         "{metrics}"
     );
+}
 
+fn usage_shows_in_top_and_metrics(r: &mut Run) {
+    let Run { c, .. } = r;
+    let token = c.token();
     // What the node and its running instances use, from /proc and their cgroups: in
     // `/metrics` and in `katcall top`.
     c.wait("usage in the heartbeats", Duration::from_secs(30), |c| {
@@ -794,19 +992,32 @@ fn one_node_cluster_end_to_end() {
     ] {
         assert!(metrics.contains(family), "{family} missing:\n{metrics}");
     }
+}
 
+fn the_node_never_stalls(r: &mut Run) {
+    let Run { c, id: _, second, .. } = r;
     // A node that never stalls: idle and half-open connections, and an exec that never
     // reads its stdin, do not slow the API, the heartbeats or the leader.
     let id = second.iter().next().cloned().expect("an instance");
-    never_stalls(&c, &id);
-    an_exec_ends_with_its_client(&c, &id);
+    never_stalls(c, &id);
+    an_exec_ends_with_its_client(c, &id);
+}
 
+fn an_agent_killed_and_restarted_duplicates_nothing(r: &mut Run) {
+    let Run {
+        c,
+        image,
+        id: _,
+        before,
+        ticker,
+        ..
+    } = r;
     // kill -9 of the agent, then a restart: no duplicate containers, no lost log lines.
     c.apply(
         "ticker",
         &simple(
             "ticker",
-            &image,
+            image,
             "    condition: Always",
             "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.1; done",
         ),
@@ -816,11 +1027,11 @@ fn one_node_cluster_end_to_end() {
             .iter()
             .any(|i| i["state"] == "Running")
     });
-    let ticker = ids(&c.instances("ticker"))
+    *ticker = ids(&c.instances("ticker"))
         .into_iter()
         .next()
         .expect("ticker instance");
-    let before: BTreeSet<String> = ids(&c.instances("web"));
+    *before = ids(&c.instances("web"));
     c.kill_agent();
     std::thread::sleep(Duration::from_secs(2));
     c.spawn_agent(&["run"]);
@@ -830,10 +1041,10 @@ fn one_node_cluster_end_to_end() {
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         ids(&c.instances("web")),
-        before,
+        *before,
         "instances changed across an agent restart"
     );
-    for id in before.iter().chain([&ticker]) {
+    for id in before.iter().chain([&*ticker]) {
         let inits = containers_of(id);
         assert_eq!(inits, 1, "instance {id} must run exactly one container");
     }
@@ -862,7 +1073,16 @@ fn one_node_cluster_end_to_end() {
         ticks.windows(2).all(|w| w[1] == w[0] + 1),
         "a gap in the ticks: {ticks:?}"
     );
+}
 
+fn a_reboot_without_etcd_runs_from_the_local_copy(r: &mut Run) {
+    let Run {
+        c,
+        id: _,
+        before,
+        ticker,
+        ..
+    } = r;
     // A reboot while etcd cannot start: the agent brings the workloads back from its local
     // copy of assignments; once etcd is back they converge without duplicates.
     c.kill_agent();
@@ -886,7 +1106,7 @@ fn one_node_cluster_end_to_end() {
         |_| {
             before
                 .iter()
-                .chain([&ticker])
+                .chain([&*ticker])
                 .all(|id| !workload_pids(Some(id)).is_empty())
         },
     );
@@ -904,17 +1124,20 @@ fn one_node_cluster_end_to_end() {
     );
     assert_eq!(
         ids(&c.instances("web")),
-        before,
+        *before,
         "the same instances came back"
     );
-    for id in before.iter().chain([&ticker]) {
+    for id in before.iter().chain([&*ticker]) {
         let inits = containers_of(id);
         assert_eq!(
             inits, 1,
             "instance {id} must run exactly one container after the reboot"
         );
     }
+}
 
+fn node_admin_and_rollback_show_in_events(r: &mut Run) {
+    let Run { c, image, id: _, .. } = r;
     // Node administration and rollback through katcall, seen in events.
     let mut watch = Command::new(bin("katcall"))
         .args(["events", "--watch", "-o", "json"])
@@ -930,7 +1153,7 @@ fn one_node_cluster_end_to_end() {
         "{wide}"
     );
     // The one node leads, and says so: a LEADER column, a typed field, `describe node`.
-    leader_shown(&c, "e2e-node");
+    leader_shown(c, "e2e-node");
     c.must(&["taint", "e2e-node", "dedicated-"]);
     c.must(&["drain", "e2e-node"]);
     c.wait("the node to show Draining", Duration::from_secs(10), |c| {
@@ -940,7 +1163,7 @@ fn one_node_cluster_end_to_end() {
     c.wait("the node to be Ready again", Duration::from_secs(10), |c| {
         c.katcall_ok(&["get", "nodes"]).contains("Ready")
     });
-    job_output_is_kept(&c, &image);
+    job_output_is_kept(c, image);
     let out = c.must(&["rollback", "workload", "web"]);
     assert!(out.contains("now generation 3"), "{out}");
     c.wait(
@@ -974,7 +1197,16 @@ fn one_node_cluster_end_to_end() {
             "{reason} missing from `katcall events --watch`:\n{streamed}"
         );
     }
+}
 
+fn delete_leaves_no_containers_cgroups_or_mounts(r: &mut Run) {
+    let Run {
+        c,
+        id: _,
+        before,
+        ticker,
+        ..
+    } = r;
     // delete leaves no containers, cgroups or mounts.
     let runtime_root = c.path("data/runtime/containers");
     for w in ["web", "ticker"] {
@@ -994,7 +1226,7 @@ fn one_node_cluster_end_to_end() {
         !mounts.contains(c.dir.path().to_str().expect("utf-8")),
         "mounts left:\n{mounts}"
     );
-    for id in before.iter().chain([&ticker]) {
+    for id in before.iter().chain([&*ticker]) {
         for controller in ["memory", "pids", "cpu"] {
             let root = Path::new("/sys/fs/cgroup").join(controller);
             if let Ok(found) = Command::new("find")
@@ -1010,7 +1242,11 @@ fn one_node_cluster_end_to_end() {
             }
         }
     }
-    backups(&c);
+}
+
+fn backups_are_taken_listed_and_pruned(r: &mut Run) {
+    let Run { c, .. } = r;
+    backups(c);
 }
 
 /// The leader's scheduled backups (every minute here) and `katcall backup create`: files with
