@@ -20,6 +20,7 @@
 //! Needs root (network namespaces, users), etcd, etcdctl, docker-registry and the fixtures of
 //! `scripts/test-fixtures.sh` (KAT_TEST_LAYOUT); `scripts/test.sh` provides all of them.
 
+use kat_testkit::{bin, wait};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -33,14 +34,6 @@ const NODES: usize = 3;
 const HOSTS: usize = NODES + 1;
 const WORKER: usize = HOSTS;
 const API_PORT: u16 = 9115;
-
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join(name)
-}
 
 fn hosts_sh() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cluster/hosts.sh")
@@ -454,17 +447,6 @@ impl Hosts {
         }
         by_node
     }
-}
-
-fn wait(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while started.elapsed() < timeout {
-        if ok() {
-            return started.elapsed();
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 fn cluster_kat() -> String {

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kat_testkit::{bin, free_port};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
@@ -75,24 +76,6 @@ fn agent_user() -> Option<String> {
     std::env::var("KAT_TEST_AGENT_USER")
         .ok()
         .filter(|u| !u.is_empty())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn bin(name: &str) -> PathBuf {
-    let agent = PathBuf::from(env!("CARGO_BIN_EXE_kat-agent"));
-    let path = agent.with_file_name(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace first (cargo test --workspace builds it)",
-        path.display()
-    );
-    path
 }
 
 impl Cluster {
@@ -235,12 +218,8 @@ spec:
     }
 
     fn wait(&self, what: &str, timeout: Duration, mut ok: impl FnMut(&Cluster) -> bool) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if ok(self) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        if kat_testkit::wait_until(timeout, || ok(self)).is_some() {
+            return;
         }
         panic!(
             "timed out waiting for {what}\nagent log:\n{}",
@@ -995,7 +974,9 @@ fn usage_shows_in_top_and_metrics(r: &mut Run) {
 }
 
 fn the_node_never_stalls(r: &mut Run) {
-    let Run { c, id: _, second, .. } = r;
+    let Run {
+        c, id: _, second, ..
+    } = r;
     // A node that never stalls: idle and half-open connections, and an exec that never
     // reads its stdin, do not slow the API, the heartbeats or the leader.
     let id = second.iter().next().cloned().expect("an instance");
@@ -1137,7 +1118,9 @@ fn a_reboot_without_etcd_runs_from_the_local_copy(r: &mut Run) {
 }
 
 fn node_admin_and_rollback_show_in_events(r: &mut Run) {
-    let Run { c, image, id: _, .. } = r;
+    let Run {
+        c, image, id: _, ..
+    } = r;
     // Node administration and rollback through katcall, seen in events.
     let mut watch = Command::new(bin("katcall"))
         .args(["events", "--watch", "-o", "json"])

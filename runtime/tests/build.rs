@@ -5,6 +5,7 @@
 
 mod support;
 
+use kat_testkit::free_port;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -46,14 +47,6 @@ fn git(dir: &Path, args: &[&str]) -> String {
         .expect("git");
     assert!(out.status.success(), "git {args:?}: {out:?}");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn repo(dir: &Path) -> Repo {

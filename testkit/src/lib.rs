@@ -1,0 +1,80 @@
+//! What KAT's end-to-end tests share, so that each test file holds its scenarios and not its
+//! own copy of the plumbing: the workspace's built binaries, a free loopback port, and waits
+//! on a condition (never a fixed sleep before an assertion).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A binary of this workspace (`kat-agent`, `katcall`, …) beside the running test's own
+/// target directory; panics with what to do when it has not been built.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/debug/deps/<test> → target/debug/<name>
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the target directory")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (cargo test --workspace builds it)",
+        path.display()
+    );
+    path
+}
+
+/// A TCP port free on loopback now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on loopback")
+}
+
+/// How often a wait checks its condition.
+pub const POLL: Duration = Duration::from_millis(200);
+
+/// Checks `ok` until it holds (returns how long that took) or `timeout` passes (`None`).
+pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> Option<Duration> {
+    let started = Instant::now();
+    loop {
+        if ok() {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() >= timeout {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// [`wait_until`], panicking with `what` on a timeout.
+pub fn wait(what: &str, timeout: Duration, ok: impl FnMut() -> bool) -> Duration {
+    wait_until(timeout, ok)
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_returns_when_the_condition_holds_and_gives_up_at_its_timeout() {
+        let mut n = 0;
+        assert!(wait_until(Duration::from_secs(5), || {
+            n += 1;
+            n == 3
+        })
+        .is_some());
+        assert_eq!(n, 3);
+        let started = Instant::now();
+        assert!(wait_until(Duration::from_millis(300), || false).is_none());
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[test]
+    fn a_free_port_can_be_bound() {
+        let port = free_port();
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+}
