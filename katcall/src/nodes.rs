@@ -166,7 +166,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
                     format!("{:?}", i.state),
                     format!("{:?}", i.health),
                     i.restarts.to_string(),
-                    i.ip.clone().unwrap_or_else(|| "-".into()),
+                    i.ip.map_or_else(|| "-".into(), |ip| ip.to_string()),
                     age(i.started_at.as_deref()),
                 ]
             })

@@ -238,7 +238,7 @@ fn instance_rows(list: &[InstanceStatus], wide: bool) -> Vec<Vec<String>> {
                 age(i.started_at.as_deref()),
             ];
             if wide {
-                row.push(i.ip.clone().unwrap_or_else(|| "-".into()));
+                row.push(i.ip.map_or_else(|| "-".into(), |ip| ip.to_string()));
                 row.push(i.generation.to_string());
                 row.push(i.exit_code.map_or("-".into(), |c| c.to_string()));
                 row.push(i.reason.clone().unwrap_or_default());

@@ -281,7 +281,7 @@ impl<'a> Round<'a> {
             requests: w.requests,
             job_run: job_run.map(str::to_string),
             created_at: self.wall.clone(),
-            ip: ip.map(|ip| ip.to_string()),
+            ip,
             host_ports: w.host_ports.clone(),
         };
         self.loads[node].add(&record);
@@ -317,10 +317,10 @@ impl<'a> Round<'a> {
             keys::instance(&record.node, &record.instance_id),
             record,
         )?];
-        if let Some(ip) = &record.ip {
+        if let Some(ip) = record.ip {
             ops.push(TxnOp::put(
                 keys::ip_allocation(&record.instance_id),
-                ip.clone(),
+                ip.to_string(),
             ));
         }
         Ok(ops)
@@ -375,7 +375,7 @@ impl<'a> Round<'a> {
             .map(|r| match self.status_of(&r.instance_id) {
                 Some(s) => InstanceStatus {
                     usage: None,
-                    ip: r.ip.clone(),
+                    ip: r.ip,
                     ..s.clone()
                 },
                 None => InstanceStatus {
@@ -389,7 +389,7 @@ impl<'a> Round<'a> {
                     restarts: 0,
                     exit_code: None,
                     reason: Some(format!("assigned to {}, not reported yet", r.node)),
-                    ip: r.ip.clone(),
+                    ip: r.ip,
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],
@@ -733,12 +733,12 @@ fn addresses_in_use(
 ) -> HashMap<String, HashSet<IpAddr>> {
     let mut used_ips: HashMap<String, HashSet<IpAddr>> = HashMap::new();
     for r in view.instances.values() {
-        if let Some(ip) = r.ip.as_deref().and_then(|ip| ip.parse().ok()) {
+        if let Some(ip) = r.ip {
             used_ips.entry(r.node.clone()).or_default().insert(ip);
         }
     }
     for (node, s) in reported.values() {
-        if let Some(ip) = s.ip.as_deref().and_then(|ip| ip.parse().ok()) {
+        if let Some(ip) = s.ip {
             used_ips.entry(node.to_string()).or_default().insert(ip);
         }
     }

@@ -5,7 +5,6 @@
 //! that sees the instance's state change, so names follow health as fast as heartbeats do.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
 
 use kat_api::keys;
 use kat_api::wire::{DnsRecord, InstanceState};
@@ -33,7 +32,7 @@ pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {
     let view = round.view;
     let mut desired: BTreeMap<String, DnsRecord> = BTreeMap::new();
     for r in view.instances.values() {
-        let Some(ip) = r.ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+        let Some(ip) = r.ip else {
             continue;
         };
         let key = r.workload_key();

@@ -194,7 +194,7 @@ impl SimNode {
                     restarts: 0,
                     exit_code: i.exit_code,
                     reason: None,
-                    ip: i.record.ip.clone(),
+                    ip: i.record.ip,
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],

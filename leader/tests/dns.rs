@@ -38,7 +38,7 @@ async fn records_follow_instances_and_their_health() {
     assert_eq!(all.len(), 2, "{all:?}");
     for r in c.live_of("web") {
         let rec = &all[&r.instance_id];
-        assert_eq!(Some(rec.ip.to_string()), r.ip);
+        assert_eq!(Some(rec.ip), r.ip);
         assert!(rec.ready, "{rec:?}");
         assert_eq!(
             (rec.namespace.as_str(), rec.workload.as_str()),

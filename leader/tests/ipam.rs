@@ -67,7 +67,7 @@ async fn nodes_get_subnets_and_instances_addresses_of_their_node() {
     let live = c.live_of("web");
     let mut seen = BTreeSet::new();
     for r in &live {
-        let ip: IpAddr = r.ip.as_deref().expect("an address").parse().unwrap();
+        let ip: IpAddr = r.ip.expect("an address");
         let subnet = subnets[&r.node];
         assert!(subnet.contains(&ip), "{ip} in {} of {}", subnet, r.node);
         assert_ne!(
@@ -81,7 +81,10 @@ async fn nodes_get_subnets_and_instances_addresses_of_their_node() {
     let alloc = allocations(&c).await;
     assert_eq!(alloc.len(), 6);
     for r in &live {
-        assert_eq!(alloc.get(&r.instance_id), r.ip.as_ref());
+        assert_eq!(
+            alloc.get(&r.instance_id),
+            r.ip.map(|ip| ip.to_string()).as_ref()
+        );
     }
     // The workload's status carries the addresses.
     let status = status(&c, "web").await;
@@ -112,23 +115,19 @@ async fn an_address_is_not_reused_while_its_container_still_stops() {
     c.apply(&[("workload.kat", &service("web", 3, "web:1", ""))])
         .await;
     c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();
-    let first: BTreeSet<String> = c
-        .live_of("web")
-        .iter()
-        .filter_map(|r| r.ip.clone())
-        .collect();
+    let first: BTreeSet<IpAddr> = c.live_of("web").iter().filter_map(|r| r.ip).collect();
     // A new generation replaces them one by one while the old ones stop.
     c.apply(&[("workload.kat", &service("web", 3, "web:2", ""))])
         .await;
-    let mut at_once: BTreeMap<String, usize> = BTreeMap::new();
+    let mut at_once: BTreeMap<IpAddr, usize> = BTreeMap::new();
     for _ in 0..300 {
         if c.live_of("web").len() == 3 && c.live_of("web").iter().all(|r| r.generation == 2) {
             break;
         }
         c.tick().await.unwrap();
-        let mut by_ip: BTreeMap<String, usize> = BTreeMap::new();
+        let mut by_ip: BTreeMap<IpAddr, usize> = BTreeMap::new();
         for r in c.live_of("web") {
-            *by_ip.entry(r.ip.clone().unwrap()).or_default() += 1;
+            *by_ip.entry(r.ip.unwrap()).or_default() += 1;
         }
         for (ip, n) in by_ip {
             let max = at_once.entry(ip).or_default();
@@ -141,11 +140,7 @@ async fn an_address_is_not_reused_while_its_container_still_stops() {
     );
     // The first replacement could not take an old address (all three were in use or still
     // stopping); later ones may reuse an address whose container has gone.
-    let now: BTreeSet<String> = c
-        .live_of("web")
-        .iter()
-        .filter_map(|r| r.ip.clone())
-        .collect();
+    let now: BTreeSet<IpAddr> = c.live_of("web").iter().filter_map(|r| r.ip).collect();
     assert_eq!(now.len(), 3);
     assert!(!now.is_subset(&first), "{first:?} {now:?}");
 
@@ -162,9 +157,9 @@ async fn an_address_is_not_reused_while_its_container_still_stops() {
     let mut shared = BTreeMap::new();
     for _ in 0..40 {
         c.tick().await.unwrap();
-        let mut by_ip: BTreeMap<String, usize> = BTreeMap::new();
+        let mut by_ip: BTreeMap<IpAddr, usize> = BTreeMap::new();
         for r in c.live_of("web") {
-            *by_ip.entry(r.ip.clone().unwrap()).or_default() += 1;
+            *by_ip.entry(r.ip.unwrap()).or_default() += 1;
         }
         shared.extend(by_ip.into_iter().filter(|(_, n)| *n > 1));
     }
@@ -326,8 +321,8 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
 /// Addresses of live containers per step; fails when an instance appears on an address whose
 /// previous container went away less than `ipam::QUARANTINE` ago.
 struct ReuseWatch {
-    live: BTreeSet<String>,
-    freed: BTreeMap<String, tokio::time::Instant>,
+    live: BTreeSet<IpAddr>,
+    freed: BTreeMap<IpAddr, tokio::time::Instant>,
     reused_early: Vec<String>,
 }
 
@@ -342,9 +337,9 @@ impl ReuseWatch {
 
     fn step(&mut self, c: &kat_leader::sim::SimCluster) {
         let now = tokio::time::Instant::now();
-        let live: BTreeSet<String> = c.live().iter().filter_map(|r| r.ip.clone()).collect();
+        let live: BTreeSet<IpAddr> = c.live().iter().filter_map(|r| r.ip).collect();
         for gone in self.live.difference(&live) {
-            self.freed.insert(gone.clone(), now);
+            self.freed.insert(*gone, now);
         }
         for new in live.difference(&self.live) {
             if let Some(at) = self.freed.get(new) {

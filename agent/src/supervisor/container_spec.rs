@@ -129,10 +129,10 @@ pub fn published_ports(
 ) -> Vec<PublishedPort> {
     let (Some(template), Some(address)) = (
         template,
-        record
-            .ip
-            .as_deref()
-            .and_then(|ip| ip.parse::<Ipv4Addr>().ok()),
+        match record.ip {
+            Some(std::net::IpAddr::V4(ip)) => Some(ip),
+            _ => None,
+        },
     ) else {
         return vec![];
     };

@@ -120,7 +120,7 @@ impl Tracked {
             restarts: 0,
             exit_code: None,
             reason: None,
-            ip: record.ip.clone(),
+            ip: record.ip,
             started_at: None,
             finished_at: None,
             warnings: vec![],
@@ -464,15 +464,15 @@ impl Supervisor {
         }
         let mut options = create_options(record, template, image, t.attempt, &paths);
         options.resources.pids_limit = self.config.pids_limit;
-        if let Some(ip) = record.ip.as_deref() {
+        if let Some(ip) = record.ip {
             let settings = self.config.network.borrow().clone().ok_or_else(|| {
                 StartError::NotReady("waiting for the node network to come up".into())
             })?;
-            let address = ip.parse().map_err(|_| {
-                StartError::Failed(format!(
+            let std::net::IpAddr::V4(address) = ip else {
+                return Err(StartError::Failed(format!(
                     "the instance's address {ip} is not an IPv4 address"
-                ))
-            })?;
+                )));
+            };
             connect_options(&mut options, address, &settings);
         }
         // A leftover container of this attempt (e.g. created just before an agent crash).

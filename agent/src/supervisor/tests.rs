@@ -442,7 +442,7 @@ async fn only_ready_instances_are_published_and_a_leaving_one_drains_first() {
     rt.add_image("app:1");
     let lb = "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{containerPort: 8080, hostPort: 18080}]\n  healthCheck:\n    exec: {command: [/bin/check]}\n    initialDelaySeconds: 2\n    periodSeconds: 5\n";
     let mut a = assignment("web", "web-1", "app:1", "{condition: Always}", Some(lb));
-    a.record.ip = Some("10.100.0.5".into());
+    a.record.ip = Some([10, 100, 0, 5].into());
     let mut template = (**a.template.as_ref().unwrap()).clone();
     template.workload.spec.drain_seconds = Some(3);
     a.template = Ok(Arc::new(template));

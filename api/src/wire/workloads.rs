@@ -68,7 +68,7 @@ pub struct InstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ip: Option<String>,
+    pub ip: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -233,7 +233,7 @@ pub struct InstanceRecord {
     pub created_at: String,
     /// Its address, from its node's subnet (the leader's IPAM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ip: Option<String>,
+    pub ip: Option<std::net::IpAddr>,
     /// Ports it publishes on its node (`hostPort`): accounted like `requests`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<crate::load_balancer::HostPort>,
