@@ -12,5 +12,5 @@ cd "$(dirname "$0")/.."
 source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo build -q -p kat-agent -p katcall
-cargo test -q -p kat-agent --test cluster -- --nocapture --exact rollout_loses_no_request 2>&1 \
+cargo test -q -p kat-agent --test cluster -- --nocapture --exact rollout::rollout_loses_no_request 2>&1 \
   | grep -E "^(rolling update|rollback|rollout )|panicked|failed requests" | tail -n 10
