@@ -224,9 +224,7 @@ async fn keep_revocation_list(store: Arc<dyn StateStore>, ca: Arc<Authority>, pa
             let mut serials: Vec<String> = list
                 .kvs
                 .iter()
-                .filter_map(|kv| {
-                    serde_json::from_slice::<kat_api::wire::RevokedNode>(&kv.value).ok()
-                })
+                .filter_map(kat_store::decode_or_skip::<kat_api::wire::RevokedNode>)
                 .filter_map(|r| r.serial)
                 .collect();
             serials.sort();

@@ -71,7 +71,7 @@ impl AssignmentWatch {
         let records = listing
             .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice::<InstanceRecord>(&kv.value).ok())
+            .filter_map(kat_store::decode_or_skip::<InstanceRecord>)
             .collect();
         let watch = store
             .watch(

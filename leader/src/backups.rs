@@ -63,7 +63,7 @@ pub async fn list(store: &dyn StateStore) -> kat_store::Result<Vec<BackupRecord>
     let mut records: Vec<BackupRecord> = listing
         .kvs
         .iter()
-        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .filter_map(kat_store::decode_or_skip)
         .collect();
     records.sort_by(|a, b| a.taken_at.cmp(&b.taken_at));
     Ok(records)

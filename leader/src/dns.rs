@@ -20,7 +20,7 @@ pub async fn records(store: &dyn StateStore) -> Result<Vec<DnsRecord>, StoreErro
         .await?
         .kvs
         .iter()
-        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .filter_map(kat_store::decode_or_skip)
         .collect())
 }
 

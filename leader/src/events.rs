@@ -232,7 +232,7 @@ pub async fn list_at(
     let newest = kvs.len().saturating_sub(capacity as usize);
     let events = kvs[newest..]
         .iter()
-        .filter_map(|kv| serde_json::from_slice::<Event>(&kv.value).ok())
+        .filter_map(|kv| kat_store::decode_or_skip::<Event>(kv))
         .filter(|e| filter.matches(e))
         .collect();
     Ok((events, listing.revision))

@@ -24,6 +24,14 @@ pub fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T> {
     })
 }
 
+/// The value in `kv` as a `T`, or `None` with a warning that names the key: for listings,
+/// where one record KAT cannot read must hide nothing else, and must not pass in silence.
+pub fn decode_or_skip<T: DeserializeOwned>(kv: &KeyValue) -> Option<T> {
+    decode(kv)
+        .inspect_err(|e| tracing::warn!(error = %e, "skipping a record KAT cannot read"))
+        .ok()
+}
+
 impl TxnOp {
     /// A put of `value`, encoded as JSON.
     pub fn put_json<T: Serialize + ?Sized>(key: impl Into<String>, value: &T) -> Result<TxnOp> {
@@ -123,5 +131,22 @@ mod tests {
         assert!(err.to_string().contains("/k"), "{err}");
         assert!(TxnOp::put_json("/k", &bad).is_err());
         assert_eq!(store.get("/k").await.unwrap().unwrap().value, b"\"old\"");
+    }
+
+    /// One record KAT cannot read in a listing hides none of the others.
+    #[tokio::test]
+    async fn a_bad_record_in_a_listing_is_skipped_alone() {
+        let store = MemStore::new();
+        for (k, v) in [
+            ("/l/a", "{\"name\":\"a\",\"replicas\":1}"),
+            ("/l/b", "not json"),
+            ("/l/c", "{\"name\":\"c\",\"replicas\":3}"),
+        ] {
+            store.put(k, v.as_bytes().to_vec(), None).await.unwrap();
+        }
+        let listing = store.list("/l/").await.unwrap();
+        let read: Vec<Record> = listing.kvs.iter().filter_map(decode_or_skip).collect();
+        let names: Vec<&str> = read.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "c"]);
     }
 }

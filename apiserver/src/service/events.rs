@@ -51,7 +51,7 @@ impl Service {
             .await?
             .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .filter_map(kat_store::decode_or_skip)
             .collect())
     }
 }

@@ -198,7 +198,7 @@ impl Service {
             .await?
             .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice::<JoinTokenRecord>(&kv.value).ok())
+            .filter_map(kat_store::decode_or_skip::<JoinTokenRecord>)
             .map(|r| r.info)
             .collect())
     }

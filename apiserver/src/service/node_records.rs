@@ -153,7 +153,7 @@ impl Service {
             .await?
             .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice::<RevokedNode>(&kv.value).ok())
+            .filter_map(kat_store::decode_or_skip::<RevokedNode>)
             .filter_map(|r| r.serial)
             .collect();
         let subnet = self
@@ -287,7 +287,7 @@ impl Service {
             .await?
             .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .filter_map(kat_store::decode_or_skip)
             .collect())
     }
 }
