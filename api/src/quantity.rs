@@ -234,3 +234,84 @@ mod tests {
         }
     }
 }
+
+/// A quantity a type can be parsed from (`MilliCpu`, `Bytes`).
+pub trait ParseQuantity: Sized {
+    fn parse_quantity(text: &str) -> Result<Self, QuantityError>;
+}
+
+impl ParseQuantity for MilliCpu {
+    fn parse_quantity(text: &str) -> Result<Self, QuantityError> {
+        MilliCpu::parse(text)
+    }
+}
+
+impl ParseQuantity for Bytes {
+    fn parse_quantity(text: &str) -> Result<Self, QuantityError> {
+        Bytes::parse(text)
+    }
+}
+
+/// An amount as written in a Quadlet file (`500m`, `0.5`, `256Mi`), parsed once, when the
+/// file is read. It is written back (stored, hashed) exactly as the user wrote it, so a
+/// template's hash never depends on how KAT would spell the value; one that does not parse
+/// is kept with its error, for validation to report against its field with every other
+/// finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Amount<T> {
+    text: String,
+    parsed: Result<T, QuantityError>,
+}
+
+impl<T: ParseQuantity + Copy> Amount<T> {
+    pub fn new(text: impl Into<String>) -> Self {
+        let text = text.into();
+        let parsed = T::parse_quantity(&text);
+        Amount { text, parsed }
+    }
+
+    /// As written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The value, or why the text is not one.
+    pub fn parsed(&self) -> Result<T, &QuantityError> {
+        self.parsed.as_ref().copied()
+    }
+
+    /// The value, if the text is one.
+    pub fn value(&self) -> Option<T> {
+        self.parsed.as_ref().ok().copied()
+    }
+}
+
+impl<T> serde::Serialize for Amount<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl<'de, T: ParseQuantity + Copy> serde::Deserialize<'de> for Amount<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Amount::new)
+    }
+}
+
+#[cfg(test)]
+mod amount_tests {
+    use super::*;
+
+    /// Parsed once, written back as written (so "0.5" stays "0.5" and hashes the same), and
+    /// a bad one keeps its error.
+    #[test]
+    fn an_amount_keeps_its_text_and_its_value() {
+        let cpu: Amount<MilliCpu> = serde_json::from_str("\"0.5\"").unwrap();
+        assert_eq!(cpu.value(), Some(MilliCpu(500)));
+        assert_eq!(serde_json::to_string(&cpu).unwrap(), "\"0.5\"");
+        let mem: Amount<Bytes> = serde_json::from_str("\"lots\"").unwrap();
+        assert_eq!(mem.value(), None);
+        assert!(matches!(mem.parsed(), Err(QuantityError::NotMemory(t)) if t == "lots"));
+        assert_eq!(mem.text(), "lots");
+    }
+}

@@ -8,7 +8,7 @@ use crate::names::{
     absolute_path_problem, dns_label_problem, env_name_problem, label_key_problem,
     relative_path_problem, validate_labels,
 };
-use crate::quantity::{Bytes, MilliCpu};
+use crate::quantity::{Amount, Bytes, MilliCpu};
 use crate::report::Scope;
 
 #[cfg(test)]
@@ -294,9 +294,19 @@ pub struct Resources {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResourceAmounts {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<String>,
+    #[cfg_attr(test, proptest(strategy = "amounts::<MilliCpu>()"))]
+    pub cpu: Option<Amount<MilliCpu>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory: Option<String>,
+    #[cfg_attr(test, proptest(strategy = "amounts::<Bytes>()"))]
+    pub memory: Option<Amount<Bytes>>,
+}
+
+/// Amounts as a user might write them, good and bad.
+#[cfg(test)]
+fn amounts<T: crate::quantity::ParseQuantity + Copy + std::fmt::Debug>(
+) -> impl proptest::strategy::Strategy<Value = Option<Amount<T>>> {
+    use proptest::prelude::*;
+    proptest::option::of("[0-9.]{0,6}(m|Mi|Gi|M|k)?|[a-z ]{0,4}".prop_map(Amount::new))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -367,20 +377,11 @@ pub struct ParsedResources {
 }
 
 impl Resources {
-    /// Parsed quantities; `None` for any that is absent or malformed (validation reports those).
+    /// The quantities (parsed when the file was read); `None` for any that is absent or
+    /// malformed (validation reports those).
     pub fn parsed(&self) -> ParsedResources {
-        let cpu = |a: &Option<ResourceAmounts>| {
-            a.as_ref()?
-                .cpu
-                .as_deref()
-                .and_then(|s| MilliCpu::parse(s).ok())
-        };
-        let mem = |a: &Option<ResourceAmounts>| {
-            a.as_ref()?
-                .memory
-                .as_deref()
-                .and_then(|s| Bytes::parse(s).ok())
-        };
+        let cpu = |a: &Option<ResourceAmounts>| a.as_ref()?.cpu.as_ref()?.value();
+        let mem = |a: &Option<ResourceAmounts>| a.as_ref()?.memory.as_ref()?.value();
         let cpu_limit = cpu(&self.limits);
         let memory_limit = mem(&self.limits);
         ParsedResources {
@@ -767,8 +768,9 @@ fn validate_resources(r: &Resources, s: &mut Scope<'_>) {
         .enumerate()
     {
         let Some(a) = amounts else { continue };
-        if let Some(cpu) = &a.cpu {
-            match MilliCpu::parse(cpu) {
+        if let Some(amount) = &a.cpu {
+            let cpu = amount.text();
+            match amount.parsed() {
                 Ok(MilliCpu(0)) => s.error(
                     &format!("{section}.cpu"),
                     format!("{cpu:?} must be greater than zero"),
@@ -777,8 +779,9 @@ fn validate_resources(r: &Resources, s: &mut Scope<'_>) {
                 Err(e) => s.error(&format!("{section}.cpu"), e.to_string()),
             }
         }
-        if let Some(mem) = &a.memory {
-            match Bytes::parse(mem) {
+        if let Some(amount) = &a.memory {
+            let mem = amount.text();
+            match amount.parsed() {
                 Ok(Bytes(0)) => s.error(&format!("{section}.memory"), format!("{mem:?} must be greater than zero")),
                 Ok(v) if section == "limits" && v < MIN_MEMORY_LIMIT => s.error(
                     "limits.memory",
@@ -797,9 +800,9 @@ fn validate_resources(r: &Resources, s: &mut Scope<'_>) {
                         .as_ref()
                         .and_then(|a| {
                             if j == 0 {
-                                a.cpu.clone()
+                                a.cpu.as_ref().map(|c| c.text().to_string())
                             } else {
-                                a.memory.clone()
+                                a.memory.as_ref().map(|m| m.text().to_string())
                             }
                         })
                         .unwrap_or_default(),
@@ -807,9 +810,9 @@ fn validate_resources(r: &Resources, s: &mut Scope<'_>) {
                         .as_ref()
                         .and_then(|a| {
                             if j == 0 {
-                                a.cpu.clone()
+                                a.cpu.as_ref().map(|c| c.text().to_string())
                             } else {
-                                a.memory.clone()
+                                a.memory.as_ref().map(|m| m.text().to_string())
                             }
                         })
                         .unwrap_or_default(),

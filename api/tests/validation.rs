@@ -1177,3 +1177,18 @@ fn a_jobs_instances_never_drain() {
     let service = bundle("Service\n  replicas: 1", "");
     assert_eq!(service.spec.drain(), std::time::Duration::from_secs(30));
 }
+
+/// The template hash of a workload (with its CPU and memory amounts) is pinned: a change to
+/// how KAT reads or writes a spec that moves it would roll every workload of a cluster on
+/// upgrade. Amounts are hashed as written ("0.5" is not "500m").
+#[test]
+fn the_template_hash_of_a_known_spec_does_not_move() {
+    let text = WORKLOAD.replace("cpu: 100m", "cpu: \"0.1\"");
+    let bundle =
+        WorkloadBundle::parse(BTreeMap::from([("workload.kat".into(), text.into_bytes())]))
+            .unwrap();
+    assert_eq!(
+        bundle.template_hash(),
+        "de43afe08cb8533b572a991c6bbc28240c6446836528f999c0f0d427babbc33a"
+    );
+}
