@@ -450,18 +450,29 @@ impl Supervisor {
         };
         let image = image.as_str();
         let record = &t.assignment.record;
-        let mut paths = BTreeMap::new();
-        for v in &spec.volumes {
-            let path = volumes::prepare(
-                &self.config.volume_base,
-                &record.namespace,
-                &record.workload,
-                v,
-                &self.config.host_mounts,
-            )
-            .map_err(|e| StartError::NotReady(e.to_string()))?;
-            paths.insert(v.name.clone(), path);
-        }
+        // Directories made, paths resolved and checked: file-system work, off the async
+        // threads (a slow disk delays this instance, nothing else).
+        let (base, policy) = (
+            self.config.volume_base.clone(),
+            self.config.host_mounts.clone(),
+        );
+        let (ns, workload, wanted) = (
+            record.namespace.clone(),
+            record.workload.clone(),
+            spec.volumes.clone(),
+        );
+        let paths = tokio::task::spawn_blocking(move || {
+            let mut paths = BTreeMap::new();
+            for v in &wanted {
+                let path = volumes::prepare(&base, &ns, &workload, v, &policy)
+                    .map_err(|e| e.to_string())?;
+                paths.insert(v.name.clone(), path);
+            }
+            Ok::<_, String>(paths)
+        })
+        .await
+        .map_err(|e| StartError::Failed(format!("preparing volumes: {e}")))?
+        .map_err(StartError::NotReady)?;
         let mut options = create_options(record, template, image, t.attempt, &paths);
         options.resources.pids_limit = self.config.pids_limit;
         if let Some(ip) = record.ip {
