@@ -1,7 +1,8 @@
 //! Which containers' kat-init the runtime's reaper threads still wait for, with a way to
 //! wait until one is reaped. A kat-init that died without writing its exit record gets one
 //! from its reaper a moment after the process is gone; a status read in that moment waits
-//! for the reaper's word (a condition variable) instead of polling.
+//! for the reaper's word (a condition variable) instead of polling; an async stop waits on
+//! the same word through [`Reaping::reaped`].
 
 use std::collections::HashSet;
 use std::sync::{Condvar, Mutex};
@@ -11,6 +12,7 @@ use std::time::Duration;
 pub struct Reaping {
     ids: Mutex<HashSet<String>>,
     reaped: Condvar,
+    reaped_async: tokio::sync::Notify,
 }
 
 impl Reaping {
@@ -27,6 +29,14 @@ impl Reaping {
             ids.remove(id);
         }
         self.reaped.notify_all();
+        self.reaped_async.notify_waiters();
+    }
+
+    /// Resolves at the next reaper's word (any container's). Enable the returned future
+    /// (`Notified::enable`) before checking a container's state, so that a word between the
+    /// check and the wait is not missed.
+    pub fn reaped(&self) -> tokio::sync::futures::Notified<'_> {
+        self.reaped_async.notified()
     }
 
     /// Blocks until `id` is not being reaped, at most `timeout`; true if it is not.
@@ -83,5 +93,31 @@ mod tests {
         let t0 = Instant::now();
         assert!(!reaping.wait_until_reaped("stuck", Duration::from_millis(100)));
         assert!(t0.elapsed() >= Duration::from_millis(100));
+    }
+
+    /// An async waiter that enabled its wait before checking is woken by the reaper's word,
+    /// at once, not at some poll.
+    #[tokio::test]
+    async fn an_async_waiter_wakes_at_the_reapers_word() {
+        let reaping = Arc::new(Reaping::default());
+        reaping.started("a");
+        let waiter = {
+            let reaping = reaping.clone();
+            tokio::spawn(async move {
+                let reaped = reaping.reaped();
+                tokio::pin!(reaped);
+                reaped.as_mut().enable();
+                let t0 = Instant::now();
+                reaped.await;
+                t0.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        reaping.done("a");
+        let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert!(waited < Duration::from_secs(1), "{waited:?}");
     }
 }

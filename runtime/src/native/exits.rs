@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How often a stop reads the state of a container no reaper of ours waits for.
+const ADOPTED_POLL: Duration = Duration::from_millis(100);
+
 impl NativeRuntime {
     pub(super) fn status_of(&self, id: &str, meta: Meta) -> ContainerStatus {
         let container = self.load_container(id);
@@ -63,17 +66,27 @@ impl NativeRuntime {
         }
     }
 
+    /// Waits for `id` to stop: woken by its reaper the moment kat-init is reaped; a
+    /// container adopted from an earlier agent has no reaper here, so its state is also read
+    /// every [`ADOPTED_POLL`].
     pub(super) async fn wait_until_exited(&self, id: &str, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
+            let reaped = self.reaping.reaped();
+            tokio::pin!(reaped);
+            reaped.as_mut().enable();
             match read_in_place(|| self.load_container(id).map(|c| c.status())) {
                 Some(LcStatus::Stopped) | None => return true,
                 _ => {}
             }
-            if tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 return false;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::select! {
+                () = reaped => {}
+                () = tokio::time::sleep(ADOPTED_POLL.min(deadline - now)) => {}
+            }
         }
     }
 }
