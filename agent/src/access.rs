@@ -311,24 +311,37 @@ impl InstanceAccess for LocalAccess {
         let (in_tx, mut in_rx) = mpsc::channel::<ExecInput>(64);
         let (out_tx, out_rx) = mpsc::channel::<ExecOutput>(64);
 
+        // Every pipe on the reactor first; if one cannot be, the process goes (it would
+        // otherwise run on with nobody reading or writing it).
+        let pipes = (|| -> std::io::Result<_> {
+            let pty = match handle.pty.take() {
+                Some(pty) => Some(Arc::new(AsyncPipe::new(pty)?)),
+                None => None,
+            };
+            let outputs: Vec<(Arc<AsyncPipe>, bool)> = match &pty {
+                Some(pty) => vec![(pty.clone(), false)],
+                None => [(handle.stdout.take(), false), (handle.stderr.take(), true)]
+                    .into_iter()
+                    .filter_map(|(f, err)| Some((f?, err)))
+                    .map(|(f, err)| Ok((Arc::new(AsyncPipe::new(f)?), err)))
+                    .collect::<std::io::Result<_>>()?,
+            };
+            let stdin: Option<Arc<AsyncPipe>> = match (&pty, handle.stdin.take()) {
+                (Some(pty), _) => Some(pty.clone()),
+                (None, Some(f)) => Some(Arc::new(AsyncPipe::new(f)?)),
+                (None, None) => None,
+            };
+            Ok((pty, outputs, stdin))
+        })();
+        let (pty, outputs, mut stdin) = match pipes {
+            Ok(pipes) => pipes,
+            Err(e) => {
+                handle.kill_tree();
+                return Err(AccessError::Failed(format!("the exec's pipes: {e}")));
+            }
+        };
         // Output: a task per stream on the reactor, ending at EOF (a terminal's master
         // reads EIO once the process is gone: the end too).
-        let failed = |what: &str, e: std::io::Error| AccessError::Failed(format!("{what}: {e}"));
-        let pty = match handle.pty.take() {
-            Some(pty) => Some(Arc::new(
-                AsyncPipe::new(pty).map_err(|e| failed("the exec's terminal", e))?,
-            )),
-            None => None,
-        };
-        let outputs: Vec<(Arc<AsyncPipe>, bool)> = match &pty {
-            Some(pty) => vec![(pty.clone(), false)],
-            None => [(handle.stdout.take(), false), (handle.stderr.take(), true)]
-                .into_iter()
-                .filter_map(|(f, err)| Some((f?, err)))
-                .map(|(f, err)| Ok((Arc::new(AsyncPipe::new(f)?), err)))
-                .collect::<std::io::Result<_>>()
-                .map_err(|e| failed("the exec's output", e))?,
-        };
         let mut readers = Vec::new();
         for (pipe, is_stderr) in outputs {
             let tx = out_tx.clone();
@@ -353,13 +366,6 @@ impl InstanceAccess for LocalAccess {
             }));
         }
         // Input: stdin bytes, close and resize.
-        let mut stdin: Option<Arc<AsyncPipe>> = match (&pty, handle.stdin.take()) {
-            (Some(pty), _) => Some(pty.clone()),
-            (None, Some(f)) => Some(Arc::new(
-                AsyncPipe::new(f).map_err(|e| failed("the exec's input", e))?,
-            )),
-            (None, None) => None,
-        };
         let tty = pty.is_some();
         // A write to a process that never reads its stdin waits once the pipe is full: a
         // task waiting for the descriptor to be writable, never a blocked thread.

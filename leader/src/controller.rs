@@ -525,7 +525,13 @@ impl Leader {
     pub async fn sync(&mut self) -> Result<RoundReport> {
         self.catch_up().await?;
         let plan = self.decide();
-        self.commit(plan).await
+        let report = self.commit(plan).await;
+        if report.is_err() {
+            // The statuses this round meant to write may not be in the store: the next
+            // round writes every status again rather than trust what it remembers.
+            self.memory.statuses.clear();
+        }
+        report
     }
 
     fn decide(&mut self) -> Plan {

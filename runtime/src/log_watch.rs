@@ -64,8 +64,10 @@ impl LogWatcher {
             | AddWatchFlags::IN_CLOSE_WRITE
             | AddWatchFlags::IN_DONT_FOLLOW
             | AddWatchFlags::IN_ONLYDIR;
-        let wd = self.fd.get_ref().0.add_watch(dir, mask)?;
+        // Under the lock: a last follower leaving now cannot remove the watch this call is
+        // given (the kernel hands out the same descriptor for the same directory).
         let mut dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        let wd = self.fd.get_ref().0.add_watch(dir, mask)?;
         // The same directory twice is the same descriptor: followers share it.
         let watched = dirs.entry(wd).or_insert_with(|| Watched {
             version: watch::channel(0).0,

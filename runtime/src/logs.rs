@@ -245,8 +245,10 @@ impl Tail {
         let mut records = Vec::new();
         if let Some((file, _, offset)) = self.current.as_mut() {
             let mut buf = Vec::new();
+            // Bounded: the file is the workload's to write (it shares two reader threads
+            // with every other follower on the node).
             if file.seek(SeekFrom::Start(*offset)).is_ok()
-                && file.read_to_end(&mut buf).is_ok()
+                && (&mut *file).take(MAX_READ).read_to_end(&mut buf).is_ok()
                 && !buf.is_empty()
             {
                 *offset += buf.len() as u64;
@@ -263,7 +265,7 @@ impl Tail {
             }
         }
         // Rotation: the name now points at a new file; the old one was read to its end.
-        let on_disk = std::fs::metadata(&self.path).map(|m| m.ino()).ok();
+        let on_disk = std::fs::symlink_metadata(&self.path).map(|m| m.ino()).ok();
         if on_disk.is_some() && on_disk != self.current.as_ref().map(|c| c.1) {
             if let Ok(file) = crate::state_file::open_untrusted(&self.path) {
                 let inode = file.metadata().map(|m| m.ino()).unwrap_or(0);
@@ -283,6 +285,9 @@ async fn follow(
     mut watch: Option<crate::log_watch::DirWatch>,
 ) {
     let mut idle_after_exit = 0;
+    // Woken by a change that brought no log line: most often kat-init's exit record, its
+    // process a moment from gone. The next check comes soon, not a [`RECHECK`] later.
+    let mut changed_without_lines = false;
     loop {
         if tx.is_closed() {
             return;
@@ -302,6 +307,7 @@ async fn follow(
             }
         }
         if progressed {
+            changed_without_lines = false;
             continue;
         }
         let check = running.clone();
@@ -314,10 +320,11 @@ async fn follow(
             tokio::time::sleep(POLL).await;
             continue;
         }
+        let recheck = if changed_without_lines { POLL } else { RECHECK };
         match watch.as_mut() {
             Some(w) => tokio::select! {
-                () = w.changed() => {}
-                () = tokio::time::sleep(RECHECK) => {}
+                () = w.changed() => changed_without_lines = true,
+                () = tokio::time::sleep(recheck) => changed_without_lines = false,
                 () = tx.closed() => return,
             },
             None => tokio::select! {

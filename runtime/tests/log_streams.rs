@@ -66,3 +66,47 @@ fn without_a_watcher_following_reads_on_a_timer() {
         assert_eq!(r.text, "late");
     });
 }
+
+/// kat-init writes its exit record, then exits: a follower ends a moment later, not a
+/// whole recheck interval later.
+#[test]
+fn a_follower_ends_soon_after_the_exit_record() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("stdio.log"), line("last")).unwrap();
+        let watcher = LogWatcher::new().unwrap();
+        let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = running.clone();
+        let options = LogOptions {
+            follow: true,
+            ..Default::default()
+        };
+        let mut rx = logs::stream(
+            dir.path().to_path_buf(),
+            options,
+            move || flag.load(std::sync::atomic::Ordering::SeqCst),
+            Some(&watcher),
+        )
+        .unwrap();
+        assert_eq!(rx.recv().await.unwrap().text, "last");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t0 = Instant::now();
+        std::fs::write(dir.path().join("exit.json"), "{}").unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        running.store(false, std::sync::atomic::Ordering::SeqCst);
+        let end = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("the stream ends");
+        assert!(end.is_none());
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_millis(600),
+            "ended {took:?} after the exit record"
+        );
+    });
+}

@@ -758,7 +758,10 @@ async fn probe(
     {
         // Drained and dropped, by a task on the reactor (not a thread per probe).
         let Ok(out) = kat_runtime::async_pipe::AsyncPipe::new(out) else {
-            continue;
+            // Nobody would read it: the probe would stall on a full pipe. It fails instead.
+            tracing::debug!(%container, "cannot drain a probe's output; the probe fails");
+            handle.kill_tree();
+            return false;
         };
         tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
