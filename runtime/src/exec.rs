@@ -20,7 +20,9 @@
 //!
 //! The child runs only async-signal-safe system calls between fork and exec: everything it
 //! needs (namespace fds, paths, ids) is prepared before the fork. It reports the step it is
-//! on over a pipe, so a failure says which step failed.
+//! on over a pipe, so a failure says which step failed. That is why capability sets are
+//! raw `capset` masks here and not the `caps` crate, whose calls build `HashSet`s: memory
+//! allocation is not safe between fork and exec.
 
 use std::ffi::CString;
 use std::fs::File;
