@@ -20,9 +20,9 @@
 //!
 //! The child runs only async-signal-safe system calls between fork and exec: everything it
 //! needs (namespace fds, paths, ids) is prepared before the fork. It reports the step it is
-//! on over a pipe, so a failure says which step failed. That is why capability sets are
-//! raw `capset` masks here and not the `caps` crate, whose calls build `HashSet`s: memory
-//! allocation is not safe between fork and exec.
+//! on over a pipe, so a failure says which step failed. Capabilities are therefore raw
+//! masks, not the `caps` crate (which sets one set per call, from a `HashSet`): the
+//! container's three masks, read from its PID 1 before the fork, go in with one `capset`.
 
 use std::ffi::CString;
 use std::fs::File;
