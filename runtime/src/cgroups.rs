@@ -15,6 +15,11 @@
 //!   and chowned to it once by root (`prepare_v1_parent`).
 //!
 //! `cgroupsPath` is always set, so libcontainer never invents a top-level cgroup.
+//!
+//! Usage is read here, not through `libcgroups`' `stats()`: that needs a manager per
+//! container (for a systemd scope, one with its own D-Bus connection) and reads every
+//! controller it finds (hugetlb, blkio, all of `memory.stat`), where a heartbeat needs three
+//! numbers per container, from three files ([`Cgroups::usage`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
