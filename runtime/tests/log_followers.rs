@@ -2,6 +2,9 @@
 //! new line at once and ends when the container does. Alone in its binary: the thread count
 //! it measures is the whole process's.
 
+mod log_common;
+
+use log_common::{agent_runtime, line};
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,18 +25,10 @@ fn threads() -> usize {
         .unwrap()
 }
 
-fn line(text: &str) -> String {
-    format!("2026-11-26T10:00:00.000000000Z stdout F {text}\n")
-}
-
 /// Two worker threads, as on the agent's runtime.
 #[test]
 fn two_hundred_followers_hold_no_thread_each() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = agent_runtime();
     runtime.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("stdio.log");

@@ -1,25 +1,20 @@
 //! Following a log: a follower that goes away leaves nothing behind; without change notices
 //! it reads on a timer.
 
+mod log_common;
+
+use log_common::{agent_runtime, line};
 use std::time::{Duration, Instant};
 
 use kat_runtime::log_watch::LogWatcher;
 use kat_runtime::logs;
 use kat_runtime::LogOptions;
 
-fn line(text: &str) -> String {
-    format!("2026-11-26T10:00:00.000000000Z stdout F {text}\n")
-}
-
 /// A follower that goes away (the client hung up) ends its task and its watch even though
 /// the container still runs and writes nothing.
 #[test]
 fn a_dropped_follower_leaves_nothing_behind() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = agent_runtime();
     runtime.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("stdio.log"), line("only")).unwrap();
@@ -44,11 +39,7 @@ fn a_dropped_follower_leaves_nothing_behind() {
 /// Without change notices (no inotify), following still works by reading on a timer.
 #[test]
 fn without_a_watcher_following_reads_on_a_timer() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = agent_runtime();
     runtime.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("stdio.log");
@@ -71,11 +62,7 @@ fn without_a_watcher_following_reads_on_a_timer() {
 /// whole recheck interval later.
 #[test]
 fn a_follower_ends_soon_after_the_exit_record() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = agent_runtime();
     runtime.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("stdio.log"), line("last")).unwrap();
