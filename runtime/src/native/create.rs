@@ -4,6 +4,17 @@
 use super::*;
 
 impl NativeRuntime {
+    /// The node's id range, or the error every create gives when it has none.
+    pub(super) fn id_range(&self) -> Result<NodeIdRange> {
+        self.range
+            .as_ref()
+            .copied()
+            .map_err(|e| RuntimeError::InvalidOption {
+                field: "userns".into(),
+                reason: e.clone(),
+            })
+    }
+
     /// Checks limits against what is possible; returns warnings for what cannot be enforced.
     pub(super) fn check_limits(&self, r: &Resources) -> Result<Vec<String>> {
         if r.memory_limit_bytes > 0 && r.memory_limit_bytes < 4 * 1024 * 1024 {
@@ -144,13 +155,7 @@ impl NativeRuntime {
             record.config.working_dir.clone()
         };
 
-        let range = *self
-            .range
-            .as_ref()
-            .map_err(|e| RuntimeError::InvalidOption {
-                field: "userns".into(),
-                reason: e.clone(),
-            })?;
+        let range = self.id_range()?;
         let slot = self.acquire_slot(options)?;
         let ids = range.slot_map(slot, !nix::unistd::geteuid().is_root());
         let host_root = range.slot_root(slot);
@@ -368,13 +373,7 @@ impl NativeRuntime {
 
     /// Runs an ownership task off the async threads (see [`crate::id_tool`]).
     pub(super) async fn id_task(&self, task: IdTask) -> Result<()> {
-        let range = *self
-            .range
-            .as_ref()
-            .map_err(|e| RuntimeError::InvalidOption {
-                field: "userns".into(),
-                reason: e.clone(),
-            })?;
+        let range = self.id_range()?;
         let program = self.config.create_helper.clone();
         blocking("changing file ownership", move || {
             crate::id_tool::run(&program, &range, &task)
@@ -384,13 +383,7 @@ impl NativeRuntime {
 
     /// The slice of this container's workload, allocated on first use and kept.
     pub(super) fn acquire_slot(&self, options: &CreateOptions) -> Result<u32> {
-        let range = self
-            .range
-            .as_ref()
-            .map_err(|e| RuntimeError::InvalidOption {
-                field: "userns".into(),
-                reason: e.clone(),
-            })?;
+        let range = self.id_range()?;
         let key = WorkloadKey::new(&options.namespace, &options.workload);
         let mut guard = self
             .slices
@@ -403,7 +396,7 @@ impl NativeRuntime {
                 // unpacker's when the range has room for it.
                 range
                     .slots()
-                    .saturating_sub(if UnpackSandbox::slot(range).is_some() {
+                    .saturating_sub(if UnpackSandbox::slot(&range).is_some() {
                         2
                     } else {
                         1
@@ -490,26 +483,13 @@ impl NativeRuntime {
         if dest.is_dir() {
             return Ok(dest);
         }
-        let slice_root = self
-            .range
-            .as_ref()
-            .map_err(|e| RuntimeError::InvalidOption {
-                field: "userns".into(),
-                reason: e.clone(),
-            })?
-            .slot_root(slot);
+        let slice_root = self.id_range()?.slot_root(slot);
         fs::create_dir_all(&slice_dir).context(|| format!("creating {}", slice_dir.display()))?;
         fs::set_permissions(&slice_dir, fs::Permissions::from_mode(0o700))
             .context(|| format!("chmod {}", slice_dir.display()))?;
         crate::acl::searchable_by(&slice_dir, &[slice_root.0])
             .context(|| format!("setting an ACL on {}", slice_dir.display()))?;
-        let range = *self
-            .range
-            .as_ref()
-            .map_err(|e| RuntimeError::InvalidOption {
-                field: "userns".into(),
-                reason: e.clone(),
-            })?;
+        let range = self.id_range()?;
         let tmp = dest.with_extension(format!(
             "partial-{}-{}",
             std::process::id(),
