@@ -1,6 +1,11 @@
 //! What KAT's end-to-end tests share, so that each test file holds its scenarios and not its
-//! own copy of the plumbing: the workspace's built binaries, a free loopback port, and waits
-//! on a condition (never a fixed sleep before an assertion).
+//! own copy of the plumbing: the workspace's built binaries, a free loopback port, waits
+//! on a condition (never a fixed sleep before an assertion), and katcall with typed answers
+//! ([`katcall`]).
+
+pub mod katcall;
+
+pub use katcall::Katcall;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -54,6 +59,20 @@ pub fn wait(what: &str, timeout: Duration, ok: impl FnMut() -> bool) -> Duration
         .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
 }
 
+/// Checks `ok` for the whole of `window` and panics with `what` the first time it does
+/// not hold: how a test says "this never happens" (an instance running twice, a build
+/// repeated) instead of sleeping and looking once.
+pub fn holds_for(what: &str, window: Duration, mut ok: impl FnMut() -> bool) {
+    let started = Instant::now();
+    loop {
+        assert!(ok(), "{what} stopped holding after {:?}", started.elapsed());
+        if started.elapsed() >= window {
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +89,27 @@ mod tests {
         let started = Instant::now();
         assert!(wait_until(Duration::from_millis(300), || false).is_none());
         assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[test]
+    fn holding_is_checked_through_the_window() {
+        let mut n = 0;
+        holds_for("n below 100", Duration::from_millis(500), || {
+            n += 1;
+            n < 100
+        });
+        assert!(n >= 2, "checked more than once: {n}");
+        let failed = std::panic::catch_unwind(|| {
+            let mut n = 0;
+            holds_for("n below 3", Duration::from_secs(5), || {
+                n += 1;
+                n < 3
+            })
+        });
+        assert!(
+            failed.is_err(),
+            "a condition that stops holding fails the check"
+        );
     }
 
     #[test]

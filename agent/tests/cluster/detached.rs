@@ -4,13 +4,7 @@ use super::*;
 
 /// katcall in host `i`'s namespace with the config file `config`.
 fn katcall_with(h: &Hosts, i: usize, config: &Path, args: &[&str]) -> Output {
-    h.in_ns(i)
-        .arg(bin("katcall"))
-        .args(args)
-        .env("KAT_CONFIG", config)
-        .stdin(Stdio::null())
-        .output()
-        .expect("katcall")
+    h.katcall_as(i, config).run(args)
 }
 
 /// Shells on this machine whose command line holds `marker`: one per running container of a
@@ -160,17 +154,19 @@ fn detached_laptop_rejoins() {
     wait("n1 and the laptop Ready", Duration::from_secs(90), || {
         h.ready_nodes(1) == ["n1", laptop.as_str()]
     });
-    let nodes = h.json(1, &["get", "nodes", "-o", "json"]);
-    let n4 = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["metadata"]["name"] == laptop.as_str())
-        .unwrap()
-        .clone();
+    let n4 = h
+        .k(1)
+        .nodes()
+        .into_iter()
+        .find(|n| n.metadata.name == *laptop)
+        .expect("the laptop listed");
     assert_eq!(
-        n4["metadata"]["labels"]["kat.dws.rip/nodeType"], "laptop",
-        "{n4}"
+        n4.metadata
+            .labels
+            .get("kat.dws.rip/nodeType")
+            .map(String::as_str),
+        Some("laptop"),
+        "{n4:?}"
     );
 
     // A parent Service with an instance on each node.
@@ -200,11 +196,17 @@ fn detached_laptop_rejoins() {
     });
     let detached_after = cut_at.elapsed();
     let local = h.data(WORKER).join("detached").join("katcall.yaml");
-    let listed = katcall_with(&h, WORKER, &local, &["get", "nodes", "-o", "json"]);
-    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap_or(Value::Null);
-    assert_eq!(listed[0]["metadata"]["name"], laptop.as_str(), "{listed}");
-    assert_eq!(listed[0]["detached"]["parentCluster"], "trio", "{listed}");
-    assert!(listed[0]["detached"]["since"].is_string(), "{listed}");
+    let listed = h.katcall_as(WORKER, &local).nodes();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].metadata.name, *laptop, "{listed:?}");
+    assert_eq!(
+        listed[0]
+            .detached
+            .as_ref()
+            .map(|d| d.parent_cluster.as_str()),
+        Some("trio"),
+        "{listed:?}"
+    );
     let table = katcall_with(&h, WORKER, &local, &["get", "nodes"]);
     assert!(
         String::from_utf8_lossy(&table.stdout).contains("Detached"),

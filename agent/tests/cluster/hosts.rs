@@ -308,21 +308,18 @@ impl Hosts {
     /// katcall in host `i`'s namespace, with the admin config `init` wrote (its endpoint,
     /// 127.0.0.1:apiPort, is that host's own API).
     pub(crate) fn katcall(&self, i: usize, args: &[&str]) -> Output {
-        self.in_ns(i)
-            .arg(bin("katcall"))
-            .args(args)
-            .env("KAT_CONFIG", self.client_config(1))
-            .stdin(Stdio::null())
-            .output()
-            .expect("katcall")
+        self.k(i).run(args)
     }
 
-    pub(crate) fn json(&self, i: usize, args: &[&str]) -> Value {
-        let out = self.katcall(i, args);
-        if !out.status.success() {
-            return Value::Null;
-        }
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    /// katcall in host `i`'s namespace with typed answers (see [`Hosts::katcall`]).
+    pub(crate) fn k(&self, i: usize) -> Katcall {
+        self.katcall_as(i, &self.client_config(1))
+    }
+
+    /// katcall in host `i`'s namespace with the client config at `config`.
+    pub(crate) fn katcall_as(&self, i: usize, config: &Path) -> Katcall {
+        let net = format!("--net=/run/netns/{}", self.ns(i));
+        Katcall::new(config).under(&["nsenter", &net, "--"])
     }
 
     /// etcdctl against host `i`'s etcd, with n1's certificate.
@@ -394,44 +391,32 @@ impl Hosts {
 
     /// The node `get nodes -o json` marks as the leader; panics if more than one is.
     pub(crate) fn leader_node(&self, via: usize) -> Option<String> {
-        let nodes = self.json(via, &["get", "nodes", "-o", "json"]);
+        let nodes = self.k(via).nodes();
         let leaders: Vec<String> = nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| n["leader"] == true)
-            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+            .iter()
+            .filter(|n| n.leader)
+            .map(|n| n.metadata.name.clone())
             .collect();
-        assert!(leaders.len() <= 1, "one leader at most: {nodes}");
+        assert!(leaders.len() <= 1, "one leader at most: {nodes:?}");
         leaders.into_iter().next()
     }
 
     pub(crate) fn ready_nodes(&self, via: usize) -> Vec<String> {
-        self.json(via, &["get", "nodes", "-o", "json"])
-            .as_array()
-            .map(|l| {
-                l.iter()
-                    .filter(|n| n["state"] == "Ready")
-                    .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.k(via)
+            .nodes()
+            .into_iter()
+            .filter(|n| n.state == NodeState::Ready)
+            .map(|n| n.metadata.name)
+            .collect()
     }
 
     /// Running instances of `workload` by node.
     pub(crate) fn running(&self, via: usize, workload: &str) -> BTreeMap<String, usize> {
         let mut by_node = BTreeMap::new();
-        if let Some(list) = self
-            .json(via, &["get", "workload", "-o", "json"])
-            .as_array()
-        {
-            for w in list.iter().filter(|w| w["metadata"]["name"] == workload) {
-                for i in w["status"]["instances"].as_array().into_iter().flatten() {
-                    if i["state"] == "Running" {
-                        let node = i["node"].as_str().unwrap_or("?").to_string();
-                        *by_node.entry(node).or_default() += 1;
-                    }
-                }
+        for i in self.k(via).instances(workload) {
+            if i.state == InstanceState::Running {
+                let node = i.node.unwrap_or_else(|| "?".into());
+                *by_node.entry(node).or_default() += 1;
             }
         }
         by_node
@@ -473,14 +458,12 @@ pub(crate) fn printed_join(log: &str) -> Option<(String, String)> {
 
 /// A control-plane join token made with katcall on n1, as an admin adds an etcd member.
 pub(crate) fn control_plane_token(h: &Hosts) -> String {
-    let out = h.katcall(
-        1,
-        &["create", "join-token", "--control-plane", "-o", "json"],
-    );
-    assert!(out.status.success(), "{out:?}");
-    let token: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(token["role"], "control-plane", "{token}");
-    token["token"].as_str().unwrap().to_string()
+    let token: NewJoinToken = h
+        .k(1)
+        .json(&["create", "join-token", "--control-plane", "-o", "json"])
+        .expect("a control-plane join token as JSON");
+    assert_eq!(token.role, JoinRole::ControlPlane, "{token:?}");
+    token.token
 }
 
 /// `kat-agent init` on n1: the (worker token, CA pin) it printed.
@@ -586,14 +569,11 @@ pub(crate) fn kill_leader(h: &mut Hosts) -> (usize, usize, Duration) {
 
 /// Running instances of `workload` as the nodes themselves report them (records or not).
 pub(crate) fn reported_running(h: &Hosts, via: usize, workload: &str) -> usize {
-    h.json(via, &["top", "instances", "-o", "json"])
-        .as_array()
-        .map(|l| {
-            l.iter()
-                .filter(|i| i["workload"] == workload && i["state"] == "Running")
-                .count()
-        })
-        .unwrap_or(0)
+    h.k(via)
+        .reported()
+        .iter()
+        .filter(|i| i.workload == workload && i.state == InstanceState::Running)
+        .count()
 }
 
 /// Apply a one-replica Service `name` placed on the worker by its hostname label, through
@@ -621,19 +601,10 @@ pub(crate) fn pinned(h: &Hosts, via: usize, name: &str) {
         Duration::from_secs(60),
         || h.running(via, name).get(&format!("n{WORKER}")) == Some(&1),
     );
-    let workloads = h.json(via, &["get", "workloads", "-o", "json"]);
-    let id = workloads
-        .as_array()
+    let id = instances(h, via, name)
         .into_iter()
-        .flatten()
-        .filter(|w| w["metadata"]["name"] == name)
-        .flat_map(|w| {
-            w["status"]["instances"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .find_map(|i| i["instanceID"].as_str().map(str::to_string))
+        .next()
+        .map(|i| i.instance_id)
         .expect("the instance");
     let target = format!("{name}/{id}");
     wait(
@@ -652,15 +623,9 @@ pub(crate) fn pinned(h: &Hosts, via: usize, name: &str) {
     );
 }
 
-/// The instances of `workload` (JSON objects), through node `via`.
-pub(crate) fn instances(h: &Hosts, via: usize, workload: &str) -> Vec<Value> {
-    h.json(via, &["get", "workloads", "-o", "json"])
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|w| w["metadata"]["name"] == workload)
-        .and_then(|w| w["status"]["instances"].as_array().cloned())
-        .unwrap_or_default()
+/// The instances of `workload`, through node `via`.
+pub(crate) fn instances(h: &Hosts, via: usize, workload: &str) -> Vec<InstanceStatus> {
+    h.k(via).instances(workload)
 }
 
 /// Writes `workload.kat` for `name` (and `job.kat` for a Job) and applies it through n1.

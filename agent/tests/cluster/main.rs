@@ -20,7 +20,10 @@
 //! Needs root (network namespaces, users), etcd, etcdctl, docker-registry and the fixtures of
 //! `scripts/test-fixtures.sh` (KAT_TEST_LAYOUT); `scripts/test.sh` provides all of them.
 
-use kat_testkit::{bin, wait};
+use kat_api::wire::{
+    BackupRecord, Health, InstanceState, InstanceStatus, JoinRole, NewJoinToken, NodeState,
+};
+use kat_testkit::{bin, holds_for, wait, Katcall};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

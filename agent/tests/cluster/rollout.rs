@@ -46,9 +46,9 @@ fn web_rolled_to(h: &Hosts, version: u64) -> bool {
     let list = instances(h, 1, "web");
     list.len() == 3
         && list.iter().all(|i| {
-            i["generation"].as_u64() == Some(version)
-                && i["state"] == "Running"
-                && i["health"] == "Healthy"
+            i.generation == version
+                && i.state == InstanceState::Running
+                && i.health == Health::Healthy
         })
 }
 
@@ -164,9 +164,9 @@ while True:
         let list = instances(&h, 1, "web");
         list.len() == 3
             && list.iter().all(|i| {
-                i["generation"].as_u64().is_some_and(|g| g >= 3)
-                    && i["state"] == "Running"
-                    && i["health"] == "Healthy"
+                i.generation >= 3
+                    && i.state == InstanceState::Running
+                    && i.health == Health::Healthy
             })
     });
     eprintln!("rollback: {:.1} s", rollback.as_secs_f64());
@@ -184,7 +184,7 @@ while True:
         streams.push(samples(&text));
     }
     for i in instances(&h, 1, "probe") {
-        let id = i["instanceID"].as_str().unwrap_or_default().to_string();
+        let id = i.instance_id;
         let text = String::from_utf8_lossy(&h.katcall(1, &["logs", &format!("probe/{id}")]).stdout)
             .into_owned();
         streams.push(samples(&text));

@@ -1,0 +1,347 @@
+//! The one-node cluster the steps share: `kat-agent init` on a temporary data directory,
+//! katcall against it, and the host's view of its workload processes.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use kat_api::wire::{InstanceStatus, WorkloadObject};
+use kat_testkit::{bin, free_port, Katcall};
+
+pub(crate) struct Cluster {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) api_port: u16,
+    pub(crate) etcd_port: u16,
+    pub(crate) agent: Option<Child>,
+    pub(crate) registry: String,
+    pub(crate) init: PathBuf,
+    /// A resolver standing in for the internet: the node's DNS forwards other names here.
+    pub(crate) upstream: std::net::SocketAddr,
+}
+
+/// A DNS server on loopback that knows `www.outside.example.test` (192.0.2.77): what the
+/// node's forwarder asks for names outside the cluster domain in this test.
+pub(crate) fn outside_resolver() -> std::net::SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let record = kat_api::wire::DnsRecord {
+                namespace: "outside".into(),
+                workload: "www".into(),
+                instance_id: "www-1".into(),
+                ip: "192.0.2.77".parse().unwrap(),
+                ready: true,
+            };
+            let table = kat_netns::dns::Table::new("example.test", &[record]).unwrap();
+            let (_keep, table) = tokio::sync::watch::channel(std::sync::Arc::new(table));
+            let server = kat_netns::dns::DnsServer::new(
+                table,
+                kat_netns::dns::Forwarder::new(vec![], Duration::from_secs(1)),
+            );
+            let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            tx.send(socket.local_addr().unwrap()).unwrap();
+            let _ = server.serve_udp(socket).await;
+        });
+    });
+    rx.recv().expect("the outside resolver")
+}
+
+/// The unprivileged user the agent runs as, if any.
+pub(crate) fn agent_user() -> Option<String> {
+    std::env::var("KAT_TEST_AGENT_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
+impl Cluster {
+    pub(crate) fn start() -> Cluster {
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| {
+                panic!("{name} is not set: run `source <(scripts/test-fixtures.sh)` first (scripts/test.sh does)")
+            })
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("kat-e2e-")
+            .tempdir()
+            .expect("temp dir");
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .expect("chmod");
+        if let Some(user) = agent_user() {
+            let status = Command::new("chown")
+                .args([&format!("{user}:"), &dir.path().display().to_string()])
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown of the test directory to {user}");
+        }
+        let api_port = free_port();
+        let etcd_port = free_port();
+        let cluster = format!(
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: ClusterConfiguration
+metadata:
+  name: e2e
+spec:
+  clusterCIDR: 10.100.0.0/16
+  serviceCIDR: 10.200.0.0/16
+  apiPort: {api_port}
+  etcdClientPort: {}
+  etcdPeerPort: {}
+  agentTickSeconds: 2
+  nodeLossTimeoutSeconds: 30
+  volumeBasePath: {}
+  backupPath: {}
+  backupIntervalMinutes: 1
+  backupRetention: 2
+",
+            etcd_port,
+            free_port(),
+            dir.path().join("volumes").display(),
+            dir.path().join("backups").display()
+        );
+        std::fs::write(dir.path().join("cluster.kat"), cluster).expect("write cluster.kat");
+        let mut c = Cluster {
+            dir,
+            api_port,
+            etcd_port,
+            agent: None,
+            registry: var("KAT_TEST_REGISTRY"),
+            init: PathBuf::from(var("KAT_INIT")),
+            upstream: outside_resolver(),
+        };
+        c.spawn_agent(&["init", "--config", &c.path("cluster.kat")]);
+        c.wait("the node to be Ready", Duration::from_secs(30), |c| {
+            c.katcall_ok(&["get", "nodes"]).contains("Ready")
+        });
+        c
+    }
+
+    pub(crate) fn path(&self, p: &str) -> String {
+        self.dir.path().join(p).display().to_string()
+    }
+
+    pub(crate) fn spawn_agent(&mut self, args: &[&str]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("agent.log"))
+            .expect("agent log");
+        let mut cmd = match agent_user() {
+            Some(user) => {
+                // setpriv executes the agent in place (runuser would fork and stand
+                // between us and the agent we kill -9).
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid", &user, "--regid", &user, "--init-groups", "--"])
+                    .arg(bin("kat-agent"))
+                    .env("HOME", self.dir.path());
+                c
+            }
+            None => Command::new(bin("kat-agent")),
+        };
+        cmd.args(args)
+            .args(["--data-dir", &self.path("data")])
+            .args(["--node-name", "e2e-node"])
+            .args(["--client-config", &self.path("katcall.yaml")])
+            .args(["--insecure-registry", &self.registry])
+            .args(["--stop-grace-seconds", "2"])
+            .args(["--api-bind", "127.0.0.1"])
+            .args(["--dns-upstream", &self.upstream.to_string()])
+            .env("KAT_INIT", &self.init)
+            .stdout(Stdio::from(log.try_clone().expect("log")))
+            .stderr(Stdio::from(log));
+        if let Ok(parent) = std::env::var("KAT_TEST_CGROUP_PARENT") {
+            cmd.args(["--cgroup-parent", &parent]);
+        }
+        self.agent = Some(cmd.spawn().expect("start kat-agent"));
+    }
+
+    /// katcall with the admin config `init` wrote, typed answers and all.
+    pub(crate) fn k(&self) -> Katcall {
+        Katcall::new(self.path("katcall.yaml"))
+    }
+
+    pub(crate) fn katcall(&self, args: &[&str]) -> Output {
+        self.k().run(args)
+    }
+
+    pub(crate) fn katcall_ok(&self, args: &[&str]) -> String {
+        let out = self.katcall(args);
+        if !out.status.success() {
+            return String::new();
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub(crate) fn must(&self, args: &[&str]) -> String {
+        let out = self.katcall(args);
+        assert!(
+            out.status.success(),
+            "katcall {args:?} failed: {}{}\nagent log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.agent_log_tail()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub(crate) fn agent_log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    pub(crate) fn wait(&self, what: &str, timeout: Duration, mut ok: impl FnMut(&Cluster) -> bool) {
+        if kat_testkit::wait_until(timeout, || ok(self)).is_some() {
+            return;
+        }
+        panic!(
+            "timed out waiting for {what}\nagent log:\n{}",
+            self.agent_log_tail()
+        );
+    }
+
+    pub(crate) fn workload(&self, name: &str) -> Option<WorkloadObject> {
+        self.k().workload(name)
+    }
+
+    pub(crate) fn instances(&self, name: &str) -> Vec<InstanceStatus> {
+        self.k().instances(name)
+    }
+
+    /// Write a workload directory and apply it.
+    pub(crate) fn apply(&self, dir: &str, files: &[(&str, String)]) -> String {
+        let path = self.dir.path().join(dir);
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("workload dir");
+        for (name, text) in files {
+            std::fs::write(path.join(name), text).expect("write quadlet");
+        }
+        self.must(&["apply", "-f", &path.display().to_string()])
+    }
+
+    pub(crate) fn curl(&self, args: &[&str]) -> (u16, String) {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "-",
+                "-w",
+                "\n%{http_code}",
+                "--cacert",
+                &self.path("data/pki/ca.crt"),
+            ])
+            .args(args)
+            .output()
+            .expect("run curl (apt install curl)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.api_port)
+    }
+
+    pub(crate) fn token(&self) -> String {
+        std::fs::read_to_string(self.path("data/pki/admin.token")).expect("token")
+    }
+
+    pub(crate) fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(a.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = a.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Never panic here: a panic while unwinding aborts and hides the first one.
+        let katcall = PathBuf::from(env!("CARGO_BIN_EXE_kat-agent")).with_file_name("katcall");
+        if katcall.exists() {
+            for w in ["web", "crasher", "ticker", "stuck"] {
+                let _ = self.katcall(&["delete", "workload", w]);
+            }
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        if let Some(a) = &self.agent {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(a.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.wait();
+        }
+        // Whatever is left (a failed test) goes with its processes.
+        for pid in workload_pids(None) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Host pids of workload processes (their environment names the instance), for one
+/// instance or all that belong to this test's cluster.
+pub(crate) fn workload_pids(instance: Option<&str>) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+        let is_ours = vars.iter().any(|v| *v == b"KAT_E2E=1");
+        let matches = match instance {
+            Some(id) => vars
+                .iter()
+                .any(|v| *v == format!("KAT_INSTANCE_ID={id}").as_bytes()),
+            None => true,
+        };
+        if is_ours && matches {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// How many containers run for an instance: its kat-init processes.
+pub(crate) fn containers_of(instance: &str) -> usize {
+    workload_pids(Some(instance))
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"/.kat/init"))
+        })
+        .count()
+}
+
+/// Host pids whose command line is exactly `args`.
+pub(crate) fn pids_running(args: &[&str]) -> Vec<i32> {
+    let wanted: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            (std::fs::read(e.path().join("cmdline")).ok()? == wanted).then_some(pid)
+        })
+        .collect()
+}

@@ -1,0 +1,113 @@
+//! The workload bundles the steps apply.
+
+pub(crate) fn web(image: &str, greeting: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "workload.kat",
+            format!(
+                "apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: web
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: {image}
+  replicas: 2
+  updateStrategy:
+    type: Rolling
+    rolling:
+      maxSurge: 1
+  restartPolicy:
+    condition: Always
+  container:
+    command: [\"/bin/sh\", \"-c\"]
+    args: [\"echo $GREETING from $HOSTNAME; mkdir -p /data/www; echo hi > /data/www/index.html; exec httpd -f -p 8080 -h /data/www\"]
+    env:
+      - name: GREETING
+        value: {greeting}
+      - name: KAT_E2E
+        value: \"1\"
+    volumeMounts:
+      - name: data
+        mountPath: /data
+    resources:
+      limits:
+        cpu: 200m
+        memory: 64Mi
+  volumes:
+    - name: data
+      simpleClusterStorage: {{}}
+"
+            ),
+        ),
+        (
+            "VirtualLoadBalancer.kat",
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: VirtualLoadBalancer
+spec:
+  ports:
+    - name: http
+      containerPort: 8080
+  healthCheck:
+    exec:
+      command: [\"/bin/sh\", \"-c\", \"test -f /data/www/index.html\"]
+    initialDelaySeconds: 0
+    periodSeconds: 1
+"
+            .to_string(),
+        ),
+    ]
+}
+
+pub(crate) fn simple(
+    name: &str,
+    image: &str,
+    policy: &str,
+    script: &str,
+) -> Vec<(&'static str, String)> {
+    vec![(
+        "workload.kat",
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: {image}
+  replicas: 1
+  restartPolicy:
+{policy}
+  container:
+    command: [\"/bin/sh\", \"-c\", {script:?}]
+    env:
+      - name: KAT_E2E
+        value: \"1\"
+"
+        ),
+    )]
+}
+
+pub(crate) fn git_workload(
+    name: &str,
+    repo: &str,
+    source: &str,
+    policy: &str,
+) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "workload.kat",
+            format!(
+                "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source:\n    git: {{repository: \"{repo}\", {source}}}\n  replicas: 1\n  restartPolicy: {{condition: {policy}}}\n  container:\n    command: [/bin/sh, -c, 'cat /greeting /commit.txt; exec sleep 3600']\n"
+            ),
+        ),
+        (
+            "build.kat",
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: BuildDefinition\nspec:\n  buildContext: app\n  dockerfilePath: Dockerfile\n  targetStage: final\n  buildArgs: {GREETING: hello-from-build-args}\n".to_string(),
+        ),
+    ]
+}

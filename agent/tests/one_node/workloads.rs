@@ -1,0 +1,432 @@
+//! What a workload does on the node: a healthy service with logs and a volume, exec,
+//! restarts per policy, a stuck pull, an update, refusals of bad bundles, host mounts and
+//! strangers, usage in `top` and metrics.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cluster::*;
+use crate::git_builds::*;
+use crate::network::*;
+use crate::specs::*;
+use crate::Run;
+use kat_api::wire::InstanceState;
+use kat_api::wire::{ErrorBody, ErrorCode, InstanceStatus, Node};
+use kat_testkit::bin;
+use kat_testkit::katcall::{all_running_healthy, ids};
+
+pub(crate) fn a_service_runs_healthy_with_its_logs_and_volume(r: &mut Run) {
+    let Run {
+        c,
+        image,
+        first,
+        id: _,
+        ..
+    } = r;
+    // A Service with 2 replicas, a health check and a volume: running, healthy, logged.
+    let out = c.apply("web", &web(image, "hello"));
+    assert!(
+        out.contains("workload default/web created (generation 1)"),
+        "{out}"
+    );
+    c.wait("2 healthy replicas", Duration::from_secs(60), |c| {
+        all_running_healthy(&c.instances("web"), 2, 1)
+    });
+    let table = c.must(&["get", "workloads"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("web") && l.contains("2/2")),
+        "{table}"
+    );
+    *first = ids(&c.instances("web"));
+    for id in first.iter() {
+        let logs = c.must(&["logs", &format!("web/{id}")]);
+        assert_eq!(logs.trim(), format!("hello from {id}"));
+    }
+    assert!(Path::new(&c.path("volumes/default/web/data/www/index.html")).is_file());
+}
+
+pub(crate) fn exec_passes_the_exit_code_through(r: &mut Run) {
+    let Run { c, first, id, .. } = r;
+    // exec, with the exit code passed through.
+    *id = first.iter().next().cloned().expect("an instance");
+    let out = c.katcall(&[
+        "exec",
+        &format!("web/{id}"),
+        "--",
+        "sh",
+        "-c",
+        "cat /data/www/index.html; echo $KAT_INSTANCE_ID; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi\n{id}\n"));
+}
+
+pub(crate) fn containers_reach_each_other_and_the_outside(r: &mut Run) {
+    let Run { c, image, .. } = r;
+    container_network(c, image);
+}
+
+pub(crate) fn workloads_build_from_git(r: &mut Run) {
+    let Run { c, image, .. } = r;
+    git_builds(c, image);
+}
+
+pub(crate) fn a_killed_process_restarts_under_always(r: &mut Run) {
+    let Run {
+        c,
+        first,
+        id,
+        other,
+        second: _,
+        ..
+    } = r;
+    // Killing the workload process restarts it (Always).
+    *other = first
+        .iter()
+        .find(|i| *i != id)
+        .cloned()
+        .expect("a second instance");
+    let pids = workload_pids(Some(id));
+    assert!(!pids.is_empty(), "no process for {id}");
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    c.wait(
+        "the killed instance to restart",
+        Duration::from_secs(30),
+        |c| {
+            c.instances("web").iter().any(|i| {
+                i.instance_id == *id && i.restarts == 1 && i.state == InstanceState::Running
+            })
+        },
+    );
+}
+
+pub(crate) fn a_stuck_pull_delays_nothing_and_max_count_ends_failed(r: &mut Run) {
+    let Run {
+        c,
+        image,
+        other,
+        before: _,
+        ..
+    } = r;
+    // A registry that accepts connections and never answers: its pull runs beside the
+    // convergence of everything else, so the crash loop below is not delayed by it.
+    let blackhole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let hole = blackhole.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in blackhole.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    c.apply(
+        "stuck",
+        &simple(
+            "stuck",
+            &format!("{hole}/kat/never:latest"),
+            "    condition: Always",
+            "true",
+        ),
+    );
+    c.wait("stuck to wait for its pull", Duration::from_secs(20), |c| {
+        c.instances("stuck").iter().any(|i| {
+            i.state == InstanceState::Pending
+                && i.reason.as_deref().unwrap_or("").contains("pulling")
+        })
+    });
+
+    // MaxCount: restarted maxRestarts times within resetSeconds, then Failed.
+    c.apply(
+        "crasher",
+        &simple(
+            "crasher",
+            image,
+            "    condition: MaxCount\n    maxRestarts: 2\n    resetSeconds: 60",
+            "echo boom $(cat /proc/sys/kernel/random/uuid); exit 3",
+        ),
+    );
+    c.wait("crasher to fail", Duration::from_secs(30), |c| {
+        c.instances("crasher")
+            .iter()
+            .any(|i| i.state == InstanceState::Failed)
+    });
+    let crashed = &c.instances("crasher")[0];
+    assert_eq!(crashed.restarts, 2, "{crashed:?}");
+    assert_eq!(crashed.exit_code, Some(3), "{crashed:?}");
+    assert!(
+        crashed
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("maxRestarts"),
+        "{crashed:?}"
+    );
+    assert!(
+        c.instances("stuck")
+            .iter()
+            .all(|i| i.state == InstanceState::Pending),
+        "the stuck pull is still under way"
+    );
+    c.must(&["delete", "workload", "stuck"]);
+    // `logs --previous` shows the run before the last one: its own line, not the current.
+    let crasher = format!("crasher/{}", crashed.instance_id);
+    let last = c.must(&["logs", &crasher]);
+    let previous = c.must(&["logs", "--previous", &crasher]);
+    assert!(
+        last.starts_with("boom ") && previous.starts_with("boom "),
+        "{last} / {previous}"
+    );
+    assert_ne!(last, previous);
+    let out = c.katcall(&["logs", "--previous", &format!("web/{other}")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no previous container"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.must(&["delete", "workload", "crasher"]);
+}
+
+pub(crate) fn an_updated_spec_replaces_the_instances(r: &mut Run) {
+    let Run {
+        c,
+        image,
+        first,
+        id: _,
+        second,
+        ..
+    } = r;
+    // An updated spec replaces the instances.
+    let out = c.apply("web", &web(image, "bonjour"));
+    assert!(out.contains("configured (generation 2)"), "{out}");
+    c.wait(
+        "2 healthy replicas of generation 2",
+        Duration::from_secs(90),
+        |c| all_running_healthy(&c.instances("web"), 2, 2),
+    );
+    *second = ids(&c.instances("web"));
+    assert!(second.is_disjoint(first), "{first:?} {second:?}");
+    for id in second.iter() {
+        assert_eq!(
+            c.must(&["logs", &format!("web/{id}")]).trim(),
+            format!("bonjour from {id}")
+        );
+    }
+    c.wait(
+        "the old instances' processes to stop",
+        Duration::from_secs(20),
+        |_| first.iter().all(|id| workload_pids(Some(id)).is_empty()),
+    );
+}
+
+pub(crate) fn a_bad_bundle_is_refused_and_changes_nothing(r: &mut Run) {
+    let Run {
+        c, image, second, ..
+    } = r;
+    // A bad bundle gets 400 naming the file and field; nothing changes.
+    let token = c.token();
+    let bad = c.dir.path().join("bad");
+    std::fs::create_dir_all(&bad).expect("dir");
+    let broken = web(image, "x")[0].1.replace("replicas: 2", "replicas: -1");
+    std::fs::write(bad.join("workload.kat"), broken).expect("write");
+    let tgz = c.path("bad.tgz");
+    assert!(Command::new("tar")
+        .args(["czf", &tgz, "-C", &bad.display().to_string(), "."])
+        .status()
+        .expect("tar")
+        .success());
+    let (code, body) = c.curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        "--data-binary",
+        &format!("@{tgz}"),
+        &c.url("/v1alpha1/n/default/workloads/web"),
+    ]);
+    assert_eq!(code, 400, "{body}");
+    let err: ErrorBody = serde_json::from_str(&body).expect("JSON error body");
+    assert_eq!(err.error, ErrorCode::InvalidQuadlet);
+    let message = err.message;
+    assert!(
+        message.contains("workload.kat") && message.contains("spec.replicas"),
+        "{message}"
+    );
+    let w = c.workload("web").expect("web");
+    assert_eq!(w.metadata.generation, 2);
+    assert_eq!(ids(&c.instances("web")), *second);
+}
+
+pub(crate) fn host_mounts_off_the_allow_list_are_refused(r: &mut Run) {
+    let Run { c, image, .. } = r;
+    // hostMount of `/`, the agent's data directory or a path off the allow-list is refused
+    // at apply, naming the file and field; nothing is stored.
+    let data_dir = c.path("data");
+    for host_path in ["/", data_dir.as_str(), "/etc"] {
+        let mut files = simple("sneaky", image, "    condition: Always", "ls /host");
+        files[0].1.push_str(&format!(
+            "    volumeMounts:\n      - name: host\n        mountPath: /host\n  volumes:\n    - name: host\n      hostMount:\n        hostPath: {host_path}\n"
+        ));
+        let path = c.dir.path().join("sneaky");
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("dir");
+        std::fs::write(path.join(files[0].0), &files[0].1).expect("write");
+        let out = c.katcall(&["apply", "-f", &path.display().to_string()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "hostMount {host_path} was accepted");
+        assert!(
+            stderr.contains("spec.volumes[0].hostMount.hostPath"),
+            "{host_path}: {stderr}"
+        );
+        assert!(c.workload("sneaky").is_none());
+    }
+}
+
+pub(crate) fn the_api_and_etcd_refuse_strangers(r: &mut Run) {
+    let Run { c, .. } = r;
+    let token = c.token();
+    // Without the token, or with a wrong one: 401, with the error body.
+    let (code, body) = c.curl(&[&c.url("/v1alpha1/n/default/workloads")]);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("\"error\":\"unauthorized\""), "{body}");
+    let (code, _) = c.curl(&[
+        "-H",
+        "Authorization: Bearer nope",
+        &c.url("/v1alpha1/nodes"),
+    ]);
+    assert_eq!(code, 401);
+    let (code, _) = c.curl(&[&c.url("/healthz")]);
+    assert_eq!(code, 200);
+    // etcd speaks only mutual TLS with certificates from the cluster CA, loopback included.
+    let etcd = format!("https://127.0.0.1:{}/health", c.etcd_port);
+    let (code, body) = c.curl(&["--max-time", "5", &etcd]);
+    assert!(
+        code == 0 && !body.contains("health"),
+        "etcd answered without a client certificate: {code} {body}"
+    );
+    let (_, body) = c.curl(&["--max-time", "5", &etcd.replace("https://", "http://")]);
+    assert!(
+        !body.contains("\"health\""),
+        "etcd answered plain HTTP: {body}"
+    );
+    let (code, body) = c.curl(&[
+        "--max-time",
+        "5",
+        "--cert",
+        &c.path("data/pki/node.crt"),
+        "--key",
+        &c.path("data/pki/node.key"),
+        &etcd,
+    ]);
+    assert!(
+        code == 200 && body.contains("\"health\":\"true\""),
+        "{code} {body}"
+    );
+    let (code, metrics) = c.curl(&[
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        &c.url("/metrics"),
+    ]);
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("kat_api_request_duration_seconds_bucket")
+            && metrics.contains("kat_instances{state=\"Running\"}")
+            && metrics.contains("kat_is_leader 1")
+            && metrics.contains("kat_etcd_up 1")
+            && metrics.contains("kat_scheduling_attempts_total{result=\"scheduled\",reason=\"\"}"),
+        "{metrics}"
+    );
+}
+
+pub(crate) fn usage_shows_in_top_and_metrics(r: &mut Run) {
+    let Run { c, .. } = r;
+    let token = c.token();
+    // What the node and its running instances use, from /proc and their cgroups: in
+    // `/metrics` and in `katcall top`.
+    c.wait("usage in the heartbeats", Duration::from_secs(30), |c| {
+        let instances: Vec<InstanceStatus> = c
+            .k()
+            .json(&["top", "instances", "-A", "-o", "json"])
+            .unwrap_or_default();
+        instances.iter().any(|i| {
+            i.usage
+                .as_ref()
+                .is_some_and(|u| u.memory_bytes > 0 && u.pids >= 1)
+        })
+    });
+    let nodes: Vec<Node> = c
+        .k()
+        .json(&["top", "nodes", "-o", "json"])
+        .expect("top nodes as JSON");
+    let usage = nodes.first().and_then(|n| n.usage.as_ref());
+    assert!(
+        usage.is_some_and(|u| u.memory_bytes > 0
+            && u.pids > 0
+            && u.disk_bytes.is_some_and(|d| d > 0)),
+        "{nodes:?}"
+    );
+    let table = c.katcall_ok(&["top", "instances"]);
+    assert!(
+        table.starts_with("WORKLOAD")
+            && table
+                .lines()
+                .skip(1)
+                .any(|row| row
+                    .split_whitespace()
+                    .nth(4)
+                    .is_some_and(|m| ["B", "Ki", "Mi", "Gi"].iter().any(|u| m.ends_with(u)))),
+        "{table}"
+    );
+    let (_, metrics) = c.curl(&[
+        "-H",
+        &format!("Authorization: Bearer {token}"),
+        &c.url("/metrics"),
+    ]);
+    for family in [
+        "kat_node_cpu_usage_millicores{node=",
+        "kat_node_memory_used_bytes{node=",
+        "kat_node_disk_used_bytes{node=",
+        "kat_instance_memory_bytes{namespace=\"default\"",
+        "kat_instance_pids{namespace=\"default\"",
+        "kat_instance_restarts{namespace=\"default\"",
+    ] {
+        assert!(metrics.contains(family), "{family} missing:\n{metrics}");
+    }
+}
+
+/// `katcall exec` killed (a closed laptop, a dropped link): the process it started inside
+/// the container goes too, instead of running on unseen.
+pub(crate) fn an_exec_ends_with_its_client(c: &Cluster, instance: &str) {
+    let marker = ["sleep", "3072"];
+    let mut exec = Command::new(bin("katcall"))
+        .args(["exec", &format!("web/{instance}"), "--"])
+        .args(marker)
+        .env("KAT_CONFIG", c.path("katcall.yaml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("katcall exec");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pids_running(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "the exec'd sleep never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = exec.kill();
+    let _ = exec.wait();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pids_running(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the exec'd process outlived its client by 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
