@@ -162,7 +162,7 @@ async fn stream_build_log(
             }
             first = false;
         }
-        let time = kat_api::wire::rfc3339(std::time::SystemTime::now());
+        let time = kat_api::wire::Timestamp::now().to_string();
         for text in lines {
             let line = LogLine {
                 time: time.clone(),

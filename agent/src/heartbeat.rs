@@ -4,14 +4,14 @@
 //! leader's API on a worker.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use kat_apiserver::service::MIN_HEARTBEAT_INTERVAL;
 
 /// How long a burst of status changes may take to settle into one heartbeat.
 const SETTLE: Duration = Duration::from_millis(20);
 
-use kat_api::wire::{rfc3339, BuildReport, Detachment, NodeHeartbeat, ResourceList};
+use kat_api::wire::{BuildReport, Detachment, NodeHeartbeat, ResourceList, Timestamp};
 use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
@@ -73,7 +73,7 @@ pub async fn run(
         let usage = meter.measure(&mut instances).await;
         let hb = NodeHeartbeat {
             node: node.clone(),
-            timestamp: rfc3339(SystemTime::now()),
+            timestamp: Timestamp::now(),
             capacity,
             allocatable,
             gpus: vec![],

@@ -27,10 +27,9 @@ use std::io::{BufRead, Read};
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
-use kat_api::wire::{rfc3339, JoinRequest, JoinResponse};
+use kat_api::wire::{JoinRequest, JoinResponse};
 use kat_pki::{write_secret, JoinToken};
 
 use crate::layout::{Layout, NodeIdentity};
@@ -306,7 +305,7 @@ fn write_files(
         node_name: node_name.to_string(),
         cluster_name: cluster.metadata.name,
         advertise_address: advertise.to_string(),
-        initialized_at: rfc3339(SystemTime::now()),
+        initialized_at: kat_api::wire::Timestamp::now(),
         etcd_initial_cluster: response.etcd.as_ref().map(|e| e.initial_cluster.clone()),
     };
     kat_runtime::state_file::write_atomic(

@@ -48,8 +48,8 @@ pub struct KeptMeta {
     pub attempt: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
-    /// When it was kept (RFC 3339).
-    pub kept_at: String,
+    /// When it was kept.
+    pub kept_at: kat_api::wire::Timestamp,
 }
 
 /// The directory of kept logs and its limits.
@@ -172,7 +172,7 @@ pub fn prune(root: &Path, max_age: Duration, max_kept: usize, now: SystemTime) {
             let at = std::fs::read(e.path().join("instance.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice::<KeptMeta>(&b).ok())
-                .and_then(|m| humantime::parse_rfc3339_weak(&m.kept_at).ok())
+                .map(|m| m.kept_at.system_time())
                 .or_else(|| e.metadata().and_then(|m| m.modified()).ok())
                 .unwrap_or(SystemTime::UNIX_EPOCH);
             (at, e.path())
@@ -258,7 +258,7 @@ impl KeepingRuntime {
             container: id.to_string(),
             attempt: attempt(&status),
             exit_code: status.exit_code,
-            kept_at: kat_api::wire::rfc3339(SystemTime::now()),
+            kept_at: kat_api::wire::Timestamp::now(),
         };
         match self.kept.keep(meta, records).await {
             Ok(()) => {
@@ -354,7 +354,7 @@ mod tests {
             container: format!("{id}-0"),
             attempt: 0,
             exit_code: Some(3),
-            kept_at: kat_api::wire::rfc3339(kept_at),
+            kept_at: kept_at.into(),
         }
     }
 

@@ -31,7 +31,7 @@ pub struct NodeIdentity {
     pub node_name: String,
     pub cluster_name: String,
     pub advertise_address: String,
-    pub initialized_at: String,
+    pub initialized_at: kat_api::wire::Timestamp,
     /// A node that joined as an etcd peer: the member list it was given (etcd's
     /// `--initial-cluster`, read only while its etcd data directory is empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,12 +9,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
-use kat_api::wire::rfc3339;
 use kat_pki::{self as pki, JoinToken, NodeRole, Pki};
 
 use crate::layout::{Layout, NodeIdentity};
@@ -78,7 +77,7 @@ pub async fn init(config: &Path, options: NodeOptions) -> Result<()> {
         node_name: node,
         cluster_name: cluster.metadata.name.clone(),
         advertise_address: advertise.to_string(),
-        initialized_at: rfc3339(SystemTime::now()),
+        initialized_at: kat_api::wire::Timestamp::now(),
         etcd_initial_cluster: None,
     };
     // Written last: its presence means the node is initialized.

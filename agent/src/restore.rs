@@ -11,10 +11,10 @@
 use kat_client::paths::{self, NodeCall};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use kat_api::wire::{rfc3339, url_host};
+use kat_api::wire::url_host;
 
 use crate::layout::{Layout, NodeIdentity};
 use crate::node::read_identity;
@@ -27,7 +27,8 @@ pub struct RestoreOptions {
 }
 
 fn stamp() -> String {
-    rfc3339(SystemTime::now())
+    kat_api::wire::Timestamp::now()
+        .to_string()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
         .collect()

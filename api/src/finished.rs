@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{Health, InstanceRecord, InstanceState, InstanceStatus};
+use crate::wire::{Health, InstanceRecord, InstanceState, InstanceStatus, Timestamp};
 
 /// An instance that ended, as the leader keeps it (`keys::finished_instance`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,9 +29,9 @@ pub struct FinishedInstance {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<Timestamp>,
     /// RFC 3339, and the same in milliseconds since the epoch (for the age limit).
-    pub finished_at: String,
+    pub finished_at: Timestamp,
     pub finished_ms: u64,
 }
 
@@ -58,8 +58,8 @@ impl FinishedInstance {
             exit_code: self.exit_code,
             reason: self.reason.clone(),
             ip: None,
-            started_at: self.started_at.clone(),
-            finished_at: Some(self.finished_at.clone()),
+            started_at: self.started_at,
+            finished_at: Some(self.finished_at),
             warnings: vec![],
             usage: None,
         }

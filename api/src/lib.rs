@@ -27,6 +27,7 @@ pub mod quadlet;
 pub mod quantity;
 pub mod report;
 pub mod template;
+pub mod timestamp;
 pub mod wire;
 pub mod workload;
 pub mod workload_key;

@@ -197,7 +197,7 @@ async fn nodes_mark_the_leader_from_its_record() {
             .await
             .unwrap();
     }
-    let leaders = |body: &str| -> Vec<(String, Option<String>)> {
+    let leaders = |body: &str| -> Vec<(String, Option<kat_api::wire::Timestamp>)> {
         let nodes: Vec<Node> = serde_json::from_str(body).unwrap();
         assert_eq!(nodes.len(), 3, "{body}");
         nodes
@@ -215,7 +215,7 @@ async fn nodes_mark_the_leader_from_its_record() {
     let record = LeaderRecord {
         node: "cp2".into(),
         endpoint: "https://10.0.0.2:9443".into(),
-        since: "2025-01-02T03:04:05.000Z".into(),
+        since: "2025-01-02T03:04:05.000Z".parse().unwrap(),
     };
     api.store
         .put(keys::LEADER, serde_json::to_vec(&record).unwrap(), None)
@@ -224,7 +224,7 @@ async fn nodes_mark_the_leader_from_its_record() {
     let (_, body) = api.send(Method::GET, "/v1alpha1/nodes", vec![]).await;
     assert_eq!(
         leaders(&body),
-        vec![("cp2".to_string(), Some(record.since.clone()))]
+        vec![("cp2".to_string(), Some(record.since))]
     );
     let (status, body) = api.send(Method::GET, "/v1alpha1/nodes/cp2", vec![]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -268,7 +268,7 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
             workload_type: kat_api::workload::WorkloadType::Job,
             requests: Default::default(),
             job_run: Some("0000000001".into()),
-            created_at: "2025-01-01T00:00:00Z".into(),
+            created_at: "2025-01-01T00:00:00Z".parse().unwrap(),
             ip: None,
             host_ports: vec![],
         },
@@ -276,7 +276,7 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
         exit_code: Some(0),
         reason: None,
         started_at: None,
-        finished_at: "2025-01-01T00:01:00Z".into(),
+        finished_at: "2025-01-01T00:01:00Z".parse().unwrap(),
         finished_ms: 1,
     };
     for (id, node) in [("report-a", "gone"), ("report-b", "quiet")] {

@@ -37,7 +37,7 @@ fn record(node: &str, id: &str, workload: &str, hash: &str) -> InstanceRecord {
         workload_type: kat_api::workload::WorkloadType::Service,
         requests: Default::default(),
         job_run: None,
-        created_at: "2026-01-01T00:00:00Z".into(),
+        created_at: "2026-01-01T00:00:00Z".parse().unwrap(),
         ip: None,
         host_ports: vec![],
     }
@@ -177,7 +177,7 @@ impl Api {
 fn heartbeat(node: &str) -> String {
     serde_json::to_string(&NodeHeartbeat {
         node: node.into(),
-        timestamp: "2026-01-01T00:00:00Z".into(),
+        timestamp: "2026-01-01T00:00:00Z".parse().unwrap(),
         capacity: Default::default(),
         allocatable: Default::default(),
         gpus: vec![],

@@ -37,7 +37,7 @@ pub async fn list(client: &Client, format: Format) -> Result<()> {
         .map(|b| {
             vec![
                 b.name.clone(),
-                b.taken_at.clone(),
+                b.taken_at.to_string(),
                 output::bytes(b.size_bytes),
                 b.sha256.chars().take(16).collect(),
                 b.node.clone(),

@@ -20,7 +20,7 @@ fn row(e: &Event) -> Vec<String> {
         None => format!("{}/{}", o.kind, o.name),
     };
     vec![
-        e.timestamp.clone(),
+        e.timestamp.to_string(),
         format!("{:?}", e.event_type),
         e.reason.clone(),
         object,

@@ -100,7 +100,7 @@ pub async fn list(client: &Client, format: Format) -> Result<()> {
             vec![
                 t.id.clone(),
                 t.role.to_string(),
-                t.expires_at.clone(),
+                t.expires_at.to_string(),
                 if t.used_by.is_empty() {
                     "-".into()
                 } else {
@@ -135,7 +135,7 @@ mod tests {
             token: "katjoin.0123456789ab.0123456789abcdef0123456789abcdef".into(),
             id: "0123456789ab".into(),
             role,
-            expires_at: "2026-01-01T01:00:00Z".into(),
+            expires_at: "2026-01-01T01:00:00Z".parse().unwrap(),
             addresses: vec![],
             ca_pin: "sha256:00".into(),
         }

@@ -78,7 +78,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
     line(
         "Leader",
         match (&node.leader, &node.leader_since) {
-            (true, Some(since)) => format!("yes, since {since} ({} ago)", age(Some(since))),
+            (true, Some(since)) => format!("yes, since {since} ({} ago)", age(Some(*since))),
             (true, None) => "yes".into(),
             (false, _) => "no".into(),
         },
@@ -90,7 +90,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
                 "from {} since {} ({} ago)",
                 d.parent_cluster,
                 d.since,
-                age(Some(&d.since))
+                age(Some(d.since))
             ),
         );
     }
@@ -106,7 +106,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
     line(
         "Heartbeat",
         match &node.last_heartbeat {
-            Some(t) => format!("{t} ({} ago)", age(Some(t))),
+            Some(t) => format!("{t} ({} ago)", age(Some(*t))),
             None => "never".into(),
         },
     );
@@ -167,7 +167,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
                     format!("{:?}", i.health),
                     i.restarts.to_string(),
                     i.ip.map_or_else(|| "-".into(), |ip| ip.to_string()),
-                    age(i.started_at.as_deref()),
+                    age(i.started_at),
                 ]
             })
             .collect();
@@ -186,7 +186,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
             .iter()
             .map(|e| {
                 vec![
-                    format!("{} ago", age(Some(&e.timestamp))),
+                    format!("{} ago", age(Some(e.timestamp))),
                     format!("{:?}", e.event_type),
                     e.reason.clone(),
                     e.message.clone(),
@@ -293,7 +293,7 @@ mod tests {
 
     fn node(name: &str, leader: bool) -> Node {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "uid": "", "creationTimestamp": "",
+            "metadata": {"name": name, "uid": "",
                          "labels": {"kat.dws.rip/role": "control-plane"}},
             "state": "Ready",
             "capacity": {"cpuMillis": 2000, "memoryBytes": 1u64 << 30},
@@ -310,7 +310,7 @@ mod tests {
         let text = describe_text(&node("cp1", true), &[], &[]);
         assert!(text.contains("Name:        cp1\n"), "{text}");
         assert!(
-            text.contains("Leader:      yes, since 2025-01-02T03:04:05Z"),
+            text.contains("Leader:      yes, since 2025-01-02T03:04:05.000Z"),
             "{text}"
         );
         assert!(text.contains("Taints:      gpu=yes:NoSchedule\n"), "{text}");

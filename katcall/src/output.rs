@@ -1,9 +1,10 @@
 //! Output: aligned tables for people, JSON and YAML for scripts.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use anyhow::Result;
 use clap::ValueEnum;
+use kat_api::wire::Timestamp;
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -55,15 +56,12 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// "3m", "2h", "5d" since an RFC 3339 time; "-" if unknown.
-pub fn age(rfc3339: Option<&str>) -> String {
-    let Some(t) = rfc3339.and_then(|t| humantime::parse_rfc3339_weak(t).ok()) else {
+/// "3m", "2h", "5d" since a time; "-" if unknown.
+pub fn age(at: Option<Timestamp>) -> String {
+    let Some(t) = at else {
         return "-".into();
     };
-    let d = SystemTime::now()
-        .duration_since(t)
-        .unwrap_or(Duration::ZERO);
-    let s = d.as_secs();
+    let s = t.age(SystemTime::now()).as_secs();
     match s {
         0..=119 => format!("{s}s"),
         120..=7199 => format!("{}m", s / 60),

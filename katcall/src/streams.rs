@@ -41,7 +41,7 @@ async fn resolve(client: &Client, target: &str, ns: &str) -> Result<(String, Str
             last.exit_code
                 .map(|c| format!(", exit code {c}"))
                 .unwrap_or_default(),
-            crate::output::age(Some(&last.finished_at)),
+            crate::output::age(Some(last.finished_at)),
             last.record.node,
             if same_run > 1 {
                 format!("; its run had {same_run} instances (`katcall get instances --all`)")

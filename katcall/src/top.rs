@@ -109,7 +109,7 @@ mod tests {
     #[test]
     fn a_node_row_shows_use_against_capacity() {
         let mut n: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n1", "uid": "", "creationTimestamp": "", "generation": 0, "resourceVersion": 0}, "state": "Ready",
+            "metadata": {"name": "n1", "uid": "", "generation": 0, "resourceVersion": 0}, "state": "Ready",
             "capacity": {"cpuMillis": 2000, "memoryBytes": 4u64 << 30, "pids": 4096},
             "allocatable": {"cpuMillis": 1900, "memoryBytes": 3u64 << 30},
         }))

@@ -63,7 +63,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                         format!("{:?}", w.workload_type),
                         format!("{}/{}", w.status.replicas_ready, w.status.replicas_desired),
                         w.metadata.generation.to_string(),
-                        age(Some(&w.metadata.creation_timestamp)),
+                        age(w.metadata.creation_timestamp),
                     ];
                     if wide {
                         row.push(w.spec_hash.chars().take(12).collect());
@@ -124,7 +124,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                         Some(d) => format!(
                             "{:?},Detached ({} ago, from {})",
                             n.state,
-                            age(Some(&d.since)),
+                            age(Some(d.since)),
                             d.parent_cluster
                         ),
                         None => format!("{:?}", n.state),
@@ -140,7 +140,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                         leader_mark(n).into(),
                         format!("{}m", n.allocatable.cpu_millis),
                         output::bytes(n.allocatable.memory_bytes),
-                        format!("{} ago", age(n.last_heartbeat.as_deref())),
+                        format!("{} ago", age(n.last_heartbeat)),
                     ];
                     if wide {
                         row.push(n.addresses.join(","));
@@ -173,12 +173,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
             }
             let rows: Vec<Vec<String>> = list
                 .iter()
-                .map(|n| {
-                    vec![
-                        n.metadata.name.clone(),
-                        age(Some(&n.metadata.creation_timestamp)),
-                    ]
-                })
+                .map(|n| vec![n.metadata.name.clone(), age(n.metadata.creation_timestamp)])
                 .collect();
             print_or_empty(&["NAME", "AGE"], &rows, "no namespaces");
         }
@@ -235,7 +230,7 @@ fn instance_rows(list: &[InstanceStatus], wide: bool) -> Vec<Vec<String>> {
                 format!("{:?}", i.state),
                 format!("{:?}", i.health),
                 i.restarts.to_string(),
-                age(i.started_at.as_deref()),
+                age(i.started_at),
             ];
             if wide {
                 row.push(i.ip.map_or_else(|| "-".into(), |ip| ip.to_string()));
@@ -272,7 +267,9 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
         "Generation:  {} (observed {})",
         w.metadata.generation, w.status.observed_generation
     );
-    println!("Created:     {}", w.metadata.creation_timestamp);
+    if let Some(created) = w.metadata.creation_timestamp {
+        println!("Created:     {created}");
+    }
     if let Some(kat_api::Quadlet::Workload(wl)) = spec {
         let s = &wl.spec;
         match (&s.source.image, &s.source.git) {
@@ -363,7 +360,7 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
                     b.commit.chars().take(7).collect(),
                     b.node.clone().unwrap_or_else(|| "-".into()),
                     format!("{:?}", b.state),
-                    format!("{} ago", age(Some(&b.started_at))),
+                    format!("{} ago", age(Some(b.started_at))),
                     // A failure's message has many lines: the first here, all in events.
                     b.message.lines().next().unwrap_or_default().to_string(),
                 ]
@@ -394,7 +391,7 @@ pub async fn describe(client: &Client, name: &str, ns: &str, format: Format) -> 
             .iter()
             .map(|e| {
                 vec![
-                    format!("{} ago", age(Some(&e.timestamp))),
+                    format!("{} ago", age(Some(e.timestamp))),
                     format!("{:?}", e.event_type),
                     e.reason.clone(),
                     e.message.clone(),

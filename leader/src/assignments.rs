@@ -172,7 +172,7 @@ mod tests {
             workload_type: kat_api::workload::WorkloadType::Service,
             requests: Default::default(),
             job_run: None,
-            created_at: "2026-01-01T00:00:00Z".into(),
+            created_at: "2026-01-01T00:00:00Z".parse().unwrap(),
             ip: None,
             host_ports: vec![],
         }

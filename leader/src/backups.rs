@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kat_api::keys;
-use kat_api::wire::{rfc3339, BackupRecord, EventType, ObjectReference};
+use kat_api::wire::{BackupRecord, EventType, ObjectReference, Timestamp};
 use kat_store::{EtcdStore, StateStore, Txn, TxnOp};
 
 use crate::events::{event, EventLog};
@@ -50,7 +50,8 @@ pub fn file_prefix(cluster: &str, node: &str) -> String {
 
 /// The snapshot file `node` takes of `cluster` at `at`: its name sorts by time.
 pub fn file_name(cluster: &str, node: &str, at: SystemTime) -> String {
-    let stamp: String = rfc3339(at)
+    let stamp: String = Timestamp::from(at)
+        .to_string()
         .chars()
         .filter(|c| *c != '-' && *c != ':')
         .collect();
@@ -65,7 +66,7 @@ pub async fn list(store: &dyn StateStore) -> kat_store::Result<Vec<BackupRecord>
         .iter()
         .filter_map(kat_store::decode_or_skip)
         .collect();
-    records.sort_by(|a, b| a.taken_at.cmp(&b.taken_at));
+    records.sort_by_key(|r| r.taken_at);
     Ok(records)
 }
 
@@ -74,7 +75,7 @@ pub async fn list(store: &dyn StateStore) -> kat_store::Result<Vec<BackupRecord>
 pub fn next_due(records: &[BackupRecord], interval: Duration) -> Option<SystemTime> {
     records
         .iter()
-        .filter_map(|r| humantime::parse_rfc3339_weak(&r.taken_at).ok())
+        .map(|r| r.taken_at.system_time())
         .max()
         .map(|last| last + interval)
 }
@@ -98,7 +99,7 @@ pub async fn take(
         name: name.clone(),
         node: config.node.clone(),
         path: file.path.display().to_string(),
-        taken_at: rfc3339(at),
+        taken_at: at.into(),
         size_bytes: file.size,
         sha256: file.sha256,
         trigger: trigger.to_string(),
@@ -106,7 +107,7 @@ pub async fn take(
     let mut ops = vec![TxnOp::put_json(keys::backup(&name), &record)
         .map_err(|e| format!("recording backup {name}: {e}"))?];
     ops.extend(events.ops(&event(
-        record.taken_at.clone(),
+        record.taken_at,
         EventType::Normal,
         "BackupCreated",
         cluster_ref(&config.cluster),
@@ -212,7 +213,7 @@ pub async fn run(
                 tracing::error!(error = %e, "backup failed");
                 metrics.record_backup(None);
                 let failed = event(
-                    rfc3339(SystemTime::now()),
+                    Timestamp::now(),
                     EventType::Warning,
                     "BackupFailed",
                     cluster_ref(&config.cluster),
@@ -244,7 +245,7 @@ mod tests {
             name: file_name("home", "n1", at),
             node: "n1".into(),
             path: String::new(),
-            taken_at: rfc3339(at),
+            taken_at: at.into(),
             size_bytes: 1,
             sha256: String::new(),
             trigger: "schedule".into(),

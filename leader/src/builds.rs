@@ -82,7 +82,7 @@ pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
             out.push(b);
         }
     }
-    out.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+    out.sort_by_key(|b| b.started_at);
     out
 }
 

@@ -45,7 +45,8 @@ impl Clock {
             .as_millis() as u64
     }
 
-    pub fn rfc3339(&self) -> String {
-        kat_api::wire::rfc3339(self.wall())
+    /// The wall clock now, as records carry it.
+    pub fn timestamp(&self) -> kat_api::wire::Timestamp {
+        self.wall().into()
     }
 }

@@ -19,6 +19,7 @@ use ipnet::IpNet;
 use kat_api::cluster::ClusterSpec;
 use kat_api::keys;
 use kat_api::load_balancer::HostPort;
+use kat_api::wire::Timestamp;
 use kat_api::wire::{
     Event, EventType, Health, InstanceRecord, InstanceState, InstanceStatus, ObjectReference,
     ResourceList, WorkloadStatus,
@@ -178,7 +179,7 @@ pub struct Round<'a> {
     pub view: &'a ClusterView,
     pub config: &'a LeaderConfig,
     pub now: Instant,
-    pub wall: String,
+    pub wall: Timestamp,
     pub wall_ms: u64,
     pub nodes: Vec<SchedNode>,
     pub node_index: HashMap<String, usize>,
@@ -226,11 +227,7 @@ impl<'a> Round<'a> {
         message: impl Into<String>,
     ) {
         self.plan.events.push(events::event(
-            self.wall.clone(),
-            event_type,
-            reason,
-            object,
-            message,
+            self.wall, event_type, reason, object, message,
         ));
     }
 
@@ -280,7 +277,7 @@ impl<'a> Round<'a> {
             workload_type: w.workload_type,
             requests: w.requests,
             job_run: job_run.map(str::to_string),
-            created_at: self.wall.clone(),
+            created_at: self.wall,
             ip,
             host_ports: w.host_ports.clone(),
         };
@@ -798,7 +795,7 @@ fn build_round<'a>(
         view,
         config,
         now,
-        wall: clock.rfc3339(),
+        wall: clock.timestamp(),
         wall_ms: clock.wall_ms(),
         nodes,
         node_index,
@@ -902,10 +899,10 @@ fn workload_ctx(entry: &crate::view::WorkloadEntry) -> Option<WorkloadCtx> {
             .as_ref()
             .map(|lb| lb.spec.host_ports())
             .unwrap_or_default(),
-        created_minute: humantime::parse_rfc3339(&meta.metadata.creation_timestamp)
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_secs() / 60),
+        created_minute: meta
+            .metadata
+            .creation_timestamp
+            .map(|t| t.unix_millis() / 60_000),
         desired: desired.clone(),
     })
 }

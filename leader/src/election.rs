@@ -5,11 +5,11 @@
 //! leadership.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
-use kat_api::wire::{rfc3339, LeaderRecord};
+use kat_api::wire::{LeaderRecord, Timestamp};
 use kat_store::{campaign, StateStore, Txn, TxnOp};
 use tokio::task::JoinSet;
 
@@ -57,7 +57,7 @@ where
         let record = LeaderRecord {
             node: node.clone(),
             endpoint: endpoint.clone(),
-            since: rfc3339(SystemTime::now()),
+            since: Timestamp::now(),
         };
         let recorded = match serde_json::to_vec(&record) {
             Ok(value) => store

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kat_api::keys;
-use kat_api::wire::{Event, EventType, ObjectReference};
+use kat_api::wire::{Event, EventType, ObjectReference, Timestamp};
 use kat_store::{Result, StateStore, Txn, TxnOp};
 
 pub const DEFAULT_CAPACITY: u64 = 1000;
@@ -125,7 +125,7 @@ impl EventLog {
 
 /// Build an event.
 pub fn event(
-    timestamp: String,
+    timestamp: Timestamp,
     event_type: EventType,
     reason: &str,
     object: ObjectReference,

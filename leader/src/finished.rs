@@ -11,7 +11,7 @@
 
 use kat_api::finished::{retained, FinishedInstance};
 use kat_api::keys;
-use kat_api::wire::{InstanceRecord, InstanceState};
+use kat_api::wire::{InstanceRecord, InstanceState, Timestamp};
 use kat_api::workload::{RestartCondition, WorkloadType};
 use kat_api::WorkloadKey;
 use kat_store::TxnOp;
@@ -31,11 +31,11 @@ pub fn archive_op(
         state,
         exit_code: reported.and_then(|s| s.exit_code),
         reason,
-        started_at: reported.and_then(|s| s.started_at.clone()),
+        started_at: reported.and_then(|s| s.started_at),
         finished_at: reported
-            .and_then(|s| s.finished_at.clone())
-            .unwrap_or_else(|| round.wall.clone()),
-        finished_ms: finished_ms(round, reported.and_then(|s| s.finished_at.as_deref())),
+            .and_then(|s| s.finished_at)
+            .unwrap_or(round.wall),
+        finished_ms: finished_ms(round, reported.and_then(|s| s.finished_at)),
     };
     match serde_json::to_vec(&kept) {
         Ok(value) => TxnOp::put(
@@ -56,11 +56,8 @@ pub fn archive_op(
 
 /// When it finished, in ms since the epoch: as its node reported it (the same every round),
 /// else now.
-fn finished_ms(round: &Round<'_>, reported: Option<&str>) -> u64 {
-    reported
-        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(round.wall_ms, |d| d.as_millis() as u64)
+fn finished_ms(round: &Round<'_>, reported: Option<Timestamp>) -> u64 {
+    reported.map_or(round.wall_ms, Timestamp::unix_millis)
 }
 
 /// Keep Service instances that ended for good; drop what the retention no longer keeps and
@@ -102,10 +99,7 @@ pub fn reconcile(
                 InstanceState::Succeeded | InstanceState::Failed | InstanceState::OOMKilled
             ) {
                 archived.insert(r.instance_id.clone());
-                items.push((
-                    r.instance_id.clone(),
-                    finished_ms(round, s.finished_at.as_deref()),
-                ));
+                items.push((r.instance_id.clone(), finished_ms(round, s.finished_at)));
                 let refs: Vec<(&str, u64)> =
                     items.iter().map(|(run, ms)| (run.as_str(), *ms)).collect();
                 if !retained(&refs, retention, round.wall_ms).contains(&(items.len() - 1)) {

@@ -101,7 +101,7 @@ fn new_run(
         reason: None,
         succeeded: 0,
         failed: 0,
-        started_at: round.wall.clone(),
+        started_at: round.wall,
         started_ms: round.wall_ms,
         finished_at: None,
         scheduled_minute,
@@ -345,7 +345,7 @@ fn set_finished(
     reason: String,
 ) {
     run.state = state;
-    run.finished_at = Some(round.wall.clone());
+    run.finished_at = Some(round.wall);
     let (t, r) = if state == JobRunState::Succeeded {
         (EventType::Normal, "JobRunSucceeded")
     } else {

@@ -451,7 +451,7 @@ mod tests {
         }
         NodeHeartbeat {
             node: node.into(),
-            timestamp: "2026-11-23T00:00:00Z".into(),
+            timestamp: "2026-11-23T00:00:00Z".parse().unwrap(),
             capacity: Default::default(),
             allocatable: Default::default(),
             gpus: vec![],

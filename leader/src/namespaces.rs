@@ -55,7 +55,7 @@ pub fn record(clock: &Clock, name: &str) -> NamespaceObject {
             uid: format!("{:032x}", rand::random::<u128>()),
             generation: 1,
             resource_version: 0,
-            creation_timestamp: clock.rfc3339(),
+            creation_timestamp: Some(clock.timestamp()),
             labels: Default::default(),
         },
     }

@@ -81,7 +81,7 @@ async fn modify(
         change(&mut reg);
         let mut ops = vec![TxnOp::put_json(&key, &reg)?];
         ops.extend(events.ops(&event(
-            clock.rfc3339(),
+            clock.timestamp(),
             EventType::Normal,
             reason,
             node_ref(name),

@@ -172,7 +172,7 @@ impl SimNode {
     fn heartbeat(&self, clock: &Clock) -> NodeHeartbeat {
         NodeHeartbeat {
             node: self.name.clone(),
-            timestamp: clock.rfc3339(),
+            timestamp: clock.timestamp(),
             capacity: self.allocatable,
             allocatable: self.allocatable,
             gpus: self.gpus.clone(),

@@ -123,9 +123,11 @@ async fn write(
             ),
             generation,
             resource_version: 0,
-            creation_timestamp: previous.as_ref().map_or_else(
-                || clock.rfc3339(),
-                |p| p.metadata.creation_timestamp.clone(),
+            creation_timestamp: Some(
+                previous
+                    .as_ref()
+                    .and_then(|p| p.metadata.creation_timestamp)
+                    .unwrap_or_else(|| clock.timestamp()),
             ),
             labels: BTreeMap::new(),
         },
@@ -211,7 +213,7 @@ async fn write(
         ),
     };
     ops.extend(events.ops(&event(
-        clock.rfc3339(),
+        clock.timestamp(),
         EventType::Normal,
         reason,
         workload_ref(ns, name),
@@ -338,7 +340,7 @@ pub async fn rollback(
         applied.generation
     );
     let ops = events.ops(&event(
-        clock.rfc3339(),
+        clock.timestamp(),
         EventType::Normal,
         "WorkloadRolledBack",
         workload_ref(ns, name),
@@ -371,7 +373,7 @@ pub async fn delete(
     ops.push(TxnOp::delete(keys::workload_status(ns, name)));
     ops.push(TxnOp::delete(keys::workload_webhook(ns, name)));
     ops.extend(events.ops(&event(
-        clock.rfc3339(),
+        clock.timestamp(),
         EventType::Normal,
         "WorkloadDeleted",
         workload_ref(ns, name),

@@ -79,7 +79,7 @@ async fn the_schedule_writes_keeps_fails_loudly_and_carries_over() {
 
     // A new leader: the next one comes an interval after the newest record, not at once
     // and not an interval after it took over.
-    let newest = humantime::parse_rfc3339_weak(&records[1].taken_at).unwrap();
+    let newest = records[1].taken_at.system_time();
     let mut other = config.clone();
     other.node = "n2".into();
     other.interval = Duration::from_secs(3);
@@ -103,7 +103,7 @@ async fn the_schedule_writes_keeps_fails_loudly_and_carries_over() {
     schedule.abort();
     let taken = backups::list(&*store).await.unwrap();
     let n2 = taken.iter().find(|r| r.node == "n2").unwrap();
-    let at = humantime::parse_rfc3339_weak(&n2.taken_at).unwrap();
+    let at = n2.taken_at.system_time();
     let after = at.duration_since(newest).unwrap();
     assert!(
         after >= Duration::from_millis(2900) && after < Duration::from_secs(5),

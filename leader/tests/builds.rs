@@ -16,7 +16,7 @@ fn report(workload: &str, state: BuildState, message: &str) -> BuildReport {
         state,
         message: message.into(),
         from_cache: false,
-        started_at: "2026-11-24T10:00:00Z".into(),
+        started_at: "2026-11-24T10:00:00Z".parse().unwrap(),
         finished_at: None,
     }
 }

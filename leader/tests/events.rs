@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kat_api::wire::EventType;
+use kat_api::wire::{EventType, Timestamp};
 use kat_leader::events::{self, event, node_ref, workload_ref, EventFilter, EventLog};
 use kat_store::{MemStore, StateStore, Txn};
 
@@ -41,7 +41,7 @@ async fn capped_filtered_and_watchable() {
             &*store,
             &log,
             event(
-                format!("t{i}"),
+                Timestamp::now(),
                 EventType::Normal,
                 reason,
                 obj,
@@ -106,7 +106,7 @@ async fn capped_filtered_and_watchable() {
         &*store,
         &log2,
         event(
-            "t".into(),
+            Timestamp::now(),
             EventType::Warning,
             "X",
             node_ref("n2"),

@@ -13,13 +13,9 @@ const ENDPOINT_VAR: &str = "KAT_TEST_EVENTS_ENDPOINT";
 
 async fn write(store: Arc<dyn StateStore>, log: EventLog, writer: &'static str, n: usize) {
     for i in 0..n {
-        // The time the writer made the event, in nanoseconds, as its timestamp.
-        let made = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
+        // The time the writer made the event as its timestamp.
         let e = event(
-            made.to_string(),
+            std::time::SystemTime::now().into(),
             EventType::Normal,
             "Test",
             node_ref(writer),
@@ -103,7 +99,7 @@ async fn three_concurrent_writers_lose_nothing_and_list_in_order() {
     // can be preempted between taking the time and allocating the key: 50 ms of slack.
     let mut latest = 0u128;
     for e in &all {
-        let made: u128 = e.timestamp.parse().unwrap();
+        let made = u128::from(e.timestamp.unix_millis()) * 1_000_000;
         assert!(
             made + 50_000_000 >= latest,
             "{} listed after an event made {} ms later",

@@ -291,7 +291,7 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
         .unwrap();
     let hb = kat_api::wire::NodeHeartbeat {
         node: "rogue".into(),
-        timestamp: c.clock.rfc3339(),
+        timestamp: c.clock.timestamp(),
         capacity: Default::default(),
         allocatable: Default::default(),
         gpus: vec![],

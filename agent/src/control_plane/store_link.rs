@@ -113,7 +113,7 @@ impl ControlPlane for StoreLink {
                 continue;
             };
             ops.extend(self.events.ops(&kat_leader::events::event(
-                kat_api::wire::rfc3339(std::time::SystemTime::now()),
+                kat_api::wire::Timestamp::now(),
                 EventType::Warning,
                 "TemplateMissing",
                 kat_leader::events::workload_ref(&r.namespace, &r.workload),

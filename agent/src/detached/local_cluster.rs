@@ -12,14 +12,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
 use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::keys;
-use kat_api::wire::{rfc3339, Detachment};
+use kat_api::wire::Detachment;
 use kat_apiserver::http;
 use kat_apiserver::Service;
 use kat_leader::metrics::Metrics;
@@ -42,8 +42,7 @@ use crate::supervisor::Statuses;
 #[serde(rename_all = "camelCase")]
 pub struct DetachedState {
     pub parent_cluster: String,
-    /// RFC 3339.
-    pub since: String,
+    pub since: kat_api::wire::Timestamp,
     pub etcd_client_url: String,
     pub etcd_peer_url: String,
     /// The subnet the parent gave this node, which its bridge and containers use.
@@ -192,7 +191,7 @@ impl LocalCluster {
             },
             detachment: Some(Detachment {
                 parent_cluster: state.parent_cluster.clone(),
-                since: state.since.clone(),
+                since: state.since,
             }),
             endpoint: format!("https://127.0.0.1:{}", parts.cluster.spec.api_port),
             metrics: Arc::new(Metrics::default()),
@@ -383,7 +382,7 @@ async fn prepare(
         let (etcd_client_url, etcd_peer_url) = loopback_urls(&dir)?;
         let state = DetachedState {
             parent_cluster,
-            since: rfc3339(SystemTime::now()),
+            since: kat_api::wire::Timestamp::now(),
             etcd_client_url,
             etcd_peer_url,
             subnet,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use kat_api::wire::{rfc3339, BuildReport, BuildState};
+use kat_api::wire::{BuildReport, BuildState, Timestamp};
 use kat_api::workload::GitSource;
 use kat_api::Template;
 use kat_runtime::build::{local_reference, BuildLimits, BuildPhase, BuildRequest, CacheOutcome};
@@ -52,7 +52,7 @@ impl Table {
             .retain(|_, e| e.ended.is_none_or(|at| at.elapsed() < REPORT_FINISHED_FOR));
         let mut reports: Vec<BuildReport> =
             self.entries.values().map(|e| e.report.clone()).collect();
-        reports.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+        reports.sort_by_key(|r| r.started_at);
         self.reports.send_if_modified(|old| {
             let changed = *old != reports;
             *old = reports;
@@ -210,7 +210,7 @@ impl Builds {
                         state: BuildState::Building,
                         message: rx.borrow().to_string(),
                         from_cache: false,
-                        started_at: rfc3339(SystemTime::now()),
+                        started_at: Timestamp::now(),
                         finished_at: None,
                     },
                     log: log.clone(),
@@ -294,7 +294,7 @@ impl Builds {
                 e.report.state = state;
                 e.report.message = message;
                 e.report.from_cache = from_cache;
-                e.report.finished_at = Some(rfc3339(SystemTime::now()));
+                e.report.finished_at = Some(Timestamp::now());
                 e.phase = None;
                 e.ended = Some(Instant::now());
             }

@@ -24,9 +24,9 @@ pub mod volumes;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use kat_api::wire::{rfc3339, Health, InstanceState, InstanceStatus};
+use kat_api::wire::{Health, InstanceState, InstanceStatus, Timestamp};
 use kat_api::workload::WorkloadType;
 use kat_api::Template;
 use kat_runtime::{ContainerRuntime, ContainerState, ContainerStatus, ExecOptions, RuntimeError};
@@ -396,7 +396,7 @@ impl Supervisor {
                 t.status.reason = None;
                 t.status.exit_code = None;
                 t.status.finished_at = None;
-                t.status.started_at = Some(rfc3339(SystemTime::now()));
+                t.status.started_at = Some(Timestamp::now());
                 t.status.warnings = status.warnings;
                 t.status.health = Health::Unknown;
                 t.health = t.health_check().map(|c| HealthTracker::new(c, now));
@@ -605,7 +605,7 @@ impl Supervisor {
         };
         let (exit, reason) = exit;
         tracing::info!(instance = %id, %reason, "container ended");
-        t.status.finished_at = Some(rfc3339(SystemTime::now()));
+        t.status.finished_at = Some(Timestamp::now());
         t.health = None;
         let decision = t.restart.on_exit(now, exit);
         Self::apply(t, decision, now, reason);

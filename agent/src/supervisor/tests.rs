@@ -50,7 +50,7 @@ fn assignment(
             workload_type: bundle.workload.spec.workload_type,
             requests: Default::default(),
             job_run: None,
-            created_at: "2026-11-23T00:00:00Z".into(),
+            created_at: "2026-11-23T00:00:00Z".parse().unwrap(),
             ip: None,
             host_ports: vec![],
         },

@@ -162,7 +162,7 @@ fn restore_drill() {
         h.spawn(i, &["run"]);
     }
     // Ready from heartbeats sent after the restore (the snapshot holds older ones).
-    let restored_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let restored_at = Timestamp::now();
     wait(
         "3 nodes heartbeating again",
         Duration::from_secs(120),
@@ -170,10 +170,7 @@ fn restore_drill() {
             let nodes = h.k(1).nodes();
             nodes.len() == NODES
                 && nodes.iter().all(|n| {
-                    n.state == NodeState::Ready
-                        && n.last_heartbeat
-                            .as_deref()
-                            .is_some_and(|t| t > restored_at.as_str())
+                    n.state == NodeState::Ready && n.last_heartbeat.is_some_and(|t| t > restored_at)
                 })
         },
     );

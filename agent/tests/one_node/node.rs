@@ -13,7 +13,7 @@ use crate::stalls::*;
 use crate::workloads::*;
 use crate::Run;
 use kat_api::wire::InstanceState;
-use kat_api::wire::{BackupRecord, Event, Node, NodeState};
+use kat_api::wire::{BackupRecord, Event, Node, NodeState, Timestamp};
 use kat_testkit::katcall::{all_running_healthy, ids};
 use kat_testkit::{bin, holds_for};
 
@@ -337,13 +337,13 @@ pub(crate) fn backups(c: &Cluster) {
 }
 
 /// The node (state, lastHeartbeat) as `katcall get nodes -o json` shows it.
-pub(crate) fn node_heartbeat(c: &Cluster) -> (NodeState, String) {
+pub(crate) fn node_heartbeat(c: &Cluster) -> (NodeState, Option<Timestamp>) {
     let nodes = c.k().nodes();
     let node = nodes
         .iter()
         .find(|n| n.metadata.name == "e2e-node")
         .unwrap_or_else(|| panic!("e2e-node missing: {nodes:?}"));
-    (node.state, node.last_heartbeat.clone().unwrap_or_default())
+    (node.state, node.last_heartbeat)
 }
 
 /// `node` is shown as the leader: `yes` in the LEADER column of `get nodes`, `"leader": true`

@@ -158,7 +158,7 @@ pub(crate) fn never_stalls(c: &Cluster, instance: &str) {
     while latencies.len() < 5 || !heartbeat {
         assert!(
             started.elapsed() < Duration::from_secs(7),
-            "no new heartbeat under load (last {heartbeat_before})\nagent log:\n{}",
+            "no new heartbeat under load (last {heartbeat_before:?})\nagent log:\n{}",
             c.agent_log_tail()
         );
         let t = Instant::now();

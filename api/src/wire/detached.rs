@@ -9,7 +9,7 @@ use super::*;
 pub struct Detachment {
     pub parent_cluster: String,
     /// RFC 3339.
-    pub since: String,
+    pub since: Timestamp,
 }
 
 /// What a detached node multicasts on its LAN (to [`REJOIN_GROUP`] on `rejoinPort`), every

@@ -11,7 +11,7 @@ pub struct BackupRecord {
     /// The node whose disk holds it.
     pub node: String,
     pub path: String,
-    pub taken_at: String,
+    pub taken_at: Timestamp,
     pub size_bytes: u64,
     pub sha256: String,
     /// `schedule` (the leader's) or `manual` (`katcall backup create`).
@@ -39,7 +39,7 @@ pub struct ObjectReference {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
-    pub timestamp: String,
+    pub timestamp: Timestamp,
     #[serde(rename = "type")]
     pub event_type: EventType,
     pub reason: String,

@@ -41,8 +41,8 @@ pub struct JoinTokenInfo {
     /// What it admits; `worker` for a record made before tokens had a role.
     #[serde(default)]
     pub role: JoinRole,
-    pub created_at: String,
-    pub expires_at: String,
+    pub created_at: Timestamp,
+    pub expires_at: Timestamp,
     /// Addresses a joining node may advertise besides the one its join comes from (a node
     /// behind NAT, say); empty: only its source address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -72,7 +72,7 @@ pub struct NewJoinToken {
     pub id: String,
     #[serde(default)]
     pub role: JoinRole,
-    pub expires_at: String,
+    pub expires_at: Timestamp,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
     /// `sha256:…` of the cluster CA, for `kat-agent join --ca-pin`.

@@ -1,13 +1,14 @@
 //! Types on the wire between `katcall`, agents and the leader: JSON in camelCase.
 //!
-//! These are the API's representation (RFC 001 §8.2). Timestamps are RFC 3339 strings in UTC,
+//! These are the API's representation (RFC 001 §8.2). Timestamps are [`Timestamp`]s (RFC 3339 strings in UTC),
 //! quantities are integers (millicores, bytes) so that clients never parse units. One file per
 //! domain; every type is re-exported here, so `kat_api::wire::X` names them all.
 
 use std::collections::BTreeMap;
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::timestamp::Timestamp;
 
 pub use crate::workload::TaintEffect;
 
@@ -22,11 +23,6 @@ pub use events::*;
 pub use join::*;
 pub use nodes::*;
 pub use workloads::*;
-
-/// Format a time as RFC 3339 with milliseconds, e.g. `2026-11-21T10:43:00.123Z`.
-pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
-}
 
 /// An address as the host part of a URL: IPv6 in brackets (`https://[fd00::1]:9115`).
 pub fn url_host(ip: &str) -> String {
@@ -100,7 +96,10 @@ pub struct ObjectMeta {
     /// The store revision this object was read at; send it back to update conditionally.
     #[serde(default)]
     pub resource_version: i64,
-    pub creation_timestamp: String,
+    /// When the object was first stored; absent on objects KAT does not store as such
+    /// (a node, assembled from its registration and heartbeat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
@@ -180,7 +179,7 @@ mod tests {
             exit_code: None,
             reason: None,
             ip: None,
-            started_at: Some(rfc3339(std::time::UNIX_EPOCH)),
+            started_at: Some(std::time::UNIX_EPOCH.into()),
             finished_at: None,
             warnings: vec![],
             usage: None,

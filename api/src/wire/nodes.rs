@@ -76,7 +76,7 @@ pub struct Node {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_heartbeat: Option<String>,
+    pub last_heartbeat: Option<Timestamp>,
     /// What the node used at its last heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -91,7 +91,7 @@ pub struct Node {
     pub leader: bool,
     /// Since when it leads (RFC 3339); only on the leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub leader_since: Option<String>,
+    pub leader_since: Option<Timestamp>,
 }
 
 /// The current leader ([`crate::keys::LEADER`]), written by the node that wins the election,
@@ -104,7 +104,7 @@ pub struct LeaderRecord {
     /// Its API endpoint (as in [`crate::keys::LEADER_ENDPOINT`]).
     pub endpoint: String,
     /// RFC 3339: when it won the election.
-    pub since: String,
+    pub since: Timestamp,
 }
 
 /// A node removed with `katcall delete node`: its certificate is refused from then on.
@@ -115,7 +115,7 @@ pub struct RevokedNode {
     /// The serial (hex) of the certificate it had; `None` if it never recorded one.
     #[serde(default)]
     pub serial: Option<String>,
-    pub revoked_at: String,
+    pub revoked_at: Timestamp,
 }
 
 /// The answer to a worker's heartbeat: the control plane as it is now, so the worker's list
@@ -181,7 +181,7 @@ pub struct EtcdJoin {
 #[serde(rename_all = "camelCase")]
 pub struct NodeHeartbeat {
     pub node: String,
-    pub timestamp: String,
+    pub timestamp: Timestamp,
     pub capacity: ResourceList,
     pub allocatable: ResourceList,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -70,9 +70,9 @@ pub struct InstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Timestamp>,
     /// Limits the node could not enforce, said out loud.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -129,9 +129,9 @@ pub struct BuildReport {
     /// True when the image came from the build cache and nothing was built.
     #[serde(default)]
     pub from_cache: bool,
-    pub started_at: String,
+    pub started_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -230,7 +230,7 @@ pub struct InstanceRecord {
     /// The job run this instance belongs to (jobs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_run: Option<String>,
-    pub created_at: String,
+    pub created_at: Timestamp,
     /// Its address, from its node's subnet (the leader's IPAM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<std::net::IpAddr>,
@@ -266,11 +266,11 @@ pub struct JobRun {
     pub reason: Option<String>,
     pub succeeded: u32,
     pub failed: u32,
-    pub started_at: String,
+    pub started_at: Timestamp,
     /// Start in milliseconds since the epoch, for deadlines (strings are for people).
     pub started_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Timestamp>,
     /// The cron tick this run is for, in minutes since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_minute: Option<u64>,

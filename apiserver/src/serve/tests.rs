@@ -463,7 +463,7 @@ impl Api {
 fn heartbeat(node: &str) -> String {
     serde_json::to_string(&kat_api::wire::NodeHeartbeat {
         node: node.into(),
-        timestamp: "2026-01-01T00:00:00Z".into(),
+        timestamp: "2026-01-01T00:00:00Z".parse().unwrap(),
         capacity: Default::default(),
         allocatable: Default::default(),
         gpus: vec![],

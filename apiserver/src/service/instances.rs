@@ -60,7 +60,8 @@ impl Service {
                 ErrorCode::Unavailable,
                 format!(
                     "instance {id} of {key} ran on node {node}, which is NotReady (last heartbeat {}): its logs are kept there; try again once the node is back",
-                    n.last_heartbeat.as_deref().unwrap_or("never")
+                    n.last_heartbeat
+                        .map_or_else(|| "never".to_string(), |t| t.to_string())
                 ),
             )),
             Some(_) => Ok(f.record),

@@ -15,12 +15,12 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use kat_api::keys;
 use kat_api::wire::{
-    rfc3339, ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinRole, JoinTokenInfo,
-    JoinTokenRecord, NewJoinToken, NodeState, HOSTNAME_LABEL, NODE_TYPE_LABEL, ROLE_LABEL,
+    ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinRole, JoinTokenInfo, JoinTokenRecord,
+    NewJoinToken, NodeState, HOSTNAME_LABEL, NODE_TYPE_LABEL, ROLE_LABEL,
 };
 use kat_pki::{Authority, JoinToken, NodeRole};
 use kat_store::{Compare, EtcdStore, JsonStore, KeyValue, Txn, TxnOp};
@@ -168,8 +168,8 @@ impl Service {
             info: JoinTokenInfo {
                 id: token.id.clone(),
                 role: options.role,
-                created_at: rfc3339(now),
-                expires_at: rfc3339(now + ttl),
+                created_at: now.into(),
+                expires_at: (now + ttl).into(),
                 addresses,
                 used_by: vec![],
                 max_uses: options.max_uses,
@@ -234,8 +234,7 @@ impl Service {
                 token.id
             )));
         }
-        let expires = humantime::parse_rfc3339_weak(&record.info.expires_at)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let expires = record.info.expires_at.system_time();
         if self.clock.wall() > expires {
             return Err(unauthorized(format!(
                 "join token {} expired at {}; create a new one with `katcall create join-token`",

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use kat_api::keys;
 use kat_api::wire::{
-    rfc3339, DnsRecord, EventType, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
-    NodeRegistration, OverlayPeer, RevokedNode, TemplateProblem, WireguardKey,
+    DnsRecord, EventType, HeartbeatAnswer, InstanceRecord, NodeHeartbeat, NodeRegistration,
+    OverlayPeer, RevokedNode, TemplateProblem, WireguardKey,
 };
 use kat_leader::assignments::AssignmentWatch;
 use kat_store::Txn;
@@ -267,7 +267,7 @@ impl Service {
             };
             let reason: String = p.reason.chars().take(MAX_REASON).collect();
             ops.extend(self.events.ops(&kat_leader::events::event(
-                rfc3339(self.clock.wall()),
+                self.clock.timestamp(),
                 EventType::Warning,
                 "TemplateMissing",
                 kat_leader::events::workload_ref(&r.namespace, &r.workload),

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use kat_api::keys;
 use kat_api::wire::{
-    rfc3339, ErrorCode, EventType, LeaderRecord, Node, NodeHeartbeat, NodeRegistration, NodeState,
+    ErrorCode, EventType, LeaderRecord, Node, NodeHeartbeat, NodeRegistration, NodeState,
     ObjectMeta, RevokedNode, Taint,
 };
 use kat_leader::node_admin;
@@ -21,12 +21,9 @@ pub fn node_object(
     node_loss_timeout: Duration,
     now: SystemTime,
 ) -> Node {
-    let fresh = hb.as_ref().is_some_and(|hb| {
-        humantime::parse_rfc3339(&hb.timestamp)
-            .ok()
-            .and_then(|t| now.duration_since(t).ok().or(Some(Duration::ZERO)))
-            .is_some_and(|age| age <= node_loss_timeout)
-    });
+    let fresh = hb
+        .as_ref()
+        .is_some_and(|hb| hb.timestamp.age(now) <= node_loss_timeout);
     let draining = reg.as_ref().is_some_and(|r| r.draining);
     let state = match (fresh, draining) {
         (false, _) => NodeState::NotReady,
@@ -200,7 +197,7 @@ impl Service {
         let revoked = RevokedNode {
             node: name.to_string(),
             serial,
-            revoked_at: rfc3339(self.clock.wall()),
+            revoked_at: self.clock.timestamp(),
         };
         let txn = Txn::new().and_then([
             TxnOp::put_json(keys::revoked_node(name), &revoked)?,
@@ -210,7 +207,7 @@ impl Service {
         ]);
         self.store.txn(txn).await?;
         let ops = self.events.ops(&kat_leader::events::event(
-            rfc3339(self.clock.wall()),
+            self.clock.timestamp(),
             EventType::Normal,
             "NodeRemoved",
             kat_leader::events::node_ref(name),

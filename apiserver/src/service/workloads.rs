@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use kat_api::wire::{
-    rfc3339, ErrorCode, EventType, PinnedWorkloadAnswer, WebhookInfo, WorkloadMeta, WorkloadObject,
+    ErrorCode, EventType, PinnedWorkloadAnswer, WebhookInfo, WorkloadMeta, WorkloadObject,
     WorkloadStatus, NODE_NAME_LABEL,
 };
 use kat_api::{bundle, keys, WorkloadBundle, WorkloadKey};
@@ -187,7 +187,7 @@ impl Service {
             other => other?,
         };
         let ops = self.events.ops(&kat_leader::events::event(
-            rfc3339(self.clock.wall()),
+            self.clock.timestamp(),
             EventType::Normal,
             "DetachedWorkloadAccepted",
             kat_leader::events::workload_ref(ns, &name),
@@ -550,7 +550,7 @@ impl Service {
         let record = keys::workload_hook_delivery(&key.namespace, &key.name, &digest);
         let value = serde_json::json!({
             "delivery": delivery,
-            "receivedAt": self.clock.rfc3339(),
+            "receivedAt": self.clock.timestamp(),
         });
         let lease = self.store.grant_lease(HOOK_REPLAY_WINDOW).await?;
         let done = self

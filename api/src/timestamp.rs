@@ -1,0 +1,144 @@
+//! [`Timestamp`]: an instant as KAT stores and shows it.
+//!
+//! On the wire and in etcd a timestamp is RFC 3339 in UTC with milliseconds
+//! (`2026-11-21T10:43:00.123Z`), the form every record has had; in code it is a
+//! `SystemTime`, parsed once by serde, so that comparing, ageing and sorting never go
+//! through strings. Reading accepts any RFC 3339 time humantime reads (fewer or more
+//! fractional digits, no fraction); a value that is not one is an error naming what was
+//! expected, never a silent zero.
+//!
+//! Container log lines keep their own nanosecond stamps (`kat_runtime::logs`): a log line
+//! is text the runtime wrote, and `--since` compares at that precision.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// An instant, shown and stored as RFC 3339 with milliseconds in UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(SystemTime);
+
+impl Timestamp {
+    /// Now, by the wall clock.
+    pub fn now() -> Timestamp {
+        Timestamp(SystemTime::now())
+    }
+
+    /// The instant as a `SystemTime`.
+    pub fn system_time(self) -> SystemTime {
+        self.0
+    }
+
+    /// Milliseconds since the Unix epoch (0 before it).
+    pub fn unix_millis(self) -> u64 {
+        self.0
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO)
+            .as_millis()
+            .try_into()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// How long ago this was by `now`; zero for an instant in the future (a skewed clock).
+    pub fn age(self, now: SystemTime) -> Duration {
+        now.duration_since(self.0).unwrap_or(Duration::ZERO)
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Timestamp {
+        Timestamp(t)
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(t: Timestamp) -> SystemTime {
+        t.0
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&humantime::format_rfc3339_millis(self.0), f)
+    }
+}
+
+/// A text that is not an RFC 3339 time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an RFC 3339 time (expected e.g. 2026-11-21T10:43:00.123Z)")]
+pub struct BadTimestamp {
+    pub text: String,
+}
+
+impl FromStr for Timestamp {
+    type Err = BadTimestamp;
+
+    fn from_str(text: &str) -> Result<Timestamp, BadTimestamp> {
+        humantime::parse_rfc3339_weak(text)
+            .map(Timestamp)
+            .map_err(|_| BadTimestamp {
+                text: text.to_string(),
+            })
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Timestamp, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timestamp_reads_back_what_it_wrote_at_millisecond_precision() {
+        let t = Timestamp::from(UNIX_EPOCH + Duration::from_millis(1_795_000_000_123));
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(json, "\"2026-11-18T11:06:40.123Z\"");
+        assert_eq!(serde_json::from_str::<Timestamp>(&json).unwrap(), t);
+        assert_eq!(t.unix_millis(), 1_795_000_000_123);
+    }
+
+    #[test]
+    fn records_written_with_other_precisions_still_read() {
+        for text in [
+            "2026-11-18T11:06:40Z",
+            "2026-11-18T11:06:40.1Z",
+            "2026-11-18T11:06:40.123456789Z",
+        ] {
+            let t: Timestamp = text.parse().unwrap();
+            assert_eq!(t.unix_millis() / 1000, 1_795_000_000, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_text_that_is_no_time_is_an_error_naming_it() {
+        let err = serde_json::from_str::<Timestamp>("\"yesterday\"").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"yesterday\" is not an RFC 3339 time"),
+            "{err}"
+        );
+        assert!(serde_json::from_str::<Timestamp>("\"\"").is_err());
+    }
+
+    #[test]
+    fn timestamps_order_by_time_not_by_text() {
+        let early: Timestamp = "2026-11-18T11:06:40.9Z".parse().unwrap();
+        let late: Timestamp = "2026-11-18T11:06:41Z".parse().unwrap();
+        assert!(early < late);
+        assert_eq!(late.age(early.system_time()), Duration::ZERO);
+        assert_eq!(early.age(late.system_time()), Duration::from_millis(100));
+    }
+}
