@@ -18,7 +18,7 @@ use crate::supervisor::builds::{BuildLog, Builds};
 use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
 
 pub struct LocalAccess {
-    pub node: String,
+    pub node: kat_api::wire::NodeName,
     pub runtime: Arc<dyn ContainerRuntime>,
     pub builds: Builds,
     /// Logs of finished instances kept after their containers went (`crate::kept_logs`).
@@ -45,7 +45,11 @@ impl LocalAccess {
             .map_err(|e| AccessError::Unavailable(e.to_string()))?;
         let mut attempts: Vec<(u32, String)> = containers
             .into_iter()
-            .filter(|c| c.labels.get(LABEL_INSTANCE) == Some(&record.instance_id))
+            .filter(|c| {
+                c.labels
+                    .get(LABEL_INSTANCE)
+                    .is_some_and(|l| *l == record.instance_id)
+            })
             .map(|c| {
                 let attempt = c
                     .labels

@@ -54,7 +54,7 @@ pub fn allocatable(capacity: ResourceList) -> ResourceList {
 
 pub async fn run(
     link: Arc<dyn ControlPlane>,
-    node: String,
+    node: kat_api::wire::NodeName,
     tick: Duration,
     mut statuses: watch::Receiver<Statuses>,
     mut builds: watch::Receiver<Vec<BuildReport>>,

@@ -189,7 +189,7 @@ pub async fn join(join: JoinOptions, options: NodeOptions) -> Result<()> {
     let (key_pem, csr) = kat_pki::key_and_csr(&node_name)?;
     let request = JoinRequest {
         token: token.to_string(),
-        node_name: node_name.clone(),
+        node_name: node_name.to_string(),
         csr,
         address: advertise.to_string(),
         etcd_peer: join.etcd_peer,
@@ -277,7 +277,7 @@ fn write_files(
     leader_api: &str,
     key_pem: &str,
     response: &JoinResponse,
-    node_name: &str,
+    node_name: &kat_api::wire::NodeName,
     advertise: IpAddr,
 ) -> Result<()> {
     let cluster = kat_api::parse_cluster(
@@ -302,7 +302,7 @@ fn write_files(
         crate::control_plane::write_endpoints(&layout.api_endpoints(), &endpoints)?;
     }
     let identity = NodeIdentity {
-        node_name: node_name.to_string(),
+        node_name: node_name.clone(),
         cluster_name: cluster.metadata.name,
         advertise_address: advertise.to_string(),
         initialized_at: kat_api::wire::Timestamp::now(),

@@ -39,7 +39,7 @@ pub const MAX_KEPT_BYTES: usize = 4 << 20;
 #[serde(rename_all = "camelCase")]
 pub struct KeptMeta {
     #[serde(rename = "instanceID")]
-    pub instance_id: String,
+    pub instance_id: kat_api::wire::InstanceId,
     pub namespace: String,
     pub workload: String,
     /// The container it came from, and that container's attempt (restarts before it).
@@ -251,8 +251,12 @@ impl KeepingRuntime {
             }
         };
         let records = newest_within(&mut rx, MAX_KEPT_BYTES).await;
+        // Only a container of a real instance has a log worth keeping under its id's name.
+        let Ok(instance_id) = kat_api::wire::InstanceId::parse(instance.as_str()) else {
+            return;
+        };
         let meta = KeptMeta {
-            instance_id: instance.clone(),
+            instance_id,
             namespace: status.namespace.clone(),
             workload: status.workload.clone(),
             container: id.to_string(),
@@ -348,7 +352,7 @@ mod tests {
 
     fn meta(id: &str, kept_at: SystemTime) -> KeptMeta {
         KeptMeta {
-            instance_id: id.into(),
+            instance_id: id.parse().unwrap(),
             namespace: "default".into(),
             workload: "report".into(),
             container: format!("{id}-0"),

@@ -28,7 +28,7 @@ pub struct Layout {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeIdentity {
-    pub node_name: String,
+    pub node_name: kat_api::wire::NodeName,
     pub cluster_name: String,
     pub advertise_address: String,
     pub initialized_at: kat_api::wire::Timestamp,

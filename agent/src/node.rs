@@ -114,7 +114,7 @@ fn ensure_root_subids() -> Result<()> {
     Ok(())
 }
 
-pub fn node_name(options: &NodeOptions) -> Result<String> {
+pub fn node_name(options: &NodeOptions) -> Result<kat_api::wire::NodeName> {
     let name = match &options.node_name {
         Some(n) => n.clone(),
         None => nix::unistd::gethostname()
@@ -125,7 +125,7 @@ pub fn node_name(options: &NodeOptions) -> Result<String> {
     if let Some(problem) = kat_api::names::dns_label_problem(&name) {
         bail!("node name {name:?}: {problem} (pass --node-name)");
     }
-    Ok(name)
+    kat_api::wire::NodeName::parse(name).map_err(|e| anyhow::anyhow!("{e} (pass --node-name)"))
 }
 
 /// Run an initialized node until SIGINT or SIGTERM: a control-plane node (an etcd member)

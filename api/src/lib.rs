@@ -28,6 +28,7 @@ pub mod quantity;
 pub mod report;
 pub mod template;
 pub mod timestamp;
+pub mod typed_names;
 pub mod wire;
 pub mod workload;
 pub mod workload_key;

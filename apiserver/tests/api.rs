@@ -259,10 +259,10 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
         .unwrap();
     let kept = |id: &str, node: &str| FinishedInstance {
         record: InstanceRecord {
-            instance_id: id.into(),
+            instance_id: id.parse().unwrap(),
             namespace: "default".into(),
             workload: "report".into(),
-            node: node.into(),
+            node: node.parse().unwrap(),
             generation: 1,
             spec_hash: "h".into(),
             workload_type: kat_api::workload::WorkloadType::Job,

@@ -28,10 +28,10 @@ struct Api {
 
 fn record(node: &str, id: &str, workload: &str, hash: &str) -> InstanceRecord {
     InstanceRecord {
-        instance_id: id.into(),
+        instance_id: id.parse().unwrap(),
         namespace: "default".into(),
         workload: workload.into(),
-        node: node.into(),
+        node: node.parse().unwrap(),
         generation: 1,
         spec_hash: hash.into(),
         workload_type: kat_api::workload::WorkloadType::Service,
@@ -176,7 +176,7 @@ impl Api {
 
 fn heartbeat(node: &str) -> String {
     serde_json::to_string(&NodeHeartbeat {
-        node: node.into(),
+        node: node.parse().unwrap(),
         timestamp: "2026-01-01T00:00:00Z".parse().unwrap(),
         capacity: Default::default(),
         allocatable: Default::default(),

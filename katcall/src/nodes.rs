@@ -162,7 +162,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
             .map(|i| {
                 vec![
                     format!("{}/{}", i.namespace, i.workload),
-                    i.instance_id.clone(),
+                    i.instance_id.to_string(),
                     format!("{:?}", i.state),
                     format!("{:?}", i.health),
                     i.restarts.to_string(),

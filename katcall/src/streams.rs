@@ -49,7 +49,7 @@ async fn resolve(client: &Client, target: &str, ns: &str) -> Result<(String, Str
                 String::new()
             }
         );
-        return Ok((workload, last.record.instance_id.clone()));
+        return Ok((workload, last.record.instance_id.to_string()));
     };
     if instances.len() > 1 {
         eprintln!(
@@ -59,7 +59,7 @@ async fn resolve(client: &Client, target: &str, ns: &str) -> Result<(String, Str
             first.instance_id
         );
     }
-    Ok((workload, first.instance_id.clone()))
+    Ok((workload, first.instance_id.to_string()))
 }
 
 /// Which lines `katcall logs` asks for.
@@ -91,7 +91,7 @@ async fn resolve_build(client: &Client, target: &str, ns: &str) -> Result<(Strin
             .find(|i| i.node.as_deref() == Some(node.as_str()))
     });
     match on_node {
-        Some(i) => Ok((target.to_string(), i.instance_id.clone())),
+        Some(i) => Ok((target.to_string(), i.instance_id.to_string())),
         None => resolve(client, target, ns).await,
     }
 }

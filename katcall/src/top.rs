@@ -62,8 +62,8 @@ pub async fn instances(client: &Client, ns: Option<&str>, format: Format) -> Res
             let u: Option<Usage> = i.usage;
             let mut row = vec![
                 i.workload.clone(),
-                i.instance_id.clone(),
-                i.node.clone().unwrap_or_else(|| "-".into()),
+                i.instance_id.to_string(),
+                i.node.as_deref().unwrap_or("-").to_string(),
                 u.map_or("-".into(), |u| cpu(u.cpu_millis)),
                 u.map_or("-".into(), |u| output::bytes(u.memory_bytes)),
                 u.map_or("-".into(), |u| u.pids.to_string()),

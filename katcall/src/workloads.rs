@@ -224,9 +224,9 @@ fn instance_rows(list: &[InstanceStatus], wide: bool) -> Vec<Vec<String>> {
     list.iter()
         .map(|i| {
             let mut row = vec![
-                i.instance_id.clone(),
+                i.instance_id.to_string(),
                 i.workload.clone(),
-                i.node.clone().unwrap_or_else(|| "-".into()),
+                i.node.as_deref().unwrap_or("-").to_string(),
                 format!("{:?}", i.state),
                 format!("{:?}", i.health),
                 i.restarts.to_string(),

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use kat_api::keys;
-use kat_api::wire::{AssignmentUpdate, InstanceRecord};
+use kat_api::wire::{AssignmentUpdate, InstanceId, InstanceRecord};
 use kat_store::{EventKind, Result, StateStore, StoreError, WatchEvent, WatchOptions, WatchStream};
 
 pub struct AssignmentWatch {
@@ -147,7 +147,8 @@ impl AssignmentWatch {
                 }),
             EventKind::Delete => Some(AssignmentUpdate::Delete {
                 revision,
-                instance_id: event.kv.key.get(self.prefix.len()..)?.to_string(),
+                // A key whose last part is no instance id is not one of ours: nothing to delete.
+                instance_id: InstanceId::parse(event.kv.key.get(self.prefix.len()..)?).ok()?,
             }),
         }
     }
@@ -163,10 +164,10 @@ mod tests {
 
     fn record(node: &str, id: &str) -> InstanceRecord {
         InstanceRecord {
-            instance_id: id.into(),
+            instance_id: id.parse().unwrap(),
             namespace: "default".into(),
             workload: "web".into(),
-            node: node.into(),
+            node: node.parse().unwrap(),
             generation: 1,
             spec_hash: "h".into(),
             workload_type: kat_api::workload::WorkloadType::Service,

@@ -71,7 +71,7 @@ pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
                 break;
             }
             let mut b = b.clone();
-            b.node = Some(node.clone());
+            b.node = Some(node.to_string());
             if b.message.len() > MESSAGE_LIMIT {
                 let mut cut = b.message.len() - MESSAGE_LIMIT;
                 while !b.message.is_char_boundary(cut) {

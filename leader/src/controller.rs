@@ -19,11 +19,11 @@ use ipnet::IpNet;
 use kat_api::cluster::ClusterSpec;
 use kat_api::keys;
 use kat_api::load_balancer::HostPort;
-use kat_api::wire::Timestamp;
 use kat_api::wire::{
     Event, EventType, Health, InstanceRecord, InstanceState, InstanceStatus, ObjectReference,
     ResourceList, WorkloadStatus,
 };
+use kat_api::wire::{InstanceId, Timestamp};
 use kat_api::workload::{GpuRequest, MaxSurge, Toleration, UpdateStrategyType, WorkloadType};
 use kat_api::WorkloadKey;
 use kat_store::{
@@ -131,7 +131,7 @@ pub struct Memory {
     pub builds: crate::builds::BuildMemory,
     /// Ended Service instances already kept once ([`crate::finished::reconcile`]): never
     /// kept again after the retention dropped them.
-    pub archived: HashSet<String>,
+    pub archived: HashSet<InstanceId>,
 }
 
 /// What the controllers need to know about a workload, extracted once per round.
@@ -191,7 +191,7 @@ pub struct Round<'a> {
     pub terminating: HashMap<WorkloadKey, u32>,
     pub plan: Plan,
     pub rng: &'a mut StdRng,
-    new_ids: HashSet<String>,
+    new_ids: HashSet<InstanceId>,
     /// Node subnets, with those given this round.
     subnets: HashMap<String, IpNet>,
     /// Addresses in use per node: its instances' and those of containers it still reports.
@@ -231,9 +231,9 @@ impl<'a> Round<'a> {
         ));
     }
 
-    fn new_id(&mut self, name: &str) -> String {
+    fn new_id(&mut self, name: &str) -> InstanceId {
         loop {
-            let id = format!("{name}-{:08x}", self.rng.gen::<u32>());
+            let id = InstanceId::generated(name, self.rng.gen::<u32>());
             if !self.view.instances.contains_key(&id) && self.new_ids.insert(id.clone()) {
                 return id;
             }
@@ -260,8 +260,8 @@ impl<'a> Round<'a> {
     ) -> InstanceRecord {
         let id = self.new_id(&w.key.name);
         let name = &self.nodes[node].name;
-        let ip = self.subnets.get(name).and_then(|subnet| {
-            let used = self.used_ips.entry(name.clone()).or_default();
+        let ip = self.subnets.get(name.as_str()).and_then(|subnet| {
+            let used = self.used_ips.entry(name.to_string()).or_default();
             let ip = self.quarantine.pick(name, subnet, used, self.now)?;
             used.insert(ip);
             Some(ip)
@@ -355,7 +355,7 @@ impl<'a> Round<'a> {
 
     /// Delete an instance record (its node stops the container) and release its resources.
     pub fn delete_instance(&mut self, record: &InstanceRecord) {
-        if let Some(&i) = self.node_index.get(&record.node) {
+        if let Some(&i) = self.node_index.get(record.node.as_str()) {
             self.loads[i].remove(record);
         }
         self.plan
@@ -737,7 +737,7 @@ fn addresses_in_use(
     let mut used_ips: HashMap<String, HashSet<IpAddr>> = HashMap::new();
     for r in view.instances.values() {
         if let Some(ip) = r.ip {
-            used_ips.entry(r.node.clone()).or_default().insert(ip);
+            used_ips.entry(r.node.to_string()).or_default().insert(ip);
         }
     }
     for (node, s) in reported.values() {
@@ -783,11 +783,11 @@ fn build_round<'a>(
     let node_index: HashMap<String, usize> = nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| (n.name.clone(), i))
+        .map(|(i, n)| (n.name.to_string(), i))
         .collect();
     let mut loads = vec![NodeLoad::default(); nodes.len()];
     for r in view.instances.values() {
-        if let Some(&i) = node_index.get(&r.node) {
+        if let Some(&i) = node_index.get(r.node.as_str()) {
             loads[i].add(r);
         }
     }
@@ -841,18 +841,19 @@ fn sched_nodes(
             let hb = entry.heartbeat.as_ref()?;
             Some(SchedNode {
                 name: name.clone(),
-                schedulable: ready.get(name).copied().unwrap_or(false) && !reg.draining,
+                schedulable: ready.get(name.as_str()).copied().unwrap_or(false) && !reg.draining,
                 labels: reg.labels.clone(),
                 taints: reg.taints.clone(),
                 allocatable: hb.allocatable,
                 gpus: hb.gpus.clone(),
-                free_ips: match (config.addresses, view.subnets.get(name)) {
+                free_ips: match (config.addresses, view.subnets.get(name.as_str())) {
                     // Without an address plan instances get no address: nothing to run out of.
                     (None, _) => u64::MAX,
                     (Some(_), None) => 0,
-                    (Some(_), Some(subnet)) => {
-                        ipam::free_count(subnet, used_ips.get(name).map_or(0, HashSet::len))
-                    }
+                    (Some(_), Some(subnet)) => ipam::free_count(
+                        subnet,
+                        used_ips.get(name.as_str()).map_or(0, HashSet::len),
+                    ),
                 },
             })
         })

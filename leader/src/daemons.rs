@@ -20,7 +20,7 @@ use crate::scheduler;
 pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
     let mut by_node: HashMap<String, Vec<&InstanceRecord>> = HashMap::new();
     for r in round.instances_of(&w.key) {
-        by_node.entry(r.node.clone()).or_default().push(r);
+        by_node.entry(r.node.to_string()).or_default().push(r);
     }
     let req = w.request();
     let mut created = Vec::new();
@@ -53,7 +53,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
 
     for i in 0..round.nodes.len() {
         let name = round.nodes[i].name.clone();
-        let records = by_node.remove(&name).unwrap_or_default();
+        let records = by_node.remove(name.as_str()).unwrap_or_default();
         let ready = round.node_ready(&name);
         let draining = round
             .view

@@ -11,7 +11,7 @@
 
 use kat_api::finished::{retained, FinishedInstance};
 use kat_api::keys;
-use kat_api::wire::{InstanceRecord, InstanceState, Timestamp};
+use kat_api::wire::{InstanceId, InstanceRecord, InstanceState, Timestamp};
 use kat_api::workload::{RestartCondition, WorkloadType};
 use kat_api::WorkloadKey;
 use kat_store::TxnOp;
@@ -32,9 +32,7 @@ pub fn archive_op(
         exit_code: reported.and_then(|s| s.exit_code),
         reason,
         started_at: reported.and_then(|s| s.started_at),
-        finished_at: reported
-            .and_then(|s| s.finished_at)
-            .unwrap_or(round.wall),
+        finished_at: reported.and_then(|s| s.finished_at).unwrap_or(round.wall),
         finished_ms: finished_ms(round, reported.and_then(|s| s.finished_at)),
     };
     match serde_json::to_vec(&kept) {
@@ -70,7 +68,7 @@ pub fn reconcile(
     round: &mut Round<'_>,
     workloads: &[WorkloadCtx],
     exists: impl Fn(&WorkloadKey) -> bool,
-    archived: &mut std::collections::HashSet<String>,
+    archived: &mut std::collections::HashSet<InstanceId>,
 ) {
     let view = round.view;
     let retention = round.config.finished;
@@ -99,7 +97,7 @@ pub fn reconcile(
                 InstanceState::Succeeded | InstanceState::Failed | InstanceState::OOMKilled
             ) {
                 archived.insert(r.instance_id.clone());
-                items.push((r.instance_id.clone(), finished_ms(round, s.finished_at)));
+                items.push((r.instance_id.to_string(), finished_ms(round, s.finished_at)));
                 let refs: Vec<(&str, u64)> =
                     items.iter().map(|(run, ms)| (run.as_str(), *ms)).collect();
                 if !retained(&refs, retention, round.wall_ms).contains(&(items.len() - 1)) {

@@ -191,7 +191,7 @@ pub fn reconcile(round: &mut Round<'_>) {
     let mut taken: BTreeSet<IpNet> = view.subnets.values().copied().collect();
     let mut given: BTreeMap<String, IpNet> = BTreeMap::new();
     for (name, entry) in &view.nodes {
-        if entry.registration.is_none() || view.subnets.contains_key(name) {
+        if entry.registration.is_none() || view.subnets.contains_key(name.as_str()) {
             continue;
         }
         let Some(subnet) = plan.free_subnet(&taken) else {
@@ -218,7 +218,7 @@ pub fn reconcile(round: &mut Round<'_>) {
             crate::events::node_ref(name),
             format!("node {name} has subnet {subnet}"),
         );
-        given.insert(name.clone(), subnet);
+        given.insert(name.to_string(), subnet);
     }
     for (name, subnet) in given {
         round.give_subnet(&name, subnet);
@@ -227,7 +227,7 @@ pub fn reconcile(round: &mut Round<'_>) {
     for name in view.subnets.keys() {
         let registered = view
             .nodes
-            .get(name)
+            .get(name.as_str())
             .is_some_and(|n| n.registration.is_some());
         if !registered && !in_use.contains(name.as_str()) {
             round

@@ -342,7 +342,7 @@ impl Metrics {
         for hb in heartbeats {
             if let Some(u) = hb.usage {
                 let node = NodeLabels {
-                    node: hb.node.clone(),
+                    node: hb.node.to_string(),
                 };
                 set(&self.node_cpu, &node, u.cpu_millis);
                 set(&self.node_memory, &node, u.memory_bytes);
@@ -360,8 +360,8 @@ impl Metrics {
                 let labels = InstanceLabels {
                     namespace: i.namespace.clone(),
                     workload: i.workload.clone(),
-                    instance: i.instance_id.clone(),
-                    node: hb.node.clone(),
+                    instance: i.instance_id.to_string(),
+                    node: hb.node.to_string(),
                 };
                 set(&self.instance_restarts, &labels, u64::from(i.restarts));
                 if let Some(u) = i.usage {
@@ -423,10 +423,10 @@ mod tests {
 
     fn instance(id: &str, state: InstanceState, usage: Option<Usage>) -> InstanceStatus {
         InstanceStatus {
-            instance_id: id.into(),
+            instance_id: id.parse().unwrap(),
             namespace: "default".into(),
             workload: "web".into(),
-            node: Some("n1".into()),
+            node: Some("n1".parse().unwrap()),
             generation: 1,
             state,
             health: Health::Unknown,
@@ -446,11 +446,15 @@ mod tests {
         let mut instances = Vec::new();
         for (state, n) in states {
             for k in 0..*n {
-                instances.push(instance(&format!("web-{state:?}-{k}"), *state, None));
+                instances.push(instance(
+                    &format!("web-{state:?}-{k}").to_lowercase(),
+                    *state,
+                    None,
+                ));
             }
         }
         NodeHeartbeat {
-            node: node.into(),
+            node: node.parse().unwrap(),
             timestamp: "2026-11-23T00:00:00Z".parse().unwrap(),
             capacity: Default::default(),
             allocatable: Default::default(),

@@ -16,33 +16,33 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
             && entry
                 .last_seen
                 .is_some_and(|seen| now.saturating_duration_since(seen) <= timeout);
-        if entry.registration.is_some() && memory.known_nodes.insert(name.clone()) {
+        if entry.registration.is_some() && memory.known_nodes.insert(name.to_string()) {
             transitions.push((
                 EventType::Normal,
                 "NodeJoined",
-                name.clone(),
+                name.to_string(),
                 format!("node {name} registered"),
             ));
         }
-        match memory.ready.insert(name.clone(), ready) {
+        match memory.ready.insert(name.to_string(), ready) {
             Some(was) if was == ready => {}
             None if ready => transitions.push((
                 EventType::Normal,
                 "NodeReady",
-                name.clone(),
+                name.to_string(),
                 format!("node {name} is ready"),
             )),
             None => {}
             Some(_) if ready => transitions.push((
                 EventType::Normal,
                 "NodeReady",
-                name.clone(),
+                name.to_string(),
                 format!("node {name} is ready again"),
             )),
             Some(_) => transitions.push((
                 EventType::Warning,
                 "NodeNotReady",
-                name.clone(),
+                name.to_string(),
                 format!(
                     "node {name} sent no heartbeat for {}s; its Service instances are rescheduled",
                     timeout.as_secs()
@@ -57,7 +57,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
             round
                 .view
                 .nodes
-                .get(*n)
+                .get(n.as_str())
                 .is_none_or(|e| e.registration.is_none())
         })
         .cloned()
@@ -83,6 +83,11 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
             .get(&node.name)
             .and_then(|e| e.registration.as_ref())
             .is_some_and(|r| r.draining);
-        node.schedulable = round.ready.get(&node.name).copied().unwrap_or(false) && !draining;
+        node.schedulable = round
+            .ready
+            .get(node.name.as_str())
+            .copied()
+            .unwrap_or(false)
+            && !draining;
     }
 }

@@ -24,7 +24,7 @@ use rand::Rng;
 /// A node as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedNode {
-    pub name: String,
+    pub name: kat_api::wire::NodeName,
     /// Ready and not draining.
     pub schedulable: bool,
     pub labels: BTreeMap<String, String>,

@@ -49,7 +49,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         round
             .view
             .nodes
-            .get(&r.node)
+            .get(r.node.as_str())
             .and_then(|n| n.registration.as_ref())
             .is_some_and(|reg| reg.draining)
     };
@@ -181,7 +181,7 @@ pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&
         let registered = round
             .view
             .nodes
-            .get(&r.node)
+            .get(r.node.as_str())
             .is_some_and(|n| n.registration.is_some());
         if !round.node_ready(&r.node) && registered && pinned == Some(r.node.as_str()) {
             kept.push(r);

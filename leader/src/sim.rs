@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use kat_api::keys;
 use kat_api::wire::{
-    GpuInfo, Health, InstanceRecord, InstanceState, InstanceStatus, NodeHeartbeat,
+    GpuInfo, Health, InstanceRecord, InstanceState, InstanceStatus, NodeHeartbeat, NodeName,
     NodeRegistration, ResourceList, Taint,
 };
 use kat_api::WorkloadBundle;
@@ -60,7 +60,7 @@ struct SimInstance {
 }
 
 pub struct SimNode {
-    pub name: String,
+    pub name: NodeName,
     pub allocatable: ResourceList,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
@@ -71,13 +71,13 @@ pub struct SimNode {
     pub stop_delay: Duration,
     /// Builds the node reports in its heartbeats.
     pub builds: Vec<kat_api::wire::BuildReport>,
-    instances: BTreeMap<String, SimInstance>,
+    instances: BTreeMap<kat_api::wire::InstanceId, SimInstance>,
 }
 
 impl SimNode {
     pub fn new(name: &str, cpu_millis: u64, memory_bytes: u64) -> Self {
         SimNode {
-            name: name.to_string(),
+            name: NodeName::parse(name).unwrap_or_else(|e| panic!("a simulated node: {e}")),
             allocatable: ResourceList {
                 cpu_millis,
                 memory_bytes,
@@ -209,7 +209,7 @@ impl SimNode {
 
     pub fn registration(&self) -> NodeRegistration {
         NodeRegistration {
-            name: self.name.clone(),
+            name: self.name.to_string(),
             addresses: vec![],
             labels: self.labels.clone(),
             taints: self.taints.clone(),

@@ -12,8 +12,8 @@ use ipnet::IpNet;
 use kat_api::finished::FinishedInstance;
 use kat_api::keys::{self, Key};
 use kat_api::wire::{
-    DnsRecord, InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeRegistration,
-    WorkloadMeta,
+    DnsRecord, InstanceId, InstanceRecord, InstanceStatus, JobRun, NodeHeartbeat, NodeName,
+    NodeRegistration, WorkloadMeta,
 };
 use kat_api::{Template, WorkloadKey};
 use kat_store::{Revision, TxnOp};
@@ -41,9 +41,9 @@ pub struct NodeEntry {
 #[derive(Default)]
 pub struct ClusterView {
     pub workloads: BTreeMap<WorkloadKey, WorkloadEntry>,
-    pub nodes: BTreeMap<String, NodeEntry>,
+    pub nodes: BTreeMap<NodeName, NodeEntry>,
     /// Instance records by instance id.
-    pub instances: BTreeMap<String, InstanceRecord>,
+    pub instances: BTreeMap<InstanceId, InstanceRecord>,
     /// Job runs by workload, then run id.
     pub job_runs: BTreeMap<WorkloadKey, BTreeMap<String, JobRun>>,
     /// Stored instance templates, (namespace, workload, hash), and the revision each was
@@ -55,11 +55,11 @@ pub struct ClusterView {
     pub dns: BTreeMap<String, DnsRecord>,
     /// Finished instances kept for their exit codes and logs, by workload, then instance id
     /// (`crate::finished`).
-    pub finished: BTreeMap<WorkloadKey, BTreeMap<String, FinishedInstance>>,
+    pub finished: BTreeMap<WorkloadKey, BTreeMap<InstanceId, FinishedInstance>>,
     /// Instances whose records this leader saw deleted, by id, with the node they were on:
     /// only that node may still report them (while their containers stop). Forgotten once
     /// the node stops reporting them or is gone.
-    departed: HashMap<String, String>,
+    departed: HashMap<InstanceId, NodeName>,
     /// The newest revision taken in. Watch events come in revision order, so everything
     /// written at an older revision (a whole transaction) has been taken in too.
     pub latest: Revision,
@@ -111,7 +111,11 @@ impl ClusterView {
                 }
             }
             Key::NodeRegistration { node } => {
-                let entry = self.nodes.entry(node.to_string()).or_default();
+                let Ok(name) = NodeName::parse(node) else {
+                    tracing::warn!(key, "a node key whose name is not a node name: ignored");
+                    return;
+                };
+                let entry = self.nodes.entry(name).or_default();
                 entry.registration = value.and_then(decode);
                 if entry.registration.is_none() {
                     self.departed.retain(|_, n| n != node);
@@ -119,7 +123,11 @@ impl ClusterView {
                 self.forget_node_if_empty(node);
             }
             Key::NodeStatus { node } => {
-                let entry = self.nodes.entry(node.to_string()).or_default();
+                let Ok(name) = NodeName::parse(node) else {
+                    tracing::warn!(key, "a node key whose name is not a node name: ignored");
+                    return;
+                };
+                let entry = self.nodes.entry(name).or_default();
                 entry.heartbeat = value.and_then(decode);
                 if let Some(hb) = &entry.heartbeat {
                     entry.last_seen = Some(now);
@@ -152,12 +160,16 @@ impl ClusterView {
                 }
             },
             Key::Instance { id, .. } => match value.and_then(decode::<InstanceRecord>) {
-                Some(record) => {
-                    self.instances.insert(id.to_string(), record);
+                // The record's id is the checked one; a key that says otherwise is not ours.
+                Some(record) if record.instance_id == id => {
+                    self.instances.insert(record.instance_id.clone(), record);
+                }
+                Some(_) => {
+                    tracing::warn!(key, "an instance record under another id's key: ignored")
                 }
                 None => {
-                    if let Some(gone) = self.instances.remove(id) {
-                        self.departed.insert(id.to_string(), gone.node);
+                    if let Some((id, gone)) = self.instances.remove_entry(id) {
+                        self.departed.insert(id, gone.node);
                     }
                 }
             },
@@ -183,11 +195,14 @@ impl ClusterView {
             Key::FinishedInstance { ns, name, id } => {
                 let workload = WorkloadKey::new(ns, name);
                 match value.and_then(decode::<FinishedInstance>) {
-                    Some(f) => {
+                    Some(f) if f.record.instance_id == id => {
                         self.finished
                             .entry(workload)
                             .or_default()
-                            .insert(id.to_string(), f);
+                            .insert(f.record.instance_id.clone(), f);
+                    }
+                    Some(_) => {
+                        tracing::warn!(key, "a finished instance under another id's key: ignored")
                     }
                     None => {
                         if let Some(kept) = self.finished.get_mut(&workload) {

@@ -69,7 +69,7 @@ async fn build_reports_become_events_and_status_once_per_change() {
     assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(events[0].0, EventType::Normal);
     assert_eq!(events[0].1, "BuildStarted");
-    assert!(events[0].2.contains(&on));
+    assert!(events[0].2.contains(on.as_str()));
     assert_eq!(events[1].0, EventType::Warning);
     assert_eq!(events[1].1, "BuildFailed");
     assert!(events[1].2.len() < 4200, "a failure's message is bounded");

@@ -6,11 +6,11 @@ mod support;
 use std::collections::BTreeMap;
 
 use kat_api::keys;
-use kat_api::wire::DnsRecord;
+use kat_api::wire::{DnsRecord, InstanceId};
 use kat_leader::sim::SimCluster;
 use support::*;
 
-async fn records(c: &SimCluster) -> BTreeMap<String, DnsRecord> {
+async fn records(c: &SimCluster) -> BTreeMap<InstanceId, DnsRecord> {
     c.store
         .list(keys::dns_records())
         .await

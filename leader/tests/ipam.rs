@@ -9,6 +9,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kat_api::keys;
+use kat_api::wire::NodeName;
 use kat_leader::sim::SimNode;
 use kat_store::StateStore;
 use support::*;
@@ -68,7 +69,7 @@ async fn nodes_get_subnets_and_instances_addresses_of_their_node() {
     let mut seen = BTreeSet::new();
     for r in &live {
         let ip: IpAddr = r.ip.expect("an address");
-        let subnet = subnets[&r.node];
+        let subnet = subnets[r.node.as_str()];
         assert!(subnet.contains(&ip), "{ip} in {} of {}", subnet, r.node);
         assert_ne!(
             Some(ip),
@@ -82,7 +83,7 @@ async fn nodes_get_subnets_and_instances_addresses_of_their_node() {
     assert_eq!(alloc.len(), 6);
     for r in &live {
         assert_eq!(
-            alloc.get(&r.instance_id),
+            alloc.get(r.instance_id.as_str()),
             r.ip.map(|ip| ip.to_string()).as_ref()
         );
     }
@@ -252,7 +253,7 @@ async fn two_instances_publishing_one_host_port_never_share_a_node() {
         .await
         .unwrap();
     c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();
-    let nodes: BTreeSet<String> = c.live_of("web").iter().map(|r| r.node.clone()).collect();
+    let nodes: BTreeSet<NodeName> = c.live_of("web").iter().map(|r| r.node.clone()).collect();
     assert_eq!(nodes.len(), 3);
 }
 
@@ -263,10 +264,10 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
     // never its own, which would count as still terminating and block new ones.
     let fake: Vec<kat_api::wire::InstanceStatus> = (0..50)
         .map(|i| kat_api::wire::InstanceStatus {
-            instance_id: format!("web-fake{i}"),
+            instance_id: format!("web-fake{i}").parse().unwrap(),
             namespace: "default".into(),
             workload: "web".into(),
-            node: Some("rogue".into()),
+            node: Some("rogue".parse().unwrap()),
             generation: 1,
             state: kat_api::wire::InstanceState::Running,
             health: kat_api::wire::Health::Healthy,
@@ -290,7 +291,7 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
         .await
         .unwrap();
     let hb = kat_api::wire::NodeHeartbeat {
-        node: "rogue".into(),
+        node: "rogue".parse().unwrap(),
         timestamp: c.clock.timestamp(),
         capacity: Default::default(),
         allocatable: Default::default(),
@@ -470,7 +471,7 @@ async fn a_workload_publishing_a_host_port_on_every_node_rolls_node_by_node() {
             "the update to {image} did not complete: {:?}",
             c.live_of("web")
         );
-        let nodes: BTreeSet<String> = c.live_of("web").iter().map(|r| r.node.clone()).collect();
+        let nodes: BTreeSet<NodeName> = c.live_of("web").iter().map(|r| r.node.clone()).collect();
         assert_eq!(nodes.len(), 3, "one instance per node again");
     }
 }

@@ -4,6 +4,7 @@ mod support;
 
 use std::collections::{BTreeMap, HashSet};
 
+use kat_api::wire::InstanceId;
 use kat_api::wire::{Taint, DRAIN_TAINT_KEY};
 use kat_api::workload::TaintEffect;
 use kat_leader::node_admin;
@@ -40,7 +41,7 @@ async fn a_pinned_service_is_not_replaced_while_its_node_is_lost() {
     c.run_until(5, |c| c.healthy_of("notes") == 1)
         .await
         .unwrap();
-    let before: Vec<String> = c
+    let before: Vec<InstanceId> = c
         .live_of("notes")
         .iter()
         .map(|r| r.instance_id.clone())
@@ -57,7 +58,7 @@ async fn a_pinned_service_is_not_replaced_while_its_node_is_lost() {
     );
     c.node("node-2").partitioned = false;
     c.run_until(10, |_| false).await.unwrap();
-    let after: Vec<String> = c
+    let after: Vec<InstanceId> = c
         .live_of("notes")
         .iter()
         .map(|r| r.instance_id.clone())
@@ -201,7 +202,11 @@ async fn daemon_service_follows_nodes() {
     })
     .await
     .unwrap();
-    let on: HashSet<String> = c.live_of("agent").iter().map(|r| r.node.clone()).collect();
+    let on: HashSet<String> = c
+        .live_of("agent")
+        .iter()
+        .map(|r| r.node.to_string())
+        .collect();
     assert_eq!(
         on,
         HashSet::from(["node-3".to_string(), "node-4".to_string()])
@@ -346,7 +351,7 @@ async fn a_new_leader_continues_without_duplicates() {
     c.apply(&[("workload.kat", &service("web", 3, "web:1", ""))])
         .await;
     c.run_until(5, |c| c.healthy_of("web") == 3).await.unwrap();
-    let ids: HashSet<String> = c
+    let ids: HashSet<InstanceId> = c
         .live_of("web")
         .iter()
         .map(|r| r.instance_id.clone())
@@ -356,7 +361,7 @@ async fn a_new_leader_continues_without_duplicates() {
         .await
         .unwrap();
     c.run_until(40, |_| false).await.unwrap();
-    let after: HashSet<String> = c
+    let after: HashSet<InstanceId> = c
         .live_of("web")
         .iter()
         .map(|r| r.instance_id.clone())
@@ -389,7 +394,7 @@ async fn a_pinned_service_on_a_removed_node_is_not_kept() {
     c.run_until(5, |_| false).await.unwrap();
     let records = c.store.list("/kat/instances/").await.unwrap().kvs;
     assert!(
-        !records.iter().any(|kv| kv.key.contains(&id)),
+        !records.iter().any(|kv| kv.key.contains(id.as_str())),
         "the record of {id} is kept for a node that is gone"
     );
     let reasons: Vec<String> = events(&c).await.into_iter().map(|e| e.reason).collect();

@@ -60,7 +60,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = (SchedNode, NodeLoad)> {
                     .collect();
                 let node = SchedNode {
                     free_ips: u64::MAX,
-                    name: format!("n{i}"),
+                    name: format!("n{i}").parse().unwrap(),
                     schedulable: ready,
                     labels,
                     taints,
@@ -207,7 +207,7 @@ proptest! {
             for n in &mut c.nodes { n.partitioned = false; }
             c.run_until(60, |_| false).await.unwrap();
             prop_assert_eq!(c.live_of("web").len(), replicas as usize);
-            let on_ready: BTreeMap<String, usize> = c.live_of("web").iter().fold(BTreeMap::new(), |mut m, r| { *m.entry(r.node.clone()).or_default() += 1; m });
+            let on_ready: BTreeMap<String, usize> = c.live_of("web").iter().fold(BTreeMap::new(), |mut m, r| { *m.entry(r.node.to_string()).or_default() += 1; m });
             prop_assert!(on_ready.values().sum::<usize>() == replicas as usize);
             Ok(())
         })?;
@@ -219,7 +219,7 @@ proptest! {
 #[test]
 fn a_node_name_selector_matches_that_node_only() {
     let node = |name: &str| SchedNode {
-        name: name.into(),
+        name: name.parse().unwrap(),
         schedulable: true,
         labels: BTreeMap::new(),
         taints: vec![],

@@ -5,6 +5,7 @@ mod support;
 use std::sync::Arc;
 
 use kat_api::wire::EventType;
+use kat_api::wire::InstanceId;
 use kat_leader::sim::Behaviour;
 use support::*;
 
@@ -309,7 +310,7 @@ async fn scaling_does_not_replace_instances_and_scale_down_mid_rollout() {
     ])
     .await;
     c.run_until(6, |c| c.healthy_of("web") == 4).await.unwrap();
-    let before: Vec<String> = c
+    let before: Vec<InstanceId> = c
         .live_of("web")
         .iter()
         .map(|r| r.instance_id.clone())

@@ -83,7 +83,7 @@ fn serve(a: &[String]) -> Result<(), String> {
         let record = DnsRecord {
             namespace: "default".into(),
             workload: "bench".into(),
-            instance_id: "bench-1".into(),
+            instance_id: "bench-1".parse().unwrap(),
             ip: address.into(),
             ready: true,
         };

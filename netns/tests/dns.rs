@@ -22,7 +22,7 @@ fn record(workload: &str, id: &str, ip: &str, ready: bool) -> DnsRecord {
     DnsRecord {
         namespace: "default".into(),
         workload: workload.into(),
-        instance_id: id.into(),
+        instance_id: id.parse().unwrap(),
         ip: ip.parse().unwrap(),
         ready,
     }

@@ -112,7 +112,10 @@ impl Katcall {
 
 /// The ids of `instances`.
 pub fn ids(instances: &[InstanceStatus]) -> std::collections::BTreeSet<String> {
-    instances.iter().map(|i| i.instance_id.clone()).collect()
+    instances
+        .iter()
+        .map(|i| i.instance_id.to_string())
+        .collect()
 }
 
 /// Whether `instances` are exactly `n`, all Running and Healthy at `generation`.

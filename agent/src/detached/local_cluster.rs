@@ -53,7 +53,7 @@ pub struct DetachedState {
 /// What the node lends its local cluster.
 #[derive(Clone)]
 pub struct NodeParts {
-    pub node: String,
+    pub node: kat_api::wire::NodeName,
     pub root: PathBuf,
     pub cluster: ClusterConfiguration,
     /// The node's certificate and the cluster CA (its API keeps serving with them).
@@ -140,7 +140,7 @@ impl LocalCluster {
         };
         let config = |state: &DetachedState| EtcdServerConfig {
             binary: parts.etcd_binary.clone(),
-            name: parts.node.clone(),
+            name: parts.node.to_string(),
             data_dir: dir.join("etcd"),
             client_url: state.etcd_client_url.clone(),
             peer_url: state.etcd_peer_url.clone(),
@@ -203,7 +203,7 @@ impl LocalCluster {
             &mut tasks,
             |_| {},
             |service| Service {
-                pin_to_node: Some(node.clone()),
+                pin_to_node: Some(node.to_string()),
                 ..service
             },
         )
@@ -231,7 +231,7 @@ impl LocalCluster {
             router: http::router(api),
             client_config,
             link,
-            node: node.clone(),
+            node: node.to_string(),
             etcd,
             tasks,
         })

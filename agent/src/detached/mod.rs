@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use axum::Router;
-use kat_api::wire::{ErrorBody, ErrorCode, REJOIN_GROUP};
+use kat_api::wire::{ErrorBody, ErrorCode, InstanceId, REJOIN_GROUP};
 use kat_apiserver::http::ApiError;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
@@ -291,7 +291,7 @@ impl Detacher {
             .routers
             .send_replace(rejoining_router(&self.parts.node));
         local.stop_controllers().await;
-        let own: Vec<String> = self
+        let own: Vec<InstanceId> = self
             .local_feed
             .borrow()
             .as_ref()
@@ -330,7 +330,7 @@ impl Detacher {
     }
 
     /// Until none of `instances` runs here (at most the stop grace and some).
-    async fn wait_stopped(&self, instances: &[String]) {
+    async fn wait_stopped(&self, instances: &[InstanceId]) {
         let mut statuses = self.parts.statuses.clone();
         let gone = |s: &crate::supervisor::Statuses| {
             s.as_ref().is_none_or(|list| {
@@ -526,7 +526,7 @@ mod tests {
                     "requests": {"cpuMillis": 0, "memoryBytes": 0, "pids": 0}, "createdAt": "2026-11-24T00:00:00Z"
                 }))
                 .unwrap();
-                (id.to_string(), Assignment { record, template: Err("test".into()) })
+                (record.instance_id.clone(), Assignment { record, template: Err("test".into()) })
             })
             .collect()
     }
@@ -538,7 +538,7 @@ mod tests {
     ) -> (Source, Vec<String>) {
         out.changed().await.unwrap();
         let (source, s) = out.borrow_and_update().clone().unwrap();
-        (source, s.keys().cloned().collect())
+        (source, s.keys().map(ToString::to_string).collect())
     }
 
     fn feeds(hold: bool) -> (Feed, Feed, watch::Receiver<Option<(Source, Snapshot)>>) {

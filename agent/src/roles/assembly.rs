@@ -146,7 +146,7 @@ impl Assembly {
         tasks.spawn(election::lead_forever(
             store.clone(),
             Candidate {
-                node: node.clone(),
+                node: node.to_string(),
                 endpoint,
                 cluster: cluster.clone(),
                 metrics: metrics.clone(),

@@ -99,7 +99,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         .authority
         .clone()
         .map(|authority| kat_apiserver::service::Admission {
-            node: node.clone(),
+            node: node.to_string(),
             authority,
             etcd: Some(member.store.clone()),
         });

@@ -53,7 +53,7 @@ pub(crate) struct NodeBase {
 /// node's local one) reads and drives: its runtime, builds, statuses and kept logs.
 #[derive(Clone)]
 pub(crate) struct NodeWork {
-    pub node: String,
+    pub node: kat_api::wire::NodeName,
     /// The data directory (for the usage meter).
     pub root: PathBuf,
     pub runtime: Arc<dyn ContainerRuntime>,
@@ -207,7 +207,7 @@ impl NodeBase {
         })
     }
 
-    pub fn node(&self) -> &str {
+    pub fn node(&self) -> &kat_api::wire::NodeName {
         &self.work.node
     }
 

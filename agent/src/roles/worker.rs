@@ -17,7 +17,7 @@ use crate::node::{control_plane_client, node_client, NodeOptions};
 use crate::supervisor::assignments::Feed;
 
 pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
-    let node = base.node().to_string();
+    let node = base.node().clone();
     let link = Arc::new(LeaderLink::new(
         &node,
         control_plane_client(&base.pki)?,
@@ -87,7 +87,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         }
     });
     let api = Arc::new(WorkerApi {
-        node: node.clone(),
+        node: node.to_string(),
         instances: records_rx,
         leader,
         revoked,

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kat_api::wire::{AssignmentUpdate, InstanceRecord, TemplateProblem};
+use kat_api::wire::{AssignmentUpdate, InstanceId, InstanceRecord, TemplateProblem};
 use kat_api::Template;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -35,7 +35,7 @@ pub struct Assignment {
     pub template: Result<Arc<Template>, String>,
 }
 
-pub type Snapshot = BTreeMap<String, Assignment>;
+pub type Snapshot = BTreeMap<InstanceId, Assignment>;
 
 /// Where a snapshot came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,12 +48,12 @@ pub struct Feed {
     link: Arc<dyn ControlPlane>,
     copy_path: PathBuf,
     /// The node's records as last seen, and the revision they are as of (to resume from).
-    records: BTreeMap<String, InstanceRecord>,
+    records: BTreeMap<InstanceId, InstanceRecord>,
     revision: Option<i64>,
     /// Templates are immutable: fetched once per (namespace, workload, hash).
     templates: HashMap<(String, String, String), Arc<Template>>,
     /// Instances whose missing template was already reported.
-    reported_missing: HashSet<String>,
+    reported_missing: HashSet<InstanceId>,
 }
 
 impl Feed {
@@ -248,7 +248,7 @@ impl Feed {
         }
         // In reports the leader takes in one transaction each.
         for chunk in problems.chunks(kat_apiserver::service::MAX_PROBLEMS) {
-            let ids: Vec<String> = chunk.iter().map(|p| p.instance_id.clone()).collect();
+            let ids: Vec<InstanceId> = chunk.iter().map(|p| p.instance_id.clone()).collect();
             match self.link.template_problems(chunk.to_vec()).await {
                 Ok(()) => self.reported_missing.extend(ids),
                 Err(e) => {
@@ -357,7 +357,7 @@ mod tests {
         image_of_generation.insert(applied.generation, "web:0".to_string());
         c.run_until(30, |c| c.healthy_of("web") == 2).await.unwrap();
         assert_eq!(c.healthy_of("web"), 2);
-        let on_node_2: Vec<String> = c
+        let on_node_2: Vec<InstanceId> = c
             .node("node-2")
             .live()
             .map(|r| r.instance_id.clone())
@@ -457,7 +457,8 @@ mod tests {
         assert!(
             events
                 .iter()
-                .any(|e| e.reason == "TemplateMissing" && e.message.contains(&old.instance_id)),
+                .any(|e| e.reason == "TemplateMissing"
+                    && e.message.contains(old.instance_id.as_str())),
             "a TemplateMissing event"
         );
     }

@@ -55,7 +55,10 @@ pub fn create_options(
     let spec = &template.workload.spec;
     let c = &spec.container;
     let mut env: BTreeMap<String, String> = BTreeMap::from([
-        ("KAT_INSTANCE_ID".to_string(), record.instance_id.clone()),
+        (
+            "KAT_INSTANCE_ID".to_string(),
+            record.instance_id.to_string(),
+        ),
         ("KAT_NAMESPACE".to_string(), record.namespace.clone()),
         ("KAT_WORKLOAD".to_string(), record.workload.clone()),
     ]);
@@ -91,7 +94,7 @@ pub fn create_options(
         env,
         user: String::new(),
         labels: BTreeMap::from([
-            (LABEL_INSTANCE.to_string(), record.instance_id.clone()),
+            (LABEL_INSTANCE.to_string(), record.instance_id.to_string()),
             (LABEL_ATTEMPT.to_string(), attempt.to_string()),
             (LABEL_GENERATION.to_string(), record.generation.to_string()),
         ]),

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kat_api::wire::{Health, InstanceState, InstanceStatus, Timestamp};
+use kat_api::wire::{Health, InstanceId, InstanceState, InstanceStatus, Timestamp};
 use kat_api::workload::WorkloadType;
 use kat_api::Template;
 use kat_runtime::{ContainerRuntime, ContainerState, ContainerStatus, ExecOptions, RuntimeError};
@@ -55,7 +55,7 @@ pub type Statuses = Option<Vec<InstanceStatus>>;
 
 #[derive(Debug, Clone)]
 pub struct SupervisorConfig {
-    pub node: String,
+    pub node: kat_api::wire::NodeName,
     pub volume_base: PathBuf,
     /// Which host paths `hostMount` volumes may use on this node.
     pub host_mounts: kat_api::host_paths::HostMountPolicy,
@@ -92,7 +92,7 @@ struct Tracked {
 }
 
 impl Tracked {
-    fn new(assignment: Assignment, node: &str) -> Self {
+    fn new(assignment: Assignment, node: &kat_api::wire::NodeName) -> Self {
         let template = assignment.template.clone();
         let record = &assignment.record;
         let restart = match &template {
@@ -113,7 +113,7 @@ impl Tracked {
             instance_id: record.instance_id.clone(),
             namespace: record.namespace.clone(),
             workload: record.workload.clone(),
-            node: Some(node.to_string()),
+            node: Some(node.clone()),
             generation: record.generation,
             state: InstanceState::Pending,
             health: Health::Unknown,
@@ -159,9 +159,9 @@ pub(super) enum StartError {
 pub struct Supervisor {
     config: SupervisorConfig,
     runtime: Arc<dyn ContainerRuntime>,
-    tracked: BTreeMap<String, Tracked>,
+    tracked: BTreeMap<InstanceId, Tracked>,
     /// Containers found at start-up, by instance id: (attempt, container id) newest first.
-    adoptable: Option<HashMap<String, Vec<(u32, String)>>>,
+    adoptable: Option<HashMap<InstanceId, Vec<(u32, String)>>>,
     stopping: HashMap<String, (InstanceStatus, JoinHandle<()>)>,
     images: HashSet<String>,
     /// Pulls under way, by normalized reference: they run beside convergence, so one slow
@@ -220,12 +220,16 @@ impl Supervisor {
     }
 
     /// Containers on this node by instance, newest attempt first.
-    async fn scan(&self) -> HashMap<String, Vec<(u32, String)>> {
-        let mut found: HashMap<String, Vec<(u32, String)>> = HashMap::new();
+    async fn scan(&self) -> HashMap<InstanceId, Vec<(u32, String)>> {
+        let mut found: HashMap<InstanceId, Vec<(u32, String)>> = HashMap::new();
         match self.runtime.list().await {
             Ok(containers) => {
                 for c in containers {
-                    let Some(instance) = c.labels.get(LABEL_INSTANCE) else {
+                    let Some(label) = c.labels.get(LABEL_INSTANCE) else {
+                        continue;
+                    };
+                    let Ok(instance) = InstanceId::parse(label.as_str()) else {
+                        tracing::warn!(container = %c.id, label, "a container whose instance label is not an instance id: left alone");
                         continue;
                     };
                     let attempt = c
@@ -233,10 +237,7 @@ impl Supervisor {
                         .get(LABEL_ATTEMPT)
                         .and_then(|a| a.parse().ok())
                         .unwrap_or(0);
-                    found
-                        .entry(instance.clone())
-                        .or_default()
-                        .push((attempt, c.id));
+                    found.entry(instance).or_default().push((attempt, c.id));
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot list existing containers"),
@@ -249,7 +250,7 @@ impl Supervisor {
 
     fn assign(&mut self, source: Source, snapshot: Snapshot) {
         self.source = Some(source);
-        let gone: Vec<String> = self
+        let gone: Vec<InstanceId> = self
             .tracked
             .keys()
             .filter(|id| !snapshot.contains_key(*id))
@@ -364,7 +365,7 @@ impl Supervisor {
 
     async fn converge(&mut self) {
         self.stopping.retain(|_, (_, task)| !task.is_finished());
-        let ids: Vec<String> = self.tracked.keys().cloned().collect();
+        let ids: Vec<InstanceId> = self.tracked.keys().cloned().collect();
         for id in ids {
             let now = Instant::now();
             let Some(phase) = self.tracked.get(&id).map(|t| t.phase) else {

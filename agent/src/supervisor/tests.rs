@@ -41,10 +41,10 @@ fn assignment(
     let template = bundle.template().for_instances();
     Assignment {
         record: InstanceRecord {
-            instance_id: instance.to_string(),
+            instance_id: instance.parse().unwrap(),
             namespace: "default".into(),
             workload: workload.to_string(),
-            node: "n1".into(),
+            node: "n1".parse().unwrap(),
             generation: 1,
             spec_hash: template.hash(),
             workload_type: bundle.workload.spec.workload_type,
@@ -77,7 +77,7 @@ impl Drop for Node {
 fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
     let (published_tx, published) = watch::channel(Vec::new());
     let config = SupervisorConfig {
-        node: "n1".into(),
+        node: "n1".parse().unwrap(),
         volume_base: std::env::temp_dir().join("kat-fake-volumes"),
         host_mounts: Default::default(),
         stop_grace: GRACE,

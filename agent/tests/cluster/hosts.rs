@@ -415,7 +415,7 @@ impl Hosts {
         let mut by_node = BTreeMap::new();
         for i in self.k(via).instances(workload) {
             if i.state == InstanceState::Running {
-                let node = i.node.unwrap_or_else(|| "?".into());
+                let node = i.node.map_or_else(|| "?".to_string(), String::from);
                 *by_node.entry(node).or_default() += 1;
             }
         }

@@ -7,7 +7,7 @@ fn running_ids(h: &Hosts, via: usize, workload: &str) -> std::collections::BTree
     instances(h, via, workload)
         .iter()
         .filter(|i| i.state == InstanceState::Running)
-        .map(|i| i.instance_id.clone())
+        .map(|i| i.instance_id.to_string())
         .collect()
 }
 

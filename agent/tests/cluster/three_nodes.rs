@@ -42,8 +42,12 @@ fn a_finished_job_on_the_worker_keeps_its_output(h: &Hosts, via: usize) {
                 .find(|i| i.workload == "report" && i.state == InstanceState::Succeeded)
             {
                 Some(i) => {
-                    assert_eq!(i.node, Some(format!("n{WORKER}")), "{i:?}");
-                    id = i.instance_id;
+                    assert_eq!(
+                        i.node.as_deref(),
+                        Some(format!("n{WORKER}").as_str()),
+                        "{i:?}"
+                    );
+                    id = i.instance_id.to_string();
                     true
                 }
                 None => false,
@@ -349,7 +353,7 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     for node in 1..=NODES {
         let id = spread
             .iter()
-            .find(|i| i.node == Some(format!("n{node}")))
+            .find(|i| i.node.as_deref() == Some(format!("n{node}").as_str()))
             .map(|i| i.instance_id.clone())
             .unwrap_or_else(|| panic!("an instance on n{node}: {spread:?}"));
         let target = format!("spread/{id}");

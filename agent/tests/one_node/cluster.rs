@@ -32,7 +32,7 @@ pub(crate) fn outside_resolver() -> std::net::SocketAddr {
             let record = kat_api::wire::DnsRecord {
                 namespace: "outside".into(),
                 workload: "www".into(),
-                instance_id: "www-1".into(),
+                instance_id: "www-1".parse().unwrap(),
                 ip: "192.0.2.77".parse().unwrap(),
                 ready: true,
             };

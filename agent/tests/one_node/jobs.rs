@@ -54,7 +54,7 @@ spec:
     let finished = finished.expect("the finished run");
     assert_eq!(finished.exit_code, Some(0), "{finished:?}");
     assert!(finished.finished_at.is_some(), "{finished:?}");
-    let id = finished.instance_id;
+    let id = finished.instance_id.to_string();
     // Its record went (the Job counted it), so the node removed its container.
     c.wait(
         "the report container removed",

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::timestamp::Timestamp;
+pub use crate::typed_names::{InstanceId, NodeName};
 
 pub use crate::workload::TaintEffect;
 
@@ -168,10 +169,10 @@ mod tests {
     #[test]
     fn camel_case_on_the_wire() {
         let s = InstanceStatus {
-            instance_id: "web-abc".into(),
+            instance_id: "web-abc".parse().unwrap(),
             namespace: "default".into(),
             workload: "web".into(),
-            node: Some("n1".into()),
+            node: Some("n1".parse().unwrap()),
             generation: 2,
             state: InstanceState::Running,
             health: Health::Healthy,

@@ -152,7 +152,7 @@ pub enum AssignmentUpdate {
     #[serde(rename_all = "camelCase")]
     Delete {
         revision: i64,
-        instance_id: String,
+        instance_id: InstanceId,
     },
     Keepalive,
 }
@@ -163,7 +163,7 @@ pub enum AssignmentUpdate {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplateProblem {
     #[serde(rename = "instanceID")]
-    pub instance_id: String,
+    pub instance_id: InstanceId,
     pub reason: String,
 }
 
@@ -180,7 +180,7 @@ pub struct EtcdJoin {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeHeartbeat {
-    pub node: String,
+    pub node: NodeName,
     pub timestamp: Timestamp,
     pub capacity: ResourceList,
     pub allocatable: ResourceList,
@@ -245,7 +245,7 @@ pub struct DnsRecord {
     pub namespace: String,
     pub workload: String,
     #[serde(rename = "instanceID")]
-    pub instance_id: String,
+    pub instance_id: InstanceId,
     pub ip: std::net::IpAddr,
     pub ready: bool,
 }

@@ -51,11 +51,11 @@ pub enum Health {
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
     #[serde(rename = "instanceID")]
-    pub instance_id: String,
+    pub instance_id: InstanceId,
     pub namespace: String,
     pub workload: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
+    pub node: Option<NodeName>,
     pub generation: u64,
     pub state: InstanceState,
     #[serde(default)]
@@ -218,10 +218,10 @@ pub struct ExecRequest {
 #[serde(rename_all = "camelCase")]
 pub struct InstanceRecord {
     #[serde(rename = "instanceID")]
-    pub instance_id: String,
+    pub instance_id: InstanceId,
     pub namespace: String,
     pub workload: String,
-    pub node: String,
+    pub node: NodeName,
     pub generation: u64,
     pub spec_hash: String,
     pub workload_type: crate::workload::WorkloadType,

@@ -32,7 +32,7 @@ use super::{
 pub struct WorkerApi {
     pub node: String,
     /// The node's assignments, by instance id, as its feed last saw them.
-    pub instances: watch::Receiver<BTreeMap<String, InstanceRecord>>,
+    pub instances: watch::Receiver<BTreeMap<kat_api::wire::InstanceId, InstanceRecord>>,
     /// The leader's API endpoint, as the node last learned it.
     pub leader: watch::Receiver<Option<String>>,
     /// Serials of removed nodes' certificates, as the leader last said (each heartbeat).

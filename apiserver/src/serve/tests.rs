@@ -462,7 +462,7 @@ impl Api {
 
 fn heartbeat(node: &str) -> String {
     serde_json::to_string(&kat_api::wire::NodeHeartbeat {
-        node: node.into(),
+        node: node.parse().unwrap(),
         timestamp: "2026-01-01T00:00:00Z".parse().unwrap(),
         capacity: Default::default(),
         allocatable: Default::default(),

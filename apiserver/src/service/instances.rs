@@ -52,7 +52,7 @@ impl Service {
     ) -> Result<InstanceRecord> {
         let node = f.record.node.clone();
         let id = &f.record.instance_id;
-        match self.nodes().await?.get(&node) {
+        match self.nodes().await?.get(node.as_str()) {
             None => Err(Error::not_found(format!(
                 "instance {id} of {key} ran on node {node}, which is no longer in the cluster: its logs were kept on that node and cannot be read any more"
             ))),

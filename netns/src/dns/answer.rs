@@ -138,14 +138,14 @@ mod tests {
             .map(|i| DnsRecord {
                 namespace: "default".into(),
                 workload: "big".into(),
-                instance_id: format!("big-{i}"),
+                instance_id: format!("big-{i}").parse().unwrap(),
                 ip: format!("10.100.0.{i}").parse().unwrap(),
                 ready: true,
             })
             .chain([DnsRecord {
                 namespace: "default".into(),
                 workload: "web".into(),
-                instance_id: "web-1".into(),
+                instance_id: "web-1".parse().unwrap(),
                 ip: "fd00::5".parse().unwrap(),
                 ready: true,
             }])
@@ -205,7 +205,7 @@ mod tests {
         let record = |id: &str, ip: &str| DnsRecord {
             namespace: "default".into(),
             workload: "web".into(),
-            instance_id: id.into(),
+            instance_id: id.parse().unwrap(),
             ip: ip.parse().unwrap(),
             ready: true,
         };

@@ -133,7 +133,7 @@ mod tests {
         DnsRecord {
             namespace: "default".into(),
             workload: workload.into(),
-            instance_id: id.into(),
+            instance_id: id.parse().unwrap(),
             ip: ip.parse().unwrap(),
             ready,
         }
