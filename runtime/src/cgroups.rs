@@ -20,6 +20,13 @@
 //! container (for a systemd scope, one with its own D-Bus connection) and reads every
 //! controller it finds (hugetlb, blkio, all of `memory.stat`), where a heartbeat needs three
 //! numbers per container, from three files ([`Cgroups::usage`]).
+//!
+//! Limits are libcgroups' work too: libcontainer's cgroup manager applies a container's
+//! `linux.resources` from its spec. Two cases write files here instead. An unprivileged
+//! agent on v1 ([`Cgroups::kat_applies_limits`]): libcgroups' v1 manager also writes
+//! `devices.allow`, which needs CAP_SYS_ADMIN in the host. And a build's cgroup
+//! ([`Cgroups::build_group`]), which buildah joins on exec: there is no container spec
+//! for a manager to apply, and three files are the whole job.
 
 use std::fs;
 use std::path::{Path, PathBuf};

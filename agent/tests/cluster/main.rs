@@ -35,8 +35,10 @@ use serde_json::Value;
 mod benchmark;
 mod detached;
 mod hosts;
+mod overlay_network;
 mod restore;
 mod rollout;
 mod three_nodes;
+mod worker_limits;
 
 use hosts::*;
