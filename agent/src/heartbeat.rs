@@ -61,7 +61,10 @@ pub async fn run(
     mut meter: UsageMeter,
     detached: Option<Detachment>,
 ) {
-    let capacity = capacity();
+    // Read from /proc: off the async threads like every other file.
+    let capacity = tokio::task::spawn_blocking(capacity)
+        .await
+        .unwrap_or_default();
     let allocatable = allocatable(capacity);
     // Not before the supervisor knows what runs here: a restarted agent's first heartbeat
     // must carry the containers it adopted, not an empty list.

@@ -5,6 +5,10 @@
 //! and `kind` (so the user hears "unknown kind" rather than a confusing type error), then it
 //! is deserialized strictly (unknown fields are errors) into the kind's type, and every
 //! semantic rule runs, collecting all findings.
+//!
+//! Long because `parse_file`, `parse_cluster` and `WorkloadBundle::parse` all go through the
+//! private `parse_file_with_kind` and `typed`, which with its YAML path helpers (`Segment`,
+//! `remove`, `replace`, `walk`) mends a document and reads it again to report every error.
 
 use std::collections::BTreeMap;
 

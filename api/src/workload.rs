@@ -1,4 +1,8 @@
 //! `workload.kat`: a workload's identity, source, type and lifecycle policies (RFC 001 §3.2).
+//!
+//! Long because it holds the whole `workload.kat` schema and every rule that checks it: the
+//! private checks behind [`Workload::validate`] feed one another (the names `validate_volumes`
+//! returns are what `Container::validate` checks each mount against).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -2,6 +2,10 @@
 //! heartbeat, assignments, templates and template problems; nothing of another node's, no
 //! workload, token or admin route; and a control-plane node that does not lead sends it to
 //! the leader.
+//!
+//! One file because its seven tests share one fixture: `Api`, the router on a `MemStore`
+//! seeded with two workers' instances and templates, whose `send` presents a node's
+//! certificate (or none), with `heartbeat` and `pinned_bundle` to make the bodies.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;

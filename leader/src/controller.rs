@@ -9,6 +9,10 @@
 //! Rounds are level-triggered: each one looks at the whole desired and observed state, so a
 //! missed event or a leader restart only delays convergence, never breaks it. Tests drive
 //! `sync` step by step under simulated time; production calls [`Leader::run`].
+//!
+//! Long because it holds what every controller module works on ([`Round`], [`Plan`],
+//! [`Memory`], [`WorkloadCtx`]) with the [`Leader`] that builds each round and commits it;
+//! `build_round` fills `Round`'s private id and address fields, which its methods here use.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;

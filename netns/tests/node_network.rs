@@ -3,6 +3,10 @@
 //! the host's address as source, sockets made in the node namespace, adoption by a second
 //! handle, and the holder stopping once its record is gone. Runs as root and (through
 //! scripts/test-rootless.sh) as an unprivileged user with a subordinate id range.
+//!
+//! One file because its seven tests build their node networks with the same helpers: `config`
+//! and `attach_at` (on the run's subordinate ids), `keeper_of`, and `nsenter` and `inside` to
+//! run tools in a container's namespaces; each test is one scenario on the real kernel.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};

@@ -23,6 +23,10 @@
 //! on over a pipe, so a failure says which step failed. Capabilities are therefore raw
 //! masks, not the `caps` crate (which sets one set per call, from a `HashSet`): the
 //! container's three masks, read from its PID 1 before the fork, go in with one `capset`.
+//!
+//! Long because both sides of the fork stay together: `prepare` fills the private `Entry` and
+//! `Terminal` that the child uses in `enter` and `attach`, and [`exec()`] reads back the child's
+//! `STEPS` index and receives the terminal that `attach` sends.
 
 use std::ffi::CString;
 use std::fs::File;

@@ -2,6 +2,10 @@
 //! Dockerfile `FROM` the loopback registry's busybox, buildah in the build slice's user
 //! namespace, the result imported and run. Failures say why and leave no workspace; a
 //! Dockerfile cannot read the agent's files.
+//!
+//! One file because its eight tests and the build benchmark share one harness: the `git
+//! daemon` `Repo` with `commit` and `request`, `build` (which records the phases) and
+//! `builds_left`; the two network tests also share `listen` and `host_address`.
 
 mod support;
 

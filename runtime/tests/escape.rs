@@ -3,6 +3,10 @@
 //! reached through `/proc/PID/fd/N/..`), `/proc/PID/{cwd,root,map_files}`, and overwriting
 //! kat-init through `/proc/1/exe` or its mount (the CVE-2019-5736 class); and a hostile
 //! image pulled from the registry, as a node pulls one.
+//!
+//! One file because it is one list of isolation attacks on real containers: nine of its ten
+//! tests start from `support::ready_runtime`, and `attack_script` with `assert_host_untouched`
+//! serves both the workload's and the exec's `/proc` attack.
 
 mod support;
 

@@ -4,6 +4,10 @@
 //! trickle. After each, the victim outside is intact and nothing partial is left.
 //!
 //! Self-contained: no fixtures are needed (the registries are tiny HTTP servers here).
+//!
+//! One file because its thirteen tests share one set of makers: the raw tar writers
+//! (`raw_entry`, `tar_of`, `gzip`, `zero_bomb`) make the layers for the unpacker, the store
+//! and the registries alike; `leftovers` or `assert_store_empty` then checks nothing is left.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -127,11 +127,18 @@ pub async fn run(
     settings: watch::Sender<Option<NetworkSettings>>,
     published: watch::Receiver<Vec<PublishedPort>>,
 ) {
-    let subnet = match saved_subnet(&config.dir) {
+    let dir = config.dir.clone();
+    let saved = tokio::task::spawn_blocking(move || saved_subnet(&dir))
+        .await
+        .ok()
+        .flatten();
+    let subnet = match saved {
         Some(subnet) => subnet,
         None => {
             let subnet = wait_for_subnet(control.clone(), config.poll).await;
-            save_subnet(&config.dir, subnet);
+            let dir = config.dir.clone();
+            // Durable (synced before the rename): off the async threads.
+            let _ = tokio::task::spawn_blocking(move || save_subnet(&dir, subnet)).await;
             subnet
         }
     };

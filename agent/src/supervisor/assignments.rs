@@ -79,7 +79,7 @@ impl Feed {
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot follow assignments; retrying");
                     if first && self.revision.is_none() {
-                        if let Some(copy) = self.load_copy() {
+                        if let Some(copy) = self.load_copy().await {
                             tracing::info!(
                                 instances = copy.len(),
                                 "control plane unreachable: running from the local copy of assignments"
@@ -180,7 +180,7 @@ impl Feed {
                 .any(|r| &r.namespace == ns && &r.workload == name && &r.spec_hash == hash)
         });
         self.reported_missing.retain(|id| records.contains_key(id));
-        if let Err(e) = self.save_copy(&snapshot) {
+        if let Err(e) = self.save_copy(&snapshot).await {
             tracing::warn!(error = %e, path = %self.copy_path.display(), "cannot write the local copy of assignments");
         }
         let _ = tx.send(Some((Source::Store, snapshot)));
@@ -258,17 +258,24 @@ impl Feed {
         }
     }
 
-    fn save_copy(&self, snapshot: &Snapshot) -> std::io::Result<()> {
+    /// Writes the local copy (durably: synced before the rename) off the async threads.
+    async fn save_copy(&self, snapshot: &Snapshot) -> std::io::Result<()> {
         // Durable: after a power cut the node brings its workloads back from this copy.
-        kat_runtime::state_file::write_atomic(
-            &self.copy_path,
-            &serde_json::to_vec_pretty(snapshot)?,
-            0o600,
-        )
+        let bytes = serde_json::to_vec_pretty(snapshot)?;
+        let path = self.copy_path.clone();
+        tokio::task::spawn_blocking(move || {
+            kat_runtime::state_file::write_atomic(&path, &bytes, 0o600)
+        })
+        .await
+        .map_err(std::io::Error::other)?
     }
 
-    fn load_copy(&self) -> Option<Snapshot> {
-        read_copy(&self.copy_path)
+    async fn load_copy(&self) -> Option<Snapshot> {
+        let path = self.copy_path.clone();
+        tokio::task::spawn_blocking(move || read_copy(&path))
+            .await
+            .ok()
+            .flatten()
     }
 }
 

@@ -11,6 +11,10 @@
 //! the supervisor waits for the first snapshot, adopts the containers of assigned instances
 //! (the newest attempt, with its restart count) and removes the rest: a restarted agent
 //! neither duplicates nor loses a running container.
+//!
+//! Long because it is the one `Supervisor` loop and its steps (assign, start, follow, probe,
+//! publish), which all read and change the private `Tracked` entries and their `Phase`; what
+//! needs none of that state is in the submodules (restart, health, volumes, builds, ...).
 
 pub mod assignments;
 pub mod builds;

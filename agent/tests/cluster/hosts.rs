@@ -1,5 +1,9 @@
 //! The test hosts (network namespaces on a bridge, `tests/cluster/hosts.sh`), their agents
 //! and registry, and what the scenarios share: init, join, apply, kill the leader.
+//!
+//! One file because it is the harness all the scenario files of this test binary build on:
+//! `Hosts`, whose Drop takes the agents, registry and namespaces down even on failure, its
+//! per-host commands, and the steps made of them (`init_first`, `join_others`, `kill_leader`).
 
 use super::*;
 

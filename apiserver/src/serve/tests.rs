@@ -1,5 +1,9 @@
 //! The HTTPS server against real sockets and TLS: slow, silent and half-sent clients, idle
 //! and streamed connections, the connection caps, and client certificates.
+//!
+//! One file because its eleven tests share two loopback TLS fixtures, `server` (a few test
+//! routes) and `api` (the whole leader API), both on `serve_with_limits`, and the readers
+//! `eof` and `read_until`; as a child of `serve` it also reaches `ServeLimits::body_deadline`.
 
 use super::*;
 use axum::routing::{get, post};

@@ -1,4 +1,8 @@
 //! Workloads: bundles in (checked completely before anything is written), objects out.
+//!
+//! Long because it holds every workload route's `Service` method, from create, update and
+//! pinned submissions to redeploy and push hooks; they share the private `check_bundle`,
+//! `git_bundle` and `redeploy_bundle`, where a push hook and `katcall redeploy` both end.
 
 use std::collections::BTreeMap;
 

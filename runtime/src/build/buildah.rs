@@ -31,6 +31,10 @@
 //!   its own workspace back: whatever a `RUN` step escapes to, that mount namespace (all the
 //!   build's processes are in it, and nothing outside its pid namespace is visible) has no
 //!   path to another workspace.
+//!
+//! Long because it holds both ends of the sandbox's handshake (the private `READY` line, the
+//! `--contain`, `--workspace` and `--resolv` options): the sandbox process, from
+//! [`run_if_requested`] to `build_init`, and [`Sandbox::spawn`]; and buildah's arguments.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -18,6 +18,10 @@
 //! Limits: a timeout over the whole build, a cap on what is fetched and checked out, and a
 //! cgroup with memory, CPU and pids limits for buildah and everything it starts (see
 //! [`crate::cgroups::Cgroups::build_group`]).
+//!
+//! Long because it holds one build's whole course in [`Builder`] (workspace, checkout,
+//! buildah's configuration, base pulls, `buildah bud` under its limits, cache push, layout):
+//! every step works in the private `Workspace`, which `build` removes when any step fails.
 
 pub mod buildah;
 pub mod dockerfile;
