@@ -522,23 +522,12 @@ pub(crate) fn join_others(h: &mut Hosts, pin: &str) -> Duration {
 /// Apply a 6-replica Service `name` through node `via`; returns the time until all 6 run,
 /// 2 on each node.
 pub(crate) fn apply_spread(h: &Hosts, via: usize, name: &str) -> Duration {
-    let app = h.path(name);
-    std::fs::create_dir_all(&app).unwrap();
-    std::fs::write(
-        app.join("workload.kat"),
-        format!(
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started; while true; do sleep 1; done']\n",
-            h.registry_addr
-        ),
-    )
-    .unwrap();
-    let started = Instant::now();
-    let out = h.katcall(via, &["apply", "-f", &app.display().to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let workload = format!(
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started; while true; do sleep 1; done']\n",
+        h.registry_addr
     );
+    let started = Instant::now();
+    apply_bundle(h, via, name, &[("workload.kat", workload)]);
     let mut polls = 0;
     loop {
         let by_node = h.running(via, name);
@@ -584,22 +573,11 @@ pub(crate) fn reported_running(h: &Hosts, via: usize, workload: &str) -> usize {
 /// node `via`; wait until it runs there and its logs and exec work through `via` (the
 /// control plane proxies to the worker's own API).
 pub(crate) fn pinned(h: &Hosts, via: usize, name: &str) {
-    let app = h.path(name);
-    std::fs::create_dir_all(&app).unwrap();
-    std::fs::write(
-        app.join("workload.kat"),
-        format!(
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 1\n  nodeSelector: {{kat.dws.rip/hostname: n{WORKER}}}\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started on $(hostname); while true; do sleep 1; done']\n",
-            h.registry_addr
-        ),
-    )
-    .unwrap();
-    let out = h.katcall(via, &["apply", "-f", &app.display().to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let workload = format!(
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 1\n  nodeSelector: {{kat.dws.rip/hostname: n{WORKER}}}\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started on $(hostname); while true; do sleep 1; done']\n",
+        h.registry_addr
     );
+    apply_bundle(h, via, name, &[("workload.kat", workload)]);
     wait(
         &format!("{name} running on the worker"),
         Duration::from_secs(60),
@@ -634,20 +612,29 @@ pub(crate) fn instances(h: &Hosts, via: usize, workload: &str) -> Vec<InstanceSt
 
 /// Writes `workload.kat` for `name` (and `job.kat` for a Job) and applies it through n1.
 pub(crate) fn apply_text(h: &Hosts, name: &str, workload: &str) {
+    let mut files = vec![("workload.kat", workload.to_string())];
+    if workload.contains("type: Job") {
+        files.push((
+            "job.kat",
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: JobDefinition\nspec: {completions: 1}\n"
+                .into(),
+        ));
+    }
+    apply_bundle(h, 1, name, &files);
+}
+
+/// Writes the workload directory `name` with `files` (file name, content) and applies it
+/// through node `via`, which must accept it.
+pub(crate) fn apply_bundle(h: &Hosts, via: usize, name: &str, files: &[(&str, String)]) {
     let app = h.path(name);
     std::fs::create_dir_all(&app).unwrap();
-    std::fs::write(app.join("workload.kat"), workload).unwrap();
-    if workload.contains("type: Job") {
-        std::fs::write(
-            app.join("job.kat"),
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: JobDefinition\nspec: {completions: 1}\n",
-        )
-        .unwrap();
+    for (file, text) in files {
+        std::fs::write(app.join(file), text).unwrap();
     }
-    let out = h.katcall(1, &["apply", "-f", &app.display().to_string()]);
+    let out = h.katcall(via, &["apply", "-f", &app.display().to_string()]);
     assert!(
         out.status.success(),
-        "{}",
+        "applying {name} through n{via}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -14,35 +14,28 @@ fn apply_server(
     page: &str,
     host_port: Option<u16>,
 ) {
-    let app = h.path(name);
-    std::fs::create_dir_all(&app).unwrap();
     let selector = node
         .map(|n| format!("  nodeSelector: {{kat.dws.rip/hostname: n{n}}}\n"))
         .unwrap_or_default();
-    std::fs::write(
-        app.join("workload.kat"),
-        format!(
+    let workload = format!(
             "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: {replicas}\n{selector}  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'mkdir -p /tmp/www; echo {page} $(hostname) > /tmp/www/index.html; exec httpd -f -p 8080 -h /tmp/www']\n",
             h.registry_addr
-        ),
-    )
-    .unwrap();
+        );
     let ports = match host_port {
         Some(p) => format!("    - {{name: http, containerPort: 8080, hostPort: {p}}}\n"),
         None => "    - {name: http, containerPort: 8080}\n".to_string(),
     };
-    std::fs::write(
-        app.join("VirtualLoadBalancer.kat"),
-        format!(
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports:\n{ports}"
-        ),
-    )
-    .unwrap();
-    let out = h.katcall(1, &["apply", "-f", &app.display().to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let balancer = format!(
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports:\n{ports}"
+    );
+    apply_bundle(
+        h,
+        1,
+        name,
+        &[
+            ("workload.kat", workload),
+            ("VirtualLoadBalancer.kat", balancer),
+        ],
     );
 }
 

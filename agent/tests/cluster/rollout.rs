@@ -18,27 +18,13 @@ fn uptime() -> f64 {
 /// `version`) through n1. The server listens a second after it starts, so an instance that
 /// took requests before its health check passed would fail them.
 fn apply_rollout_web(h: &Hosts, version: &str) {
-    let app = h.path("web");
-    std::fs::create_dir_all(&app).unwrap();
-    std::fs::write(
-        app.join("workload.kat"),
-        format!(
+    apply_bundle(h, 1, "web", &[
+        ("workload.kat", format!(
             "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: web, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 3\n  drainSeconds: 3\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'mkdir -p /tmp/www; echo page {version} $(hostname) > /tmp/www/index.html; sleep 1; exec httpd -f -p 8080 -h /tmp/www']\n",
             h.registry_addr
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        app.join("VirtualLoadBalancer.kat"),
-        "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports:\n    - {name: http, containerPort: 8080, hostPort: 18080}\n  healthCheck:\n    exec: {command: [/bin/sh, -c, 'printf \"GET /index.html HTTP/1.0\\r\\n\\r\\n\" | nc -w 1 127.0.0.1 8080 | grep -q page']}\n    initialDelaySeconds: 1\n    periodSeconds: 1\n    failureThreshold: 2\n",
-    )
-    .unwrap();
-    let out = h.katcall(1, &["apply", "-f", &app.display().to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        )),
+        ("VirtualLoadBalancer.kat", "apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports:\n    - {name: http, containerPort: 8080, hostPort: 18080}\n  healthCheck:\n    exec: {command: [/bin/sh, -c, 'printf \"GET /index.html HTTP/1.0\\r\\n\\r\\n\" | nc -w 1 127.0.0.1 8080 | grep -q page']}\n    initialDelaySeconds: 1\n    periodSeconds: 1\n    failureThreshold: 2\n".into()),
+    ]);
 }
 
 /// Every instance of `web` runs `version` and is healthy, three of them, none other left.

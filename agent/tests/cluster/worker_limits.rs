@@ -8,26 +8,23 @@ use super::*;
 /// asked through a control-plane node `via`, the leader finds the finished record and the
 /// worker serves the log it kept (`katcall logs JOB`, `get instances --all`).
 pub(crate) fn a_finished_job_on_the_worker_keeps_its_output(h: &Hosts, via: usize) {
-    let app = h.path("report");
-    std::fs::create_dir_all(&app).unwrap();
-    std::fs::write(
-        app.join("workload.kat"),
-        format!(
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: report, namespace: default}}\nspec:\n  type: Job\n  source: {{image: {}/kat/busybox:latest}}\n  nodeSelector: {{kat.dws.rip/hostname: n{WORKER}}}\n  restartPolicy: {{condition: Never}}\n  container:\n    command: [/bin/sh, -c, 'echo report-from-$(hostname); exit 0']\n",
-            h.registry_addr
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        app.join("job.kat"),
-        "apiVersion: kat.dws.rip/v1alpha1\nkind: JobDefinition\nspec:\n  completions: 1\n",
-    )
-    .unwrap();
-    let out = h.katcall(via, &["apply", "-f", &app.display().to_string()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    apply_bundle(
+        h,
+        via,
+        "report",
+        &[
+            (
+                "workload.kat",
+                format!(
+                    "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: report, namespace: default}}\nspec:\n  type: Job\n  source: {{image: {}/kat/busybox:latest}}\n  nodeSelector: {{kat.dws.rip/hostname: n{WORKER}}}\n  restartPolicy: {{condition: Never}}\n  container:\n    command: [/bin/sh, -c, 'echo report-from-$(hostname); exit 0']\n",
+                    h.registry_addr
+                ),
+            ),
+            (
+                "job.kat",
+                "apiVersion: kat.dws.rip/v1alpha1\nkind: JobDefinition\nspec:\n  completions: 1\n".into(),
+            ),
+        ],
     );
     let mut id = String::new();
     wait(
