@@ -97,6 +97,28 @@ impl<'de> Deserialize<'de> for Timestamp {
     }
 }
 
+/// `Option<Timestamp>` written as `""` when there is none, and read from `""`, `null` or a
+/// missing field as none: for fields that were always present as a string.
+pub mod empty_as_none {
+    use super::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(t),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+        match Option::<std::borrow::Cow<'de, str>>::deserialize(d)? {
+            None => Ok(None),
+            Some(text) if text.is_empty() => Ok(None),
+            Some(text) => text.parse().map(Some).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +153,31 @@ mod tests {
             "{err}"
         );
         assert!(serde_json::from_str::<Timestamp>("\"\"").is_err());
+    }
+
+    #[test]
+    fn an_absent_time_is_written_and_read_as_the_empty_string() {
+        #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+        struct Meta {
+            #[serde(default, with = "empty_as_none")]
+            at: Option<Timestamp>,
+        }
+        assert_eq!(
+            serde_json::to_string(&Meta { at: None }).unwrap(),
+            r#"{"at":""}"#
+        );
+        for json in [r#"{"at":""}"#, r#"{"at":null}"#, "{}"] {
+            assert_eq!(
+                serde_json::from_str::<Meta>(json).unwrap(),
+                Meta { at: None },
+                "{json}"
+            );
+        }
+        let t: Timestamp = "2026-11-18T11:06:40.123Z".parse().unwrap();
+        let json = serde_json::to_string(&Meta { at: Some(t) }).unwrap();
+        assert_eq!(json, r#"{"at":"2026-11-18T11:06:40.123Z"}"#);
+        assert_eq!(serde_json::from_str::<Meta>(&json).unwrap().at, Some(t));
+        assert!(serde_json::from_str::<Meta>(r#"{"at":"soon"}"#).is_err());
     }
 
     #[test]

@@ -179,6 +179,21 @@ pub struct Supervisor {
     stop_seq: u64,
 }
 
+/// Stops (`grace` before SIGKILL) and removes each of `containers`; one already gone is no
+/// error, others are logged.
+async fn stop_and_remove(runtime: &dyn ContainerRuntime, containers: Vec<String>, grace: Duration) {
+    for c in containers {
+        match runtime.stop(&c, grace).await {
+            Ok(_) | Err(RuntimeError::ContainerNotFound(_)) => {}
+            Err(e) => tracing::warn!(container = %c, error = %e, "stop failed"),
+        }
+        match runtime.remove(&c, true).await {
+            Ok(()) | Err(RuntimeError::ContainerNotFound(_)) => {}
+            Err(e) => tracing::warn!(container = %c, error = %e, "remove failed"),
+        }
+    }
+}
+
 impl Supervisor {
     pub fn new(
         config: SupervisorConfig,
@@ -226,6 +241,7 @@ impl Supervisor {
     /// Containers on this node by instance, newest attempt first.
     async fn scan(&self) -> HashMap<InstanceId, Vec<(u32, String)>> {
         let mut found: HashMap<InstanceId, Vec<(u32, String)>> = HashMap::new();
+        let mut strays = Vec::new();
         match self.runtime.list().await {
             Ok(containers) => {
                 for c in containers {
@@ -233,7 +249,9 @@ impl Supervisor {
                         continue;
                     };
                     let Ok(instance) = InstanceId::parse(label.as_str()) else {
-                        tracing::warn!(container = %c.id, label, "a container whose instance label is not an instance id: left alone");
+                        // No assignment can ever name it: it goes, as unassigned ones do.
+                        tracing::warn!(container = %c.id, label, "removing a container whose instance label is not an instance id");
+                        strays.push(c.id);
                         continue;
                     };
                     let attempt = c
@@ -245,6 +263,10 @@ impl Supervisor {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot list existing containers"),
+        }
+        if !strays.is_empty() {
+            let (runtime, grace) = (self.runtime.clone(), self.config.stop_grace);
+            tokio::spawn(async move { stop_and_remove(&*runtime, strays, grace).await });
         }
         for list in found.values_mut() {
             list.sort_by_key(|a| std::cmp::Reverse(a.0));
@@ -351,16 +373,7 @@ impl Supervisor {
         }
         let task = tokio::spawn(async move {
             tokio::time::sleep(drain).await;
-            for c in containers {
-                match runtime.stop(&c, grace).await {
-                    Ok(_) | Err(RuntimeError::ContainerNotFound(_)) => {}
-                    Err(e) => tracing::warn!(container = %c, error = %e, "stop failed"),
-                }
-                match runtime.remove(&c, true).await {
-                    Ok(()) | Err(RuntimeError::ContainerNotFound(_)) => {}
-                    Err(e) => tracing::warn!(container = %c, error = %e, "remove failed"),
-                }
-            }
+            stop_and_remove(&*runtime, containers, grace).await;
         });
         self.stop_seq += 1;
         self.stopping

@@ -328,6 +328,23 @@ async fn a_restarted_agent_adopts_running_containers_instead_of_duplicating_them
     node2
         .until(Duration::from_secs(10), |_| rt2.containers().is_empty())
         .await;
+    // A container whose instance label is no instance id (made by hand, or tampered with):
+    // no assignment can ever name it, so it goes too, and nothing else is touched.
+    let rt3 = runtime_with(|_| Run::forever());
+    for (id, label) in [("stray-0", "../../etc"), ("kept-1-0", "kept-1")] {
+        rt3.add_running(kat_runtime::CreateOptions {
+            id: id.into(),
+            labels: BTreeMap::from([(LABEL_INSTANCE.to_string(), label.to_string())]),
+            ..Default::default()
+        });
+    }
+    let kept = assignment("kept", "kept-1", "app:1", "{condition: Always}", None);
+    let node3 = start(rt3.clone(), &[kept]);
+    node3
+        .until(Duration::from_secs(10), |_| {
+            rt3.containers() == vec!["kept-1-0".to_string()]
+        })
+        .await;
 }
 
 #[tokio::test(start_paused = true)]

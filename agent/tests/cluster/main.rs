@@ -22,7 +22,7 @@
 
 use kat_api::wire::{
     BackupRecord, Health, InstanceState, InstanceStatus, JoinRole, NewJoinToken, NodeState,
-    Timestamp,
+    Timestamp, WorkloadObject,
 };
 use kat_testkit::{bin, holds_for, wait, Katcall};
 use std::collections::BTreeMap;

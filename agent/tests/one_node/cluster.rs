@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use kat_api::wire::{InstanceStatus, WorkloadObject};
+use kat_api::wire::{InstanceStatus, NodeState, WorkloadObject};
 use kat_testkit::{bin, free_port, Katcall};
 
 pub(crate) struct Cluster {
@@ -117,7 +117,7 @@ spec:
         };
         c.spawn_agent(&["init", "--config", &c.path("cluster.kat")]);
         c.wait("the node to be Ready", Duration::from_secs(30), |c| {
-            c.katcall_ok(&["get", "nodes"]).contains("Ready")
+            c.node_ready()
         });
         c
     }
@@ -204,6 +204,14 @@ spec:
             "timed out waiting for {what}\nagent log:\n{}",
             self.agent_log_tail()
         );
+    }
+
+    /// Whether the node is listed `Ready` (not `NotReady`, not `Draining`).
+    pub(crate) fn node_ready(&self) -> bool {
+        self.k()
+            .nodes()
+            .iter()
+            .any(|n| n.metadata.name == "e2e-node" && n.state == NodeState::Ready)
     }
 
     pub(crate) fn workload(&self, name: &str) -> Option<WorkloadObject> {

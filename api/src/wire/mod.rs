@@ -97,9 +97,10 @@ pub struct ObjectMeta {
     /// The store revision this object was read at; send it back to update conditionally.
     #[serde(default)]
     pub resource_version: i64,
-    /// When the object was first stored; absent on objects KAT does not store as such
-    /// (a node, assembled from its registration and heartbeat).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// When the object was first stored. An object KAT does not store as such (a node,
+    /// assembled from its registration and heartbeat) has none, written `""` as it always
+    /// was, so that clients of either version read the other's answers.
+    #[serde(default, with = "crate::timestamp::empty_as_none")]
     pub creation_timestamp: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

@@ -128,7 +128,7 @@ impl Service {
         if hb.node != name {
             return Err(Error::bad_request(format!(
                 "heartbeat body: node: is {:?} but the path names node {name:?}",
-                hb.node
+                hb.node.as_str()
             )));
         }
         let value = serde_json::to_vec(&hb)
