@@ -218,7 +218,13 @@ impl KeepingRuntime {
         let Ok(status) = self.inner.status(id).await else {
             return;
         };
-        let Some(instance) = status.labels.get(LABEL_INSTANCE).cloned() else {
+        // Only a container of a real instance has a log worth keeping, under its id's name
+        // (a directory: the id is checked before it names one).
+        let Some(Ok(instance)) = status
+            .labels
+            .get(LABEL_INSTANCE)
+            .map(|l| kat_api::wire::InstanceId::parse(l.as_str()))
+        else {
             return;
         };
         let all = self.inner.list().await.unwrap_or_default();
@@ -251,12 +257,8 @@ impl KeepingRuntime {
             }
         };
         let records = newest_within(&mut rx, MAX_KEPT_BYTES).await;
-        // Only a container of a real instance has a log worth keeping under its id's name.
-        let Ok(instance_id) = kat_api::wire::InstanceId::parse(instance.as_str()) else {
-            return;
-        };
         let meta = KeptMeta {
-            instance_id,
+            instance_id: instance.clone(),
             namespace: status.namespace.clone(),
             workload: status.workload.clone(),
             container: id.to_string(),
@@ -487,9 +489,32 @@ mod tests {
             ..Default::default()
         };
         runtime.create(&plain).await.unwrap();
+        // A label that tries to name a directory outside the kept logs: nothing is kept.
+        let forged = CreateOptions {
+            id: "forged".into(),
+            image: "busybox".into(),
+            labels: [(LABEL_INSTANCE.to_string(), "../escaped".to_string())].into(),
+            ..Default::default()
+        };
+        runtime.create(&forged).await.unwrap();
         runtime.remove("job-a-1", true).await.unwrap();
         runtime.remove("job-a-0", true).await.unwrap();
         runtime.remove("plain", true).await.unwrap();
+        runtime.remove("forged", true).await.unwrap();
+        assert!(
+            !dir.path().join("../escaped").exists(),
+            "kept outside its directory"
+        );
+        let kept: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            kept,
+            vec![std::ffi::OsString::from("job-a")],
+            "only job-a kept"
+        );
         let meta = runtime.kept.meta("job-a").await.expect("kept");
         assert_eq!(
             (

@@ -44,10 +44,6 @@ macro_rules! typed_name {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
-
-            pub fn into_string(self) -> String {
-                self.0
-            }
         }
 
         impl Deref for $name {
@@ -66,12 +62,6 @@ macro_rules! typed_name {
         impl AsRef<str> for $name {
             fn as_ref(&self) -> &str {
                 &self.0
-            }
-        }
-
-        impl AsRef<std::path::Path> for $name {
-            fn as_ref(&self) -> &std::path::Path {
-                std::path::Path::new(&self.0)
             }
         }
 
