@@ -62,6 +62,11 @@ pub struct LeaderConfig {
     pub seed: u64,
     /// How `clusterCIDR` is cut into node subnets; `None` gives instances no address.
     pub addresses: Option<AddressPlan>,
+    /// Backoff between replacements of a workload's ended instances
+    /// ([`crate::replacement`]): the second waits `base`, each next one twice as long, up to
+    /// `cap`.
+    pub replacement_backoff_base: Duration,
+    pub replacement_backoff_cap: Duration,
 }
 
 impl Default for LeaderConfig {
@@ -78,6 +83,8 @@ impl Default for LeaderConfig {
                 .parse()
                 .ok()
                 .and_then(|net| AddressPlan::new(net, 7)),
+            replacement_backoff_base: Duration::from_secs(10),
+            replacement_backoff_cap: Duration::from_secs(300),
         }
     }
 }
@@ -136,6 +143,8 @@ pub struct Memory {
     /// Ended Service instances already kept once ([`crate::finished::reconcile`]): never
     /// kept again after the retention dropped them.
     pub archived: HashSet<InstanceId>,
+    /// Replacements of ended instances in a row, per workload ([`crate::replacement`]).
+    pub replacements: HashMap<WorkloadKey, crate::replacement::Streak>,
 }
 
 /// What the controllers need to know about a workload, extracted once per round.
@@ -634,6 +643,7 @@ impl Leader {
             .map(|((ns, name, hash), _)| vec![TxnOp::delete(keys::template(ns, name, hash))]);
         round.plan.groups.extend(unused);
         memory.statuses.retain(|k, _| live.contains(k));
+        memory.replacements.retain(|k, _| live.contains(k));
         round.plan
     }
 

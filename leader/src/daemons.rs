@@ -5,6 +5,9 @@
 //! Instances on NotReady nodes stay: the node runs them when it comes back, and there is no
 //! other node they could move to. Draining leaves them in place.
 //!
+//! An instance that ended (its node gave up under `restartPolicy`) is replaced on its node,
+//! with a backoff for crash loops ([`crate::replacement`]).
+//!
 //! Updates roll node by node: on up to `maxSurge` nodes at a time a new instance starts
 //! beside the old one, and the old one goes once the new one is healthy. `Simultaneous`
 //! replaces every node's instance at once.
@@ -15,6 +18,7 @@ use kat_api::wire::{EventType, InstanceRecord, WorkloadStatus, DRAIN_TAINT_KEY};
 use kat_api::workload::UpdateStrategyType;
 
 use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::replacement;
 use crate::scheduler;
 
 pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
@@ -42,6 +46,41 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     };
     let surge = w.max_surge.absolute(round.nodes.len() as u32) as usize;
 
+    // Current instances that ended (the node gave up under its restartPolicy) on nodes that
+    // can run a new one: replaced together once the backoff allows ([`replacement`]); the
+    // node then gets a new instance below like a node without one.
+    let draining = |round: &Round<'_>, node: &str| {
+        round
+            .view
+            .nodes
+            .get(node)
+            .and_then(|e| e.registration.as_ref())
+            .is_some_and(|r| r.draining)
+    };
+    let ended: Vec<&InstanceRecord> = by_node
+        .values()
+        .flatten()
+        .copied()
+        .filter(|r| {
+            r.spec_hash == w.template_hash
+                && round.node_ready(&r.node)
+                && !draining(round, &r.node)
+                && round.status_of(&r.instance_id).is_some_and(replacement::ended)
+        })
+        .collect();
+    let mut waiting = None;
+    if !ended.is_empty() {
+        let wait = replacement::wait(round, memory, w);
+        if wait.is_zero() {
+            replacement::replace(round, memory, w, &ended);
+            for records in by_node.values_mut() {
+                records.retain(|r| !ended.iter().any(|e| e.instance_id == r.instance_id));
+            }
+        } else {
+            waiting = Some(replacement::waiting_message(ended.len(), wait));
+        }
+    }
+
     // Nodes whose registration is gone: their instances go too.
     for (node, records) in &by_node {
         if !round.node_index.contains_key(node) {
@@ -55,12 +94,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         let name = round.nodes[i].name.clone();
         let records = by_node.remove(name.as_str()).unwrap_or_default();
         let ready = round.node_ready(&name);
-        let draining = round
-            .view
-            .nodes
-            .get(&name)
-            .and_then(|e| e.registration.as_ref())
-            .is_some_and(|r| r.draining);
+        let draining = draining(round, &name);
         // A node that is merely NotReady or draining keeps what it has: readiness and the
         // drain taint do not make it ineligible.
         let static_ok = {
@@ -144,7 +178,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         .collect::<std::collections::HashSet<_>>()
         .len();
     let why = (!unschedulable.excluded.is_empty() && eligible == 0).then_some(&unschedulable);
-    let message = round.note_pending(memory, w, 0, why);
+    let message = round.note_pending(memory, w, 0, why).or(waiting);
     let records: Vec<&InstanceRecord> = kept.iter().copied().chain(created.iter()).collect();
     let ready = kept
         .iter()

@@ -3,16 +3,16 @@
 //! - A Job's instance: its outcome is counted and its record deleted in one transaction
 //!   (`crate::jobs`); the [`archive_op`] of that instance goes into the same transaction, so
 //!   an instance is never counted without being kept, nor kept twice.
-//! - A Service or DaemonService instance that ended where it is not restarted
-//!   (`restartPolicy` `Never` or `MaxCount`): its record stays until the next apply replaces
-//!   it; it is kept here from the round that first sees it ended ([`reconcile`]).
+//! - A Service or DaemonService instance that ended (its node gave up under its
+//!   `restartPolicy`): kept here from the round that first sees it ended ([`reconcile`]),
+//!   which is no later than the round that replaces it ([`crate::replacement`]).
 //! - [`reconcile`] also applies the retention (`finishedRunHistory` runs, at most
 //!   `finishedRunMaxAgeHours`) and drops what a deleted workload left.
 
 use kat_api::finished::{retained, FinishedInstance};
 use kat_api::keys;
 use kat_api::wire::{InstanceId, InstanceRecord, InstanceState, Timestamp};
-use kat_api::workload::{RestartCondition, WorkloadType};
+use kat_api::workload::WorkloadType;
 use kat_api::WorkloadKey;
 use kat_store::TxnOp;
 
@@ -73,8 +73,7 @@ pub fn reconcile(
     let view = round.view;
     let retention = round.config.finished;
     for w in workloads {
-        let gives_up = w.desired.workload.spec.restart_policy.condition != RestartCondition::Always;
-        if w.workload_type == WorkloadType::Job || !gives_up {
+        if w.workload_type == WorkloadType::Job {
             continue;
         }
         let kept = view.finished.get(&w.key);

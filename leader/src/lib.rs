@@ -34,6 +34,7 @@ pub mod node_admin;
 pub mod nodes;
 pub mod overlay;
 pub mod scheduler;
+pub mod replacement;
 pub mod services;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -5,9 +5,9 @@
 //! - on a NotReady node: lost, deleted here and replaced elsewhere (the node stops it by
 //!   instance id if it comes back) — unless the workload is pinned to that node: nowhere
 //!   else to go, the record stays and the instance goes on when the node is back;
-//! - reported `Failed`/`OOMKilled` under `restartPolicy: Always`: deleted and replaced; under
-//!   `Never` or `MaxCount` the node already applied the policy and gave up, so the record
-//!   stays and the instance is shown `Failed` until the next apply replaces it;
+//! - reported ended (`Succeeded`, `Failed`, `OOMKilled`: the node applied `restartPolicy`
+//!   and gave up): deleted and replaced, with a backoff for crash loops
+//!   ([`crate::replacement`]);
 //! - on a draining node, or with an old template hash: *old*, to be replaced;
 //! - otherwise: *new*.
 //!
@@ -25,11 +25,12 @@
 //! `Simultaneous` deletes every old instance, waits until their nodes report them gone (or a
 //! timeout), then creates the new ones: downtime by design.
 
-use kat_api::wire::{EventType, InstanceRecord, InstanceState, RolloutStatus, WorkloadStatus};
-use kat_api::workload::{RestartCondition, UpdateStrategyType};
+use kat_api::wire::{EventType, InstanceRecord, RolloutStatus, WorkloadStatus};
+use kat_api::workload::UpdateStrategyType;
 use tokio::time::Instant;
 
 use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::replacement;
 
 /// Progress of one rollout, kept in leader memory.
 #[derive(Debug, Clone)]
@@ -44,7 +45,7 @@ pub struct RolloutTracker {
 
 pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
     let replicas = w.replicas as usize;
-    let kept = drop_lost_and_failed(round, w);
+    let (kept, waiting) = drop_lost_and_ended(round, memory, w);
     let draining = |r: &InstanceRecord| {
         round
             .view
@@ -162,16 +163,21 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
                 .count() as u32,
         instances: round.instance_statuses(&records),
         rollout,
-        message: pending,
+        message: pending.or(waiting),
         builds: Vec::new(), // filled in by crate::builds
     }
 }
 
-/// Delete records on NotReady nodes and records of failed instances; return the rest.
-pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&'a InstanceRecord> {
-    let replaces_ended =
-        w.desired.workload.spec.restart_policy.condition == RestartCondition::Always;
+/// Delete records on NotReady nodes and, once the replacement backoff allows, records of
+/// ended instances ([`replacement`]); return the rest and, while ended instances wait, the
+/// status message saying so.
+fn drop_lost_and_ended<'a>(
+    round: &mut Round<'a>,
+    memory: &mut Memory,
+    w: &WorkloadCtx,
+) -> (Vec<&'a InstanceRecord>, Option<String>) {
     let mut kept = Vec::new();
+    let mut ended = Vec::new();
     // Pinned to one node (a workload a detached node created, or `nodeName` set by hand):
     // a replacement could only go to that same node, and would make it restart a container
     // that may well still run there (a detached node keeps its workloads). The record stays.
@@ -200,30 +206,20 @@ pub fn drop_lost_and_failed<'a>(round: &mut Round<'a>, w: &WorkloadCtx) -> Vec<&
             round.delete_instance(r);
             continue;
         }
-        if let Some(s) = round.status_of(&r.instance_id) {
-            if replaces_ended
-                && matches!(
-                    s.state,
-                    InstanceState::Failed | InstanceState::OOMKilled | InstanceState::Succeeded
-                )
-            {
-                let why = s.reason.clone().unwrap_or_else(|| format!("{:?}", s.state));
-                round.event(
-                    EventType::Warning,
-                    "InstanceFailed",
-                    w.object(),
-                    format!(
-                        "{} on {} ended ({why}); replacing it",
-                        r.instance_id, r.node
-                    ),
-                );
-                round.delete_instance(r);
-                continue;
-            }
+        if round.status_of(&r.instance_id).is_some_and(replacement::ended) {
+            ended.push(r);
+        } else {
+            kept.push(r);
         }
-        kept.push(r);
     }
-    kept
+    let wait = replacement::wait(round, memory, w);
+    if ended.is_empty() || !wait.is_zero() {
+        let message = (!ended.is_empty()).then(|| replacement::waiting_message(ended.len(), wait));
+        kept.extend(ended);
+        return (kept, message);
+    }
+    replacement::replace(round, memory, w, &ended);
+    (kept, None)
 }
 
 /// Update the rollout tracker; emit step, stall and completion events.

@@ -351,20 +351,18 @@ async fn a_lost_instance_is_kept_with_its_node_and_a_deleted_job_leaves_nothing(
     assert!(finished(&c, "report").await.is_empty());
 }
 
-/// A Service instance that ended under `restartPolicy: Never` is kept (its record stays
-/// too until the next apply); one under `Always` is replaced, not kept.
+/// A Service instance that ended under `restartPolicy: Never` is kept with its exit code,
+/// and replaced by a new instance with an `InstanceReplaced` event naming the code; the kept
+/// record is written once, not every round.
 #[tokio::test(start_paused = true)]
-async fn a_service_that_ended_under_never_is_kept() {
+async fn a_service_that_ended_under_never_is_kept_and_replaced() {
     let mut c = cluster_keeping(nodes(1), 3, Duration::from_secs(24 * 3600)).await;
     c.behaviour = Arc::new(|_| Behaviour {
         healthy: true,
         exit: Some((Duration::from_secs(5), 3)),
     });
-    let service = |name: &str, policy: &str| {
-        format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: {name}\nspec:\n  type: Service\n  replicas: 1\n  source:\n    image: web:1\n  restartPolicy:\n    condition: {policy}\n  container: {{}}\n")
-    };
-    c.apply(&[("workload.kat", &service("once", "Never"))])
-        .await;
+    let service = "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: once\nspec:\n  type: Service\n  replicas: 1\n  source:\n    image: web:1\n  restartPolicy:\n    condition: Never\n  container: {}\n";
+    c.apply(&[("workload.kat", service)]).await;
     c.run_until(10, |_| false).await.unwrap();
     let kept = finished(&c, "once").await;
     assert_eq!(kept.len(), 1, "{kept:?}");
@@ -372,41 +370,28 @@ async fn a_service_that_ended_under_never_is_kept() {
         (kept[0].state, kept[0].exit_code),
         (kat_api::wire::InstanceState::Failed, Some(3))
     );
-    let record = kat_api::keys::instance(&kept[0].record.node, &kept[0].record.instance_id);
+    let first = kept[0].record.instance_id.clone();
+    let record = kat_api::keys::instance(&kept[0].record.node, &first);
     assert!(
-        c.store.get(&record).await.unwrap().is_some(),
-        "the record stays until the next apply"
+        c.store.get(&record).await.unwrap().is_none(),
+        "the ended instance's record is replaced"
+    );
+    let live = c.live_of("once");
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_ne!(live[0].instance_id, first);
+    let events = events(&c).await;
+    assert!(
+        events.iter().any(|e| e.reason == "InstanceReplaced"
+            && e.message.contains(first.as_str())
+            && e.message.contains("exited with code 3")),
+        "{events:?}"
     );
     // Kept once, not rewritten each round.
-    let rev = c
-        .store
-        .get(&kat_api::keys::finished_instance(
-            "default",
-            "once",
-            &kept[0].record.instance_id,
-        ))
-        .await
-        .unwrap()
-        .unwrap()
-        .mod_revision;
+    let key = kat_api::keys::finished_instance("default", "once", &first);
+    let rev = c.store.get(&key).await.unwrap().unwrap().mod_revision;
     c.run_until(5, |_| false).await.unwrap();
-    let again = c
-        .store
-        .get(&kat_api::keys::finished_instance(
-            "default",
-            "once",
-            &kept[0].record.instance_id,
-        ))
-        .await
-        .unwrap()
-        .unwrap()
-        .mod_revision;
+    let again = c.store.get(&key).await.unwrap().unwrap().mod_revision;
     assert_eq!(rev, again);
-
-    c.apply(&[("workload.kat", &service("always", "Always"))])
-        .await;
-    c.run_until(10, |_| false).await.unwrap();
-    assert!(finished(&c, "always").await.is_empty());
 }
 
 /// More ended instances than the history keeps (and a history of none): the retention's
@@ -415,9 +400,12 @@ async fn a_service_that_ended_under_never_is_kept() {
 async fn ended_services_beyond_the_history_are_not_saved_again_every_round() {
     for history in [2, 0] {
         let mut c = cluster_keeping(nodes(2), history, Duration::from_secs(24 * 3600)).await;
-        c.behaviour = Arc::new(|_| Behaviour {
+        // The first five instances crash; their replacements run.
+        let created = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        c.behaviour = Arc::new(move |_| Behaviour {
             healthy: true,
-            exit: Some((Duration::from_secs(5), 3)),
+            exit: (created.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 5)
+                .then_some((Duration::from_secs(5), 3)),
         });
         let service = "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: many\nspec:\n  type: Service\n  replicas: 5\n  source:\n    image: web:1\n  restartPolicy:\n    condition: Never\n  container:\n    resources:\n      requests: {cpu: 100m, memory: 64Mi}\n";
         c.apply(&[("workload.kat", service)]).await;

@@ -214,6 +214,77 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Instances that end, under any restart policy, Service or DaemonService: each is
+    /// replaced by a new instance with one `InstanceReplaced` event naming it and its exit
+    /// code; the rounds that replace are spaced by the backoff (the n-th gap at least
+    /// min(base × 2^(n-1), cap)); at no time do more than `replicas` records run; and once the
+    /// crashes stop, the workload runs its replicas again.
+    #[test]
+    fn ended_instances_are_replaced_with_backoff(
+        daemon in any::<bool>(),
+        condition in prop::sample::select(vec!["Never", "MaxCount", "Always"]),
+        replicas in 1u32..4,
+        crashes in 0usize..8,
+        code in 0i32..3,
+        runs_for in 1u64..20,
+    ) {
+        paused_runtime().block_on(async {
+            let node_count = 3;
+            let mut c = cluster(node_count).await;
+            c.step = Duration::from_secs(2);
+            let created = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counter = created.clone();
+            c.behaviour = Arc::new(move |_| Behaviour {
+                healthy: true,
+                exit: (counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < crashes)
+                    .then_some((Duration::from_secs(runs_for), code)),
+            });
+            let (kind, replicas_line, want) = if daemon {
+                ("DaemonService", String::new(), node_count)
+            } else {
+                ("Service", format!("  replicas: {replicas}\n"), replicas as usize)
+            };
+            let workload = format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata:\n  name: crashy\nspec:\n  type: {kind}\n{replicas_line}  source:\n    image: web:1\n  restartPolicy:\n    condition: {condition}\n  container:\n    resources:\n      requests: {{cpu: 100m, memory: 64Mi}}\n");
+            c.apply(&[("workload.kat", &workload)]).await;
+            let cfg = config();
+            for _ in 0..900 {
+                c.tick().await.unwrap();
+                let records = c.store.list("/kat/instances/").await.unwrap().kvs.len();
+                // Ended records wait for their replacement; never one more than wanted.
+                prop_assert!(records <= want, "{} records for {} wanted", records, want);
+                // Each crashing instance replaced: `crashes + want` instances in all.
+                if created.load(std::sync::atomic::Ordering::Relaxed) == crashes + want && c.healthy_of("crashy") == want {
+                    break;
+                }
+            }
+            prop_assert_eq!(c.healthy_of("crashy"), want);
+            prop_assert_eq!(created.load(std::sync::atomic::Ordering::Relaxed), crashes + want);
+            let events = events(&c).await;
+            let replaced: Vec<&kat_api::wire::Event> = events.iter().filter(|e| e.reason == "InstanceReplaced").collect();
+            prop_assert_eq!(replaced.len(), crashes, "{:#?}", events.iter().map(|e| (e.timestamp.unix_millis(), &e.reason, &e.message)).collect::<Vec<_>>());
+            for e in &replaced {
+                prop_assert!(e.message.contains(&format!("exited with code {code}")), "{}", e.message);
+                prop_assert!(e.message.contains(condition), "{}", e.message);
+            }
+            let mut ids: Vec<&str> = replaced.iter().filter_map(|e| e.message.split(' ').next()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            prop_assert_eq!(ids.len(), replaced.len(), "an instance replaced twice");
+            let mut rounds: Vec<u64> = replaced.iter().map(|e| e.timestamp.unix_millis()).collect();
+            rounds.dedup();
+            for (n, pair) in rounds.windows(2).enumerate() {
+                let gap = Duration::from_millis(pair[1] - pair[0]);
+                let min = cfg.replacement_backoff_base.saturating_mul(1 << n).min(cfg.replacement_backoff_cap);
+                prop_assert!(gap >= min, "replacement {} came {:?} after the previous one (backoff {:?})", n + 2, gap, min);
+            }
+            Ok(())
+        })?;
+    }
+}
+
 /// `kat.dws.rip/nodeName` (what a detached node pins its workloads with) matches the node of
 /// that name, though no node stores the label.
 #[test]

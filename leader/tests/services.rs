@@ -447,14 +447,17 @@ async fn failed_instances_are_replaced() {
         events(&c)
             .await
             .iter()
-            .filter(|e| e.reason == "InstanceFailed")
+            .filter(|e| e.reason == "InstanceReplaced")
             .count()
             >= 2
     );
 }
 
+/// An instance its node gave up on under `MaxCount` is replaced, and a crash loop is
+/// replaced ever more slowly: the ended instance waits, shown `Failed` with a status message
+/// saying when it goes.
 #[tokio::test(start_paused = true)]
-async fn instances_that_gave_up_under_max_count_stay_failed() {
+async fn instances_that_gave_up_under_max_count_are_replaced_with_backoff() {
     let mut c = cluster(1).await;
     c.behaviour = Arc::new(|_| Behaviour {
         healthy: true,
@@ -465,20 +468,26 @@ async fn instances_that_gave_up_under_max_count_stay_failed() {
         "condition: MaxCount\n    maxRestarts: 2",
     );
     c.apply(&[("workload.kat", &spec)]).await;
-    c.run_until(20, |_| false).await.unwrap();
-    // The node reported Failed (its restart policy gave up); the leader keeps the record
-    // instead of making a new instance, so MaxCount means what it says.
-    assert!(
-        events(&c)
-            .await
+    let replaced = |events: &[kat_api::wire::Event]| {
+        events
             .iter()
-            .all(|e| e.reason != "InstanceFailed"),
-        "a MaxCount instance must not be replaced"
-    );
+            .filter(|e| e.reason == "InstanceReplaced")
+            .count()
+    };
+    c.run_until(10, |_| false).await.unwrap();
+    assert_eq!(replaced(&events(&c).await), 1, "the first replacement is at once");
+    // The second instance ends 4 s after the first replacement; the next one waits the
+    // backoff (10 s after the first).
+    c.run_until(3, |_| false).await.unwrap();
     let status = status(&c, "web").await;
+    assert_eq!(replaced(&events(&c).await), 1);
     assert_eq!(status.instances.len(), 1);
     assert_eq!(
         status.instances[0].state,
         kat_api::wire::InstanceState::Failed
     );
+    let message = status.message.unwrap_or_default();
+    assert!(message.contains("replacing in"), "{message}");
+    c.run_until(10, |_| false).await.unwrap();
+    assert_eq!(replaced(&events(&c).await), 2);
 }

@@ -23,6 +23,8 @@ pub fn config() -> LeaderConfig {
         event_capacity: 200,
         seed: 7,
         addresses: kat_leader::ipam::AddressPlan::new("10.100.0.0/16".parse().unwrap(), 7),
+        replacement_backoff_base: Duration::from_secs(10),
+        replacement_backoff_cap: Duration::from_secs(300),
     }
 }
 

@@ -222,6 +222,16 @@ spec:
         self.k().instances(name)
     }
 
+    /// Whether every instance of `name` is Pending on an image pull.
+    pub(crate) fn stuck_pull_pending(&self, name: &str) -> bool {
+        let instances = self.instances(name);
+        !instances.is_empty()
+            && instances.iter().all(|i| {
+                i.state == kat_api::wire::InstanceState::Pending
+                    && i.reason.as_deref().unwrap_or("").contains("pulling")
+            })
+    }
+
     /// Write a workload directory and apply it.
     pub(crate) fn apply(&self, dir: &str, files: &[(&str, String)]) -> String {
         let path = self.dir.path().join(dir);

@@ -5,7 +5,7 @@
 //! One cluster walks through every scenario in order (a cluster takes seconds to start and
 //! the scenarios build on each other), each scenario a named test of its own ([`STEPS`], run
 //! by libtest-mimic) so that a failure names its scenario and hides none of the others: two healthy replicas with a volume and their logs;
-//! exec; a killed process restarted per policy; MaxCount exhausted to Failed; an updated
+//! exec; a killed process restarted per policy; MaxCount exhausted, Never and a Job retried per its restartPolicy, ended instances replaced; an updated
 //! spec replacing the instances; a bad bundle refused with nothing changed; 401 without the
 //! token; `kill -9` of the agent with no duplicate containers and no lost log lines; delete
 //! leaving no container, cgroup or mount behind. On the way, 200 idle connections and an
@@ -70,8 +70,8 @@ const STEPS: &[(&str, Step)] = &[
         a_killed_process_restarts_under_always,
     ),
     (
-        "a_stuck_pull_delays_nothing_and_max_count_ends_failed",
-        a_stuck_pull_delays_nothing_and_max_count_ends_failed,
+        "a_stuck_pull_delays_nothing_and_ended_instances_follow_the_policy",
+        a_stuck_pull_delays_nothing_and_ended_instances_follow_the_policy,
     ),
     (
         "an_updated_spec_replaces_the_instances",

@@ -111,3 +111,46 @@ pub(crate) fn git_workload(
         ),
     ]
 }
+
+/// A Job whose first attempt fails and second succeeds (a marker on its volume), under
+/// `restartPolicy: MaxCount` with `backoffLimit: 0`.
+pub(crate) fn retrying_job(image: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "workload.kat",
+            format!(
+                "apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: retry
+  namespace: default
+spec:
+  type: Job
+  source:
+    image: {image}
+  restartPolicy:
+    condition: MaxCount
+    maxRestarts: 1
+  container:
+    command: [\"/bin/sh\", \"-c\", \"if [ -e /data/tried ]; then echo second; exit 0; fi; touch /data/tried; exit 3\"]
+    volumeMounts:
+      - name: data
+        mountPath: /data
+  volumes:
+    - name: data
+      simpleClusterStorage: {{}}
+"
+            ),
+        ),
+        (
+            "job.kat",
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: JobDefinition
+spec:
+  completions: 1
+  backoffLimit: 0
+"
+            .to_string(),
+        ),
+    ]
+}

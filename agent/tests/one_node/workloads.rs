@@ -108,7 +108,7 @@ pub(crate) fn a_killed_process_restarts_under_always(r: &mut Run) {
     );
 }
 
-pub(crate) fn a_stuck_pull_delays_nothing_and_max_count_ends_failed(r: &mut Run) {
+pub(crate) fn a_stuck_pull_delays_nothing_and_ended_instances_follow_the_policy(r: &mut Run) {
     let Run {
         c,
         image,
@@ -136,13 +136,11 @@ pub(crate) fn a_stuck_pull_delays_nothing_and_max_count_ends_failed(r: &mut Run)
         ),
     );
     c.wait("stuck to wait for its pull", Duration::from_secs(20), |c| {
-        c.instances("stuck").iter().any(|i| {
-            i.state == InstanceState::Pending
-                && i.reason.as_deref().unwrap_or("").contains("pulling")
-        })
+        c.stuck_pull_pending("stuck")
     });
 
-    // MaxCount: restarted maxRestarts times within resetSeconds, then Failed.
+    // MaxCount: restarted maxRestarts times within resetSeconds, then Failed; the leader
+    // replaces the instance it gave up on (RFC 001 §4.6) with an event naming the exit code.
     c.apply(
         "crasher",
         &simple(
@@ -152,31 +150,30 @@ pub(crate) fn a_stuck_pull_delays_nothing_and_max_count_ends_failed(r: &mut Run)
             "echo boom $(cat /proc/sys/kernel/random/uuid); exit 3",
         ),
     );
-    c.wait("crasher to fail", Duration::from_secs(30), |c| {
-        c.instances("crasher")
-            .iter()
-            .any(|i| i.state == InstanceState::Failed)
-    });
-    let crashed = &c.instances("crasher")[0];
-    assert_eq!(crashed.restarts, 2, "{crashed:?}");
-    assert_eq!(crashed.exit_code, Some(3), "{crashed:?}");
+    let replaced = wait_replaced(c, "crasher", "exited with code 3");
+    assert!(replaced.contains("maxRestarts reached"), "{replaced}");
+    let gone = replaced.split(' ').next().unwrap_or_default().to_string();
     assert!(
-        crashed
-            .reason
-            .as_deref()
-            .unwrap_or("")
-            .contains("maxRestarts"),
-        "{crashed:?}"
-    );
-    assert!(
-        c.instances("stuck")
-            .iter()
-            .all(|i| i.state == InstanceState::Pending),
+        c.stuck_pull_pending("stuck"),
         "the stuck pull is still under way"
     );
     c.must(&["delete", "workload", "stuck"]);
+    // The replaced instance's output is kept; a new instance runs (and crashes) in its place.
+    let kept = c.must(&["logs", &format!("crasher/{gone}")]);
+    assert!(kept.starts_with("boom "), "{kept}");
+    let mut current = None;
+    c.wait("a new crasher instance restarting", Duration::from_secs(30), |c| {
+        current = c
+            .instances("crasher")
+            .into_iter()
+            // Two restarts: the attempt before the newest has surely been created (the count
+            // goes up when a restart is decided, before its container exists).
+            .find(|i| i.instance_id != gone.as_str() && i.restarts >= 2);
+        current.is_some()
+    });
+    let current = current.map(|i| i.instance_id.to_string()).unwrap_or_default();
     // `logs --previous` shows the run before the last one: its own line, not the current.
-    let crasher = format!("crasher/{}", crashed.instance_id);
+    let crasher = format!("crasher/{current}");
     let last = c.must(&["logs", &crasher]);
     let previous = c.must(&["logs", "--previous", &crasher]);
     assert!(
@@ -192,6 +189,56 @@ pub(crate) fn a_stuck_pull_delays_nothing_and_max_count_ends_failed(r: &mut Run)
         String::from_utf8_lossy(&out.stderr)
     );
     c.must(&["delete", "workload", "crasher"]);
+
+    // Never: the first exit is final on the node, even exit 0 of a Service; the leader
+    // places a new instance.
+    c.apply(
+        "once",
+        &simple("once", image, "    condition: Never", "sleep 1; exit 0"),
+    );
+    let replaced = wait_replaced(c, "once", "exited with code 0");
+    assert!(replaced.contains("restartPolicy Never"), "{replaced}");
+    c.must(&["delete", "workload", "once"]);
+
+    // A Job follows its restartPolicy on the node: under MaxCount a failed container is
+    // restarted in place, so a second attempt that succeeds completes the run without a
+    // failure counted against `backoffLimit: 0`.
+    c.apply("retry", &retrying_job(image));
+    c.wait("the retry job to succeed", Duration::from_secs(60), |c| {
+        c.k()
+            .events_of("retry")
+            .iter()
+            .any(|e| e.reason == "JobRunSucceeded")
+    });
+    assert!(
+        !c.k()
+            .events_of("retry")
+            .iter()
+            .any(|e| e.reason == "JobRunFailed" || e.reason == "InstanceFailed"),
+        "{:?}",
+        c.k().events_of("retry")
+    );
+    c.must(&["delete", "workload", "retry"]);
+}
+
+/// Wait for an `InstanceReplaced` event of `workload` whose message has `says`; its message.
+fn wait_replaced(c: &Cluster, workload: &str, says: &str) -> String {
+    let mut message = String::new();
+    c.wait(
+        &format!("{workload}'s ended instance replaced"),
+        Duration::from_secs(60),
+        |c| {
+            message = c
+                .k()
+                .events_of(workload)
+                .into_iter()
+                .find(|e| e.reason == "InstanceReplaced" && e.message.contains(says))
+                .map(|e| e.message)
+                .unwrap_or_default();
+            !message.is_empty()
+        },
+    );
+    message
 }
 
 pub(crate) fn an_updated_spec_replaces_the_instances(r: &mut Run) {
