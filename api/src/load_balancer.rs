@@ -108,6 +108,29 @@ pub struct HealthCheck {
     pub success_threshold: u32,
     #[serde(default = "failure")]
     pub failure_threshold: u32,
+    /// What the node does when the instance turns `Unhealthy` (beyond RFC 001; podman's
+    /// `--health-on-failure`). Left out when `none`, so specs written before it hash alike.
+    #[serde(default, skip_serializing_if = "HealthFailureAction::is_none")]
+    pub on_failure: HealthFailureAction,
+}
+
+/// `healthCheck.onFailure`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(test, derive(Arbitrary))]
+#[serde(rename_all = "lowercase")]
+pub enum HealthFailureAction {
+    /// Report it (status, event, rollouts, published ports); leave the container running.
+    #[default]
+    None,
+    /// Stop the container and start it again, with the restart backoff, whatever the
+    /// `restartPolicy` (a hung process that still runs is what this is for).
+    Restart,
+}
+
+impl HealthFailureAction {
+    pub fn is_none(&self) -> bool {
+        *self == HealthFailureAction::None
+    }
 }
 
 fn period() -> u32 {

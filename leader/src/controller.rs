@@ -143,6 +143,8 @@ pub struct Memory {
     /// Ended Service instances already kept once ([`crate::finished::reconcile`]): never
     /// kept again after the retention dropped them.
     pub archived: HashSet<InstanceId>,
+    /// Each instance's last reported health ([`crate::health_events`]).
+    pub health: HashMap<InstanceId, kat_api::wire::Health>,
     /// Replacements of ended instances in a row, per workload ([`crate::replacement`]).
     pub replacements: HashMap<WorkloadKey, crate::replacement::Streak>,
 }
@@ -606,6 +608,7 @@ impl Leader {
             round.delete_instance(r);
         }
         crate::finished::reconcile(&mut round, &workloads, exists, &mut memory.archived);
+        crate::health_events::reconcile(&mut round, &mut memory.health);
         for (key, runs) in &view.job_runs {
             if !exists(key) {
                 let ops = runs

@@ -65,7 +65,9 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
             r.spec_hash == w.template_hash
                 && round.node_ready(&r.node)
                 && !draining(round, &r.node)
-                && round.status_of(&r.instance_id).is_some_and(replacement::ended)
+                && round
+                    .status_of(&r.instance_id)
+                    .is_some_and(replacement::ended)
         })
         .collect();
     let mut waiting = None;

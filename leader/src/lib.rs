@@ -26,6 +26,7 @@ pub mod dns;
 pub mod election;
 pub mod events;
 pub mod finished;
+pub mod health_events;
 pub mod ipam;
 pub mod jobs;
 pub mod metrics;
@@ -33,8 +34,8 @@ pub mod namespaces;
 pub mod node_admin;
 pub mod nodes;
 pub mod overlay;
-pub mod scheduler;
 pub mod replacement;
+pub mod scheduler;
 pub mod services;
 #[cfg(feature = "sim")]
 pub mod sim;

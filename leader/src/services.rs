@@ -206,7 +206,10 @@ fn drop_lost_and_ended<'a>(
             round.delete_instance(r);
             continue;
         }
-        if round.status_of(&r.instance_id).is_some_and(replacement::ended) {
+        if round
+            .status_of(&r.instance_id)
+            .is_some_and(replacement::ended)
+        {
             ended.push(r);
         } else {
             kept.push(r);

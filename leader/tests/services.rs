@@ -475,7 +475,11 @@ async fn instances_that_gave_up_under_max_count_are_replaced_with_backoff() {
             .count()
     };
     c.run_until(10, |_| false).await.unwrap();
-    assert_eq!(replaced(&events(&c).await), 1, "the first replacement is at once");
+    assert_eq!(
+        replaced(&events(&c).await),
+        1,
+        "the first replacement is at once"
+    );
     // The second instance ends 4 s after the first replacement; the next one waits the
     // backoff (10 s after the first).
     c.run_until(3, |_| false).await.unwrap();
@@ -490,4 +494,41 @@ async fn instances_that_gave_up_under_max_count_are_replaced_with_backoff() {
     assert!(message.contains("replacing in"), "{message}");
     c.run_until(10, |_| false).await.unwrap();
     assert_eq!(replaced(&events(&c).await), 2);
+}
+
+/// Health transitions are events, once per transition (not per heartbeat): Unhealthy when an
+/// instance turns unhealthy, Healthy when it recovers.
+#[tokio::test(start_paused = true)]
+async fn health_transitions_are_events_once_each() {
+    let mut c = cluster(1).await;
+    c.apply(&[
+        ("workload.kat", &service("web", 1, "web:1", "")),
+        ("lb.kat", HEALTH_CHECK),
+    ])
+    .await;
+    c.run_until(10, |c| c.healthy_of("web") == 1).await.unwrap();
+    let count = |events: &[kat_api::wire::Event], reason: &str| {
+        events.iter().filter(|e| e.reason == reason).count()
+    };
+    assert_eq!(
+        count(&events(&c).await, "InstanceHealthy"),
+        0,
+        "starting healthy is no event"
+    );
+    let id = c.live_of("web")[0].instance_id.clone();
+    c.node("node-1").set_healthy(&id, false);
+    c.run_until(10, |_| false).await.unwrap();
+    let list = events(&c).await;
+    assert_eq!(count(&list, "InstanceUnhealthy"), 1, "{list:?}");
+    let unhealthy = list
+        .iter()
+        .find(|e| e.reason == "InstanceUnhealthy")
+        .unwrap();
+    assert!(unhealthy.message.contains(id.as_str()), "{unhealthy:?}");
+    assert_eq!(unhealthy.involved_object.name, "web");
+    c.node("node-1").set_healthy(&id, true);
+    c.run_until(10, |_| false).await.unwrap();
+    let list = events(&c).await;
+    assert_eq!(count(&list, "InstanceHealthy"), 1, "{list:?}");
+    assert_eq!(count(&list, "InstanceUnhealthy"), 1, "{list:?}");
 }

@@ -96,6 +96,7 @@ mod tests {
             timeout_seconds: 1,
             success_threshold: success,
             failure_threshold: failure,
+            on_failure: Default::default(),
         }
     }
 

@@ -46,6 +46,7 @@ use container_spec::{
 
 use crate::network::{NetworkSettings, PublishedPort};
 use health::HealthTracker;
+use kat_api::load_balancer::HealthFailureAction;
 use restart::{Decision, Exit, RestartTracker};
 
 /// How often running containers are checked for exits.
@@ -91,6 +92,9 @@ struct Tracked {
     phase: Phase,
     restart: RestartTracker,
     health: Option<HealthTracker>,
+    /// The running container is being stopped for failing its health check
+    /// (`healthCheck.onFailure: restart`): its exit is a restart, whatever the policy.
+    unhealthy_stop: bool,
     started: Option<Instant>,
     status: InstanceStatus,
 }
@@ -137,6 +141,7 @@ impl Tracked {
             phase: Phase::Start(Instant::now()),
             restart,
             health: None,
+            unhealthy_stop: false,
             started: None,
             status,
         }
@@ -625,6 +630,12 @@ impl Supervisor {
         tracing::info!(instance = %id, %reason, "container ended");
         t.status.finished_at = Some(Timestamp::now());
         t.health = None;
+        if std::mem::take(&mut t.unhealthy_stop) {
+            let decision = t.restart.on_unhealthy(exit.ran_for);
+            let why = "stopped for failing its health check (healthCheck.onFailure: restart)";
+            Self::apply(t, decision, now, why.to_string());
+            return;
+        }
         let decision = t.restart.on_exit(now, exit);
         Self::apply(t, decision, now, reason);
     }
@@ -685,11 +696,25 @@ impl Supervisor {
         if t.attempt != attempt {
             return;
         }
-        if let Some(h) = t.health.as_mut() {
-            if let Some(new) = h.record(Instant::now(), ok) {
-                tracing::info!(instance = %id, health = ?new, "health changed");
-                t.status.health = new;
-            }
+        let Some(new) = t.health.as_mut().and_then(|h| h.record(Instant::now(), ok)) else {
+            return;
+        };
+        tracing::info!(instance = %id, health = ?new, "health changed");
+        t.status.health = new;
+        let restart = t
+            .health_check()
+            .is_some_and(|c| c.on_failure == HealthFailureAction::Restart);
+        if new == Health::Unhealthy && restart && t.phase == Phase::Running && !t.unhealthy_stop {
+            // Stopped beside the loop; `follow` sees the exit and restarts it.
+            t.unhealthy_stop = true;
+            let (runtime, grace, container) =
+                (self.runtime.clone(), self.config.stop_grace, t.container());
+            tracing::warn!(instance = %id, %container, "unhealthy: stopping it to restart (healthCheck.onFailure: restart)");
+            tokio::spawn(async move {
+                if let Err(e) = runtime.stop(&container, grace).await {
+                    tracing::warn!(%container, error = %e, "cannot stop an unhealthy container");
+                }
+            });
         }
     }
 

@@ -146,6 +146,16 @@ impl RestartTracker {
         }
     }
 
+    /// The container was stopped for failing its health check (`healthCheck.onFailure:
+    /// restart`, opted into): restarted whatever the policy, with the same backoff, so a
+    /// container that is never healthy costs the node one start per backoff step.
+    pub fn on_unhealthy(&mut self, ran_for: Duration) -> Decision {
+        if ran_for >= BACKOFF_RESET {
+            self.next_backoff = BACKOFF_BASE;
+        }
+        self.restart()
+    }
+
     fn restart(&mut self) -> Decision {
         let after = self.next_backoff;
         self.next_backoff = (self.next_backoff * 2).min(BACKOFF_CAP);
@@ -233,7 +243,9 @@ mod tests {
         let mut t = RestartTracker::new(&policy(RestartCondition::MaxCount, 2, 30), false);
         let start = Instant::now();
         assert!(restarts(&t.on_exit(start, crash(1))));
-        assert!(restarts(&t.on_exit(start + Duration::from_secs(1), crash(1))));
+        assert!(restarts(
+            &t.on_exit(start + Duration::from_secs(1), crash(1))
+        ));
         match t.on_exit(start + Duration::from_secs(2), crash(1)) {
             Decision::Finish { state, reason } => {
                 assert_eq!(state, InstanceState::Failed);

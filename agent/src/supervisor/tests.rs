@@ -281,6 +281,54 @@ async fn probes_make_an_instance_healthy_then_unhealthy() {
     assert_eq!(node.creates("web-1").len(), 1);
 }
 
+/// `healthCheck.onFailure: restart`: an instance that turns Unhealthy is stopped and started
+/// again with the restart backoff, even under `restartPolicy: Never`, and is never reported
+/// ended for it.
+#[tokio::test(start_paused = true)]
+async fn on_failure_restart_restarts_an_unhealthy_instance_with_backoff() {
+    let rt = FakeRuntime::new(|_| Run::forever(), |_| 1);
+    rt.add_image("app:1");
+    let lb = format!("{HEALTH}    onFailure: restart\n");
+    let node = start(
+        rt,
+        &[assignment(
+            "hung",
+            "hung-1",
+            "app:1",
+            "{condition: Never}",
+            Some(&lb),
+        )],
+    );
+    let mut seen_reason = false;
+    node.until(Duration::from_secs(120), |n| {
+        seen_reason |= n.status("hung-1").is_some_and(|s| {
+            s.reason
+                .as_deref()
+                .is_some_and(|r| r.contains("onFailure: restart"))
+        });
+        n.creates("hung-1").len() >= 4
+    })
+    .await;
+    assert!(seen_reason, "the status says why it restarted");
+    let creates = node.creates("hung-1");
+    let gaps: Vec<Duration> = creates.windows(2).map(|w| w[1] - w[0]).collect();
+    // Unhealthy 7 s after a start (2 s delay, two failures 5 s apart), then the backoff.
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_secs(7)),
+        "{gaps:?}"
+    );
+    assert!(gaps[2] > gaps[0], "the backoff grows: {gaps:?}");
+    let status = node.status("hung-1").unwrap();
+    assert!(status.restarts >= 3, "{status:?}");
+    assert!(
+        !matches!(
+            status.state,
+            InstanceState::Failed | InstanceState::Succeeded
+        ),
+        "{status:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restarted_agent_adopts_running_containers_instead_of_duplicating_them() {
     let rt = runtime_with(|_| Run::forever());

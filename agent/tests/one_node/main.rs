@@ -74,6 +74,10 @@ const STEPS: &[(&str, Step)] = &[
         a_stuck_pull_delays_nothing_and_ended_instances_follow_the_policy,
     ),
     (
+        "an_unhealthy_instance_restarts_when_asked",
+        an_unhealthy_instance_restarts_when_asked,
+    ),
+    (
         "an_updated_spec_replaces_the_instances",
         an_updated_spec_replaces_the_instances,
     ),

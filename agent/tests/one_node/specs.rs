@@ -154,3 +154,55 @@ spec:
         ),
     ]
 }
+
+/// A Service whose first run never passes its health check and whose later runs do (a marker
+/// on its volume), with `onFailure: restart` under `restartPolicy: Never`. It leaves on
+/// SIGTERM at once (a shell as PID 1 would ignore it).
+pub(crate) fn restarted_when_unhealthy(image: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "workload.kat",
+            format!(
+                "apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: hung
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: {image}
+  replicas: 1
+  restartPolicy:
+    condition: Never
+  container:
+    command: [\"/bin/sh\", \"-c\", \"if [ -e /data/started ]; then touch /tmp/healthy; fi; touch /data/started; trap 'exit 0' TERM; while true; do sleep 1; done\"]
+    volumeMounts:
+      - name: data
+        mountPath: /data
+  volumes:
+    - name: data
+      simpleClusterStorage: {{}}
+"
+            ),
+        ),
+        (
+            "VirtualLoadBalancer.kat",
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: VirtualLoadBalancer
+spec:
+  ports:
+    - name: http
+      containerPort: 8080
+  healthCheck:
+    exec:
+      command: [\"/bin/sh\", \"-c\", \"test -e /tmp/healthy\"]
+    initialDelaySeconds: 0
+    periodSeconds: 1
+    failureThreshold: 2
+    onFailure: restart
+"
+            .to_string(),
+        ),
+    ]
+}

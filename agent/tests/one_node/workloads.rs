@@ -162,16 +162,22 @@ pub(crate) fn a_stuck_pull_delays_nothing_and_ended_instances_follow_the_policy(
     let kept = c.must(&["logs", &format!("crasher/{gone}")]);
     assert!(kept.starts_with("boom "), "{kept}");
     let mut current = None;
-    c.wait("a new crasher instance restarting", Duration::from_secs(30), |c| {
-        current = c
-            .instances("crasher")
-            .into_iter()
-            // Two restarts: the attempt before the newest has surely been created (the count
-            // goes up when a restart is decided, before its container exists).
-            .find(|i| i.instance_id != gone.as_str() && i.restarts >= 2);
-        current.is_some()
-    });
-    let current = current.map(|i| i.instance_id.to_string()).unwrap_or_default();
+    c.wait(
+        "a new crasher instance restarting",
+        Duration::from_secs(30),
+        |c| {
+            current = c
+                .instances("crasher")
+                .into_iter()
+                // Two restarts: the attempt before the newest has surely been created (the count
+                // goes up when a restart is decided, before its container exists).
+                .find(|i| i.instance_id != gone.as_str() && i.restarts >= 2);
+            current.is_some()
+        },
+    );
+    let current = current
+        .map(|i| i.instance_id.to_string())
+        .unwrap_or_default();
     // `logs --previous` shows the run before the last one: its own line, not the current.
     let crasher = format!("crasher/{current}");
     let last = c.must(&["logs", &crasher]);
@@ -219,6 +225,47 @@ pub(crate) fn a_stuck_pull_delays_nothing_and_ended_instances_follow_the_policy(
         c.k().events_of("retry")
     );
     c.must(&["delete", "workload", "retry"]);
+}
+
+/// `healthCheck.onFailure: restart`: an instance that fails its check is stopped and started
+/// again in place (same instance, even under `restartPolicy: Never`), and the transitions are
+/// events: Unhealthy, then Healthy once the second run passes.
+pub(crate) fn an_unhealthy_instance_restarts_when_asked(r: &mut Run) {
+    let Run { c, image, .. } = r;
+    c.apply("hung", &restarted_when_unhealthy(image));
+    let mut instance = None;
+    c.wait(
+        "hung to turn unhealthy, restart and be healthy",
+        Duration::from_secs(60),
+        |c| {
+            instance = c.instances("hung").into_iter().find(|i| {
+                i.restarts >= 1
+                    && i.state == InstanceState::Running
+                    && i.health == kat_api::wire::Health::Healthy
+            });
+            instance.is_some()
+        },
+    );
+    let id = instance
+        .map(|i| i.instance_id.to_string())
+        .unwrap_or_default();
+    c.wait("the health events", Duration::from_secs(20), |c| {
+        let events = c.k().events_of("hung");
+        let has = |reason: &str| {
+            events
+                .iter()
+                .any(|e| e.reason == reason && e.message.contains(&id))
+        };
+        has("InstanceUnhealthy") && has("InstanceHealthy")
+    });
+    assert!(
+        !c.k()
+            .events_of("hung")
+            .iter()
+            .any(|e| e.reason == "InstanceReplaced"),
+        "restarted in place, not replaced"
+    );
+    c.must(&["delete", "workload", "hung"]);
 }
 
 /// Wait for an `InstanceReplaced` event of `workload` whose message has `says`; its message.

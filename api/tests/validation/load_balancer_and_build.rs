@@ -117,6 +117,12 @@ fn health_check_numbers_positive() {
         "spec.healthCheck.exec.command: must name a command",
     );
     assert_valid(&lb_with("spec.healthCheck.initialDelaySeconds", Some("0")));
+    assert_valid(&lb_with("spec.healthCheck.onFailure", Some("restart")));
+    assert_valid(&lb_with("spec.healthCheck.onFailure", Some("none")));
+    assert_finding(
+        &lb_with("spec.healthCheck.onFailure", Some("Restart")),
+        "spec.healthCheck.onFailure: unknown variant \"Restart\", expected \"none\" or \"restart\"",
+    );
 }
 
 #[test]
