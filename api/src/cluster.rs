@@ -68,6 +68,10 @@ pub struct ClusterSpec {
     pub agent_tick_seconds: u32,
     #[serde(default = "defaults::node_loss_timeout_seconds")]
     pub node_loss_timeout_seconds: u32,
+    /// A node without a heartbeat for this long is removed as `katcall delete node` would
+    /// (RFC 001 §4.1.4); absent: never (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_remove_after_seconds: Option<u32>,
     /// Host path prefixes a `hostMount` volume may use (see [`crate::host_paths`]).
     #[serde(default = "defaults::host_mount_allowed_paths")]
     pub host_mount_allowed_paths: Vec<String>,
@@ -308,6 +312,17 @@ impl ClusterConfiguration {
                     spec.finished_run_max_age_hours
                 ),
             );
+        }
+        if let Some(after) = spec.node_remove_after_seconds {
+            if after <= spec.node_loss_timeout_seconds {
+                s.error(
+                    "nodeRemoveAfterSeconds",
+                    format!(
+                        "{after} must be longer than nodeLossTimeoutSeconds ({}): a node is removed only after it has been NotReady",
+                        spec.node_loss_timeout_seconds
+                    ),
+                );
+            }
         }
         if spec.agent_tick_seconds > 0 && spec.node_loss_timeout_seconds <= spec.agent_tick_seconds
         {

@@ -173,6 +173,66 @@ async fn a_refused_request_stores_nothing_not_even_its_namespace() {
     assert_eq!(api.dump().await, after);
 }
 
+/// A namespace.kat's labels are kept with the namespace, shown by `GET namespaces/NS`, set
+/// again by a later apply whose namespace.kat says otherwise, and left as they are by an
+/// apply without one.
+#[tokio::test]
+async fn namespace_labels_are_kept_and_updated_by_apply() {
+    let api = Api::new();
+    let labelled = |labels: &str| {
+        format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Namespace\nmetadata: {{name: team, labels: {{{labels}}}}}\n")
+    };
+    let labels = |api: &Api| {
+        let store = api.store.clone();
+        async move {
+            let kv = store.get("/kat/namespaces/team").await.unwrap().unwrap();
+            let ns: kat_api::wire::NamespaceObject = serde_json::from_slice(&kv.value).unwrap();
+            ns.metadata.labels
+        }
+    };
+    let first = bundle(&[
+        ("namespace.kat", labelled("team: blue, tier: web")),
+        ("workload.kat", workload("team", "web", "/srv/web")),
+    ]);
+    let (status, body) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", first)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        labels(&api).await,
+        BTreeMap::from([
+            ("team".into(), "blue".into()),
+            ("tier".into(), "web".into())
+        ])
+    );
+    let (status, body) = api
+        .send(Method::GET, "/v1alpha1/namespaces/team", vec![])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("\"tier\":\"web\""), "{body}");
+    let relabelled = bundle(&[
+        ("namespace.kat", labelled("team: green")),
+        ("workload.kat", workload("team", "web", "/srv/web")),
+    ]);
+    let (status, body) = api
+        .send(Method::PUT, "/v1alpha1/n/team/workloads/web", relabelled)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        labels(&api).await,
+        BTreeMap::from([("team".into(), "green".into())])
+    );
+    let without = bundle(&[("workload.kat", workload("team", "web", "/srv/other"))]);
+    let (status, body) = api
+        .send(Method::PUT, "/v1alpha1/n/team/workloads/web", without)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        labels(&api).await,
+        BTreeMap::from([("team".into(), "green".into())])
+    );
+}
+
 /// `GET /nodes` marks the node named by the leader record, and only it; with no record (between
 /// leaders) none is marked, and a record that does not parse marks none rather than failing.
 #[tokio::test]

@@ -173,9 +173,25 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
             }
             let rows: Vec<Vec<String>> = list
                 .iter()
-                .map(|n| vec![n.metadata.name.clone(), age(n.metadata.creation_timestamp)])
+                .map(|n| {
+                    let labels: Vec<String> = n
+                        .metadata
+                        .labels
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect();
+                    vec![
+                        n.metadata.name.clone(),
+                        age(n.metadata.creation_timestamp),
+                        if labels.is_empty() {
+                            "<none>".to_string()
+                        } else {
+                            labels.join(",")
+                        },
+                    ]
+                })
                 .collect();
-            print_or_empty(&["NAME", "AGE"], &rows, "no namespaces");
+            print_or_empty(&["NAME", "AGE", "LABELS"], &rows, "no namespaces");
         }
         other => anyhow::bail!(
             "cannot get {other:?}: expected workloads, instances, nodes or namespaces"

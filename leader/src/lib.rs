@@ -22,6 +22,7 @@ pub mod builds;
 pub mod clock;
 pub mod controller;
 pub mod daemons;
+pub mod departed;
 pub mod dns;
 pub mod election;
 pub mod events;

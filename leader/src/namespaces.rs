@@ -46,8 +46,12 @@ pub async fn list(store: &dyn StateStore) -> Result<Vec<NamespaceObject>, Namesp
         .collect())
 }
 
-/// A new namespace's record.
-pub fn record(clock: &Clock, name: &str) -> NamespaceObject {
+/// A new namespace's record, with the labels of its `namespace.kat` (if any).
+pub fn record(
+    clock: &Clock,
+    name: &str,
+    labels: std::collections::BTreeMap<String, String>,
+) -> NamespaceObject {
     NamespaceObject {
         metadata: ObjectMeta {
             name: name.into(),
@@ -56,7 +60,7 @@ pub fn record(clock: &Clock, name: &str) -> NamespaceObject {
             generation: 1,
             resource_version: 0,
             creation_timestamp: Some(clock.timestamp()),
-            labels: Default::default(),
+            labels,
         },
     }
 }
@@ -75,7 +79,7 @@ pub async fn create(
         });
     }
     let key = keys::namespace(name);
-    let ns = record(clock, name);
+    let ns = record(clock, name, Default::default());
     let txn = Txn::new()
         .when([Compare::absent(&key)])
         .and_then([TxnOp::put_json(&key, &ns)?]);

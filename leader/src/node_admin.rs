@@ -1,4 +1,4 @@
-//! Changes administrators make to nodes: drain, uncordon, taints, labels.
+//! Changes administrators make to nodes: drain, uncordon, taints, labels, removal.
 //!
 //! Each is a read-modify-write of the node's registration with a compare on its revision,
 //! retried on conflict, so an agent re-registering and an administrator tainting at the same
@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 
 use kat_api::keys;
-use kat_api::wire::{EventType, NodeRegistration, Taint, DRAIN_TAINT_KEY};
+use kat_api::wire::{EventType, NodeRegistration, RevokedNode, Taint, DRAIN_TAINT_KEY};
 use kat_api::workload::TaintEffect;
-use kat_store::{Compare, StateStore, StoreError, Txn, TxnOp};
+use kat_store::{Compare, EtcdStore, StateStore, StoreError, Txn, TxnOp};
 
 use crate::clock::Clock;
 use crate::events::{event, node_ref, EventLog};
@@ -225,4 +225,50 @@ pub async fn set_labels(
         },
     )
     .await
+}
+
+/// Remove node `name` from the cluster (`katcall delete node`, or the departed-node sweep in
+/// [`crate::departed`]): its etcd member (if `etcd` and it has one) leaves the quorum, its
+/// certificate is revoked (the API refuses it; etcd refuses new connections with it once the
+/// nodes have rewritten their revocation list, within seconds), and its registration,
+/// status and overlay key go, so its instances are placed elsewhere. `why` ends the event.
+pub async fn remove(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    etcd: Option<&EtcdStore>,
+    name: &str,
+    why: &str,
+) -> Result<(), NodeAdminError> {
+    if store.get(&keys::node_registration(name)).await?.is_none() {
+        return Err(NodeAdminError::NotFound(name.into()));
+    }
+    if let Some(etcd) = etcd {
+        etcd.remove_member(name).await?;
+    }
+    let serial = store
+        .get(&keys::node_certificate(name))
+        .await?
+        .map(|kv| String::from_utf8_lossy(&kv.value).trim().to_string());
+    let revoked = RevokedNode {
+        node: name.to_string(),
+        serial,
+        revoked_at: clock.timestamp(),
+    };
+    let txn = Txn::new().and_then([
+        TxnOp::put_json(keys::revoked_node(name), &revoked)?,
+        TxnOp::delete(keys::node_registration(name)),
+        TxnOp::delete(keys::node_status(name)),
+        TxnOp::delete(keys::wireguard_key(name)),
+    ]);
+    store.txn(txn).await?;
+    let ops = events.ops(&event(
+        clock.timestamp(),
+        EventType::Normal,
+        "NodeRemoved",
+        node_ref(name),
+        format!("node {name} was removed{why}: its etcd member left the quorum and its certificate is revoked"),
+    ));
+    let _ = store.txn(Txn::new().and_then(ops)).await;
+    Ok(())
 }

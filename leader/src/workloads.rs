@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use kat_api::keys;
 use kat_api::namespace::SYSTEM_NAMESPACES;
-use kat_api::wire::{EventType, ObjectMeta, WorkloadMeta};
+use kat_api::wire::{EventType, NamespaceObject, ObjectMeta, WorkloadMeta};
 use kat_api::WorkloadBundle;
 use kat_store::{Compare, StateStore, StoreError, Txn, TxnOp};
 
@@ -101,6 +101,8 @@ async fn write(
     let spec_hash = bundle.spec_hash();
     if let Some(p) = &previous {
         if p.spec_hash == spec_hash {
+            // The workload is as it was; a namespace.kat's new labels still count.
+            relabel_namespace(store, ns, bundle).await?;
             return Ok(Applied {
                 generation: p.metadata.generation,
                 created: false,
@@ -147,12 +149,18 @@ async fn write(
     // refused apply leaves no namespace behind and a concurrent delete cannot orphan it.
     let ns_key = keys::namespace(ns);
     let mut guards = Vec::new();
+    // A namespace.kat's labels are the namespace's: kept when it is created, and set again
+    // when a later apply's namespace.kat says otherwise.
+    let labels = bundle.namespace.as_ref().map(|n| n.metadata.labels.clone());
     match store.get(&ns_key).await? {
-        Some(kv) => guards.push(Compare::mod_revision_is(ns_key, kv.mod_revision)),
+        Some(kv) => {
+            ops.extend(relabel_op(&kv, bundle)?);
+            guards.push(Compare::mod_revision_is(ns_key, kv.mod_revision));
+        }
         None if bundle.namespace.is_some() || SYSTEM_NAMESPACES.contains(&ns.as_str()) => {
             ops.push(TxnOp::put_json(
                 ns_key.clone(),
-                &namespaces::record(clock, ns),
+                &namespaces::record(clock, ns, labels.unwrap_or_default()),
             )?);
             guards.push(Compare::absent(ns_key));
         }
@@ -277,6 +285,47 @@ pub async fn archived(
 /// The archive entry beside a generation's files that holds the commit its git source ran
 /// at (not a Quadlet file: rollback takes it out before parsing).
 pub const ARCHIVED_COMMIT: &str = "source.git.commit";
+
+/// The write that gives the stored namespace `kv` the labels of the bundle's namespace.kat,
+/// if it has one and they differ.
+fn relabel_op(
+    kv: &kat_store::KeyValue,
+    bundle: &WorkloadBundle,
+) -> Result<Option<TxnOp>, WorkloadError> {
+    let Some(wanted) = bundle.namespace.as_ref().map(|n| &n.metadata.labels) else {
+        return Ok(None);
+    };
+    let mut existing: NamespaceObject =
+        serde_json::from_slice(&kv.value).map_err(|e| StoreError::Value {
+            key: kv.key.clone(),
+            detail: format!("is not a namespace: {e}"),
+        })?;
+    if existing.metadata.labels == *wanted {
+        return Ok(None);
+    }
+    existing.metadata.labels = wanted.clone();
+    Ok(Some(TxnOp::put_json(kv.key.clone(), &existing)?))
+}
+
+/// Set the namespace's labels from the bundle's namespace.kat on its own (an apply that
+/// changes nothing else); a concurrent change of the namespace wins.
+async fn relabel_namespace(
+    store: &dyn StateStore,
+    ns: &str,
+    bundle: &WorkloadBundle,
+) -> Result<(), WorkloadError> {
+    let key = keys::namespace(ns);
+    let Some(kv) = store.get(&key).await? else {
+        return Ok(());
+    };
+    if let Some(op) = relabel_op(&kv, bundle)? {
+        let txn = Txn::new()
+            .when([Compare::mod_revision_is(key, kv.mod_revision)])
+            .and_then([op]);
+        store.txn(txn).await?;
+    }
+    Ok(())
+}
 
 /// A generation's archived files as a bundle, its git source at the commit it ran.
 fn archived_bundle(files: &BTreeMap<String, Vec<u8>>) -> Result<WorkloadBundle, String> {

@@ -400,3 +400,61 @@ async fn a_pinned_service_on_a_removed_node_is_not_kept() {
     let reasons: Vec<String> = events(&c).await.into_iter().map(|e| e.reason).collect();
     assert!(reasons.contains(&"InstanceLost".to_string()), "{reasons:?}");
 }
+
+/// `nodeRemoveAfterSeconds`: a node silent that long is removed as `katcall delete node`
+/// would (registration gone, certificate revoked, `NodeRemoved` event); a node that keeps
+/// heartbeating stays, and so does the leader's own node however silent; a node first seen
+/// by a new sweep gets the whole period from then.
+#[tokio::test(start_paused = true)]
+async fn departed_nodes_are_removed_after_the_setting() {
+    let mut c = cluster(3).await;
+    c.apply(&[("workload.kat", &service("web", 3, "web:1", ""))])
+        .await;
+    c.run_until(10, |c| c.healthy_of("web") == 3).await.unwrap();
+    let sweep = kat_leader::departed::Sweep {
+        store: c.store.clone(),
+        etcd: None,
+        events: c.leader.events().clone(),
+        clock: c.clock,
+        after: std::time::Duration::from_secs(120),
+        own: "node-1".into(),
+    };
+    let mut silence = kat_leader::departed::Silence::default();
+    // node-2 and node-1 (the leader's own) go silent; node-3 keeps heartbeating.
+    c.node("node-2").partitioned = true;
+    c.node("node-1").partitioned = true;
+    let mut removed = Vec::new();
+    for step in 0..200 {
+        c.tick().await.unwrap();
+        removed.extend(sweep.once(&mut silence).await.unwrap());
+        if step == 100 {
+            assert!(removed.is_empty(), "removed before 120 s: {removed:?}");
+        }
+    }
+    assert_eq!(removed, vec!["node-2".to_string()]);
+    let registered = |name: &str| {
+        let store = c.store.clone();
+        let key = kat_api::keys::node_registration(name);
+        async move { store.get(&key).await.unwrap().is_some() }
+    };
+    assert!(!registered("node-2").await);
+    assert!(registered("node-1").await && registered("node-3").await);
+    assert!(c
+        .store
+        .get(&kat_api::keys::revoked_node("node-2"))
+        .await
+        .unwrap()
+        .is_some());
+    let list = events(&c).await;
+    assert!(
+        list.iter().any(|e| e.reason == "NodeRemoved"
+            && e.message.contains("node-2")
+            && e.message.contains("nodeRemoveAfterSeconds")),
+        "{list:?}"
+    );
+    // A fresh sweep (a new leader) does not remove a node the moment it looks.
+    let mut fresh = kat_leader::departed::Silence::default();
+    c.node("node-3").partitioned = true;
+    c.tick().await.unwrap();
+    assert!(sweep.once(&mut fresh).await.unwrap().is_empty());
+}

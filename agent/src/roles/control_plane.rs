@@ -80,10 +80,16 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
             None
         }
     };
-    // While this node leads: the backup schedule and the rejoin listener.
+    // While this node leads: the backup schedule, the rejoin listener and, with
+    // `nodeRemoveAfterSeconds`, the departed-node sweep.
     let backups = (member.store.clone(), backup_config(cluster, &node));
     let duty_store = store.clone();
     let duty_metrics = metrics.clone();
+    let remove_after = cluster
+        .spec
+        .node_remove_after_seconds
+        .map(|s| Duration::from_secs(s.into()));
+    let own_node = node.to_string();
     let duties = move |running: &mut tokio::task::JoinSet<()>| {
         running.spawn(kat_leader::backups::run(
             backups.0.clone(),
@@ -93,6 +99,17 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         ));
         if let Some(listener) = &rejoin {
             running.spawn(listener.clone().run());
+        }
+        if let Some(after) = remove_after {
+            let sweep = kat_leader::departed::Sweep {
+                store: duty_store.clone(),
+                etcd: Some(backups.0.clone()),
+                events: kat_leader::events::EventLog::new(kat_leader::events::DEFAULT_CAPACITY),
+                clock: kat_leader::Clock::system(),
+                after,
+                own: own_node.clone(),
+            };
+            running.spawn(sweep.run());
         }
     };
     let admission = member

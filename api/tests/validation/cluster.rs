@@ -14,6 +14,7 @@ fn cluster_with(path: &str, value: &str) -> String {
 #[test]
 fn cluster_rules() {
     assert_eq!(cluster_with("spec.clusterDomain", "kat.cluster.local"), "");
+    assert_eq!(cluster_with("spec.nodeRemoveAfterSeconds", "86400"), "");
     for (path, value, message) in [
         ("spec.clusterCIDR", "10.100.0.0/33", r#"cluster.kat: spec.clusterCIDR: "10.100.0.0/33" is not a CIDR (expected e.g. 10.100.0.0/16)"#),
         ("spec.clusterCIDR", "10.100.1.0/16", "cluster.kat: spec.clusterCIDR: \"10.100.1.0/16\" has host bits set (expected the network address, 10.100.0.0/16)"),
@@ -29,6 +30,8 @@ fn cluster_rules() {
         ("spec.clusterDomain", "bad_domain", "spec.clusterDomain: \"bad_domain\" is not a DNS name"),
         ("spec.agentTickSeconds", "0", "spec.agentTickSeconds: 0 must be at least 1"),
         ("spec.nodeLossTimeoutSeconds", "10", "spec.nodeLossTimeoutSeconds: 10 must be longer than agentTickSeconds (15)"),
+        ("spec.nodeRemoveAfterSeconds", "60", "cluster.kat: spec.nodeRemoveAfterSeconds: 60 must be longer than nodeLossTimeoutSeconds (60)"),
+        ("spec.nodeRemoveAfterSeconds", "-1", "spec.nodeRemoveAfterSeconds: invalid type"),
         ("metadata.name", "My Cluster", "cluster.kat: metadata.name: \"My Cluster\" is not a DNS label"),
         ("kind", "Workload", "cluster.kat: kind: \"Workload\" is not ClusterConfiguration"),
     ] {

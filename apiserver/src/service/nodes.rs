@@ -5,11 +5,9 @@ use std::time::{Duration, SystemTime};
 
 use kat_api::keys;
 use kat_api::wire::{
-    ErrorCode, EventType, LeaderRecord, Node, NodeHeartbeat, NodeRegistration, NodeState,
-    ObjectMeta, RevokedNode, Taint,
+    ErrorCode, LeaderRecord, Node, NodeHeartbeat, NodeRegistration, NodeState, ObjectMeta, Taint,
 };
 use kat_leader::node_admin;
-use kat_store::{Txn, TxnOp};
 
 use super::{Error, Result, Service};
 
@@ -176,45 +174,21 @@ impl Service {
                 format!("node {name} serves this request; remove it through another node's API"),
             ));
         }
-        if self
-            .store
-            .get(&keys::node_registration(name))
-            .await?
-            .is_none()
-        {
-            return Err(Error::not_found(format!(
-                "node {name} not found (see `katcall get nodes`)"
-            )));
-        }
-        if let Some(etcd) = &admission.etcd {
-            etcd.remove_member(name).await?;
-        }
-        let serial = self
-            .store
-            .get(&keys::node_certificate(name))
-            .await?
-            .map(|kv| String::from_utf8_lossy(&kv.value).trim().to_string());
-        let revoked = RevokedNode {
-            node: name.to_string(),
-            serial,
-            revoked_at: self.clock.timestamp(),
-        };
-        let txn = Txn::new().and_then([
-            TxnOp::put_json(keys::revoked_node(name), &revoked)?,
-            TxnOp::delete(keys::node_registration(name)),
-            TxnOp::delete(keys::node_status(name)),
-            TxnOp::delete(keys::wireguard_key(name)),
-        ]);
-        self.store.txn(txn).await?;
-        let ops = self.events.ops(&kat_leader::events::event(
-            self.clock.timestamp(),
-            EventType::Normal,
-            "NodeRemoved",
-            kat_leader::events::node_ref(name),
-            format!("node {name} was removed: its etcd member left the quorum and its certificate is revoked"),
-        ));
-        let _ = self.store.txn(Txn::new().and_then(ops)).await;
-        Ok(())
+        node_admin::remove(
+            &*self.store,
+            &self.events,
+            &self.clock,
+            admission.etcd.as_ref(),
+            name,
+            "",
+        )
+        .await
+        .map_err(|e| match e {
+            node_admin::NodeAdminError::NotFound(_) => {
+                Error::not_found(format!("node {name} not found (see `katcall get nodes`)"))
+            }
+            e => e.into(),
+        })
     }
 
     /// Whether node `name`'s certificate was revoked (`katcall delete node`).
