@@ -11,10 +11,13 @@ use kat_apiserver::service::MIN_HEARTBEAT_INTERVAL;
 /// How long a burst of status changes may take to settle into one heartbeat.
 const SETTLE: Duration = Duration::from_millis(20);
 
-use kat_api::wire::{BuildReport, Detachment, NodeHeartbeat, ResourceList, Timestamp};
+use kat_api::wire::{
+    BuildReport, Detachment, NodeHeartbeat, OverlayPeerStatus, ResourceList, Timestamp,
+};
 use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
+use crate::network::ContainerNetwork;
 use crate::supervisor::Statuses;
 use crate::usage::UsageMeter;
 
@@ -60,6 +63,8 @@ pub async fn run(
     mut builds: watch::Receiver<Vec<BuildReport>>,
     mut meter: UsageMeter,
     detached: Option<Detachment>,
+    overlay: Option<Arc<ContainerNetwork>>,
+    last: Arc<watch::Sender<Option<NodeHeartbeat>>>,
 ) {
     // Read from /proc: off the async threads like every other file.
     let capacity = tokio::task::spawn_blocking(capacity)
@@ -74,6 +79,7 @@ pub async fn run(
     loop {
         let mut instances = statuses.borrow_and_update().clone().unwrap_or_default();
         let usage = meter.measure(&mut instances).await;
+        let overlay_peers = overlay_status(overlay.as_ref()).await;
         let hb = NodeHeartbeat {
             node: node.clone(),
             timestamp: Timestamp::now(),
@@ -84,12 +90,14 @@ pub async fn run(
             usage: Some(usage),
             builds: builds.borrow_and_update().clone(),
             detached: detached.clone(),
+            overlay: overlay_peers,
         };
         if let Err(e) = link.heartbeat(&hb).await {
             tracing::warn!(error = %e, "heartbeat failed; sending again in 0.5 s");
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
+        last.send_replace(Some(hb));
         let sent = tokio::time::Instant::now();
         // Let a burst of changes settle into one heartbeat, and never send the next sooner
         // than the leader takes them (with a margin for the network's jitter): an early
@@ -107,4 +115,29 @@ pub async fn run(
             _ = tokio::time::sleep(tick) => {}
         }
     }
+}
+
+/// The overlay's peers as the node's WireGuard last wrote them (a small file: read on a
+/// blocking thread); none before the node network is up.
+async fn overlay_status(network: Option<&Arc<ContainerNetwork>>) -> Vec<OverlayPeerStatus> {
+    let Some(network) = network.cloned() else {
+        return Vec::new();
+    };
+    let peers = tokio::task::spawn_blocking(move || network.overlay_state())
+        .await
+        .unwrap_or_default();
+    let now = std::time::SystemTime::now();
+    peers
+        .into_iter()
+        .map(|p| OverlayPeerStatus {
+            node: p.node,
+            endpoint: p.endpoint,
+            last_peer_sync: p
+                .last_handshake_seconds
+                .and_then(|s| now.checked_sub(Duration::from_secs(s)).map(Timestamp::from)),
+            handshakes: p.handshakes,
+            tx_bytes: p.tx_bytes,
+            rx_bytes: p.rx_bytes,
+        })
+        .collect()
 }

@@ -61,6 +61,8 @@ impl FinishedInstance {
             started_at: self.started_at,
             finished_at: Some(self.finished_at),
             warnings: vec![],
+            container_id: None,
+            image_digest: None,
             usage: None,
         }
     }

@@ -59,6 +59,17 @@ pub async fn describe(client: &Client, name: &str, format: Format) -> Result<()>
     Ok(())
 }
 
+/// `sha256:0123456789ab…` as `sha256:0123456789ab` (as `docker images` shortens ids).
+fn short_digest(digest: &str) -> String {
+    let (algorithm, hex) = digest.split_once(':').unwrap_or(("", digest));
+    let hex: String = hex.chars().take(12).collect();
+    if algorithm.is_empty() {
+        hex
+    } else {
+        format!("{algorithm}:{hex}")
+    }
+}
+
 fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
@@ -168,11 +179,52 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
                     i.restarts.to_string(),
                     i.ip.map_or_else(|| "-".into(), |ip| ip.to_string()),
                     age(i.started_at),
+                    i.container_id.clone().unwrap_or_else(|| "-".into()),
+                    i.image_digest
+                        .as_deref()
+                        .map_or_else(|| "-".into(), short_digest),
                 ]
             })
             .collect();
         let header = [
-            "WORKLOAD", "INSTANCE", "STATE", "HEALTH", "RESTARTS", "IP", "AGE",
+            "WORKLOAD",
+            "INSTANCE",
+            "STATE",
+            "HEALTH",
+            "RESTARTS",
+            "IP",
+            "AGE",
+            "CONTAINER",
+            "IMAGE",
+        ];
+        for l in table(&header, &rows).lines() {
+            let _ = writeln!(out, "  {l}");
+        }
+    }
+    if !node.overlay.is_empty() {
+        let _ = writeln!(out, "\nOverlay peers:");
+        let rows: Vec<Vec<String>> = node
+            .overlay
+            .iter()
+            .map(|p| {
+                vec![
+                    p.node.clone(),
+                    p.endpoint.clone(),
+                    p.last_peer_sync
+                        .map_or_else(|| "never".into(), |t| format!("{} ago", age(Some(t)))),
+                    p.handshakes.to_string(),
+                    output::bytes(p.tx_bytes),
+                    output::bytes(p.rx_bytes),
+                ]
+            })
+            .collect();
+        let header = [
+            "PEER",
+            "ENDPOINT",
+            "LAST SYNC",
+            "HANDSHAKES",
+            "SENT",
+            "RECEIVED",
         ];
         for l in table(&header, &rows).lines() {
             let _ = writeln!(out, "  {l}");
@@ -315,6 +367,22 @@ mod tests {
         );
         assert!(text.contains("Taints:      gpu=yes:NoSchedule\n"), "{text}");
         assert!(text.contains("Instances:\n  (none)"), "{text}");
+        let mut with_peer = node("cp3", false);
+        with_peer.overlay = vec![kat_api::wire::OverlayPeerStatus {
+            node: "n2".into(),
+            endpoint: "10.0.0.2:51820".into(),
+            last_peer_sync: None,
+            handshakes: 0,
+            tx_bytes: 0,
+            rx_bytes: 2048,
+        }];
+        let text = describe_text(&with_peer, &[], &[]);
+        assert!(text.contains("Overlay peers:"), "{text}");
+        assert!(text.contains("n2    10.0.0.2:51820  never"), "{text}");
+        assert_eq!(
+            short_digest("sha256:0123456789abcdef"),
+            "sha256:0123456789ab"
+        );
         let text = describe_text(&node("cp2", false), &[], &[]);
         assert!(text.contains("Leader:      no\n"), "{text}");
         assert_eq!(crate::workloads::leader_mark(&node("cp1", true)), "yes");

@@ -405,6 +405,8 @@ impl<'a> Round<'a> {
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],
+                    container_id: None,
+                    image_digest: None,
                     usage: None,
                 },
             })

@@ -198,12 +198,15 @@ impl SimNode {
                     started_at: None,
                     finished_at: None,
                     warnings: vec![],
+                    container_id: None,
+                    image_digest: None,
                     usage: None,
                 })
                 .collect(),
             usage: None,
             builds: self.builds.clone(),
             detached: None,
+            overlay: vec![],
         }
     }
 

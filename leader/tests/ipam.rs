@@ -278,6 +278,8 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
             started_at: None,
             finished_at: None,
             warnings: vec![],
+            container_id: None,
+            image_digest: None,
             usage: None,
         })
         .collect();
@@ -300,6 +302,7 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
         usage: None,
         builds: vec![],
         detached: None,
+        overlay: vec![],
     };
     c.store
         .put(

@@ -188,6 +188,8 @@ impl LocalCluster {
                 statuses: parts.statuses.clone(),
                 tick: parts.tick,
                 kept: None,
+                overlay: None,
+                last_heartbeat: Arc::new(tokio::sync::watch::channel(None).0),
             },
             detachment: Some(Detachment {
                 parent_cluster: state.parent_cluster.clone(),

@@ -62,6 +62,14 @@ impl ContainerNetwork {
     fn set(&self, node: Option<Arc<NodeNetwork>>) {
         *self.node.write().unwrap_or_else(|p| p.into_inner()) = node;
     }
+
+    /// What the overlay knows of its peers; empty while the node network is down
+    /// (blocking: a small file read).
+    pub fn overlay_state(&self) -> Vec<kat_netns::overlay::PeerState> {
+        self.current()
+            .map(|node| node.overlay_state())
+            .unwrap_or_default()
+    }
 }
 
 struct Joined(Attachment);

@@ -63,6 +63,10 @@ pub(crate) struct NodeWork {
     pub tick: Duration,
     /// Logs of finished instances, kept after their containers went.
     pub kept: Option<KeptLogs>,
+    /// The container network, for the overlay's state in heartbeats.
+    pub overlay: Option<Arc<ContainerNetwork>>,
+    /// The heartbeat last sent (a worker's `/metrics`).
+    pub last_heartbeat: Arc<watch::Sender<Option<kat_api::wire::NodeHeartbeat>>>,
 }
 
 /// Where the node network task learns how to reach the control plane (its subnet, the
@@ -85,6 +89,8 @@ impl NodeWork {
             self.builds.reports(),
             crate::usage::UsageMeter::new(self.runtime.clone(), self.root.clone()),
             detachment,
+            self.overlay.clone(),
+            self.last_heartbeat.clone(),
         )
     }
 }
@@ -155,7 +161,7 @@ impl NodeBase {
                 caps.cgroup_mode == kat_runtime::CgroupMode::Systemd,
                 options.dns_upstreams.clone(),
             )?,
-            network,
+            network.clone(),
             control_rx,
             settings_tx,
             published_rx,
@@ -195,6 +201,8 @@ impl NodeBase {
                 statuses: status_rx,
                 tick,
                 kept: Some(kept),
+                overlay: Some(network),
+                last_heartbeat: Arc::new(watch::channel(None).0),
             },
             layout,
             identity,

@@ -98,6 +98,8 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
             kept: work.kept.clone(),
         }),
         limiter: http::default_rate_limiter(),
+        metrics: Arc::new(kat_leader::metrics::Metrics::default()),
+        heartbeat: work.last_heartbeat.subscribe(),
     });
     let listener = base.api_listener(options.api_bind).await?;
     let worker_router = http::worker_router(api);

@@ -132,6 +132,8 @@ impl Tracked {
             started_at: None,
             finished_at: None,
             warnings: vec![],
+            container_id: None,
+            image_digest: None,
             usage: None,
         };
         Tracked {
@@ -350,6 +352,8 @@ impl Supervisor {
                         started_at: None,
                         finished_at: None,
                         warnings: vec![],
+                        container_id: None,
+                        image_digest: None,
                         usage: None,
                     };
                     self.stop_later(
@@ -591,6 +595,8 @@ impl Supervisor {
             Ok(s) if matches!(s.state, ContainerState::Running | ContainerState::Created) => {
                 t.status.state = InstanceState::Running;
                 t.status.warnings = s.warnings;
+                t.status.container_id = Some(s.id);
+                t.status.image_digest = Some(s.image_id).filter(|d| !d.is_empty());
                 if let Some(h) = &t.health {
                     t.status.health = h.health;
                 }

@@ -359,29 +359,39 @@ impl Hosts {
         url: &str,
         body: Option<&str>,
     ) -> String {
-        let pki = self.data(cert_of).join("pki");
-        let mut curl = Command::new("curl");
+        let mut curl = self.curl_as(cert_of);
         curl.args(["-X", method]);
         if let Some(body) = body {
             curl.args(["-H", "content-type: application/json", "--data", body]);
         }
         let out = curl
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "5",
-            ])
-            .args(["--cacert", &pki.join("ca.crt").display().to_string()])
-            .args(["--cert", &pki.join("node.crt").display().to_string()])
-            .args(["--key", &pki.join("node.key").display().to_string()])
+            .args(["-o", "/dev/null", "-w", "%{http_code}"])
             .arg(url)
             .output()
             .expect("curl");
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The body of `GET url` with node `cert_of`'s certificate (empty unless 2xx).
+    pub(crate) fn body_as(&self, cert_of: usize, url: &str) -> String {
+        let out = self
+            .curl_as(cert_of)
+            .arg("--fail")
+            .arg(url)
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// curl with node `cert_of`'s certificate, trusting the cluster CA, 5 s at most.
+    fn curl_as(&self, cert_of: usize) -> Command {
+        let pki = self.data(cert_of).join("pki");
+        let mut curl = Command::new("curl");
+        curl.args(["-s", "--max-time", "5"])
+            .args(["--cacert", &pki.join("ca.crt").display().to_string()])
+            .args(["--cert", &pki.join("node.crt").display().to_string()])
+            .args(["--key", &pki.join("node.key").display().to_string()]);
+        curl
     }
 
     pub(crate) fn leader(&self, via: usize) -> Option<String> {

@@ -207,6 +207,7 @@ fn three_nodes_join_spread_and_survive_the_leader() {
     );
 
     container_network(&mut h);
+    every_node_reports_its_overlay_and_metrics(&h);
 
     // `get nodes` marks the leader: the node whose endpoint the election recorded.
     let endpoint = h.leader(1).expect("a leader endpoint");
@@ -374,4 +375,43 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         .etcdctl_as(other, other, &["get", "/kat/schema_version"])
         .status
         .success());
+}
+
+/// Heartbeats carry each peer's last overlay handshake and each instance's container and
+/// image digest (`describe node` shows them); the worker serves its own `/metrics` to a
+/// control-plane certificate and refuses another worker's.
+fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
+    let worker = format!("n{WORKER}");
+    let mut text = String::new();
+    wait(
+        "the worker's overlay peers in describe node",
+        Duration::from_secs(30),
+        || {
+            let out = h.katcall(1, &["describe", "node", &worker]);
+            text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains("Overlay peers:") && text.contains(" ago ")
+        },
+    );
+    assert!(
+        text.contains("CONTAINER") && text.contains("sha256:"),
+        "{text}"
+    );
+    let node = h
+        .k(1)
+        .nodes()
+        .into_iter()
+        .find(|n| n.metadata.name == worker)
+        .expect("the worker's node");
+    assert!(
+        node.overlay
+            .iter()
+            .any(|p| p.last_peer_sync.is_some() && p.handshakes > 0),
+        "{:?}",
+        node.overlay
+    );
+    let metrics = format!("https://{}:{API_PORT}/metrics", ip(WORKER));
+    let body = h.body_as(1, &metrics);
+    let own = format!("kat_node_memory_used_bytes{{node=\"{worker}\"}}");
+    assert!(body.contains(&own), "{body}");
+    assert_eq!(h.status_as(WORKER, &metrics), "403");
 }

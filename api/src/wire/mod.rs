@@ -184,6 +184,8 @@ mod tests {
             started_at: Some(std::time::UNIX_EPOCH.into()),
             finished_at: None,
             warnings: vec![],
+            container_id: None,
+            image_digest: None,
             usage: None,
         };
         let json = serde_json::to_value(&s).unwrap();

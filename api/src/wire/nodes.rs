@@ -92,6 +92,9 @@ pub struct Node {
     /// Since when it leads (RFC 3339); only on the leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_since: Option<Timestamp>,
+    /// Its overlay's peers, from its last heartbeat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overlay: Vec<OverlayPeerStatus>,
 }
 
 /// The current leader ([`crate::keys::LEADER`]), written by the node that wins the election,
@@ -196,6 +199,24 @@ pub struct NodeHeartbeat {
     /// Set while the node runs detached from its parent cluster (in its local cluster only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detached: Option<Detachment>,
+    /// The overlay's view of each peer node (RFC 001 §4.1.3).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overlay: Vec<OverlayPeerStatus>,
+}
+
+/// One overlay peer as a node's WireGuard sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OverlayPeerStatus {
+    pub node: String,
+    pub endpoint: String,
+    /// When the last WireGuard handshake with it completed (none yet: absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_peer_sync: Option<Timestamp>,
+    /// Handshakes completed since the node's network started (rekeys included).
+    pub handshakes: u64,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
 }
 
 /// Another node as the overlay needs it (`GET /nodes/{name}/peers`).

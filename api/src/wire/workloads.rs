@@ -79,6 +79,16 @@ pub struct InstanceStatus {
     /// What the running container uses, read from its cgroup at the last heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The node's container running the instance (one per attempt).
+    #[serde(
+        default,
+        rename = "containerID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub container_id: Option<String>,
+    /// The config digest (`sha256:…`) of the image the container runs: which build of a tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -1,5 +1,6 @@
 //! A worker node's own API: logs of and exec into the instances it runs, for the control
-//! plane, which proxies `katcall logs` and `katcall exec` here over mutual TLS.
+//! plane, which proxies `katcall logs` and `katcall exec` here over mutual TLS, and the
+//! node's `/metrics` (its usage and instances as of its last heartbeat).
 //!
 //! A worker holds no cluster state, so it finds instances in its own assignments, and it
 //! serves only control-plane certificates that were not revoked (the leader sends the
@@ -39,6 +40,10 @@ pub struct WorkerApi {
     pub revoked: watch::Receiver<Arc<HashSet<String>>>,
     pub access: Arc<dyn InstanceAccess>,
     pub limiter: RateLimiter,
+    /// The node's own metrics registry, rendered with its last heartbeat at `/metrics`.
+    pub metrics: Arc<kat_leader::metrics::Metrics>,
+    /// The heartbeat the node last sent.
+    pub heartbeat: watch::Receiver<Option<kat_api::wire::NodeHeartbeat>>,
 }
 
 #[async_trait::async_trait]
@@ -86,9 +91,24 @@ pub fn worker_router(state: Arc<WorkerApi>) -> Router {
             "/healthz",
             get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
         )
+        .route("/metrics", get(metrics))
         .fallback(elsewhere)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// The node's own usage and instances (from the heartbeat it last sent), in Prometheus text.
+async fn metrics(State(state): State<Arc<WorkerApi>>) -> Response {
+    let heartbeats: Vec<kat_api::wire::NodeHeartbeat> =
+        state.heartbeat.borrow().iter().cloned().collect();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            kat_leader::metrics::CONTENT_TYPE,
+        )],
+        state.metrics.render(&heartbeats),
+    )
+        .into_response()
 }
 
 /// Every route a worker does not serve: the leader does.
@@ -113,9 +133,10 @@ async fn guard(State(state): State<Arc<WorkerApi>>, req: Request, next: Next) ->
         return rate_limited(retry_after, None);
     }
     let path = req.uri().path();
-    let is_stream =
-        path.starts_with("/v1alpha1/n/") && (path.ends_with("/logs") || path.ends_with("/exec"));
-    if !is_stream {
+    let served_here = path == "/metrics"
+        || (path.starts_with("/v1alpha1/n/")
+            && (path.ends_with("/logs") || path.ends_with("/exec")));
+    if !served_here {
         // Not served here: the fallback says where the leader is, whoever asks.
         return next.run(req).await;
     }

@@ -475,6 +475,7 @@ fn heartbeat(node: &str) -> String {
         usage: None,
         builds: vec![],
         detached: None,
+        overlay: vec![],
     })
     .unwrap()
 }

@@ -49,6 +49,7 @@ pub fn node_object(
         taints: reg.taints,
         usage: hb.as_ref().and_then(|h| h.usage),
         detached: hb.as_ref().and_then(|h| h.detached.clone()),
+        overlay: hb.as_ref().map(|h| h.overlay.clone()).unwrap_or_default(),
         last_heartbeat: hb.map(|h| h.timestamp),
         subnet: None,
         leader: false,

@@ -17,6 +17,8 @@ fn instance(id: &str, state: InstanceState, usage: Option<Usage>) -> InstanceSta
         started_at: None,
         finished_at: None,
         warnings: vec![],
+        container_id: None,
+        image_digest: None,
         usage,
     }
 }
@@ -43,6 +45,7 @@ fn heartbeat(node: &str, states: &[(InstanceState, usize)]) -> NodeHeartbeat {
         usage: None,
         builds: vec![],
         detached: None,
+        overlay: vec![],
     }
 }
 
