@@ -55,17 +55,34 @@ pub fn allocatable(capacity: ResourceList) -> ResourceList {
     }
 }
 
-pub async fn run(
-    link: Arc<dyn ControlPlane>,
-    node: kat_api::wire::NodeName,
-    tick: Duration,
-    mut statuses: watch::Receiver<Statuses>,
-    mut builds: watch::Receiver<Vec<BuildReport>>,
-    mut meter: UsageMeter,
-    detached: Option<Detachment>,
-    overlay: Option<Arc<ContainerNetwork>>,
-    last: Arc<watch::Sender<Option<NodeHeartbeat>>>,
-) {
+/// What a node's heartbeat is made of, and where it goes.
+pub struct Heartbeat {
+    pub link: Arc<dyn ControlPlane>,
+    pub node: kat_api::wire::NodeName,
+    pub tick: Duration,
+    pub statuses: watch::Receiver<Statuses>,
+    pub builds: watch::Receiver<Vec<BuildReport>>,
+    pub meter: UsageMeter,
+    pub detached: Option<Detachment>,
+    /// The container network, for the overlay's peers.
+    pub overlay: Option<Arc<ContainerNetwork>>,
+    /// Where the heartbeat last sent is kept (a worker's `/metrics`).
+    pub last: Arc<watch::Sender<Option<NodeHeartbeat>>>,
+}
+
+/// Send heartbeats until the statuses end.
+pub async fn run(heartbeat: Heartbeat) {
+    let Heartbeat {
+        link,
+        node,
+        tick,
+        mut statuses,
+        mut builds,
+        mut meter,
+        detached,
+        overlay,
+        last,
+    } = heartbeat;
     // Read from /proc: off the async threads like every other file.
     let capacity = tokio::task::spawn_blocking(capacity)
         .await

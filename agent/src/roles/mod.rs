@@ -81,17 +81,17 @@ impl NodeWork {
         link: Arc<dyn ControlPlane>,
         detachment: Option<kat_api::wire::Detachment>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        crate::heartbeat::run(
+        crate::heartbeat::run(crate::heartbeat::Heartbeat {
             link,
-            self.node.clone(),
-            self.tick,
-            self.statuses.clone(),
-            self.builds.reports(),
-            crate::usage::UsageMeter::new(self.runtime.clone(), self.root.clone()),
-            detachment,
-            self.overlay.clone(),
-            self.last_heartbeat.clone(),
-        )
+            node: self.node.clone(),
+            tick: self.tick,
+            statuses: self.statuses.clone(),
+            builds: self.builds.reports(),
+            meter: crate::usage::UsageMeter::new(self.runtime.clone(), self.root.clone()),
+            detached: detachment,
+            overlay: self.overlay.clone(),
+            last: self.last_heartbeat.clone(),
+        })
     }
 }
 
