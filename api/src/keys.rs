@@ -35,6 +35,14 @@ pub fn join_tokens() -> &'static str {
     "/kat/join_tokens/"
 }
 
+/// A scoped API token (`katcall create token`): its scope and the SHA-256 of its secret.
+pub fn api_token(id: &str) -> String {
+    format!("/kat/api_tokens/{id}")
+}
+pub fn api_tokens() -> &'static str {
+    "/kat/api_tokens/"
+}
+
 /// The serial of each node's certificate (hex), recorded by the node when it starts.
 pub fn node_certificate(node: &str) -> String {
     format!("/kat/nodes/certificates/{node}")

@@ -61,10 +61,21 @@ impl Api {
     }
 
     async fn send(&self, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, String) {
+        self.send_as(TOKEN, method, path, body).await
+    }
+
+    /// As [`Api::send`], with bearer `token`.
+    async fn send_as(
+        &self,
+        token: &str,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, String) {
         let req = Request::builder()
             .method(method)
             .uri(path)
-            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("authorization", format!("Bearer {token}"))
             .header("content-type", "application/gzip")
             .body(Body::from(body))
             .unwrap();
@@ -231,6 +242,124 @@ async fn namespace_labels_are_kept_and_updated_by_apply() {
         labels(&api).await,
         BTreeMap::from([("team".into(), "green".into())])
     );
+}
+
+/// Scoped tokens: a read-only token reads and is refused every write, exec, the token and
+/// backup routes; a namespace token works in its namespace only; a token restricted by
+/// neither is never made; a wrong secret or a deleted token is 401; scoped tokens cannot
+/// make tokens.
+#[tokio::test]
+async fn scoped_tokens_reach_only_their_scope() {
+    let api = Api::new();
+    let ns = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/srv/web")),
+    ]);
+    let (status, body) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", ns)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let create = |body: serde_json::Value| {
+        let api = &api;
+        async move {
+            let (status, text) = api
+                .send(
+                    Method::POST,
+                    "/v1alpha1/tokens",
+                    body.to_string().into_bytes(),
+                )
+                .await;
+            (status, text)
+        }
+    };
+    let (status, body) = create(serde_json::json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("admin token again"), "{body}");
+    let (status, body) =
+        create(serde_json::json!({"readOnly": true, "description": "ingress"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let read_only: kat_api::wire::NewApiToken = serde_json::from_str(&body).unwrap();
+    assert!(read_only.token.starts_with("katapi."), "{body}");
+    let (status, body) = create(serde_json::json!({"namespace": "team"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let team: kat_api::wire::NewApiToken = serde_json::from_str(&body).unwrap();
+
+    let ro = read_only.token.as_str();
+    for path in [
+        "/v1alpha1/n/team/workloads",
+        "/v1alpha1/nodes",
+        "/v1alpha1/namespaces",
+        "/metrics",
+    ] {
+        let (status, body) = api.send_as(ro, Method::GET, path, vec![]).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    }
+    let refused = [
+        (Method::DELETE, "/v1alpha1/n/team/workloads/web"),
+        (Method::POST, "/v1alpha1/namespaces"),
+        (Method::GET, "/v1alpha1/tokens"),
+        (Method::POST, "/v1alpha1/tokens"),
+        (Method::GET, "/v1alpha1/join-tokens"),
+        (Method::GET, "/v1alpha1/backups"),
+        (
+            Method::GET,
+            "/v1alpha1/n/team/workloads/web/instances/web-1/exec",
+        ),
+    ];
+    for (method, path) in refused.clone() {
+        let (status, body) = api.send_as(ro, method.clone(), path, vec![]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {body}");
+    }
+    let t = team.token.as_str();
+    let (status, body) = api
+        .send_as(t, Method::GET, "/v1alpha1/n/team/workloads", vec![])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for path in [
+        "/v1alpha1/n/default/workloads",
+        "/v1alpha1/nodes",
+        "/v1alpha1/tokens",
+    ] {
+        let (status, body) = api.send_as(t, Method::GET, path, vec![]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+    }
+    let (status, _) = api
+        .send_as(t, Method::DELETE, "/v1alpha1/n/team/workloads/web", vec![])
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a namespace token without --read-only may write there"
+    );
+
+    // A wrong secret, a made-up id, a deleted token: 401.
+    let mut wrong = ro.to_string();
+    wrong.replace_range(wrong.len() - 4.., "0000");
+    let made_up = format!("katapi.{}.{}", "0".repeat(12), "0".repeat(32));
+    for bad in [wrong.as_str(), made_up.as_str()] {
+        let (status, _) = api
+            .send_as(bad, Method::GET, "/v1alpha1/nodes", vec![])
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{bad}");
+    }
+    let (status, body) = api.send(Method::GET, "/v1alpha1/tokens", vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body.contains("ingress") && !body.contains("secret") && !body.contains(&read_only.token),
+        "{body}"
+    );
+    let (status, _) = api
+        .send(
+            Method::DELETE,
+            &format!("/v1alpha1/tokens/{}", read_only.info.id),
+            vec![],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = api
+        .send_as(ro, Method::GET, "/v1alpha1/nodes", vec![])
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a deleted token");
 }
 
 /// `GET /nodes` marks the node named by the leader record, and only it; with no record (between
@@ -487,6 +616,9 @@ async fn every_client_path_is_a_route() {
         (Method::GET, paths::join_tokens()),
         (Method::POST, paths::join_tokens()),
         (Method::DELETE, paths::join_token("abc")),
+        (Method::GET, paths::api_tokens()),
+        (Method::POST, paths::api_tokens()),
+        (Method::DELETE, paths::api_token("abc")),
         (Method::POST, paths::join()),
         (Method::GET, paths::ca()),
     ];

@@ -228,6 +228,26 @@ impl Client {
             .map(drop)
     }
 
+    pub async fn api_tokens(&self) -> Result<Vec<kat_api::wire::ApiTokenInfo>> {
+        self.get_json(&paths::api_tokens()).await
+    }
+
+    /// A new scoped API token (its secret is in the answer only).
+    pub async fn create_api_token(
+        &self,
+        request: &kat_api::wire::CreateApiToken,
+    ) -> Result<kat_api::wire::NewApiToken> {
+        let path = paths::api_tokens();
+        self.json_of(self.request(Method::POST, &path).json(request), &path)
+            .await
+    }
+
+    pub async fn delete_api_token(&self, id: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &paths::api_token(id)))
+            .await
+            .map(drop)
+    }
+
     /// An instance's log stream (JSON lines of `LogLine`).
     pub async fn logs(
         &self,

@@ -155,6 +155,14 @@ pub fn join_token(id: &str) -> String {
     format!("{PREFIX}/join-tokens/{id}")
 }
 
+pub fn api_tokens() -> String {
+    format!("{PREFIX}/tokens")
+}
+
+pub fn api_token(id: &str) -> String {
+    format!("{PREFIX}/tokens/{id}")
+}
+
 pub fn join() -> String {
     format!("{PREFIX}/join")
 }

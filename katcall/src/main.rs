@@ -7,6 +7,7 @@
 //! - [`top`]: what nodes and instances use;
 //! - [`validate`]: offline checks of Quadlet files, exactly as the leader makes them.
 
+mod api_tokens;
 mod backups;
 mod client;
 mod events;
@@ -49,9 +50,9 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// List workloads, instances, nodes, namespaces, join tokens or backups.
+    /// List workloads, instances, nodes, namespaces, join tokens, API tokens or backups.
     Get {
-        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns", "join-tokens", "join-token", "backups", "backup"])]
+        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns", "join-tokens", "join-token", "tokens", "token", "backups", "backup"])]
         what: String,
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
@@ -73,10 +74,11 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// Delete a workload (its containers stop with their grace period), a join token, or a
-    /// node (its etcd member leaves, its certificate is revoked, its instances move).
+    /// Delete a workload (its containers stop with their grace period), a join token, an API
+    /// token, or a node (its etcd member leaves, its certificate is revoked, its instances
+    /// move).
     Delete {
-        #[arg(value_parser = ["workload", "join-token", "node"])]
+        #[arg(value_parser = ["workload", "join-token", "token", "node"])]
         kind: String,
         name: String,
         #[arg(short = 'n', long, default_value = "default")]
@@ -117,14 +119,24 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// Create a namespace, or a join token for new nodes (a worker token unless
-    /// --control-plane).
+    /// Create a namespace, a join token for new nodes (a worker token unless
+    /// --control-plane), or a scoped API token (--read-only, --namespace NS or both) for
+    /// dashboards, scripts and the ingress updater.
     Create {
-        #[arg(value_parser = ["namespace", "join-token"])]
+        #[arg(value_parser = ["namespace", "join-token", "token"])]
         kind: String,
-        /// The namespace's name (join tokens have none).
+        /// The namespace's name (tokens have none).
         #[arg(required_if_eq("kind", "namespace"))]
         name: Option<String>,
+        /// An API token that may only read (GET; no exec, no tokens, no backups).
+        #[arg(long)]
+        read_only: bool,
+        /// An API token limited to this namespace's workloads and instances.
+        #[arg(long = "namespace", value_name = "NS")]
+        token_namespace: Option<String>,
+        /// What an API token is for (listed by `katcall get tokens`).
+        #[arg(long, value_name = "TEXT")]
+        description: Option<String>,
         /// A join token that may also make members of the etcd quorum (`kat-agent join
         /// --etcd-peer`), which are sent the cluster CA's key. Without it the token admits
         /// workers only.
@@ -303,6 +315,9 @@ fn main() -> ExitCode {
         ttl,
         uses,
         addresses,
+        read_only,
+        token_namespace,
+        description,
         ..
     } = &cli.command
     {
@@ -310,6 +325,14 @@ fn main() -> ExitCode {
             && (*control_plane || ttl.is_some() || uses.is_some() || !addresses.is_empty())
         {
             eprintln!("error: --control-plane, --ttl, --uses and --address apply to `katcall create join-token` only");
+            return ExitCode::FAILURE;
+        }
+        if kind != "token" && (*read_only || token_namespace.is_some() || description.is_some()) {
+            eprintln!("error: --read-only, --namespace and --description apply to `katcall create token` only");
+            return ExitCode::FAILURE;
+        }
+        if kind == "token" && !*read_only && token_namespace.is_none() {
+            eprintln!("error: a token needs --read-only, --namespace NS or both (without either it would be the admin token again)");
             return ExitCode::FAILURE;
         }
     }
@@ -338,6 +361,9 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         Command::Apply { dir, output } => workloads::apply(&client, &dir, output).await?,
         Command::Get { what, output, .. } if what.starts_with("join-token") => {
             join_tokens::list(&client, output).await?
+        }
+        Command::Get { what, output, .. } if what.starts_with("token") => {
+            api_tokens::list(&client, output).await?
         }
         Command::Get { what, output, .. } if what.starts_with("backup") => {
             backups::list(&client, output).await?
@@ -368,6 +394,8 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         } => {
             if kind == "join-token" {
                 join_tokens::delete(&client, &name).await?
+            } else if kind == "token" {
+                api_tokens::delete(&client, &name).await?
             } else if kind == "node" {
                 nodes::remove(&client, &name).await?
             } else {
@@ -402,7 +430,18 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             uses,
             addresses,
             output,
+            read_only,
+            token_namespace,
+            description,
         } => match (kind.as_str(), name) {
+            ("token", _) => {
+                let request = kat_api::wire::CreateApiToken {
+                    read_only,
+                    namespace: token_namespace,
+                    description,
+                };
+                api_tokens::create(&client, &request, output).await?
+            }
             ("join-token", _) => {
                 let request = join_tokens::CreateRequest {
                     control_plane,

@@ -415,55 +415,93 @@ pub fn key_and_csr(node: &str) -> Result<(String, String)> {
     ))
 }
 
-/// A join token: `katjoin.ID.SECRET`. The id (12 hex digits) names it in etcd and in
-/// `katcall get join-tokens`; only the secret's SHA-256 is stored.
+/// A bearer secret with a public id: `PREFIX.ID.SECRET` (a join token `katjoin.…`, an API
+/// token `katapi.…`). The id (12 hex digits) names it in etcd and in `katcall get
+/// join-tokens` / `get tokens`; only the secret's SHA-256 is stored.
 #[derive(Clone, PartialEq, Eq)]
-pub struct JoinToken {
+pub struct Token<K: TokenKind> {
     pub id: String,
     pub secret: String,
+    kind: std::marker::PhantomData<K>,
 }
 
-impl std::fmt::Debug for JoinToken {
+/// What a [`Token`] is for: its prefix, and where users get one.
+pub trait TokenKind {
+    const PREFIX: &'static str;
+    const FROM: &'static str;
+}
+
+/// Admits a node (`katjoin.…`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Join;
+impl TokenKind for Join {
+    const PREFIX: &'static str = "katjoin";
+    const FROM: &'static str = "printed by `kat-agent init` and `katcall create join-token`";
+}
+
+/// A scoped API token (`katapi.…`): read-only, or one namespace's, or both.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Api;
+impl TokenKind for Api {
+    const PREFIX: &'static str = "katapi";
+    const FROM: &'static str = "printed by `katcall create token`";
+}
+
+pub type JoinToken = Token<Join>;
+pub type ApiToken = Token<Api>;
+
+impl<K: TokenKind> std::fmt::Debug for Token<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "JoinToken({}, <secret>)", self.id)
+        write!(f, "{}({}, <secret>)", K::PREFIX, self.id)
     }
 }
 
-impl std::fmt::Display for JoinToken {
+impl<K: TokenKind> std::fmt::Display for Token<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "katjoin.{}.{}", self.id, self.secret)
+        write!(f, "{}.{}.{}", K::PREFIX, self.id, self.secret)
     }
 }
 
-impl JoinToken {
-    pub fn generate() -> Result<JoinToken> {
+impl<K: TokenKind> Token<K> {
+    pub fn generate() -> Result<Self> {
         let mut raw = [0u8; 22];
         rand::RngCore::try_fill_bytes(&mut rand::rngs::OsRng, &mut raw)
-            .context("reading random bytes for a join token")?;
-        Ok(JoinToken {
+            .with_context(|| format!("reading random bytes for a {} token", K::PREFIX))?;
+        Ok(Token {
             id: hex::encode(&raw[..6]),
             secret: hex::encode(&raw[6..]),
+            kind: std::marker::PhantomData,
         })
     }
 
-    /// Parse `katjoin.ID.SECRET`; the message says what a token looks like.
-    pub fn parse(text: &str) -> std::result::Result<JoinToken, String> {
+    /// Parse `PREFIX.ID.SECRET`; the message says what a token looks like.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
         let bad = || {
-            "a join token looks like katjoin.<12 hex digits>.<32 hex digits> (printed by `kat-agent init` and `katcall create join-token`)".to_string()
+            let what = if K::PREFIX == Join::PREFIX {
+                "a join token"
+            } else {
+                "an API token"
+            };
+            format!(
+                "{what} looks like {}.<12 hex digits>.<32 hex digits> ({})",
+                K::PREFIX,
+                K::FROM
+            )
         };
         let mut parts = text.trim().split('.');
-        let (Some("katjoin"), Some(id), Some(secret), None) =
+        let (Some(prefix), Some(id), Some(secret), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(bad());
         };
         let hex_of = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-        if !hex_of(id, 12) || !hex_of(secret, 32) {
+        if prefix != K::PREFIX || !hex_of(id, 12) || !hex_of(secret, 32) {
             return Err(bad());
         }
-        Ok(JoinToken {
+        Ok(Token {
             id: id.to_ascii_lowercase(),
             secret: secret.to_ascii_lowercase(),
+            kind: std::marker::PhantomData,
         })
     }
 

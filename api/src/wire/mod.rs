@@ -17,12 +17,14 @@ mod detached;
 mod events;
 mod join;
 mod nodes;
+mod tokens;
 mod workloads;
 
 pub use detached::*;
 pub use events::*;
 pub use join::*;
 pub use nodes::*;
+pub use tokens::*;
 pub use workloads::*;
 
 /// An address as the host part of a URL: IPv6 in brackets (`https://[fd00::1]:9115`).

@@ -21,6 +21,7 @@ mod namespaces;
 mod nodes;
 mod rate_limit;
 mod streams;
+mod tokens;
 mod worker;
 mod workloads;
 
@@ -200,6 +201,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
             "/join-tokens/:id",
             axum::routing::delete(join::delete_token),
         )
+        .route("/tokens", get(tokens::list).post(tokens::create))
+        .route("/tokens/:id", axum::routing::delete(tokens::delete))
         .route("/join", post(join::join))
         .route("/ca", get(join::ca))
         .route("/config/cluster", get(events::cluster_config));
@@ -268,6 +271,15 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
         rate_limited(retry_after, Some(&limited))
     } else if authorized(&state, &req) {
         next.run(req).await
+    } else if let Some(token) = bearer(&req).filter(|t| t.starts_with("katapi.")) {
+        match state.service.api_token_scope(token).await {
+            Ok(Some(scope)) => match tokens::scope_allows(&scope, &method, &path) {
+                Ok(()) => next.run(req).await,
+                Err(why) => ApiError::forbidden(why).into_response(),
+            },
+            Ok(None) => unauthorized().into_response(),
+            Err(e) => ApiError::from(e).into_response(),
+        }
     } else if let Some((node, role)) = client_node(&req) {
         match node_authorized(&state, &node, role, &method, &path).await {
             Ok(()) => next.run(req).await,
@@ -367,14 +379,15 @@ async fn node_authorized(
     node_may(node, role, method, path).map_err(ApiError::forbidden)
 }
 
+/// The bearer token of `req`, if it has one.
+fn bearer(req: &Request) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?;
+    value.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
+/// Whether `req` carries the admin token.
 fn authorized(state: &ApiState, req: &Request) -> bool {
-    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
-        return false;
-    };
-    let Some(token) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
-        return false;
-    };
-    token_sha256(token.trim()).ct_eq(&state.token_sha256).into()
+    bearer(req).is_some_and(|token| token_sha256(token).ct_eq(&state.token_sha256).into())
 }
 
 /// Read a JSON request body of at most `limit` bytes; a body that does not parse is a 400

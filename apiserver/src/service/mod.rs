@@ -15,6 +15,7 @@ mod join;
 mod namespaces;
 mod node_records;
 mod nodes;
+mod tokens;
 mod workloads;
 
 pub use join::node_labels;

@@ -1,0 +1,59 @@
+//! Scoped API tokens (`katcall create token`): bearer tokens weaker than the admin token,
+//! for the ingress updater, dashboards and scripts.
+
+use serde::{Deserialize, Serialize};
+
+use super::Timestamp;
+
+/// What a scoped token may do: read only (GET, no exec), only one namespace's workloads, or
+/// both. A token restricted by neither would be the admin token again, so none is made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenScope {
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// `POST /tokens`: what the new token may do, and a note saying what it is for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateApiToken {
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// A token as listed (`katcall get tokens`): no hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiTokenInfo {
+    pub id: String,
+    #[serde(flatten)]
+    pub scope: TokenScope,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub created_at: Timestamp,
+}
+
+/// A token as stored: what is listed, and the SHA-256 of its secret (never the secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiTokenRecord {
+    #[serde(flatten)]
+    pub info: ApiTokenInfo,
+    pub secret_sha256: String,
+}
+
+/// `POST /tokens`: the new token; `token` is shown this once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewApiToken {
+    pub token: String,
+    #[serde(flatten)]
+    pub info: ApiTokenInfo,
+}

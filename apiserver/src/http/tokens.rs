@@ -1,0 +1,143 @@
+//! `/v1alpha1/tokens`: scoped API tokens (admin token only), and what a scoped token may
+//! reach ([`scope_allows`]), checked by the guard before any handler runs.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::Method;
+use axum::response::IntoResponse;
+use axum::Json;
+use kat_api::wire::{CreateApiToken, TokenScope};
+
+use super::{json_body, ApiError, ApiState};
+
+pub async fn create(
+    State(state): State<Arc<ApiState>>,
+    req: Request,
+) -> Result<impl IntoResponse, ApiError> {
+    let request: CreateApiToken = json_body(
+        req,
+        4096,
+        "token body (expected {\"readOnly\": true, \"namespace\": \"NS\", \"description\": \"what it is for\"})",
+    )
+    .await?;
+    Ok((
+        axum::http::StatusCode::CREATED,
+        Json(state.service.create_api_token(&request).await?),
+    ))
+}
+
+pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.api_tokens().await?))
+}
+
+pub async fn delete(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    state.service.delete_api_token(&id).await?;
+    Ok(Json(serde_json::json!({"deleted": id})))
+}
+
+/// Routes no scoped token reaches, read-only or not: tokens of every kind, backups (the
+/// whole store), joins.
+const ADMIN_ONLY: [&str; 4] = [
+    "/v1alpha1/tokens",
+    "/v1alpha1/join-tokens",
+    "/v1alpha1/backups",
+    "/v1alpha1/join",
+];
+
+/// Whether a token of `scope` may send `method path`; if not, why (the 403's message).
+/// Read-only: GET and HEAD only, and no exec (a command in a container is no read).
+/// Namespace: that namespace's workloads and instances, and the namespace itself.
+pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(), String> {
+    let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
+    if ADMIN_ONLY.iter().any(|p| under(p)) {
+        return Err(format!("{path} takes the admin token, not a scoped one"));
+    }
+    if scope.read_only {
+        if !matches!(*method, Method::GET | Method::HEAD) {
+            return Err(format!("a read-only token cannot {method} {path}"));
+        }
+        if path.ends_with("/exec") {
+            return Err("a read-only token cannot exec into a container".into());
+        }
+    }
+    if let Some(ns) = &scope.namespace {
+        let own =
+            under(&format!("/v1alpha1/n/{ns}")) || path == format!("/v1alpha1/namespaces/{ns}");
+        if !own {
+            return Err(format!(
+                "this token is limited to namespace {ns}: {path} is outside it"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope(read_only: bool, namespace: Option<&str>) -> TokenScope {
+        TokenScope {
+            read_only,
+            namespace: namespace.map(String::from),
+        }
+    }
+
+    #[test]
+    fn read_only_reads_everything_but_tokens_backups_and_exec() {
+        let s = scope(true, None);
+        for path in [
+            "/v1alpha1/n/default/workloads",
+            "/v1alpha1/nodes",
+            "/v1alpha1/events",
+            "/metrics",
+            "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
+        ] {
+            assert_eq!(scope_allows(&s, &Method::GET, path), Ok(()), "{path}");
+        }
+        for (method, path) in [
+            (Method::POST, "/v1alpha1/n/default/workloads"),
+            (Method::DELETE, "/v1alpha1/n/default/workloads/web"),
+            (Method::PUT, "/v1alpha1/nodes/n1/labels"),
+            (
+                Method::GET,
+                "/v1alpha1/n/default/workloads/web/instances/web-1/exec",
+            ),
+            (Method::GET, "/v1alpha1/tokens"),
+            (Method::GET, "/v1alpha1/join-tokens"),
+            (Method::GET, "/v1alpha1/backups"),
+            (Method::DELETE, "/v1alpha1/tokens/abc"),
+        ] {
+            assert!(scope_allows(&s, &method, path).is_err(), "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn a_namespace_token_stays_in_its_namespace() {
+        let s = scope(false, Some("team"));
+        assert_eq!(
+            scope_allows(&s, &Method::POST, "/v1alpha1/n/team/workloads"),
+            Ok(())
+        );
+        assert_eq!(
+            scope_allows(&s, &Method::GET, "/v1alpha1/namespaces/team"),
+            Ok(())
+        );
+        for path in [
+            "/v1alpha1/n/teamb/workloads",
+            "/v1alpha1/n/other/workloads",
+            "/v1alpha1/nodes",
+            "/v1alpha1/instances",
+            "/v1alpha1/namespaces",
+            "/metrics",
+        ] {
+            assert!(scope_allows(&s, &Method::GET, path).is_err(), "{path}");
+        }
+        let ro = scope(true, Some("team"));
+        assert!(scope_allows(&ro, &Method::POST, "/v1alpha1/n/team/workloads").is_err());
+    }
+}

@@ -1,0 +1,112 @@
+//! Scoped API tokens (`katcall create|get|delete token`): made, listed, deleted, and looked
+//! up by the HTTP guard. Only the secret's SHA-256 is stored.
+
+use kat_api::keys;
+use kat_api::names::dns_label_problem;
+use kat_api::wire::{
+    ApiTokenInfo, ApiTokenRecord, CreateApiToken, ErrorCode, NewApiToken, TokenScope,
+};
+use kat_pki::ApiToken;
+use kat_store::{Compare, JsonStore, Txn, TxnOp};
+
+use super::{Error, Result, Service};
+
+/// A note longer than this is refused (it is listed with every token).
+const MAX_DESCRIPTION: usize = 200;
+
+impl Service {
+    /// A new scoped token; its secret is in the answer only.
+    pub async fn create_api_token(&self, request: &CreateApiToken) -> Result<NewApiToken> {
+        if !request.read_only && request.namespace.is_none() {
+            return Err(Error::bad_request(
+                "a token that is neither read-only nor limited to a namespace would be the admin token again: set readOnly, namespace or both (katcall create token --read-only [--namespace NS])",
+            ));
+        }
+        if let Some(ns) = &request.namespace {
+            if let Some(problem) = dns_label_problem(ns) {
+                return Err(Error::bad_request(format!("namespace: {ns:?} {problem}")));
+            }
+            if self.store.get(&keys::namespace(ns)).await?.is_none() {
+                return Err(Error::not_found(format!(
+                    "namespace {ns} not found (create it first: katcall create namespace {ns})"
+                )));
+            }
+        }
+        if let Some(d) = &request.description {
+            if d.chars().count() > MAX_DESCRIPTION || d.chars().any(char::is_control) {
+                return Err(Error::bad_request(format!(
+                    "description: at most {MAX_DESCRIPTION} characters, on one line"
+                )));
+            }
+        }
+        let token =
+            ApiToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+        let info = ApiTokenInfo {
+            id: token.id.clone(),
+            scope: TokenScope {
+                read_only: request.read_only,
+                namespace: request.namespace.clone(),
+            },
+            description: request.description.clone(),
+            created_at: self.clock.timestamp(),
+        };
+        let record = ApiTokenRecord {
+            info: info.clone(),
+            secret_sha256: token.secret_sha256(),
+        };
+        let key = keys::api_token(&token.id);
+        let txn = Txn::new()
+            .when([Compare::absent(&key)])
+            .and_then([TxnOp::put_json(&key, &record)?]);
+        if !self.store.txn(txn).await?.succeeded {
+            return Err(Error::new(
+                ErrorCode::Conflict,
+                "a token with the same id exists; ask again",
+            ));
+        }
+        tracing::info!(token = %info.id, read_only = info.scope.read_only, namespace = ?info.scope.namespace, "API token created");
+        Ok(NewApiToken {
+            token: token.to_string(),
+            info,
+        })
+    }
+
+    pub async fn api_tokens(&self) -> Result<Vec<ApiTokenInfo>> {
+        Ok(self
+            .store
+            .list(keys::api_tokens())
+            .await?
+            .kvs
+            .iter()
+            .filter_map(kat_store::decode_or_skip::<ApiTokenRecord>)
+            .map(|r| r.info)
+            .collect())
+    }
+
+    pub async fn delete_api_token(&self, id: &str) -> Result<()> {
+        let key = keys::api_token(id);
+        if !self.store.delete(&key).await? {
+            return Err(Error::not_found(format!(
+                "token {id} not found (see `katcall get tokens`)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The scope of the token `text`, if it is a stored token and its secret matches.
+    pub async fn api_token_scope(&self, text: &str) -> Result<Option<TokenScope>> {
+        let Ok(token) = ApiToken::parse(text) else {
+            return Ok(None);
+        };
+        let Some((record, _)) = self
+            .store
+            .get_json::<ApiTokenRecord>(&keys::api_token(&token.id))
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(token
+            .matches(&record.secret_sha256)
+            .then_some(record.info.scope))
+    }
+}

@@ -1,0 +1,70 @@
+//! `katcall create|get|delete token`: scoped API tokens (read-only, one namespace's, or
+//! both) for dashboards, scripts and the ingress updater.
+
+use anyhow::Result;
+use kat_api::wire::{CreateApiToken, NewApiToken, TokenScope};
+
+use crate::client::Client;
+use crate::output::{self, structured, Format};
+
+pub async fn create(client: &Client, request: &CreateApiToken, format: Format) -> Result<()> {
+    let token = client.create_api_token(request).await?;
+    if structured(format, &token)? {
+        return Ok(());
+    }
+    print!("{}", instructions(&token));
+    Ok(())
+}
+
+/// The token on a line of its own (shown this once) and how to use it.
+fn instructions(token: &NewApiToken) -> String {
+    format!(
+        "API token {} ({}); it is shown this once:\n  {}\nuse it as a bearer token (Authorization: Bearer …), or as `token:` in a katcall config; delete it with `katcall delete token {}`\n",
+        token.info.id,
+        scope_text(&token.info.scope),
+        token.token,
+        token.info.id
+    )
+}
+
+fn scope_text(scope: &TokenScope) -> String {
+    match (scope.read_only, &scope.namespace) {
+        (true, Some(ns)) => format!("read-only, namespace {ns}"),
+        (true, None) => "read-only, every namespace".into(),
+        (false, Some(ns)) => format!("namespace {ns}"),
+        (false, None) => "unrestricted".into(),
+    }
+}
+
+pub async fn list(client: &Client, format: Format) -> Result<()> {
+    let list = client.api_tokens().await?;
+    if structured(format, &list)? {
+        return Ok(());
+    }
+    if list.is_empty() {
+        eprintln!("no API tokens (create one with `katcall create token --read-only`)");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|t| {
+            vec![
+                t.id.clone(),
+                scope_text(&t.scope),
+                t.created_at.to_string(),
+                t.description.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        output::table(&["ID", "SCOPE", "CREATED", "DESCRIPTION"], &rows)
+    );
+    Ok(())
+}
+
+pub async fn delete(client: &Client, id: &str) -> Result<()> {
+    client.delete_api_token(id).await?;
+    println!("API token {id} deleted");
+    Ok(())
+}
