@@ -120,7 +120,8 @@ async fn a_token_admits_up_to_its_limit_and_a_worker_gets_a_workers_certificate(
             .value,
     )
     .unwrap();
-    assert_eq!(reg.labels[kat_api::wire::ROLE_LABEL], "worker");
+    assert_eq!(reg.labels[kat_api::wire::CLUSTER_ROLE_LABEL], "worker");
+    assert!(!reg.labels.contains_key(kat_api::wire::ROLE_LABEL));
     assert_eq!(
         store
             .get(&keys::node_certificate("w1"))

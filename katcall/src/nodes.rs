@@ -80,11 +80,9 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
     line("State", format!("{:?}", node.state));
     line(
         "Role",
-        node.metadata
-            .labels
-            .get(kat_api::wire::ROLE_LABEL)
-            .cloned()
-            .unwrap_or_else(|| "-".into()),
+        kat_api::wire::cluster_role(&node.metadata.labels)
+            .unwrap_or("-")
+            .to_string(),
     );
     line(
         "Leader",
@@ -346,7 +344,7 @@ mod tests {
     fn node(name: &str, leader: bool) -> Node {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "uid": "",
-                         "labels": {"kat.dws.rip/role": "control-plane"}},
+                         "labels": {"kat.dws.rip/cluster-role": "control-plane"}},
             "state": "Ready",
             "capacity": {"cpuMillis": 2000, "memoryBytes": 1u64 << 30},
             "allocatable": {"cpuMillis": 1500, "memoryBytes": 1u64 << 29},

@@ -132,11 +132,9 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                     let mut row = vec![
                         n.metadata.name.clone(),
                         state,
-                        n.metadata
-                            .labels
-                            .get(kat_api::wire::ROLE_LABEL)
-                            .cloned()
-                            .unwrap_or_else(|| "-".into()),
+                        kat_api::wire::cluster_role(&n.metadata.labels)
+                            .unwrap_or("-")
+                            .to_string(),
                         leader_mark(n).into(),
                         format!("{}m", n.allocatable.cpu_millis),
                         output::bytes(n.allocatable.memory_bytes),

@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 
 use kat_api::keys;
-use kat_api::wire::{EventType, NodeRegistration, RevokedNode, Taint, DRAIN_TAINT_KEY};
+use kat_api::wire::{
+    EventType, NodeRegistration, RevokedNode, Taint, CLUSTER_ROLE_LABEL, DRAIN_TAINT_KEY,
+    ROLE_LABEL, SYSTEM_LABELS,
+};
 use kat_api::workload::TaintEffect;
 use kat_store::{Compare, EtcdStore, StateStore, StoreError, Txn, TxnOp};
 
@@ -20,6 +23,8 @@ pub enum NodeAdminError {
     NotFound(String),
     #[error("node {0}'s registration is unreadable: {1}")]
     Corrupt(String, String),
+    #[error("label {0} is set by the node's agent and cannot be changed (set kat.dws.rip/role or a label of your own)")]
+    SystemLabel(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -48,6 +53,18 @@ pub async fn register(
         reg.addresses = addresses.clone();
         for (k, v) in &labels {
             reg.labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        // The cluster role is the agent's to say (its certificate's), every start; its old
+        // place, `kat.dws.rip/role`, is the administrator's now.
+        if let Some(role) = labels.get(CLUSTER_ROLE_LABEL) {
+            reg.labels.insert(CLUSTER_ROLE_LABEL.into(), role.clone());
+            if reg
+                .labels
+                .get(ROLE_LABEL)
+                .is_some_and(|v| v == "control-plane" || v == "worker")
+            {
+                reg.labels.remove(ROLE_LABEL);
+            }
         }
         let guard = current.as_ref().map_or_else(
             || Compare::absent(&key),
@@ -203,6 +220,9 @@ pub async fn set_labels(
     name: &str,
     changes: BTreeMap<String, Option<String>>,
 ) -> Result<NodeRegistration, NodeAdminError> {
+    if let Some(k) = changes.keys().find(|k| SYSTEM_LABELS.contains(&k.as_str())) {
+        return Err(NodeAdminError::SystemLabel(k.clone()));
+    }
     let summary = changes
         .iter()
         .map(|(k, v)| v.as_ref().map_or(format!("{k}-"), |v| format!("{k}={v}")))

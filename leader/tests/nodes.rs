@@ -458,3 +458,74 @@ async fn departed_nodes_are_removed_after_the_setting() {
     c.tick().await.unwrap();
     assert!(sweep.once(&mut fresh).await.unwrap().is_empty());
 }
+
+/// The cluster role has its own label, set by the agent at every start; `kat.dws.rip/role`
+/// is the administrator's (e.g. `ingress`) and survives restarts; a registration from before
+/// the split loses the old role value there; `katcall label` cannot change system labels.
+#[tokio::test]
+async fn the_cluster_role_and_the_admins_role_are_separate_labels() {
+    use kat_api::wire::{CLUSTER_ROLE_LABEL, HOSTNAME_LABEL, ROLE_LABEL};
+    let store = kat_store::MemStore::new();
+    let events = kat_leader::events::EventLog::new(100);
+    let clock = kat_leader::Clock::system();
+    let old = BTreeMap::from([
+        (HOSTNAME_LABEL.to_string(), "n1".to_string()),
+        (ROLE_LABEL.to_string(), "worker".to_string()),
+    ]);
+    node_admin::register(&store, "n1", vec![], old)
+        .await
+        .unwrap();
+    let now = BTreeMap::from([
+        (HOSTNAME_LABEL.to_string(), "n1".to_string()),
+        (CLUSTER_ROLE_LABEL.to_string(), "worker".to_string()),
+    ]);
+    node_admin::register(&store, "n1", vec![], now.clone())
+        .await
+        .unwrap();
+    async fn labels(store: &kat_store::MemStore) -> BTreeMap<String, String> {
+        let key = kat_api::keys::node_registration("n1");
+        let kv = kat_store::StateStore::get(store, &key)
+            .await
+            .unwrap()
+            .unwrap();
+        serde_json::from_slice::<kat_api::wire::NodeRegistration>(&kv.value)
+            .unwrap()
+            .labels
+    }
+    let l = labels(&store).await;
+    assert_eq!(
+        l.get(CLUSTER_ROLE_LABEL).map(String::as_str),
+        Some("worker")
+    );
+    assert!(!l.contains_key(ROLE_LABEL), "{l:?}");
+    node_admin::set_labels(
+        &store,
+        &events,
+        &clock,
+        "n1",
+        BTreeMap::from([(ROLE_LABEL.to_string(), Some("ingress".to_string()))]),
+    )
+    .await
+    .unwrap();
+    node_admin::register(&store, "n1", vec![], now)
+        .await
+        .unwrap();
+    let l = labels(&store).await;
+    assert_eq!(l.get(ROLE_LABEL).map(String::as_str), Some("ingress"));
+    assert_eq!(
+        l.get(CLUSTER_ROLE_LABEL).map(String::as_str),
+        Some("worker")
+    );
+    for system in [CLUSTER_ROLE_LABEL, HOSTNAME_LABEL] {
+        let err = node_admin::set_labels(
+            &store,
+            &events,
+            &clock,
+            "n1",
+            BTreeMap::from([(system.to_string(), Some("control-plane".to_string()))]),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("set by the node's agent"), "{err}");
+    }
+}

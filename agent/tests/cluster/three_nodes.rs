@@ -161,7 +161,7 @@ fn three_nodes_join_spread_and_survive_the_leader() {
             let role = n
                 .metadata
                 .labels
-                .get("kat.dws.rip/role")
+                .get("kat.dws.rip/cluster-role")
                 .cloned()
                 .unwrap_or_else(|| "?".into());
             (n.metadata.name, role)

@@ -290,8 +290,30 @@ pub struct NodeRegistration {
 /// The label that names a node's host (set at registration; a `nodeSelector` can use it).
 pub const HOSTNAME_LABEL: &str = "kat.dws.rip/hostname";
 
-/// The label that says what a node is: `control-plane` (an etcd member) or `worker`.
+/// The label that says what a node is to the cluster: `control-plane` (an etcd member) or
+/// `worker`. Set from the node's certificate at every start; `katcall label` cannot change it.
+pub const CLUSTER_ROLE_LABEL: &str = "kat.dws.rip/cluster-role";
+
+/// What an administrator says a node is for (RFC 001: `kat.dws.rip/role=ingress`), with
+/// `katcall label node`. It held the cluster role before [`CLUSTER_ROLE_LABEL`] did; a node
+/// registering drops a value of `control-plane` or `worker` found there.
 pub const ROLE_LABEL: &str = "kat.dws.rip/role";
+
+/// Labels only the agent sets: `katcall label` refuses them.
+pub const SYSTEM_LABELS: [&str; 2] = [HOSTNAME_LABEL, CLUSTER_ROLE_LABEL];
+
+/// A node's cluster role from its labels (a registration older than [`CLUSTER_ROLE_LABEL`]
+/// has it in [`ROLE_LABEL`]).
+pub fn cluster_role(labels: &BTreeMap<String, String>) -> Option<&str> {
+    labels
+        .get(CLUSTER_ROLE_LABEL)
+        .or_else(|| {
+            labels
+                .get(ROLE_LABEL)
+                .filter(|v| *v == "control-plane" || *v == "worker")
+        })
+        .map(String::as_str)
+}
 
 /// Every node has it, with its own name, without being stored (RFC 001 §4.9): a detached
 /// node pins the workloads created on it with `nodeSelector: {kat.dws.rip/nodeName: NODE}`.

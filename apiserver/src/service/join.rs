@@ -20,7 +20,7 @@ use std::time::Duration;
 use kat_api::keys;
 use kat_api::wire::{
     ErrorCode, EtcdJoin, JoinRequest, JoinResponse, JoinRole, JoinTokenInfo, JoinTokenRecord,
-    NewJoinToken, NodeState, HOSTNAME_LABEL, NODE_TYPE_LABEL, ROLE_LABEL,
+    NewJoinToken, NodeState, CLUSTER_ROLE_LABEL, HOSTNAME_LABEL, NODE_TYPE_LABEL,
 };
 use kat_pki::{Authority, JoinToken, NodeRole};
 use kat_store::{Compare, EtcdStore, JsonStore, KeyValue, Txn, TxnOp};
@@ -102,7 +102,7 @@ impl Service {
                     "node {node} is not registered in this cluster's state: join it as a new node instead"
                 ))
             })?;
-        if registration.labels.get(ROLE_LABEL).map(String::as_str) == Some("worker") {
+        if kat_api::wire::cluster_role(&registration.labels) == Some("worker") {
             return Err(Error::forbidden(format!(
                 "node {node} is registered as a worker"
             )));
@@ -431,7 +431,7 @@ pub fn node_labels(
 ) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (HOSTNAME_LABEL.to_string(), node.to_string()),
-        (ROLE_LABEL.to_string(), role.to_string()),
+        (CLUSTER_ROLE_LABEL.to_string(), role.to_string()),
     ]);
     if let Some(t) = node_type {
         labels.insert(NODE_TYPE_LABEL.to_string(), t.to_string());

@@ -182,6 +182,7 @@ impl From<NodeAdminError> for Error {
         let code = match &e {
             NodeAdminError::NotFound(_) => ErrorCode::NotFound,
             NodeAdminError::Corrupt(..) => ErrorCode::Internal,
+            NodeAdminError::SystemLabel(_) => ErrorCode::BadRequest,
             NodeAdminError::Store(s) => return store_message(s),
         };
         Error::new(code, e.to_string())
