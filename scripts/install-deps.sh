@@ -40,6 +40,8 @@ command -v git >/dev/null 2>&1 || missing+=(git)
 # promtool checks that /metrics is valid exposition text (the Prometheus server itself is not
 # started: without systemd as PID 1 nothing starts it, and on systemd hosts it is stopped below).
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# The ingress recipe (examples/ingress/): Caddy, put in its image beside kat-ingress.
+command -v caddy >/dev/null 2>&1 || missing+=(caddy)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -60,6 +62,10 @@ fi
 # Likewise its registry (with auth, on :5000): the tests start their own on loopback.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet docker-registry 2>/dev/null; then
     need_root systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
+# And Caddy's (on :80): the ingress recipe runs its own Caddy in a container.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet caddy 2>/dev/null; then
+    need_root systemctl disable --now caddy >/dev/null 2>&1 || true
 fi
 # And the Prometheus server that comes with promtool (it would listen on :9090).
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then

@@ -172,6 +172,20 @@ fn root_path() -> String {
     "/".to_string()
 }
 
+impl Ingress {
+    /// The container port this rule sends to: `servicePort`, else the port named
+    /// `servicePortName` in `ports` (validation has checked that one of them is there).
+    pub fn container_port(&self, ports: &[Port]) -> Option<u32> {
+        self.service_port.or_else(|| {
+            let name = self.service_port_name.as_deref()?;
+            ports
+                .iter()
+                .find(|p| p.name.as_deref() == Some(name))
+                .map(|p| p.container_port)
+        })
+    }
+}
+
 impl VirtualLoadBalancer {
     pub fn validate(&self, s: &mut Scope<'_>) {
         let mut s = s.field("spec");

@@ -155,6 +155,10 @@ pub fn join_token(id: &str) -> String {
     format!("{PREFIX}/join-tokens/{id}")
 }
 
+pub fn ingress() -> String {
+    format!("{PREFIX}/ingress")
+}
+
 pub fn api_tokens() -> String {
     format!("{PREFIX}/tokens")
 }

@@ -15,6 +15,7 @@ pub use crate::workload::TaintEffect;
 
 mod detached;
 mod events;
+mod ingress;
 mod join;
 mod nodes;
 mod tokens;
@@ -22,6 +23,7 @@ mod workloads;
 
 pub use detached::*;
 pub use events::*;
+pub use ingress::*;
 pub use join::*;
 pub use nodes::*;
 pub use tokens::*;

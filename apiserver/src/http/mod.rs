@@ -201,6 +201,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
             "/join-tokens/:id",
             axum::routing::delete(join::delete_token),
         )
+        .route("/ingress", get(tokens::ingress_routes))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/:id", axum::routing::delete(tokens::delete))
         .route("/join", post(join::join))

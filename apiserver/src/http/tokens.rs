@@ -1,5 +1,6 @@
 //! `/v1alpha1/tokens`: scoped API tokens (admin token only), and what a scoped token may
-//! reach ([`scope_allows`]), checked by the guard before any handler runs.
+//! reach ([`scope_allows`]), checked by the guard before any handler runs; `/ingress`, what
+//! the ingress updater reads with one.
 
 use std::sync::Arc;
 
@@ -25,6 +26,13 @@ pub async fn create(
         axum::http::StatusCode::CREATED,
         Json(state.service.create_api_token(&request).await?),
     ))
+}
+
+/// `GET /ingress`: what the ingress updater reads (with a read-only token).
+pub async fn ingress_routes(
+    State(state): State<Arc<ApiState>>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.ingress_routes().await?))
 }
 
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {

@@ -10,6 +10,7 @@
 
 mod backups;
 mod events;
+mod ingress;
 mod instances;
 mod join;
 mod namespaces;

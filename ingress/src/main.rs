@@ -1,0 +1,140 @@
+//! `kat-ingress`: the updater of the ingress recipe (`examples/ingress/`). It runs Caddy as
+//! its child, reads the cluster's ingress routes (`GET /v1alpha1/ingress`, every
+//! VirtualLoadBalancer's `spec.ingress`) with a read-only token every few seconds, and when
+//! they change writes Caddy's configuration and loads it through Caddy's admin endpoint on
+//! loopback: a graceful reload, connections under way are not dropped. If Caddy exits, so
+//! does the updater (its container restarts under its restartPolicy).
+//!
+//! It connects as `katcall` does, from a client config file (endpoint, cluster CA, token):
+//! give it one with a token from `katcall create token --read-only`, which can read and
+//! nothing else.
+
+mod caddy;
+mod caddyfile;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use kat_api::client_config::ClientConfig;
+use kat_api::wire::IngressRoute;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Keeps a Caddy configured from the cluster's ingress routes"
+)]
+struct Args {
+    /// A katcall client config (endpoint, caCertificate, token) holding a read-only token
+    /// (`katcall create token --read-only`).
+    #[arg(long, env = "KAT_INGRESS_CONFIG", value_name = "FILE")]
+    config: PathBuf,
+    /// Caddy's binary.
+    #[arg(long, default_value = "/usr/bin/caddy")]
+    caddy: PathBuf,
+    /// Where the Caddyfile and Caddy's data (its certificates) are kept.
+    #[arg(long, default_value = "/var/lib/kat-ingress", value_name = "DIR")]
+    dir: PathBuf,
+    #[arg(long, default_value_t = 80)]
+    http_port: u16,
+    #[arg(long, default_value_t = 443)]
+    https_port: u16,
+    /// Caddy's admin endpoint: keep it on loopback.
+    #[arg(long, default_value = "127.0.0.1:2019")]
+    admin: String,
+    /// How often to read the routes.
+    #[arg(long, default_value_t = 2, value_name = "SECONDS")]
+    interval: u64,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kat-ingress: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let client = client(&args.config)?;
+    let listen = caddyfile::Listen {
+        http_port: args.http_port,
+        https_port: args.https_port,
+        admin: args.admin.clone(),
+    };
+    tokio::fs::create_dir_all(&args.dir)
+        .await
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let (first, _) = caddyfile::render(&[], &listen);
+    let mut caddy = caddy::Caddy::start(&args.caddy, &args.dir, &first, &args.admin).await?;
+    let mut loaded: Option<Vec<IngressRoute>> = Some(Vec::new());
+    let mut tick = tokio::time::interval(Duration::from_secs(args.interval.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            exit = caddy.exited() => anyhow::bail!("caddy exited ({exit})"),
+            _ = tick.tick() => {}
+        }
+        let routes: Vec<IngressRoute> = match client.get_json(&kat_client::paths::ingress()).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the ingress routes; keeping the current ones");
+                continue;
+            }
+        };
+        if loaded.as_ref() == Some(&routes) {
+            continue;
+        }
+        let (text, shadowed) = caddyfile::render(&routes, &listen);
+        for r in &shadowed {
+            tracing::warn!(host = %r.host, path = %r.path, workload = %format!("{}/{}", r.namespace, r.workload), "another workload already has this host and path; ignored");
+        }
+        match caddy.load(&text).await {
+            Ok(()) => {
+                tracing::info!(routes = routes.len(), "caddy configuration loaded");
+                loaded = Some(routes);
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "caddy refused the configuration; keeping the one it runs");
+                loaded = None;
+            }
+        }
+    }
+}
+
+/// The API client from a katcall config file.
+fn client(path: &std::path::Path) -> Result<kat_client::Client> {
+    let config = ClientConfig::load(path)?;
+    let tls = kat_pki::server_role::api_client_tls(
+        &config.ca_certificate,
+        None,
+        config.node_api.as_deref(),
+    )
+    .with_context(|| {
+        format!(
+            "{}: caCertificate is not a usable PEM certificate",
+            path.display()
+        )
+    })?;
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .context("building the HTTPS client")?;
+    Ok(kat_client::Client::new(
+        http,
+        &config.endpoint,
+        Some(config.token),
+    ))
+}
