@@ -44,8 +44,7 @@ impl Caddy {
             if let Some(status) = caddy.child.try_wait()? {
                 anyhow::bail!("caddy exited at start ({status})");
             }
-            let url = format!("http://{}/config/", caddy.admin);
-            if caddy.http.get(&url).send().await.is_ok() {
+            if answers(&caddy.admin).await {
                 return Ok(caddy);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -83,4 +82,18 @@ impl Caddy {
             Err(e) => e.to_string(),
         }
     }
+}
+
+/// Whether a Caddy answers on `admin` (within 2 s).
+pub async fn answers(admin: &str) -> bool {
+    let Ok(http) = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+    else {
+        return false;
+    };
+    http.get(format!("http://{admin}/config/"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }

@@ -96,6 +96,11 @@ pub fn render(routes: &[IngressRoute], listen: &Listen) -> (String, Vec<IngressR
         }
         let _ = writeln!(out, "}}");
     }
+    // A host no rule names: 404 (Caddy's own answer would be an empty 200).
+    let _ = writeln!(
+        out,
+        "\nhttp:// {{\n\trespond \"no route for this host\" 404\n}}"
+    );
     (out, shadowed)
 }
 
@@ -201,6 +206,7 @@ mod tests {
         );
         let json = String::from_utf8_lossy(&out.stdout);
         assert!(json.contains("dynamic_upstreams"), "{json}");
+        assert!(json.contains("no route for this host"), "{json}");
     }
 
     #[test]

@@ -28,8 +28,17 @@ use kat_api::wire::IngressRoute;
 struct Args {
     /// A katcall client config (endpoint, caCertificate, token) holding a read-only token
     /// (`katcall create token --read-only`).
-    #[arg(long, env = "KAT_INGRESS_CONFIG", value_name = "FILE")]
-    config: PathBuf,
+    #[arg(
+        long,
+        env = "KAT_INGRESS_CONFIG",
+        value_name = "FILE",
+        required_unless_present = "check"
+    )]
+    config: Option<PathBuf>,
+    /// Only check that Caddy answers on its admin endpoint (the recipe's health check):
+    /// exit 0 if it does, 1 if not.
+    #[arg(long)]
+    check: bool,
     /// Caddy's binary.
     #[arg(long, default_value = "/usr/bin/caddy")]
     caddy: PathBuf,
@@ -56,6 +65,12 @@ async fn main() -> std::process::ExitCode {
         )
         .init();
     let args = Args::parse();
+    if args.check {
+        return match caddy::answers(&args.admin).await {
+            true => std::process::ExitCode::SUCCESS,
+            false => std::process::ExitCode::FAILURE,
+        };
+    }
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -66,7 +81,11 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let client = client(&args.config)?;
+    let config = args
+        .config
+        .as_deref()
+        .context("--config FILE is required")?;
+    let client = client(config)?;
     let listen = caddyfile::Listen {
         http_port: args.http_port,
         https_port: args.https_port,

@@ -35,6 +35,7 @@ use serde_json::Value;
 mod benchmark;
 mod detached;
 mod hosts;
+mod ingress;
 mod overlay_network;
 mod restore;
 mod rollout;

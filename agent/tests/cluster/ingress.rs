@@ -1,0 +1,265 @@
+//! The ingress recipe (`examples/ingress/`) on a real node: its image built with buildah from
+//! Debian's Caddy and kat-ingress, run as the DaemonService on the node labelled
+//! `kat.dws.rip/role=ingress`, reading the API with a read-only token. Routes by host and
+//! path, a rolling update of the backing workload under traffic through the ingress without
+//! a failed request, a rule removed → its route gone, and the updater's token refused for
+//! anything but reading.
+
+use super::*;
+
+/// A Service `name` (2 replicas, health-checked) whose page says `name version`, with the
+/// ingress rule `rule` (YAML of one `ingress` entry, or none).
+fn backend(h: &Hosts, name: &str, version: &str, rule: Option<&str>) {
+    let ingress = rule.map_or(String::new(), |r| format!("  ingress:\n    - {r}\n"));
+    apply_bundle(h, 1, name, &[
+        ("workload.kat", format!(
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 2\n  drainSeconds: 3\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'mkdir -p /tmp/www/api; echo {name} {version} > /tmp/www/index.html; cp /tmp/www/index.html /tmp/www/api/index.html; sleep 1; exec httpd -f -p 8080 -h /tmp/www']\n",
+            h.registry_addr
+        )),
+        ("VirtualLoadBalancer.kat", format!("apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports:\n    - {{name: http, containerPort: 8080}}\n  healthCheck:\n    exec: {{command: [/bin/sh, -c, 'printf \"GET / HTTP/1.0\\r\\n\\r\\n\" | nc -w 1 127.0.0.1 8080 | grep -q {name}']}}\n    initialDelaySeconds: 1\n    periodSeconds: 1\n    failureThreshold: 2\n{ingress}")),
+    ]);
+}
+
+/// `GET http://IP:port/path` with `Host: host` from host 1's namespace: the status and body.
+fn through_ingress(h: &Hosts, port: u16, host: &str, path: &str) -> (String, String) {
+    let out = h
+        .in_ns(1)
+        .args([
+            "curl",
+            "-s",
+            "--max-time",
+            "3",
+            "-H",
+            &format!("Host: {host}"),
+        ])
+        .args(["-w", "\n%{http_code}"])
+        .arg(format!("http://{}:{port}{path}", ip(1)))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().to_string(), body.trim().to_string())
+}
+
+#[test]
+fn ingress_routes_by_host_and_path_through_updates() {
+    let mut h = Hosts::up();
+    // Caddy's certificates go on a simpleClusterStorage volume: under n1's own directory.
+    let volumes = h.data(1).join("volumes");
+    let cluster = format!("{}  volumeBasePath: {}\n", cluster_kat(), volumes.display());
+    init_with(&mut h, &cluster);
+    // The recipe's image, from this build's kat-ingress.
+    let build = Command::new(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ingress/build-image.sh"),
+    )
+    .args([
+        &h.registry_addr,
+        &bin("kat-ingress").display().to_string(),
+        "--tls-verify=false",
+    ])
+    .output()
+    .expect("build-image.sh");
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+
+    // The updater's client config: n1's API on its address, a read-only token.
+    let made: kat_api::wire::NewApiToken = h
+        .k(1)
+        .json(&[
+            "create",
+            "token",
+            "--read-only",
+            "--description",
+            "ingress",
+            "-o",
+            "json",
+        ])
+        .expect("a read-only token");
+    let admin = kat_api::client_config::ClientConfig::load(&h.client_config(1)).unwrap();
+    let config = kat_api::client_config::ClientConfig {
+        endpoint: format!("https://{}:{API_PORT}", ip(1)),
+        token: made.token.clone(),
+        ..admin
+    };
+    let dir = PathBuf::from(format!("/srv/kat-ingress-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = Cleanup(dir.clone());
+    std::fs::write(
+        dir.join("client.yaml"),
+        yaml_serde::to_string(&config).unwrap(),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        dir.join("client.yaml"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+
+    // The recipe as shipped, with the test's registry, ports and config directory.
+    let (http, https) = (18180u16, 18543u16);
+    let example = |file: &str| {
+        std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../examples/ingress")
+                .join(file),
+        )
+        .unwrap()
+        .replace("127.0.0.1:5000", &h.registry_addr)
+        .replace("hostPort: 80\n", &format!("hostPort: {http}\n"))
+        .replace("hostPort: 443\n", &format!("hostPort: {https}\n"))
+        .replace("/srv/kat-ingress\n", &format!("{}\n", dir.display()))
+    };
+    let out = h.katcall(1, &["label", "n1", "kat.dws.rip/role=ingress"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    apply_bundle(
+        &h,
+        1,
+        "ingress",
+        &[
+            ("workload.kat", example("workload.kat")),
+            (
+                "VirtualLoadBalancer.kat",
+                example("VirtualLoadBalancer.kat"),
+            ),
+        ],
+    );
+    backend(
+        &h,
+        "web",
+        "v1",
+        Some("{host: hello.test, servicePortName: http}"),
+    );
+    backend(
+        &h,
+        "api",
+        "v1",
+        Some("{host: hello.test, path: /api, servicePort: 8080}"),
+    );
+    wait(
+        "the ingress routing hello.test",
+        Duration::from_secs(120),
+        || {
+            through_ingress(&h, http, "hello.test", "/")
+                .1
+                .starts_with("web v1")
+                && through_ingress(&h, http, "hello.test", "/api/")
+                    .1
+                    .starts_with("api v1")
+        },
+    );
+    // An unknown host: 404.
+    let (code, body) = through_ingress(&h, http, "other.test", "/");
+    assert_eq!(code, "404", "{body}");
+
+    // A rolling update of web under traffic through the ingress: no failed request.
+    let client = format!(
+        r#"import sys, time, urllib.request
+while True:
+    t = time.clock_gettime(time.CLOCK_BOOTTIME)
+    try:
+        r = urllib.request.urlopen(urllib.request.Request("http://{}:{http}/", headers={{"Host": "hello.test"}}), timeout=3)
+        ok = r.status == 200 and r.read().startswith(b"web")
+    except Exception:
+        ok = False
+    print("ok" if ok else "fail", "%.2f" % t, flush=True)
+    time.sleep(max(0.0, t + 0.1 - time.clock_gettime(time.CLOCK_BOOTTIME)))
+"#,
+        ip(1)
+    );
+    let mut traffic = h
+        .in_ns(1)
+        .args(["python3", "-c", &client])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 client");
+    std::thread::sleep(Duration::from_secs(2));
+    backend(
+        &h,
+        "web",
+        "v2",
+        Some("{host: hello.test, servicePortName: http}"),
+    );
+    wait(
+        "web rolled to v2 behind the ingress",
+        Duration::from_secs(120),
+        || {
+            let list = instances(&h, 1, "web");
+            list.len() == 2
+                && list
+                    .iter()
+                    .all(|i| i.generation == 2 && i.health == Health::Healthy)
+        },
+    );
+    // The old instances drain (3 s) and stop: keep asking meanwhile.
+    std::thread::sleep(Duration::from_secs(6));
+    let _ = traffic.kill();
+    let mut text = String::new();
+    if let Some(mut out) = traffic.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut out, &mut text);
+    }
+    let _ = traffic.wait();
+    let requests = text.lines().count();
+    let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("fail")).collect();
+    println!(
+        "ingress rollout requests={requests} failed={}",
+        failed.len()
+    );
+    assert!(requests > 50, "the client asked too little: {requests}");
+    assert!(
+        failed.is_empty(),
+        "failed requests through the ingress: {failed:?}"
+    );
+    assert!(through_ingress(&h, http, "hello.test", "/")
+        .1
+        .starts_with("web v2"));
+
+    // The rule removed: its route goes; the other stays.
+    backend(&h, "api", "v1", None);
+    wait("the /api route gone", Duration::from_secs(30), || {
+        !through_ingress(&h, http, "hello.test", "/api/")
+            .1
+            .starts_with("api")
+    });
+    assert!(through_ingress(&h, http, "hello.test", "/")
+        .1
+        .starts_with("web"));
+
+    // The updater's token reads and does nothing else.
+    let token_config = dir.join("client.yaml");
+    let k = h.katcall_as(1, &token_config);
+    assert!(k.run(&["get", "workloads"]).status.success(), "it reads");
+    for args in [
+        &["delete", "workload", "web"][..],
+        &["create", "namespace", "evil"],
+        &["create", "token", "--read-only"],
+        &["get", "join-tokens"],
+        &["exec", "web", "--", "true"],
+    ] {
+        let out = k.run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && (err.contains("403")
+                    || err.contains("read-only")
+                    || err.contains("admin token")),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Removes the updater's config directory, even when the test fails.
+struct Cleanup(PathBuf);
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
