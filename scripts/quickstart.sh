@@ -108,15 +108,48 @@ echo
 echo "==> curl http://127.0.0.1:8080/ (examples/hello's published port)"
 for _ in $(seq 1 50); do curl -fsS --max-time 2 http://127.0.0.1:8080/ 2>/dev/null && break; sleep 0.2; done
 curl -fsS --max-time 2 http://127.0.0.1:8080/ >/dev/null || { echo "the page did not answer; see $KAT_DATA_DIR/agent.log" >&2; exit 1; }
+echo "==> the ingress recipe (examples/ingress): Caddy on this node routes hello.example.com to examples/hello"
+cargo build --release -q -p kat-ingress
+examples/ingress/build-image.sh 127.0.0.1:5000 "$BIN/kat-ingress" --tls-verify=false
+read -r node_name node_addr < <("$BIN/katcall" get nodes -o json \
+    | python3 -c 'import json, sys; n = json.load(sys.stdin)[0]; print(n["metadata"]["name"], n["addresses"][0])')
+"$BIN/katcall" label "$node_name" kat.dws.rip/role=ingress >/dev/null
+# The updater reads the API from inside its container, at the node's address, with a
+# read-only token (made once; it can read what `katcall get` shows, nothing else).
+if [ ! -s /srv/kat-ingress/client.yaml ]; then
+    ingress_config=$(mktemp)
+    "$BIN/katcall" create token --read-only --description "ingress updater" \
+        --client-config "$ingress_config" --endpoint "https://$node_addr:9115" -o json >/dev/null
+    need_root mkdir -p /srv/kat-ingress
+    need_root install -m 0644 "$ingress_config" /srv/kat-ingress/client.yaml
+    rm -f "$ingress_config"
+fi
+# An unprivileged agent publishes ports 80 and 443 only where unprivileged processes may
+# bind them (rootless podman asks the same).
+if [ "$mode" = kat ] || [ "$(id -u)" != 0 ]; then
+    if [ "$(cat /proc/sys/net/ipv4/ip_unprivileged_port_start)" -gt 80 ]; then
+        echo "==> sysctl net.ipv4.ip_unprivileged_port_start=80 (the unprivileged agent publishes the ingress on 80 and 443)"
+        need_root sysctl -qw net.ipv4.ip_unprivileged_port_start=80
+    fi
+fi
+"$BIN/katcall" apply -f examples/ingress
+echo "==> curl -H 'Host: hello.example.com' http://127.0.0.1/ (through the ingress)"
+for _ in $(seq 1 300); do
+    curl -fsS --max-time 2 -H 'Host: hello.example.com' http://127.0.0.1/ 2>/dev/null && break
+    sleep 0.2
+done
+curl -fsS --max-time 2 -H 'Host: hello.example.com' http://127.0.0.1/ >/dev/null \
+    || { echo "the ingress did not answer; see katcall describe workload ingress -n kat-core" >&2; exit 1; }
 cat <<EOT
 
-KAT is running one node with the example Service. Try:
+KAT is running one node with the example Service, behind the ingress. Try:
   export PATH=$BIN:\$PATH KAT_CONFIG=$KAT_CONFIG
   katcall describe workload hello
   katcall logs hello
   katcall exec -it hello -- sh
   katcall events
   katcall delete workload hello
+  curl -H 'Host: hello.example.com' http://127.0.0.1/    # through the ingress (docs/ingress.md)
 Shell completions: katcall completion bash > ~/.local/share/bash-completion/completions/katcall
 Stop the node:     kill \$(cat $KAT_DATA_DIR/agent.pid)   (under systemd: systemctl --user -M kat@ stop kat-agent)
 Remove it all:     sudo kat-agent setup --uninstall --state-dir $KAT_DATA_DIR   (when it ran as kat)

@@ -1,18 +1,46 @@
 //! `katcall create|get|delete token`: scoped API tokens (read-only, one namespace's, or
 //! both) for dashboards, scripts and the ingress updater.
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use kat_api::client_config::ClientConfig;
 use kat_api::wire::{CreateApiToken, NewApiToken, TokenScope};
 
 use crate::client::Client;
 use crate::output::{self, structured, Format};
 
-pub async fn create(client: &Client, request: &CreateApiToken, format: Format) -> Result<()> {
+/// Where `--client-config` writes a config for the new token, from which config.
+pub struct ConfigFile {
+    pub file: PathBuf,
+    pub from: PathBuf,
+    pub endpoint: Option<String>,
+}
+
+pub async fn create(
+    client: &Client,
+    request: &CreateApiToken,
+    write: Option<&ConfigFile>,
+    format: Format,
+) -> Result<()> {
     let token = client.create_api_token(request).await?;
+    if let Some(w) = write {
+        let mut config = ClientConfig::load(&w.from)?;
+        config.token = token.token.clone();
+        if let Some(endpoint) = &w.endpoint {
+            config.endpoint = endpoint.clone();
+        }
+        let text = yaml_serde::to_string(&config).context("encoding the client config")?;
+        kat_pki::write_secret(&w.file, &text)
+            .with_context(|| format!("writing {}", w.file.display()))?;
+    }
     if structured(format, &token)? {
         return Ok(());
     }
     print!("{}", instructions(&token));
+    if let Some(w) = write {
+        println!("a client config with it is in {} (0600)", w.file.display());
+    }
     Ok(())
 }
 

@@ -137,6 +137,14 @@ enum Command {
         /// What an API token is for (listed by `katcall get tokens`).
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
+        /// Also write a katcall client config holding the new API token (0600): this
+        /// config's cluster and CA, and `--endpoint` if given (e.g. the node's address, for
+        /// a container: the ingress recipe's updater).
+        #[arg(long, value_name = "FILE")]
+        client_config: Option<PathBuf>,
+        /// The API endpoint written with --client-config (default: this config's).
+        #[arg(long, value_name = "URL", requires = "client_config")]
+        endpoint: Option<String>,
         /// A join token that may also make members of the etcd quorum (`kat-agent join
         /// --etcd-peer`), which are sent the cluster CA's key. Without it the token admits
         /// workers only.
@@ -318,6 +326,7 @@ fn main() -> ExitCode {
         read_only,
         token_namespace,
         description,
+        client_config,
         ..
     } = &cli.command
     {
@@ -327,8 +336,13 @@ fn main() -> ExitCode {
             eprintln!("error: --control-plane, --ttl, --uses and --address apply to `katcall create join-token` only");
             return ExitCode::FAILURE;
         }
-        if kind != "token" && (*read_only || token_namespace.is_some() || description.is_some()) {
-            eprintln!("error: --read-only, --namespace and --description apply to `katcall create token` only");
+        if kind != "token"
+            && (*read_only
+                || token_namespace.is_some()
+                || description.is_some()
+                || client_config.is_some())
+        {
+            eprintln!("error: --read-only, --namespace, --description and --client-config apply to `katcall create token` only");
             return ExitCode::FAILURE;
         }
         if kind == "token" && !*read_only && token_namespace.is_none() {
@@ -433,6 +447,8 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             read_only,
             token_namespace,
             description,
+            client_config,
+            endpoint,
         } => match (kind.as_str(), name) {
             ("token", _) => {
                 let request = kat_api::wire::CreateApiToken {
@@ -440,7 +456,12 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
                     namespace: token_namespace,
                     description,
                 };
-                api_tokens::create(&client, &request, output).await?
+                let write = client_config.map(|file| api_tokens::ConfigFile {
+                    file,
+                    from: config.to_path_buf(),
+                    endpoint,
+                });
+                api_tokens::create(&client, &request, write.as_ref(), output).await?
             }
             ("join-token", _) => {
                 let request = join_tokens::CreateRequest {

@@ -65,7 +65,13 @@ fn ingress_routes_by_host_and_path_through_updates() {
         String::from_utf8_lossy(&build.stderr)
     );
 
-    // The updater's client config: n1's API on its address, a read-only token.
+    // The updater's client config: n1's API on its address, a read-only token, written by
+    // `katcall create token --client-config` (0600; the container's user reads it: 0644).
+    let dir = PathBuf::from(format!("/srv/kat-ingress-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = Cleanup(dir.clone());
+    let file = dir.join("client.yaml");
+    let endpoint = format!("https://{}:{API_PORT}", ip(1));
     let made: kat_api::wire::NewApiToken = h
         .k(1)
         .json(&[
@@ -74,31 +80,26 @@ fn ingress_routes_by_host_and_path_through_updates() {
             "--read-only",
             "--description",
             "ingress",
+            "--client-config",
+            &file.display().to_string(),
+            "--endpoint",
+            &endpoint,
             "-o",
             "json",
         ])
         .expect("a read-only token");
-    let admin = kat_api::client_config::ClientConfig::load(&h.client_config(1)).unwrap();
-    let config = kat_api::client_config::ClientConfig {
-        endpoint: format!("https://{}:{API_PORT}", ip(1)),
-        token: made.token.clone(),
-        ..admin
-    };
-    let dir = PathBuf::from(format!("/srv/kat-ingress-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let _cleanup = Cleanup(dir.clone());
-    std::fs::write(
-        dir.join("client.yaml"),
-        yaml_serde::to_string(&config).unwrap(),
-    )
-    .unwrap();
+    let written = kat_api::client_config::ClientConfig::load(&file).unwrap();
+    assert_eq!(
+        (written.token.as_str(), written.endpoint.as_str()),
+        (made.token.as_str(), endpoint.as_str())
+    );
     use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(
-        dir.join("client.yaml"),
-        std::fs::Permissions::from_mode(0o644),
-    )
-    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
 
     // The recipe as shipped, with the test's registry, ports and config directory.
     let (http, https) = (18180u16, 18543u16);
