@@ -116,13 +116,14 @@ read -r node_name node_addr < <("$BIN/katcall" get nodes -o json \
 "$BIN/katcall" label "$node_name" kat.dws.rip/role=ingress >/dev/null
 # The updater reads the API from inside its container, at the node's address, with a
 # read-only token (made once; it can read what `katcall get` shows, nothing else).
-if [ ! -s /srv/kat-ingress/client.yaml ]; then
-    ingress_config=$(mktemp)
+# A config from an earlier cluster (its token unknown here) is made again.
+if ! "$BIN/katcall" --config /srv/kat-ingress/client.yaml get workloads >/dev/null 2>&1; then
+    ingress_dir=$(mktemp -d)
     "$BIN/katcall" create token --read-only --description "ingress updater" \
-        --client-config "$ingress_config" --endpoint "https://$node_addr:9115" -o json >/dev/null
+        --client-config "$ingress_dir/client.yaml" --endpoint "https://$node_addr:9115" -o json >/dev/null
     need_root mkdir -p /srv/kat-ingress
-    need_root install -m 0644 "$ingress_config" /srv/kat-ingress/client.yaml
-    rm -f "$ingress_config"
+    need_root install -m 0644 "$ingress_dir/client.yaml" /srv/kat-ingress/client.yaml
+    rm -rf "$ingress_dir"
 fi
 # An unprivileged agent publishes ports 80 and 443 only where unprivileged processes may
 # bind them (rootless podman asks the same).

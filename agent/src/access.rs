@@ -269,6 +269,7 @@ impl InstanceAccess for LocalAccess {
             created_at: meta.kept_at,
             ip: None,
             host_ports: vec![],
+            gpus: vec![],
         })
     }
 

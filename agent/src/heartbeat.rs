@@ -68,6 +68,8 @@ pub struct Heartbeat {
     pub overlay: Option<Arc<ContainerNetwork>>,
     /// Where the heartbeat last sent is kept (a worker's `/metrics`).
     pub last: Arc<watch::Sender<Option<NodeHeartbeat>>>,
+    /// The node's GPUs (found at start).
+    pub gpus: Vec<kat_api::wire::GpuInfo>,
 }
 
 /// Send heartbeats until the statuses end.
@@ -82,6 +84,7 @@ pub async fn run(heartbeat: Heartbeat) {
         detached,
         overlay,
         last,
+        gpus,
     } = heartbeat;
     // Read from /proc: off the async threads like every other file.
     let capacity = tokio::task::spawn_blocking(capacity)
@@ -102,7 +105,7 @@ pub async fn run(heartbeat: Heartbeat) {
             timestamp: Timestamp::now(),
             capacity,
             allocatable,
-            gpus: vec![],
+            gpus: gpus.clone(),
             instances,
             usage: Some(usage),
             builds: builds.borrow_and_update().clone(),

@@ -18,6 +18,7 @@ mod advertise;
 mod control_plane;
 mod detached;
 mod etcd_member;
+mod gpus;
 mod heartbeat;
 mod join;
 mod kept_logs;

@@ -63,6 +63,7 @@ impl FinishedInstance {
             warnings: vec![],
             container_id: None,
             image_digest: None,
+            gpus: vec![],
             usage: None,
         }
     }

@@ -172,6 +172,30 @@ fn root_path() -> String {
     "/".to_string()
 }
 
+/// What is wrong with an ingress path, if anything: it starts with `/` and holds only the
+/// characters of a URL path (letters, digits, `-._~/%`), no `..` segment. An ingress proxy
+/// writes it into its configuration: nothing else may reach it.
+pub fn ingress_path_problem(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return Some(format!("{path:?} must start with '/'"));
+    }
+    if path.len() > 1024 {
+        return Some("is longer than 1024 characters".into());
+    }
+    if let Some(c) = path
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "-._~/%".contains(*c)))
+    {
+        return Some(format!(
+            "{path:?} has {c:?}: a path holds only letters, digits and -._~/%"
+        ));
+    }
+    if path.split('/').any(|seg| seg == "..") {
+        return Some(format!("{path:?} has a '..' segment"));
+    }
+    None
+}
+
 impl Ingress {
     /// The container port this rule sends to: `servicePort`, else the port named
     /// `servicePortName` in `ports` (validation has checked that one of them is there).
@@ -260,8 +284,8 @@ impl VirtualLoadBalancer {
             if let Some(p) = dns_name_problem(&ing.host) {
                 is.error("host", p);
             }
-            if !ing.path.starts_with('/') {
-                is.error("path", format!("{:?} must start with '/'", ing.path));
+            if let Some(p) = ingress_path_problem(&ing.path) {
+                is.error("path", p);
             }
             let declared_ports = || {
                 self.spec

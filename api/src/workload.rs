@@ -325,6 +325,27 @@ pub struct GpuRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub min_vram_mb: Option<u32>,
+    /// How many matching GPUs the instance gets (beyond RFC 001, which asks for one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+}
+
+/// At most this many GPUs for one instance.
+pub const MAX_GPU_COUNT: u32 = 16;
+
+impl GpuRequest {
+    pub fn count(&self) -> u32 {
+        self.count.unwrap_or(1)
+    }
+
+    /// Whether the node's `gpu` is one this request can use.
+    pub fn matches(&self, gpu: &crate::wire::GpuInfo) -> bool {
+        let driver_ok = match self.driver {
+            None | Some(GpuDriver::Any) => true,
+            Some(d) => gpu.driver == d,
+        };
+        driver_ok && gpu.vram_mb >= self.min_vram_mb.unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -828,6 +849,14 @@ fn validate_resources(r: &Resources, s: &mut Scope<'_>) {
     if let Some(gpu) = &r.gpu {
         if gpu.min_vram_mb == Some(0) {
             s.error("gpu.minVRAM_MB", "0 must be at least 1 (or remove it)");
+        }
+        if let Some(n) = gpu.count {
+            if !(1..=MAX_GPU_COUNT).contains(&n) {
+                s.error(
+                    "gpu.count",
+                    format!("{n} is not between 1 and {MAX_GPU_COUNT}"),
+                );
+            }
         }
     }
 }

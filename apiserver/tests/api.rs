@@ -460,6 +460,7 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
             created_at: "2025-01-01T00:00:00Z".parse().unwrap(),
             ip: None,
             host_ports: vec![],
+            gpus: vec![],
         },
         state: InstanceState::Succeeded,
         exit_code: Some(0),

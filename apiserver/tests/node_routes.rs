@@ -44,6 +44,7 @@ fn record(node: &str, id: &str, workload: &str, hash: &str) -> InstanceRecord {
         created_at: "2026-01-01T00:00:00Z".parse().unwrap(),
         ip: None,
         host_ports: vec![],
+        gpus: vec![],
     }
 }
 

@@ -43,11 +43,24 @@ pub fn public_name(host: &str) -> bool {
 }
 
 /// Render the Caddyfile for `routes`. Routes with the same host and path: the first (in the
-/// API's sorted order) wins; the others are returned so the caller can say so.
+/// API's sorted order) wins; the others, and routes whose host, path or upstream are not
+/// plain names, are returned so the caller can say so.
 pub fn render(routes: &[IngressRoute], listen: &Listen) -> (String, Vec<IngressRoute>) {
     let mut sites: BTreeMap<&str, Vec<&IngressRoute>> = BTreeMap::new();
     let mut shadowed = Vec::new();
     for r in routes {
+        // The API validates both; checked again here because they are written into the
+        // configuration: a route that could change its meaning is left out.
+        if kat_api::names::dns_name_problem(&r.host).is_some()
+            || kat_api::load_balancer::ingress_path_problem(&r.path).is_some()
+            || !r
+                .upstream
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-.:".contains(c))
+        {
+            shadowed.push(r.clone());
+            continue;
+        }
         let site = sites.entry(r.host.as_str()).or_default();
         if site.iter().any(|x| x.path == r.path) {
             shadowed.push(r.clone());
@@ -207,6 +220,27 @@ mod tests {
         let json = String::from_utf8_lossy(&out.stdout);
         assert!(json.contains("dynamic_upstreams"), "{json}");
         assert!(json.contains("no route for this host"), "{json}");
+    }
+
+    /// A host or path that would write its own Caddyfile directives is left out.
+    #[test]
+    fn routes_that_would_inject_configuration_are_left_out() {
+        let evil = [
+            route(
+                "a.test",
+                "/x\n}\n:80 {\n\tfile_server\n\troot /",
+                "evil",
+                false,
+            ),
+            route("a.test\n}", "/", "evil", false),
+            route("a.test", "/ok {", "evil", false),
+        ];
+        let (text, left_out) = render(&evil, &listen());
+        assert_eq!(left_out.len(), 3);
+        assert!(
+            !text.contains("file_server") && !text.contains("evil"),
+            "{text}"
+        );
     }
 
     #[test]

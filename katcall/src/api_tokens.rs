@@ -31,8 +31,7 @@ pub async fn create(
             config.endpoint = endpoint.clone();
         }
         let text = yaml_serde::to_string(&config).context("encoding the client config")?;
-        kat_pki::write_secret(&w.file, &text)
-            .with_context(|| format!("writing {}", w.file.display()))?;
+        write_new_secret(&w.file, &text)?;
     }
     if structured(format, &token)? {
         return Ok(());
@@ -53,6 +52,26 @@ fn instructions(token: &NewApiToken) -> String {
         token.token,
         token.info.id
     )
+}
+
+/// Write `text` to a new file `path`, mode 0600: never over an existing file or through a
+/// symlink (the token must not land where someone else chose).
+fn write_new_secret(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "--client-config {}: cannot create it (it must not exist yet)",
+                path.display()
+            )
+        })?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn scope_text(scope: &TokenScope) -> String {

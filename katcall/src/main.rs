@@ -137,9 +137,9 @@ enum Command {
         /// What an API token is for (listed by `katcall get tokens`).
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
-        /// Also write a katcall client config holding the new API token (0600): this
-        /// config's cluster and CA, and `--endpoint` if given (e.g. the node's address, for
-        /// a container: the ingress recipe's updater).
+        /// Also write a katcall client config holding the new API token to FILE, which must
+        /// not exist yet (made 0600): this config's cluster and CA, and `--endpoint` if given
+        /// (e.g. the node's address, for a container: the ingress recipe's updater).
         #[arg(long, value_name = "FILE")]
         client_config: Option<PathBuf>,
         /// The API endpoint written with --client-config (default: this config's).

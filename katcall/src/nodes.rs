@@ -59,6 +59,44 @@ pub async fn describe(client: &Client, name: &str, format: Format) -> Result<()>
     Ok(())
 }
 
+/// One GPU: `amd Radeon 8192MB (amd.com/gpu=0)`.
+fn gpu_text(g: &kat_api::wire::GpuInfo) -> String {
+    let driver = format!("{:?}", g.driver).to_lowercase();
+    let model = if g.model.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", g.model)
+    };
+    let vram = if g.vram_mb > 0 {
+        format!(" {}MB", g.vram_mb)
+    } else {
+        String::new()
+    };
+    format!("{driver}{model}{vram} ({})", g.device)
+}
+
+/// A node's GPUs in one cell: `2×amd 8192MB,nvidia` or `-`.
+pub fn gpus_text(gpus: &[kat_api::wire::GpuInfo]) -> String {
+    if gpus.is_empty() {
+        return "-".into();
+    }
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for g in gpus {
+        let driver = format!("{:?}", g.driver).to_lowercase();
+        let key = if g.vram_mb > 0 {
+            format!("{driver} {}MB", g.vram_mb)
+        } else {
+            driver
+        };
+        *counts.entry(key).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(k, n)| if n == 1 { k } else { format!("{n}×{k}") })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// `sha256:0123456789ab…` as `sha256:0123456789ab` (as `docker images` shortens ids).
 fn short_digest(digest: &str) -> String {
     let (algorithm, hex) = digest.split_once(':').unwrap_or(("", digest));
@@ -139,7 +177,7 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
         );
     }
     for g in &node.gpus {
-        line("GPU", format!("{:?} {} MB", g.driver, g.vram_mb));
+        line("GPU", gpu_text(g));
     }
     line(
         "Taints",

@@ -114,7 +114,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                 "HEARTBEAT",
             ];
             if wide {
-                header.extend(["ADDRESSES", "SUBNET", "TAINTS", "LABELS"]);
+                header.extend(["ADDRESSES", "SUBNET", "GPUS", "TAINTS", "LABELS"]);
             }
             let rows: Vec<Vec<String>> = list
                 .iter()
@@ -143,6 +143,7 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                     if wide {
                         row.push(n.addresses.join(","));
                         row.push(n.subnet.clone().unwrap_or_else(|| "-".into()));
+                        row.push(crate::nodes::gpus_text(&n.gpus));
                         row.push(
                             n.taints
                                 .iter()

@@ -176,6 +176,7 @@ mod tests {
             created_at: "2026-01-01T00:00:00Z".parse().unwrap(),
             ip: None,
             host_ports: vec![],
+            gpus: vec![],
         }
     }
 

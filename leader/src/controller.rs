@@ -282,6 +282,9 @@ impl<'a> Round<'a> {
             Some(ip)
         });
         self.nodes[node].free_ips = self.nodes[node].free_ips.saturating_sub(1);
+        // The resource filter has checked there are enough.
+        let gpus = scheduler::free_gpus(&self.nodes[node], &self.loads[node], &w.request())
+            .unwrap_or_default();
         let record = InstanceRecord {
             instance_id: id,
             namespace: w.key.namespace.clone(),
@@ -295,6 +298,7 @@ impl<'a> Round<'a> {
             created_at: self.wall,
             ip,
             host_ports: w.host_ports.clone(),
+            gpus,
         };
         self.loads[node].add(&record);
         record
@@ -407,6 +411,7 @@ impl<'a> Round<'a> {
                     warnings: vec![],
                     container_id: None,
                     image_digest: None,
+                    gpus: vec![],
                     usage: None,
                 },
             })
@@ -808,6 +813,21 @@ fn build_round<'a>(
     for r in view.instances.values() {
         if let Some(&i) = node_index.get(r.node.as_str()) {
             loads[i].add(r);
+        }
+    }
+    // GPUs of instances still stopping (their records gone) are not free yet.
+    for (id, (node, s)) in &reported {
+        let stopped = matches!(
+            s.state,
+            InstanceState::Stopped
+                | InstanceState::Succeeded
+                | InstanceState::Failed
+                | InstanceState::OOMKilled
+        );
+        if !stopped && !s.gpus.is_empty() && !view.instances.contains_key(*id) {
+            if let Some(&i) = node_index.get(*node) {
+                loads[i].gpus.extend(s.gpus.iter().cloned());
+            }
         }
     }
     Round {

@@ -147,6 +147,12 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
             // Resources: the old instance's share is still counted, as it still runs.
             if let Some(why) = scheduler::resource_exclusion(&round.nodes[i], &round.loads[i], &req)
             {
+                // GPUs are not shared: the old instance holding them goes first.
+                if why == scheduler::Exclusion::GpuInUse {
+                    for r in old.iter().filter(|r| !r.gpus.is_empty()) {
+                        round.delete_instance(r);
+                    }
+                }
                 *unschedulable.excluded.entry(why).or_default() += 1;
                 continue;
             }

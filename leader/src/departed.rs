@@ -88,17 +88,20 @@ impl Sweep {
                 self.after.as_secs()
             );
             tracing::warn!(node = %name, "removing a departed node{why}");
-            node_admin::remove(
+            let done = node_admin::remove(
                 &*self.store,
                 &self.events,
                 &self.clock,
                 self.etcd.as_ref(),
                 &name,
                 &why,
+                Some(revision),
             )
             .await?;
             silence.seen.remove(&name);
-            removed.push(name);
+            if done {
+                removed.push(name);
+            }
         }
         Ok(removed)
     }

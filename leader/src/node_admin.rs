@@ -252,6 +252,8 @@ pub async fn set_labels(
 /// certificate is revoked (the API refuses it; etcd refuses new connections with it once the
 /// nodes have rewritten their revocation list, within seconds), and its registration,
 /// status and overlay key go, so its instances are placed elsewhere. `why` ends the event.
+/// With `silent_since` (the sweep), only if the node's status key is still at that revision;
+/// `false` when it was not (the node spoke meanwhile) and nothing was removed.
 pub async fn remove(
     store: &dyn StateStore,
     events: &EventLog,
@@ -259,9 +261,29 @@ pub async fn remove(
     etcd: Option<&EtcdStore>,
     name: &str,
     why: &str,
-) -> Result<(), NodeAdminError> {
+    silent_since: Option<i64>,
+) -> Result<bool, NodeAdminError> {
     if store.get(&keys::node_registration(name)).await?.is_none() {
         return Err(NodeAdminError::NotFound(name.into()));
+    }
+    // The sweep removes a node only while it stays silent: its status key unchanged since
+    // the revision the sweep saw (0: none).
+    let status_key = keys::node_status(name);
+    let unchanged = silent_since.map(|rev| {
+        if rev == 0 {
+            Compare::absent(&status_key)
+        } else {
+            Compare::mod_revision_is(&status_key, rev)
+        }
+    });
+    if let Some(rev) = silent_since {
+        let now = store
+            .get(&status_key)
+            .await?
+            .map_or(0, |kv| kv.mod_revision);
+        if now != rev {
+            return Ok(false);
+        }
     }
     if let Some(etcd) = etcd {
         etcd.remove_member(name).await?;
@@ -275,13 +297,15 @@ pub async fn remove(
         serial,
         revoked_at: clock.timestamp(),
     };
-    let txn = Txn::new().and_then([
+    let txn = Txn::new().when(unchanged).and_then([
         TxnOp::put_json(keys::revoked_node(name), &revoked)?,
         TxnOp::delete(keys::node_registration(name)),
         TxnOp::delete(keys::node_status(name)),
         TxnOp::delete(keys::wireguard_key(name)),
     ]);
-    store.txn(txn).await?;
+    if !store.txn(txn).await?.succeeded {
+        return Ok(false);
+    }
     let ops = events.ops(&event(
         clock.timestamp(),
         EventType::Normal,
@@ -290,5 +314,5 @@ pub async fn remove(
         format!("node {name} was removed{why}: its etcd member left the quorum and its certificate is revoked"),
     ));
     let _ = store.txn(Txn::new().and_then(ops)).await;
-    Ok(())
+    Ok(true)
 }

@@ -17,7 +17,7 @@ use std::fmt;
 use kat_api::load_balancer::HostPort;
 use kat_api::wire::NODE_NAME_LABEL;
 use kat_api::wire::{GpuInfo, InstanceRecord, ResourceList, Taint};
-use kat_api::workload::{GpuDriver, GpuRequest, TaintEffect, Toleration, TolerationOperator};
+use kat_api::workload::{GpuRequest, TaintEffect, Toleration, TolerationOperator};
 use kat_api::WorkloadKey;
 use rand::Rng;
 
@@ -43,6 +43,8 @@ pub struct NodeLoad {
     pub per_workload: HashMap<WorkloadKey, u32>,
     /// Ports published on the node, with the workloads and template hashes publishing them.
     pub host_ports: HashMap<HostPort, Vec<(WorkloadKey, String)>>,
+    /// The node's GPUs given to instances (CDI names).
+    pub gpus: std::collections::HashSet<String>,
 }
 
 impl NodeLoad {
@@ -51,6 +53,7 @@ impl NodeLoad {
         self.requested.cpu_millis += r.cpu_millis;
         self.requested.memory_bytes += r.memory_bytes;
         *self.per_workload.entry(record.workload_key()).or_default() += 1;
+        self.gpus.extend(record.gpus.iter().cloned());
         for p in &record.host_ports {
             self.host_ports
                 .entry(*p)
@@ -59,8 +62,8 @@ impl NodeLoad {
         }
     }
 
-    /// Take a deleted instance off. Its host ports stay taken for the rest of the round: its
-    /// container still holds them while it stops.
+    /// Take a deleted instance off. Its host ports and GPUs stay taken for the rest of the
+    /// round: its container still holds them while it stops.
     pub fn remove(&mut self, record: &InstanceRecord) {
         let (workload, r) = (&record.workload_key(), &record.requests);
         self.requested.cpu_millis = self.requested.cpu_millis.saturating_sub(r.cpu_millis);
@@ -97,6 +100,7 @@ pub enum Exclusion {
     NodeSelector,
     Taint(String),
     Gpu,
+    GpuInUse,
     InsufficientCpu,
     InsufficientMemory,
     NoFreeIp,
@@ -109,7 +113,8 @@ impl fmt::Display for Exclusion {
             Exclusion::NotReady => f.write_str("not ready or draining"),
             Exclusion::NodeSelector => f.write_str("node selector mismatch"),
             Exclusion::Taint(key) => write!(f, "untolerated taint {key}"),
-            Exclusion::Gpu => f.write_str("no matching GPU"),
+            Exclusion::Gpu => f.write_str("not enough matching GPUs"),
+            Exclusion::GpuInUse => f.write_str("matching GPUs in use"),
             Exclusion::InsufficientCpu => f.write_str("insufficient cpu"),
             Exclusion::InsufficientMemory => f.write_str("insufficient memory"),
             Exclusion::NoFreeIp => f.write_str("no free address in the node's subnet"),
@@ -133,6 +138,7 @@ impl Exclusion {
             Exclusion::NodeSelector => "node_selector",
             Exclusion::Taint(_) => "taint",
             Exclusion::Gpu => "gpu",
+            Exclusion::GpuInUse => "gpu_in_use",
             Exclusion::InsufficientCpu => "insufficient_cpu",
             Exclusion::InsufficientMemory => "insufficient_memory",
             Exclusion::NoFreeIp => "no_free_ip",
@@ -185,19 +191,33 @@ pub fn static_exclusion(node: &SchedNode, req: &Request<'_>) -> Option<Exclusion
         return Some(Exclusion::Taint(t.key.clone()));
     }
     if let Some(gpu) = req.gpu {
-        let min_vram = gpu.min_vram_mb.unwrap_or(0);
-        let ok = node.gpus.iter().any(|g| {
-            let driver_ok = match gpu.driver {
-                None | Some(GpuDriver::Any) => true,
-                Some(d) => g.driver == d,
-            };
-            driver_ok && g.vram_mb >= min_vram
-        });
-        if !ok {
+        // Only GPUs with a CDI name can be given (an older agent reports none).
+        let matching = node
+            .gpus
+            .iter()
+            .filter(|g| gpu.matches(g) && !g.device.is_empty())
+            .count();
+        if matching < gpu.count() as usize {
             return Some(Exclusion::Gpu);
         }
     }
     None
+}
+
+/// The node's matching GPUs no instance has, as many as `req` asks for; `None` if there are
+/// not enough (an instance without a GPU request gets an empty list).
+pub fn free_gpus(node: &SchedNode, load: &NodeLoad, req: &Request<'_>) -> Option<Vec<String>> {
+    let Some(gpu) = req.gpu else {
+        return Some(Vec::new());
+    };
+    let free: Vec<String> = node
+        .gpus
+        .iter()
+        .filter(|g| gpu.matches(g) && !g.device.is_empty() && !load.gpus.contains(&g.device))
+        .map(|g| g.device.clone())
+        .take(gpu.count() as usize)
+        .collect();
+    (free.len() == gpu.count() as usize).then_some(free)
 }
 
 /// The resource filter: requests against allocatable minus what is already requested.
@@ -222,6 +242,8 @@ pub fn resource_exclusion(
         Some(Exclusion::NoFreeIp)
     } else if req.host_ports.iter().any(|p| port_taken(load, req, p)) {
         Some(Exclusion::HostPortInUse)
+    } else if free_gpus(node, load, req).is_none() {
+        Some(Exclusion::GpuInUse)
     } else {
         None
     }

@@ -19,6 +19,10 @@
 //! - unhealthy old instances go first; they hold no availability; then those on a node that
 //!   has a healthy new instance.
 //!
+//! GPUs are not shared: with no matching GPU free for a new instance, an old instance holding
+//! some is retired first, one at a time (an update without a spare GPU costs one instance's
+//! capacity while it runs).
+//!
 //! A version that never becomes healthy leaves the old ones serving and, after
 //! `rollout_progress_deadline` without progress, the rollout is marked stalled.
 //!
@@ -31,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::controller::{Memory, Round, WorkloadCtx};
 use crate::replacement;
+use crate::scheduler::Exclusion;
 
 /// Progress of one rollout, kept in leader memory.
 #[derive(Debug, Clone)]
@@ -132,6 +137,32 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
             retired.push(*r);
         } else if is_healthy && healthy_total > replicas {
             healthy_total -= 1;
+            retired.push(*r);
+        }
+    }
+    // GPUs are not shared: when no matching one is free for a new instance and none of this
+    // workload's is already stopping, an old instance holding some goes first (one at a
+    // time), or an update on nodes without a spare GPU would wait forever.
+    let gpus_in_use = unschedulable
+        .as_ref()
+        .is_some_and(|u| u.excluded.contains_key(&Exclusion::GpuInUse));
+    if gpus_in_use && created.len() < want && terminating == 0 && retired.is_empty() {
+        let req = w.request();
+        // Only on a node where the old instances' GPUs, once all free, let a new instance in
+        // (a new version asking for another kind of GPU makes no room by stopping these).
+        let helps = |r: &InstanceRecord| {
+            let Some(&i) = round.node_index.get(r.node.as_str()) else {
+                return false;
+            };
+            let mut load = round.loads[i].clone();
+            for o in old.iter().filter(|o| o.node == r.node) {
+                for g in &o.gpus {
+                    load.gpus.remove(g);
+                }
+            }
+            crate::scheduler::free_gpus(&round.nodes[i], &load, &req).is_some()
+        };
+        if let Some(r) = old.iter().find(|r| !r.gpus.is_empty() && helps(r)) {
             retired.push(*r);
         }
     }

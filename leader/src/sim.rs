@@ -200,6 +200,7 @@ impl SimNode {
                     warnings: vec![],
                     container_id: None,
                     image_digest: None,
+                    gpus: vec![],
                     usage: None,
                 })
                 .collect(),

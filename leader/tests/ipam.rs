@@ -280,6 +280,7 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
             warnings: vec![],
             container_id: None,
             image_digest: None,
+            gpus: vec![],
             usage: None,
         })
         .collect();

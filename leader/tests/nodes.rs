@@ -432,8 +432,9 @@ async fn departed_nodes_are_removed_after_the_setting() {
         }
     }
     assert_eq!(removed, vec!["node-2".to_string()]);
+    let store = c.store.clone();
     let registered = |name: &str| {
-        let store = c.store.clone();
+        let store = store.clone();
         let key = kat_api::keys::node_registration(name);
         async move { store.get(&key).await.unwrap().is_some() }
     };
@@ -452,11 +453,37 @@ async fn departed_nodes_are_removed_after_the_setting() {
             && e.message.contains("nodeRemoveAfterSeconds")),
         "{list:?}"
     );
-    // A fresh sweep (a new leader) does not remove a node the moment it looks.
-    let mut fresh = kat_leader::departed::Silence::default();
+    // A fresh sweep (a new leader) does not remove a node silent for longer than the
+    // setting the moment it looks: it counts from its own first look.
     c.node("node-3").partitioned = true;
-    c.tick().await.unwrap();
+    for _ in 0..150 {
+        c.tick().await.unwrap();
+    }
+    let mut fresh = kat_leader::departed::Silence::default();
     assert!(sweep.once(&mut fresh).await.unwrap().is_empty());
+    for _ in 0..119 {
+        c.tick().await.unwrap();
+        assert!(sweep.once(&mut fresh).await.unwrap().is_empty());
+    }
+    for _ in 0..5 {
+        c.tick().await.unwrap();
+        removed.extend(sweep.once(&mut fresh).await.unwrap());
+    }
+    assert_eq!(removed, vec!["node-2".to_string(), "node-3".to_string()]);
+    // A node that spoke since the sweep looked (its status at another revision) stays.
+    let spoke = node_admin::remove(
+        &*c.store,
+        c.leader.events(),
+        &c.clock,
+        None,
+        "node-1",
+        "",
+        Some(1),
+    )
+    .await
+    .unwrap();
+    assert!(!spoke);
+    assert!(registered("node-1").await);
 }
 
 /// The cluster role has its own label, set by the agent at every start; `kat.dws.rip/role`

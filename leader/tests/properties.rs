@@ -74,6 +74,8 @@ fn arb_node(i: usize) -> impl Strategy<Value = (SchedNode, NodeLoad)> {
                             vec![GpuInfo {
                                 driver: GpuDriver::Nvidia,
                                 vram_mb: v,
+                                model: String::new(),
+                                device: "nvidia.com/gpu=0".into(),
                             }]
                         })
                         .unwrap_or_default(),
@@ -86,6 +88,7 @@ fn arb_node(i: usize) -> impl Strategy<Value = (SchedNode, NodeLoad)> {
                     },
                     per_workload: Default::default(),
                     host_ports: Default::default(),
+                    gpus: Default::default(),
                 };
                 (node, load)
             },
@@ -109,7 +112,7 @@ proptest! {
     ) {
         let (nodes, loads): (Vec<SchedNode>, Vec<NodeLoad>) = nodes.into_iter().unzip();
         let tolerations: Vec<Toleration> = tolerate.iter().map(|k| Toleration { key: k.to_string(), operator: TolerationOperator::Exists, value: None, effect: None }).collect();
-        let gpu_req = gpu.map(|v| GpuRequest { driver: Some(GpuDriver::Nvidia), min_vram_mb: Some(v) });
+        let gpu_req = gpu.map(|v| GpuRequest { driver: Some(GpuDriver::Nvidia), min_vram_mb: Some(v), count: None });
         let workload = kat_api::WorkloadKey::new("ns", "w");
         let req = Request { workload: &workload, requests: ResourceList { cpu_millis: cpu, memory_bytes: mem_gi * GI, pids: 0 }, node_selector: &selector, tolerations: &tolerations, gpu: gpu_req.as_ref(), host_ports: &[], template_hash: "" };
         let passes = |i: usize| scheduler::static_exclusion(&nodes[i], &req).is_none() && scheduler::resource_exclusion(&nodes[i], &loads[i], &req).is_none();

@@ -532,3 +532,57 @@ async fn health_transitions_are_events_once_each() {
     assert_eq!(count(&list, "InstanceHealthy"), 1, "{list:?}");
     assert_eq!(count(&list, "InstanceUnhealthy"), 1, "{list:?}");
 }
+
+/// GPUs are allocated, not just matched: each instance gets its own matching devices (CDI
+/// names in its record), one that needs more than are free stays Pending with the reason,
+/// and a device is given again once its instance is gone.
+#[tokio::test(start_paused = true)]
+async fn gpus_are_allocated_per_instance() {
+    use kat_api::wire::GpuInfo;
+    use kat_api::workload::GpuDriver;
+    let gpu = |n: u32, driver: GpuDriver, vram_mb: u32| GpuInfo {
+        driver,
+        vram_mb,
+        model: "Test".into(),
+        device: format!("kat.test/gpu={n}"),
+    };
+    let mut node = kat_leader::sim::SimNode::new("node-1", 8000, 16 * GI);
+    node.gpus = vec![
+        gpu(0, GpuDriver::Amd, 8192),
+        gpu(1, GpuDriver::Amd, 8192),
+        gpu(2, GpuDriver::Nvidia, 24576),
+    ];
+    let mut c = cluster_with(vec![node]).await;
+    let gpu_spec = |replicas: u32, extra: &str| {
+        service("ml", replicas, "ml:1", "").replace(
+            "      limits: {cpu: '1', memory: 512Mi}\n",
+            &format!(
+                "      limits: {{cpu: '1', memory: 512Mi}}\n      gpu: {{driver: amd{extra}}}\n"
+            ),
+        )
+    };
+    c.apply(&[("workload.kat", &gpu_spec(3, ""))]).await;
+    c.run_until(10, |_| false).await.unwrap();
+    let live = c.live_of("ml");
+    assert_eq!(live.len(), 2, "two AMD GPUs: two instances");
+    let mut given: Vec<&String> = live.iter().flat_map(|r| r.gpus.iter()).collect();
+    given.sort();
+    assert_eq!(given, vec!["kat.test/gpu=0", "kat.test/gpu=1"]);
+    let s = status(&c, "ml").await;
+    let message = s.message.unwrap_or_default();
+    assert!(message.contains("matching GPUs in use"), "{message}");
+    // Two per instance: one instance, then none left for a second.
+    c.apply(&[("workload.kat", &gpu_spec(2, ", count: 2"))])
+        .await;
+    c.run_until(20, |_| false).await.unwrap();
+    let live = c.live_of("ml");
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(live[0].gpus.len(), 2);
+    assert_eq!(live[0].generation, 2);
+    // More than the node has at all: not enough matching GPUs.
+    c.apply(&[("workload.kat", &gpu_spec(1, ", count: 3"))])
+        .await;
+    c.run_until(10, |_| false).await.unwrap();
+    let message = status(&c, "ml").await.message.unwrap_or_default();
+    assert!(message.contains("not enough matching GPUs"), "{message}");
+}

@@ -13,6 +13,8 @@
 //! - the container's log directory at `/.kat/log` (kat-init opens it there: no host fd);
 //! - generated `/etc/hosts`, `/etc/hostname` and `/etc/resolv.conf`;
 //! - volumes as bind mounts (`subPath`, `readOnly`);
+//! - device nodes given to it (a GPU's CDI `deviceNodes`) bound in, allowed in its device
+//!   cgroup, and the CDI `mounts` (files or directories) bound in as they are;
 //! - the rootfs as an overlay made inside the user namespace, or a private copy;
 //! - a `cgroupsPath` always, with the limits the node can enforce.
 
@@ -22,9 +24,9 @@ use std::path::{Path, PathBuf};
 use std::collections::HashSet;
 
 use oci_spec::runtime::{
-    Capability, Linux, LinuxCapabilities, LinuxCpu, LinuxIdMapping, LinuxIdMappingBuilder,
-    LinuxMemory, LinuxNamespace, LinuxNamespaceType, LinuxPids, LinuxResources, Mount, Process,
-    Root, Spec, User,
+    Capability, Linux, LinuxCapabilities, LinuxCpu, LinuxDeviceCgroup, LinuxDeviceType,
+    LinuxIdMapping, LinuxIdMappingBuilder, LinuxMemory, LinuxNamespace, LinuxNamespaceType,
+    LinuxPids, LinuxResources, Mount, Process, Root, Spec, User,
 };
 use oci_spec::OciSpecError;
 
@@ -173,6 +175,47 @@ fn mount(destination: &str, typ: &str, source: impl Into<PathBuf>, options: &[&s
     m
 }
 
+/// A host device node bound in: `nosuid`, `noexec`, but not `nodev`.
+fn device_mount(d: &crate::types::DeviceNode) -> Mount {
+    mount(
+        &d.container_path,
+        "bind",
+        &d.host_path,
+        &["bind", "nosuid", "noexec"],
+    )
+}
+
+/// Allow rules for `devices` (their type and numbers read from the host's nodes); `None`
+/// without devices, as before there were any.
+fn device_rules(devices: &[crate::types::DeviceNode]) -> Option<Vec<LinuxDeviceCgroup>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if devices.is_empty() {
+        return None;
+    }
+    let rules = devices
+        .iter()
+        .filter_map(|d| {
+            let meta = std::fs::symlink_metadata(&d.host_path).ok()?;
+            let typ = if meta.file_type().is_char_device() {
+                LinuxDeviceType::C
+            } else if meta.file_type().is_block_device() {
+                LinuxDeviceType::B
+            } else {
+                return None;
+            };
+            let rdev = meta.rdev();
+            let mut rule = LinuxDeviceCgroup::default();
+            rule.set_allow(true);
+            rule.set_typ(Some(typ));
+            rule.set_major(Some(nix::sys::stat::major(rdev) as i64));
+            rule.set_minor(Some(nix::sys::stat::minor(rdev) as i64));
+            rule.set_access(Some("rwm".into()));
+            Some(rule)
+        })
+        .collect();
+    Some(rules)
+}
+
 fn bind(source: &Path, destination: &str, read_only: bool) -> Mount {
     let mut options = vec!["rbind", "nosuid", "nodev"];
     if read_only {
@@ -308,10 +351,18 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
     for (volume, source) in o.volumes.iter().zip(&input.volume_sources) {
         mounts.push(bind(source, &volume.destination, volume.read_only));
     }
+    // Device nodes cannot be made in a user namespace: the host's are bound in (without
+    // `nodev`), and allowed in the device cgroup where the node manages one.
+    mounts.extend(o.devices.iter().map(device_mount));
+    mounts.extend(
+        o.host_binds
+            .iter()
+            .map(|b| bind(&b.host_path, &b.container_path, b.read_only)),
+    );
 
     let r = &input.options.resources;
     let mut resources = LinuxResources::default();
-    resources.set_devices(None);
+    resources.set_devices(device_rules(&o.devices));
     if input.memory_limit && r.memory_limit_bytes > 0 {
         // No swap beyond the limit: exceeding it means the OOM killer, as users expect.
         let limit = i64::try_from(r.memory_limit_bytes).unwrap_or(i64::MAX);

@@ -38,6 +38,31 @@ pub struct CreateOptions {
     /// namespace of its own with only `lo`.
     #[serde(default)]
     pub address: Option<std::net::Ipv4Addr>,
+    /// Host device nodes given to the container (a GPU's, from its CDI specification): bound
+    /// in at their container paths and allowed in its device cgroup.
+    #[serde(default)]
+    pub devices: Vec<DeviceNode>,
+    /// Host files and directories bound in as they are (a GPU's CDI `mounts`: libraries,
+    /// tools, sockets; root's configuration, so not confined like volumes).
+    #[serde(default)]
+    pub host_binds: Vec<HostBind>,
+}
+
+/// A host path bound in at a container path.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostBind {
+    pub host_path: PathBuf,
+    pub container_path: String,
+    pub read_only: bool,
+}
+
+/// A host device node and where the container sees it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    pub host_path: PathBuf,
+    pub container_path: String,
 }
 
 /// Resource limits. Zero means unlimited / not set.

@@ -274,10 +274,15 @@ s_limits() {
   log "memory.max inside the container = $inside"
   [ "$inside" = 67108864 ] || ok=1
   K exec "spinner/$spin" -- sh -c 'echo 1 > /sys/fs/cgroup/memory.max' 2>/dev/null && { log "cgroup writable inside"; ok=1; }
-  oom() { [ "$(state_of "$hog")" = OOMKilled ]; }
-  until_ok 180 oom || { log "hog is not OOMKilled:"; K get instances; ok=1; }
-  log "hog: $(state_of "$hog")"
-  sudo sh -c "cat $STATE/node/runtime/containers/$hog-*/logs/exit.json"
+  # Under restartPolicy Never the OOM-killed instance ends OOMKilled, is kept with its end
+  # (get instances --all) and replaced by a new one (event InstanceReplaced).
+  oom() { K get instances --all -o json | python3 -c '
+import json,sys
+sys.exit(0 if any(i.get("instanceID")==sys.argv[1] and i.get("state")=="OOMKilled" for i in json.load(sys.stdin)) else 1)' "$hog"; }
+  until_ok 180 oom || { log "hog is not OOMKilled:"; K get instances --all; ok=1; }
+  K events --for-name hog | grep "InstanceReplaced" | grep -q "$hog.*OOM-killed" \
+    || { log "no InstanceReplaced event naming the OOM kill"; K events --for-name hog; ok=1; }
+  log "hog: OOMKilled, replaced"
   until_ok 180 bash -c "sudo test -n \"\$(ls -d $(slice)/kat-$bomb-*.scope 2>/dev/null)\"" || { ok=1; }
   local bscope; bscope=$(scope_of "$bomb")
   until_ok 120 bash -c "sudo grep -q 'max [1-9]' $bscope/pids.events" || { log "no fork refused"; ok=1; }

@@ -190,6 +190,7 @@ impl LocalCluster {
                 kept: None,
                 overlay: None,
                 last_heartbeat: Arc::new(tokio::sync::watch::channel(None).0),
+                gpus: vec![],
             },
             detachment: Some(Detachment {
                 parent_cluster: state.parent_cluster.clone(),

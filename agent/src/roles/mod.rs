@@ -67,6 +67,8 @@ pub(crate) struct NodeWork {
     pub overlay: Option<Arc<ContainerNetwork>>,
     /// The heartbeat last sent (a worker's `/metrics`).
     pub last_heartbeat: Arc<watch::Sender<Option<kat_api::wire::NodeHeartbeat>>>,
+    /// The node's GPUs, as heartbeats report them.
+    pub gpus: Vec<kat_api::wire::GpuInfo>,
 }
 
 /// Where the node network task learns how to reach the control plane (its subnet, the
@@ -91,6 +93,7 @@ impl NodeWork {
             detached: detachment,
             overlay: self.overlay.clone(),
             last: self.last_heartbeat.clone(),
+            gpus: self.gpus.clone(),
         })
     }
 }
@@ -168,6 +171,9 @@ impl NodeBase {
         ));
         let tick = Duration::from_secs(cluster.spec.agent_tick_seconds.max(1) as u64);
         let builds = Builds::new(layout.build_logs());
+        // GPUs are read once, at start: the CDI specifications and what the kernel says of
+        // each device (a GPU added later needs an agent restart).
+        let gpus = crate::gpus::Gpus::discover();
         tasks.spawn(
             Supervisor::new(
                 SupervisorConfig {
@@ -179,6 +185,7 @@ impl NodeBase {
                     network: settings_rx,
                     published: published_tx,
                     builds: builds.clone(),
+                    gpus: gpus.clone(),
                 },
                 runtime.clone(),
                 status_tx,
@@ -203,6 +210,7 @@ impl NodeBase {
                 kept: Some(kept),
                 overlay: Some(network),
                 last_heartbeat: Arc::new(watch::channel(None).0),
+                gpus: gpus.found,
             },
             layout,
             identity,

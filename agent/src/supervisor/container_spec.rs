@@ -110,7 +110,31 @@ pub fn create_options(
         dns_search: vec![],
         log: LogConfig::default(),
         address: None,
+        devices: vec![],
+        host_binds: vec![],
     }
+}
+
+/// Put the GPUs' CDI edits in the container: their device nodes, their mounts (read-only
+/// when the spec says `ro`), their environment (over the workload's own).
+pub fn apply_gpu_edits(options: &mut CreateOptions, edits: crate::gpus::cdi::Edits) {
+    options.env.extend(edits.env);
+    options.devices.extend(
+        edits
+            .devices
+            .into_iter()
+            .map(|(host_path, container_path)| kat_runtime::DeviceNode {
+                host_path,
+                container_path,
+            }),
+    );
+    options.host_binds.extend(edits.mounts.into_iter().map(
+        |(host_path, container_path, read_only)| kat_runtime::HostBind {
+            host_path,
+            container_path,
+            read_only,
+        },
+    ));
 }
 
 /// A container on the node network: its address, the node's DNS, the search path that

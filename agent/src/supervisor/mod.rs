@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use assignments::{Assignment, Snapshot, Source};
 pub use container_spec::LABEL_INSTANCE;
 use container_spec::{
-    connect_options, container_id, create_options, published_ports, LABEL_ATTEMPT,
+    apply_gpu_edits, connect_options, container_id, create_options, published_ports, LABEL_ATTEMPT,
 };
 
 use crate::network::{NetworkSettings, PublishedPort};
@@ -75,6 +75,8 @@ pub struct SupervisorConfig {
     pub published: watch::Sender<Vec<PublishedPort>>,
     /// Builds of `source.git` images (shared with heartbeats and `logs --build`).
     pub builds: builds::Builds,
+    /// The node's GPUs and their CDI specifications.
+    pub gpus: crate::gpus::Gpus,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +87,9 @@ enum Phase {
     Finished,
 }
 
+/// How long past the stop grace a stop for health may take before it is sent again.
+const UNHEALTHY_STOP_SLACK: Duration = Duration::from_secs(5);
+
 struct Tracked {
     assignment: Assignment,
     template: Result<Arc<Template>, String>,
@@ -92,9 +97,9 @@ struct Tracked {
     phase: Phase,
     restart: RestartTracker,
     health: Option<HealthTracker>,
-    /// The running container is being stopped for failing its health check
+    /// The running container is being stopped (since then) for failing its health check
     /// (`healthCheck.onFailure: restart`): its exit is a restart, whatever the policy.
-    unhealthy_stop: bool,
+    unhealthy_stop: Option<Instant>,
     started: Option<Instant>,
     status: InstanceStatus,
 }
@@ -134,6 +139,7 @@ impl Tracked {
             warnings: vec![],
             container_id: None,
             image_digest: None,
+            gpus: record.gpus.clone(),
             usage: None,
         };
         Tracked {
@@ -143,7 +149,7 @@ impl Tracked {
             phase: Phase::Start(Instant::now()),
             restart,
             health: None,
-            unhealthy_stop: false,
+            unhealthy_stop: None,
             started: None,
             status,
         }
@@ -354,6 +360,7 @@ impl Supervisor {
                         warnings: vec![],
                         container_id: None,
                         image_digest: None,
+                        gpus: vec![],
                         usage: None,
                     };
                     self.stop_later(
@@ -502,6 +509,19 @@ impl Supervisor {
         .map_err(StartError::NotReady)?;
         let mut options = create_options(record, template, image, t.attempt, &paths);
         options.resources.pids_limit = self.config.pids_limit;
+        if !record.gpus.is_empty() {
+            // The CDI edits of the GPUs the scheduler gave it; device nodes are checked on
+            // the file system: off the async threads.
+            let (gpus, names) = (self.config.gpus.clone(), record.gpus.clone());
+            let edits = tokio::task::spawn_blocking(move || gpus.edits(&names))
+                .await
+                .map_err(|e| StartError::Failed(format!("reading the GPUs' CDI edits: {e}")))?
+                .map_err(|e| StartError::Failed(format!("GPUs {:?}: {e}", record.gpus)))?;
+            if edits.hooks_skipped > 0 {
+                tracing::warn!(instance = %record.instance_id, hooks = edits.hooks_skipped, "the GPUs' CDI specifications have hooks; KAT runs none");
+            }
+            apply_gpu_edits(&mut options, edits);
+        }
         if let Some(ip) = record.ip {
             let settings = self.config.network.borrow().clone().ok_or_else(|| {
                 StartError::NotReady("waiting for the node network to come up".into())
@@ -593,6 +613,20 @@ impl Supervisor {
         };
         let exit = match observed {
             Ok(s) if matches!(s.state, ContainerState::Running | ContainerState::Created) => {
+                // A stop for its health that did not end it (the runtime failed): again.
+                let retry = t.unhealthy_stop.is_some_and(|at| {
+                    now.saturating_duration_since(at)
+                        > self.config.stop_grace + UNHEALTHY_STOP_SLACK
+                });
+                let t = if retry {
+                    self.stop_unhealthy(id);
+                    let Some(t) = self.tracked.get_mut(id) else {
+                        return;
+                    };
+                    t
+                } else {
+                    t
+                };
                 t.status.state = InstanceState::Running;
                 t.status.warnings = s.warnings;
                 t.status.container_id = Some(s.id);
@@ -636,7 +670,7 @@ impl Supervisor {
         tracing::info!(instance = %id, %reason, "container ended");
         t.status.finished_at = Some(Timestamp::now());
         t.health = None;
-        if std::mem::take(&mut t.unhealthy_stop) {
+        if t.unhealthy_stop.take().is_some() {
             let decision = t.restart.on_unhealthy(exit.ran_for);
             let why = "stopped for failing its health check (healthCheck.onFailure: restart)";
             Self::apply(t, decision, now, why.to_string());
@@ -710,18 +744,30 @@ impl Supervisor {
         let restart = t
             .health_check()
             .is_some_and(|c| c.on_failure == HealthFailureAction::Restart);
-        if new == Health::Unhealthy && restart && t.phase == Phase::Running && !t.unhealthy_stop {
-            // Stopped beside the loop; `follow` sees the exit and restarts it.
-            t.unhealthy_stop = true;
-            let (runtime, grace, container) =
-                (self.runtime.clone(), self.config.stop_grace, t.container());
-            tracing::warn!(instance = %id, %container, "unhealthy: stopping it to restart (healthCheck.onFailure: restart)");
-            tokio::spawn(async move {
-                if let Err(e) = runtime.stop(&container, grace).await {
-                    tracing::warn!(%container, error = %e, "cannot stop an unhealthy container");
-                }
-            });
+        if new == Health::Unhealthy
+            && restart
+            && t.phase == Phase::Running
+            && t.unhealthy_stop.is_none()
+        {
+            tracing::warn!(instance = %id, "unhealthy: stopping it to restart (healthCheck.onFailure: restart)");
+            self.stop_unhealthy(id);
         }
+    }
+
+    /// Stop `id`'s container beside the loop for its restart; `follow` sees the exit (and
+    /// tries again if the container still runs after the grace period).
+    fn stop_unhealthy(&mut self, id: &str) {
+        let Some(t) = self.tracked.get_mut(id) else {
+            return;
+        };
+        t.unhealthy_stop = Some(Instant::now());
+        let (runtime, grace, container) =
+            (self.runtime.clone(), self.config.stop_grace, t.container());
+        tokio::spawn(async move {
+            if let Err(e) = runtime.stop(&container, grace).await {
+                tracing::warn!(%container, error = %e, "cannot stop an unhealthy container; trying again");
+            }
+        });
     }
 
     fn next_wake(&self) -> Instant {

@@ -53,6 +53,7 @@ fn assignment(
             created_at: "2026-11-23T00:00:00Z".parse().unwrap(),
             ip: None,
             host_ports: vec![],
+            gpus: vec![],
         },
         template: Ok(Arc::new(template)),
     }
@@ -89,6 +90,7 @@ fn start(runtime: Arc<FakeRuntime>, snapshot: &[Assignment]) -> Node {
         .1,
         published: published_tx,
         builds: super::builds::Builds::new(std::env::temp_dir().join("kat-fake-build-logs")),
+        gpus: Default::default(),
     };
     let (status_tx, statuses) = watch::channel(None);
     let (feed, feed_rx) = watch::channel(Some((Source::Store, snap(snapshot))));

@@ -89,6 +89,21 @@ fn ingress_routes_by_host_and_path_through_updates() {
         ])
         .expect("a read-only token");
     let written = kat_api::client_config::ClientConfig::load(&file).unwrap();
+    // Never over an existing file.
+    let again = h.katcall(
+        1,
+        &[
+            "create",
+            "token",
+            "--read-only",
+            "--client-config",
+            &file.display().to_string(),
+        ],
+    );
+    assert!(
+        !again.status.success(),
+        "an existing --client-config file is not overwritten"
+    );
     assert_eq!(
         (written.token.as_str(), written.endpoint.as_str()),
         (made.token.as_str(), endpoint.as_str())

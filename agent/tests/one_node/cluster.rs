@@ -1,7 +1,7 @@
 //! The one-node cluster the steps share: `kat-agent init` on a temporary data directory,
 //! katcall against it, and the host's view of its workload processes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -57,6 +57,45 @@ pub(crate) fn agent_user() -> Option<String> {
         .filter(|u| !u.is_empty())
 }
 
+/// A node with one GPU that is not there: a CDI specification of `kat.test/gpu` whose device
+/// `0` is a character device made here (1:3, what /dev/null is) with an environment variable,
+/// and the sysfs of an AMD card with 8 GiB behind it. The agent reads it as its GPU root
+/// (`KAT_GPU_ROOT`).
+pub(crate) fn fake_gpu_root(root: &Path) {
+    let write = |path: &str, text: &str| {
+        let p = root.join(path);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, text).expect("write");
+    };
+    write(
+        "etc/cdi/kat-test.yaml",
+        "cdiVersion: \"0.6.0\"\nkind: kat.test/gpu\ncontainerEdits:\n  env: [KAT_TEST_GPU_VENDOR=kat]\ndevices:\n  - name: \"0\"\n    containerEdits:\n      env: [KAT_TEST_GPU=0]\n      deviceNodes: [{path: /dev/dri/renderD128}]\n",
+    );
+    write("sys/class/drm/renderD128/device/vendor", "0x1002\n");
+    write(
+        "sys/class/drm/renderD128/device/mem_info_vram_total",
+        "8589934592\n",
+    );
+    write(
+        "sys/class/drm/renderD128/device/product_name",
+        "Kat Test GPU\n",
+    );
+    let node = root.join("dev/dri/renderD128");
+    std::fs::create_dir_all(node.parent().expect("parent")).expect("mkdir");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .expect("mknod (the test runs as root)");
+    let status = Command::new("chmod")
+        .args(["-R", "a+rX", &root.display().to_string()])
+        .status()
+        .expect("chmod");
+    assert!(status.success());
+}
+
 impl Cluster {
     pub(crate) fn start() -> Cluster {
         let var = |name: &str| {
@@ -106,6 +145,7 @@ spec:
             dir.path().join("backups").display()
         );
         std::fs::write(dir.path().join("cluster.kat"), cluster).expect("write cluster.kat");
+        fake_gpu_root(&dir.path().join("gpu-root"));
         let mut c = Cluster {
             dir,
             api_port,
@@ -153,6 +193,7 @@ spec:
             .args(["--api-bind", "127.0.0.1"])
             .args(["--dns-upstream", &self.upstream.to_string()])
             .env("KAT_INIT", &self.init)
+            .env("KAT_GPU_ROOT", self.path("gpu-root"))
             .stdout(Stdio::from(log.try_clone().expect("log")))
             .stderr(Stdio::from(log));
         if let Ok(parent) = std::env::var("KAT_TEST_CGROUP_PARENT") {

@@ -78,6 +78,10 @@ const STEPS: &[(&str, Step)] = &[
         an_unhealthy_instance_restarts_when_asked,
     ),
     (
+        "a_gpu_workload_gets_its_device",
+        a_gpu_workload_gets_its_device,
+    ),
+    (
         "an_updated_spec_replaces_the_instances",
         an_updated_spec_replaces_the_instances,
     ),

@@ -206,3 +206,32 @@ spec:
         ),
     ]
 }
+
+/// A Service that asks for `count` AMD GPUs.
+pub(crate) fn gpu_workload(name: &str, image: &str, count: u32) -> Vec<(&'static str, String)> {
+    vec![(
+        "workload.kat",
+        format!(
+            "apiVersion: kat.dws.rip/v1alpha1
+kind: Workload
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  type: Service
+  source:
+    image: {image}
+  replicas: 1
+  restartPolicy:
+    condition: Always
+  container:
+    command: [\"/bin/sh\", \"-c\", \"exec sleep 3600\"]
+    resources:
+      gpu:
+        driver: amd
+        minVRAM_MB: 4096
+        count: {count}
+"
+        ),
+    )]
+}

@@ -524,3 +524,45 @@ pub(crate) fn an_exec_ends_with_its_client(c: &Cluster, instance: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// GPUs through CDI on a fake vendor (no GPU is on these machines): the node reports the
+/// GPU its specification and sysfs describe, an instance asking for one gets its device node
+/// and the specification's environment, and one asking for more than the node has stays
+/// Pending with the reason.
+pub(crate) fn a_gpu_workload_gets_its_device(r: &mut Run) {
+    let Run { c, image, .. } = r;
+    let wide = c.must(&["get", "nodes", "-o", "wide"]);
+    assert!(wide.contains("amd 8192MB"), "{wide}");
+    let described = c.must(&["describe", "node", "e2e-node"]);
+    assert!(
+        described.contains("amd Kat Test GPU 8192MB (kat.test/gpu=0)"),
+        "{described}"
+    );
+    c.apply("gpu", &gpu_workload("gpu", image, 1));
+    c.wait("the GPU instance to run", Duration::from_secs(60), |c| {
+        c.instances("gpu")
+            .iter()
+            .any(|i| i.state == InstanceState::Running)
+    });
+    let out = c.must(&[
+        "exec",
+        "gpu",
+        "--",
+        "sh",
+        "-c",
+        "test -c /dev/dri/renderD128 && head -c 0 /dev/dri/renderD128 && echo $KAT_TEST_GPU_VENDOR $KAT_TEST_GPU",
+    ]);
+    assert_eq!(out.trim(), "kat 0");
+    c.apply("gpu2", &gpu_workload("gpu2", image, 2));
+    c.wait(
+        "the two-GPU instance pending",
+        Duration::from_secs(30),
+        |c| {
+            c.workload("gpu2")
+                .and_then(|w| w.status.message)
+                .is_some_and(|m| m.contains("not enough matching GPUs"))
+        },
+    );
+    c.must(&["delete", "workload", "gpu2"]);
+    c.must(&["delete", "workload", "gpu"]);
+}

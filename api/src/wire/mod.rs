@@ -190,6 +190,7 @@ mod tests {
             warnings: vec![],
             container_id: None,
             image_digest: None,
+            gpus: vec![],
             usage: None,
         };
         let json = serde_json::to_value(&s).unwrap();

@@ -51,6 +51,13 @@ pub struct GpuInfo {
     pub driver: crate::workload::GpuDriver,
     #[serde(rename = "vramMB")]
     pub vram_mb: u32,
+    /// The product name, as the driver says it (empty if it says none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model: String,
+    /// Its Container Device Interface name (`vendor.com/class=name`): what an instance is
+    /// given, and how the node finds what to put in the container.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

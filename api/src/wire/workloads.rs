@@ -89,6 +89,10 @@ pub struct InstanceStatus {
     /// The config digest (`sha256:…`) of the image the container runs: which build of a tag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_digest: Option<String>,
+    /// The GPUs (CDI names) its container has: still held while it stops, after its record
+    /// is gone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -247,6 +251,10 @@ pub struct InstanceRecord {
     /// Ports it publishes on its node (`hostPort`): accounted like `requests`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<crate::load_balancer::HostPort>,
+    /// The node's GPUs it is given (CDI names, from the node's heartbeat), chosen by the
+    /// scheduler: no other instance has them while it exists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 impl InstanceRecord {

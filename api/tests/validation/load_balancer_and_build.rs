@@ -96,6 +96,14 @@ fn ingress_refers_to_declared_port() {
         &lb_with("spec.ingress.0.path", Some("api")),
         "spec.ingress[0].path: \"api\" must start with '/'",
     );
+    assert_finding(
+        &lb_with("spec.ingress.0.path", Some("'/api {\n}'")),
+        "has ' ': a path holds only letters, digits and -._~/%",
+    );
+    assert_finding(
+        &lb_with("spec.ingress.0.path", Some("/a/../b")),
+        "has a '..' segment",
+    );
 }
 
 #[test]

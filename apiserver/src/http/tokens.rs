@@ -57,12 +57,20 @@ const ADMIN_ONLY: [&str; 4] = [
 ];
 
 /// Whether a token of `scope` may send `method path`; if not, why (the 403's message).
-/// Read-only: GET and HEAD only, and no exec (a command in a container is no read).
+/// Read-only: GET and HEAD only, and no exec (a command in a container is no read). No
+/// scoped token reaches a node's own routes (`/nodes/{name}/…`).
 /// Namespace: that namespace's workloads and instances, and the namespace itself.
 pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(), String> {
     let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
     if ADMIN_ONLY.iter().any(|p| under(p)) {
         return Err(format!("{path} takes the admin token, not a scoped one"));
+    }
+    // A node's own routes (assignments, templates, DNS records, heartbeats...) are for its
+    // certificate: opening a node's assignment stream ends the one it has.
+    if let Some(rest) = path.strip_prefix("/v1alpha1/nodes/") {
+        if rest.contains('/') {
+            return Err(format!("{path} is a node's own route, not for a token"));
+        }
     }
     if scope.read_only {
         if !matches!(*method, Method::GET | Method::HEAD) {
@@ -101,6 +109,7 @@ mod tests {
         for path in [
             "/v1alpha1/n/default/workloads",
             "/v1alpha1/nodes",
+            "/v1alpha1/nodes/n1",
             "/v1alpha1/events",
             "/metrics",
             "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
@@ -119,6 +128,9 @@ mod tests {
             (Method::GET, "/v1alpha1/join-tokens"),
             (Method::GET, "/v1alpha1/backups"),
             (Method::DELETE, "/v1alpha1/tokens/abc"),
+            (Method::GET, "/v1alpha1/nodes/n1/assignments"),
+            (Method::GET, "/v1alpha1/nodes/n1/templates/default/web/abc"),
+            (Method::GET, "/v1alpha1/nodes/n1/dns"),
         ] {
             assert!(scope_allows(&s, &method, path).is_err(), "{method} {path}");
         }

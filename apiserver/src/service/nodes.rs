@@ -182,8 +182,10 @@ impl Service {
             admission.etcd.as_ref(),
             name,
             "",
+            None,
         )
         .await
+        .map(drop)
         .map_err(|e| match e {
             node_admin::NodeAdminError::NotFound(_) => {
                 Error::not_found(format!("node {name} not found (see `katcall get nodes`)"))

@@ -19,6 +19,7 @@ fn instance(id: &str, state: InstanceState, usage: Option<Usage>) -> InstanceSta
         warnings: vec![],
         container_id: None,
         image_digest: None,
+        gpus: vec![],
         usage,
     }
 }

@@ -179,3 +179,35 @@ fn config_json_matches_the_golden_files() {
         );
     }
 }
+
+/// A device node is bound in without `nodev` and allowed in the device cgroup by its own
+/// type and numbers (read from the host's node); a path that is no device gets no rule.
+#[test]
+fn devices_are_bound_in_and_allowed_by_number() {
+    let null = crate::types::DeviceNode {
+        host_path: "/dev/null".into(),
+        container_path: "/dev/dri/renderD128".into(),
+    };
+    let m = device_mount(&null);
+    assert_eq!(m.destination(), Path::new("/dev/dri/renderD128"));
+    let options = m.options().clone().unwrap_or_default();
+    assert!(!options.iter().any(|o| o == "nodev"), "{options:?}");
+    assert!(options.iter().any(|o| o == "nosuid"), "{options:?}");
+    let rules = device_rules(&[
+        null,
+        crate::types::DeviceNode {
+            host_path: "/etc/hostname".into(),
+            container_path: "/dev/x".into(),
+        },
+    ])
+    .unwrap();
+    assert_eq!(rules.len(), 1);
+    let r = &rules[0];
+    assert!(r.allow());
+    assert_eq!((r.major(), r.minor()), (Some(1), Some(3)));
+    assert_eq!(r.access().as_deref(), Some("rwm"));
+    assert!(
+        device_rules(&[]).is_none(),
+        "no devices: no device rules, as before"
+    );
+}

@@ -1,0 +1,272 @@
+//! Container Device Interface specifications (CNCF CDI, `SPEC.md`): what a device needs in a
+//! container (device nodes, mounts, environment), read from `/etc/cdi` and `/var/run/cdi`.
+//!
+//! Parsed here with serde rather than with the `container-device-interface` crate: that
+//! crate brings a JSON-schema validator, a CLI, regex and a second major version of
+//! `oci-spec`; KAT needs only the edits of named devices, and unknown fields are ignored as
+//! the specification asks of consumers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// One specification file: a kind (`vendor.com/class`) and its devices.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub devices: Vec<Device>,
+    /// Edits every device of this spec needs.
+    #[serde(default)]
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub name: String,
+    #[serde(default)]
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    /// `NAME=VALUE`.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub device_nodes: Vec<DeviceNode>,
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    /// Programs the runtime would run around the container's life: KAT runs none (they
+    /// expect root on the host); they are counted so the node can say so.
+    #[serde(default)]
+    pub hooks: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    /// Where it appears in the container.
+    pub path: String,
+    /// Where it is on the host; `path` if absent.
+    #[serde(default)]
+    pub host_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+/// Every spec under `dirs` (`*.json`, `*.yaml`, `*.yml`), later directories first in
+/// priority as the specification orders them (`/var/run/cdi` over `/etc/cdi`): a device
+/// named twice is the later directory's. Files that do not parse are reported, not fatal.
+pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
+    let mut by_kind: BTreeMap<String, Spec> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for file in files {
+            let ext = file.extension().and_then(|e| e.to_str()).unwrap_or("");
+            if !matches!(ext, "json" | "yaml" | "yml") {
+                continue;
+            }
+            match parse(&file) {
+                Ok(spec) => {
+                    let entry = by_kind.entry(spec.kind.clone()).or_insert_with(|| Spec {
+                        devices: vec![],
+                        ..spec.clone()
+                    });
+                    for d in spec.devices {
+                        entry.devices.retain(|x| x.name != d.name);
+                        entry.devices.push(d);
+                    }
+                    if spec.container_edits != ContainerEdits::default() {
+                        entry.container_edits = spec.container_edits;
+                    }
+                }
+                Err(e) => problems.push(format!("{}: {e}", file.display())),
+            }
+        }
+    }
+    (by_kind.into_values().collect(), problems)
+}
+
+fn parse(file: &Path) -> Result<Spec, String> {
+    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    let spec: Spec = if file.extension().is_some_and(|e| e == "json") {
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())?
+    } else {
+        yaml_serde::from_slice(&bytes).map_err(|e| e.to_string())?
+    };
+    let (vendor, class) = spec
+        .kind
+        .split_once('/')
+        .ok_or_else(|| format!("kind {:?} is not vendor.com/class", spec.kind))?;
+    if vendor.is_empty() || class.is_empty() || !vendor.contains('.') {
+        return Err(format!("kind {:?} is not vendor.com/class", spec.kind));
+    }
+    Ok(spec)
+}
+
+/// `kind=name`, as CDI names a device.
+pub fn qualified(kind: &str, name: &str) -> String {
+    format!("{kind}={name}")
+}
+
+/// What the named devices put in a container: host device nodes, host mounts,
+/// environment, and how many hooks were left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Edits {
+    /// (host path, container path).
+    pub devices: Vec<(PathBuf, String)>,
+    /// (host path, container path, read-only).
+    pub mounts: Vec<(PathBuf, String, bool)>,
+    pub env: BTreeMap<String, String>,
+    pub hooks_skipped: usize,
+}
+
+/// The edits of `names` (qualified), host paths taken under `root` (`/` but in tests).
+pub fn edits(specs: &[Spec], names: &[String], root: &Path) -> Result<Edits, String> {
+    let mut out = Edits::default();
+    let mut kinds_done: Vec<&str> = Vec::new();
+    for name in names {
+        let (kind, device) = name
+            .split_once('=')
+            .ok_or_else(|| format!("{name:?} is not a CDI device name (vendor.com/class=name)"))?;
+        let spec = specs
+            .iter()
+            .find(|s| s.kind == kind)
+            .ok_or_else(|| format!("no CDI specification for {kind} on this node"))?;
+        let d = spec
+            .devices
+            .iter()
+            .find(|d| d.name == device)
+            .ok_or_else(|| format!("the CDI specification of {kind} has no device {device:?}"))?;
+        if !kinds_done.contains(&kind) {
+            kinds_done.push(kind);
+            add(&mut out, &spec.container_edits, root)?;
+        }
+        add(&mut out, &d.container_edits, root)?;
+    }
+    Ok(out)
+}
+
+fn add(out: &mut Edits, e: &ContainerEdits, root: &Path) -> Result<(), String> {
+    for kv in &e.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("env {kv:?} is not NAME=VALUE"))?;
+        out.env.insert(k.to_string(), v.to_string());
+    }
+    for n in &e.device_nodes {
+        let host = under(root, n.host_path.as_deref().unwrap_or(&n.path))?;
+        if !out.devices.iter().any(|(h, _)| *h == host) {
+            out.devices.push((host, absolute(&n.path)?));
+        }
+    }
+    for m in &e.mounts {
+        let ro = m.options.iter().any(|o| o == "ro");
+        out.mounts
+            .push((under(root, &m.host_path)?, absolute(&m.container_path)?, ro));
+    }
+    out.hooks_skipped += e.hooks.len();
+    Ok(())
+}
+
+/// `path` (absolute, no `..`) under `root`.
+pub fn under(root: &Path, path: &str) -> Result<PathBuf, String> {
+    let p = absolute(path)?;
+    Ok(root.join(p.trim_start_matches('/')))
+}
+
+fn absolute(path: &str) -> Result<String, String> {
+    if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+        return Err(format!("{path:?} is not an absolute path without '..'"));
+    }
+    Ok(path.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = "cdiVersion: \"0.6.0\"\nkind: kat.test/gpu\ncontainerEdits:\n  env: [KAT_TEST_VENDOR=kat]\ndevices:\n  - name: \"0\"\n    containerEdits:\n      env: [KAT_TEST_GPU=0]\n      deviceNodes: [{path: /dev/dri/renderD128}]\n      mounts: [{hostPath: /usr/lib/kat-test, containerPath: /usr/lib/kat-test, options: [ro, bind]}]\n      hooks: [{hookName: createContainer, path: /usr/bin/true}]\n  - name: \"1\"\n    containerEdits:\n      deviceNodes: [{path: /dev/dri/renderD129, hostPath: /dev/dri/renderD129}]\n";
+
+    #[test]
+    fn a_device_brings_its_own_and_its_kind_edits_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kat.yaml"), SPEC).unwrap();
+        std::fs::write(dir.path().join("broken.json"), "{").unwrap();
+        std::fs::write(dir.path().join("README"), "not a spec").unwrap();
+        let (specs, problems) = load(&[dir.path().to_path_buf()]);
+        assert_eq!(specs.len(), 1);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("broken.json"), "{problems:?}");
+        let root = Path::new("/fake");
+        let e = edits(
+            &specs,
+            &["kat.test/gpu=0".into(), "kat.test/gpu=1".into()],
+            root,
+        )
+        .unwrap();
+        assert_eq!(e.env["KAT_TEST_VENDOR"], "kat");
+        assert_eq!(e.env["KAT_TEST_GPU"], "0");
+        assert_eq!(
+            e.devices,
+            vec![
+                (
+                    PathBuf::from("/fake/dev/dri/renderD128"),
+                    "/dev/dri/renderD128".into()
+                ),
+                (
+                    PathBuf::from("/fake/dev/dri/renderD129"),
+                    "/dev/dri/renderD129".into()
+                ),
+            ]
+        );
+        assert_eq!(
+            e.mounts,
+            vec![(
+                PathBuf::from("/fake/usr/lib/kat-test"),
+                "/usr/lib/kat-test".into(),
+                true
+            )]
+        );
+        assert_eq!(e.hooks_skipped, 1);
+    }
+
+    #[test]
+    fn unknown_devices_and_bad_paths_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kat.yaml"), SPEC).unwrap();
+        let bad = SPEC.replace(
+            "/dev/dri/renderD129, hostPath",
+            "../../etc/shadow, hostPath",
+        );
+        std::fs::write(dir.path().join("later.yaml"), bad).unwrap();
+        let (specs, _) = load(&[dir.path().to_path_buf()]);
+        let root = Path::new("/");
+        let e = edits(&specs, &["kat.test/gpu=7".into()], root).unwrap_err();
+        assert!(e.contains("no device \"7\""), "{e}");
+        let e = edits(&specs, &["other.com/gpu=0".into()], root).unwrap_err();
+        assert!(e.contains("no CDI specification for other.com/gpu"), "{e}");
+        let e = edits(&specs, &["kat.test/gpu=1".into()], root).unwrap_err();
+        assert!(e.contains("not an absolute path"), "{e}");
+        let e = edits(&specs, &["gpu0".into()], root).unwrap_err();
+        assert!(e.contains("not a CDI device name"), "{e}");
+    }
+}

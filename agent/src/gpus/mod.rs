@@ -1,0 +1,89 @@
+//! The node's GPUs: found through their CDI specifications ([`cdi`]), described from the
+//! kernel ([`describe`]: NVIDIA's `/proc/driver/nvidia`, the DRM sysfs of AMD and others),
+//! reported in heartbeats, and given to the instances the scheduler assigned them to.
+//!
+//! Everything is read under a root directory: `/`, or `KAT_GPU_ROOT` (tests: a fake
+//! `/sys`, `/proc`, `/dev` and `/etc/cdi`; no GPU is on the machines this project is tested
+//! on).
+
+pub mod cdi;
+pub mod describe;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kat_api::wire::GpuInfo;
+
+/// The environment variable that moves the root GPUs are read under (tests only).
+pub const ROOT_ENV: &str = "KAT_GPU_ROOT";
+
+/// What the node knows of its GPUs, read once at start.
+#[derive(Debug, Clone, Default)]
+pub struct Gpus {
+    pub root: PathBuf,
+    pub specs: Arc<Vec<cdi::Spec>>,
+    pub found: Vec<GpuInfo>,
+}
+
+impl Gpus {
+    /// Read the CDI specifications and describe each GPU device in them (blocking: files).
+    pub fn discover() -> Gpus {
+        let root = std::env::var_os(ROOT_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        Gpus::discover_under(&root)
+    }
+
+    pub fn discover_under(root: &Path) -> Gpus {
+        let dirs = [root.join("etc/cdi"), root.join("var/run/cdi")];
+        let (specs, problems) = cdi::load(&dirs);
+        for p in &problems {
+            tracing::warn!("CDI specification ignored: {p}");
+        }
+        let mut found = Vec::new();
+        for spec in &specs {
+            for device in &spec.devices {
+                let name = cdi::qualified(&spec.kind, &device.name);
+                match describe::gpu(root, &spec.kind, device) {
+                    Some(mut gpu) => {
+                        gpu.device = name;
+                        found.push(gpu);
+                    }
+                    None => {
+                        tracing::info!(device = %name, "a CDI device that is not a GPU KAT knows (NVIDIA or AMD); not offered")
+                    }
+                }
+            }
+        }
+        for orphan in describe::without_spec(root, &found) {
+            tracing::warn!("{orphan}: no CDI specification names it, so no container can have it (generate one: nvidia-ctk cdi generate, or amd-ctk cdi generate)");
+        }
+        if !found.is_empty() {
+            tracing::info!(gpus = found.len(), "GPUs found through CDI");
+        }
+        Gpus {
+            root: root.to_path_buf(),
+            specs: Arc::new(specs),
+            found,
+        }
+    }
+
+    /// What `names` (the instance's GPUs) put in its container; every device node must be a
+    /// device (not a symlink, not a file).
+    pub fn edits(&self, names: &[String]) -> Result<cdi::Edits, String> {
+        let edits = cdi::edits(&self.specs, names, &self.root)?;
+        for (host, _) in &edits.devices {
+            let meta =
+                std::fs::symlink_metadata(host).map_err(|e| format!("{}: {e}", host.display()))?;
+            use std::os::unix::fs::FileTypeExt;
+            let t = meta.file_type();
+            if !(t.is_char_device() || t.is_block_device()) {
+                return Err(format!(
+                    "{} is not a device node (a CDI deviceNode must name one)",
+                    host.display()
+                ));
+            }
+        }
+        Ok(edits)
+    }
+}
