@@ -28,6 +28,20 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// `N` distinct TCP ports free on loopback now: all bound at once, so two calls of
+/// [`free_port`] in a row cannot hand out the same port twice.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port on loopback"))
+        .collect();
+    std::array::from_fn(|i| {
+        listeners[i]
+            .local_addr()
+            .map(|a| a.port())
+            .expect("a bound port")
+    })
+}
+
 /// A TCP port free on loopback now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

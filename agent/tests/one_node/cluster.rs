@@ -6,7 +6,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use kat_api::wire::{InstanceStatus, NodeState, WorkloadObject};
-use kat_testkit::{bin, free_port, Katcall};
+use kat_testkit::{bin, free_ports, Katcall};
 
 pub(crate) struct Cluster {
     pub(crate) dir: tempfile::TempDir,
@@ -119,8 +119,8 @@ impl Cluster {
                 .expect("chown");
             assert!(status.success(), "chown of the test directory to {user}");
         }
-        let api_port = free_port();
-        let etcd_port = free_port();
+        // Three at once: ports asked for one by one can come back equal.
+        let [api_port, etcd_port, peer_port] = free_ports();
         let cluster = format!(
             "apiVersion: kat.dws.rip/v1alpha1
 kind: ClusterConfiguration
@@ -140,7 +140,7 @@ spec:
   backupRetention: 2
 ",
             etcd_port,
-            free_port(),
+            peer_port,
             dir.path().join("volumes").display(),
             dir.path().join("backups").display()
         );
