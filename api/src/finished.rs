@@ -64,6 +64,7 @@ impl FinishedInstance {
             container_id: None,
             image_digest: None,
             gpus: vec![],
+            unhealthy_transitions: 0,
             usage: None,
         }
     }

@@ -144,7 +144,7 @@ pub struct Memory {
     /// kept again after the retention dropped them.
     pub archived: HashSet<InstanceId>,
     /// Each instance's last reported health ([`crate::health_events`]).
-    pub health: HashMap<InstanceId, kat_api::wire::Health>,
+    pub health: HashMap<InstanceId, crate::health_events::Seen>,
     /// Replacements of ended instances in a row, per workload ([`crate::replacement`]).
     pub replacements: HashMap<WorkloadKey, crate::replacement::Streak>,
 }
@@ -412,6 +412,7 @@ impl<'a> Round<'a> {
                     container_id: None,
                     image_digest: None,
                     gpus: vec![],
+                    unhealthy_transitions: 0,
                     usage: None,
                 },
             })

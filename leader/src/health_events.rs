@@ -1,7 +1,8 @@
 //! Health transitions as events (RFC 001 §4.6, §9.3): `InstanceUnhealthy` when an instance
 //! turns Unhealthy, `InstanceHealthy` when one recovers from it. Transitions only, not every
 //! probe: the leader remembers each instance's last known health (`Unknown` while it
-//! restarts changes nothing, so Unhealthy → restart → Healthy is a recovery). An instance first seen
+//! restarts changes nothing, so Unhealthy → restart → Healthy is a recovery) and its node's
+//! count of turns to Unhealthy, so a turn over between two heartbeats is not missed. An instance first seen
 //! by this leader (a new instance, or every instance after a failover) sets the baseline
 //! without an event, so a new leader does not repeat its predecessor's.
 
@@ -12,7 +13,16 @@ use kat_api::wire::{EventType, Health, InstanceId};
 use crate::controller::Round;
 use crate::events;
 
-pub fn reconcile(round: &mut Round<'_>, last: &mut HashMap<InstanceId, Health>) {
+/// What the leader last knew of an instance's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The last health other than Unknown (Unknown if none yet).
+    known: Health,
+    /// Its node's count of turns to Unhealthy.
+    unhealthy_transitions: u32,
+}
+
+pub fn reconcile(round: &mut Round<'_>, last: &mut HashMap<InstanceId, Seen>) {
     let mut now = HashMap::with_capacity(last.len());
     let mut found = Vec::new();
     for (id, (node, status)) in &round.reported {
@@ -22,31 +32,50 @@ pub fn reconcile(round: &mut Round<'_>, last: &mut HashMap<InstanceId, Health>) 
         if record.node != *node {
             continue;
         }
-        let before = last.get(*id).copied();
-        match (before, status.health) {
-            (Some(b), Health::Unhealthy) if b != Health::Unhealthy => found.push((
-                EventType::Warning,
-                "InstanceUnhealthy",
-                record,
-                format!(
-                    "{id} on {node} is unhealthy: its health check failed failureThreshold times in a row"
-                ),
-            )),
-            (Some(Health::Unhealthy), Health::Healthy) => found.push((
-                EventType::Normal,
-                "InstanceHealthy",
-                record,
-                format!("{id} on {node} is healthy again"),
-            )),
-            _ => {}
+        let count = status.unhealthy_transitions;
+        if let Some(before) = last.get(*id) {
+            // The node counts every turn to Unhealthy: one that came and went between two
+            // heartbeats still shows (a restart for health is that quick).
+            let turned = count > before.unhealthy_transitions
+                || (status.health == Health::Unhealthy && before.known != Health::Unhealthy);
+            if turned {
+                let times = count.saturating_sub(before.unhealthy_transitions);
+                let again = if times > 1 {
+                    format!(" ({times} times since the last look)")
+                } else {
+                    String::new()
+                };
+                found.push((
+                    EventType::Warning,
+                    "InstanceUnhealthy",
+                    record,
+                    format!(
+                        "{id} on {node} turned unhealthy{again}: its health check failed failureThreshold times in a row"
+                    ),
+                ));
+            }
+            if status.health == Health::Healthy && (before.known == Health::Unhealthy || turned) {
+                found.push((
+                    EventType::Normal,
+                    "InstanceHealthy",
+                    record,
+                    format!("{id} on {node} is healthy again"),
+                ));
+            }
         }
         // `Unknown` (a container restarting) keeps the last known health: Unhealthy, then a
         // restart, then Healthy is a recovery.
-        let known = match (status.health, before) {
-            (Health::Unknown, Some(b)) => b,
+        let known = match (status.health, last.get(*id)) {
+            (Health::Unknown, Some(b)) => b.known,
             (h, _) => h,
         };
-        now.insert(record.instance_id.clone(), known);
+        now.insert(
+            record.instance_id.clone(),
+            Seen {
+                known,
+                unhealthy_transitions: count,
+            },
+        );
     }
     // In a stable order: `reported` is a hash map.
     found.sort_by(|a, b| a.2.instance_id.cmp(&b.2.instance_id));

@@ -57,6 +57,8 @@ struct SimInstance {
     exit_code: Option<i32>,
     /// Set when the record disappeared: the instance is stopping since then.
     stopping_since: Option<Instant>,
+    /// Turns to unhealthy, as a node counts them.
+    unhealthy_turns: u32,
 }
 
 pub struct SimNode {
@@ -97,6 +99,9 @@ impl SimNode {
     /// Make one of this node's instances healthy or not from now on.
     pub fn set_healthy(&mut self, instance_id: &str, healthy: bool) {
         if let Some(i) = self.instances.get_mut(instance_id) {
+            if i.behaviour.healthy && !healthy {
+                i.unhealthy_turns += 1;
+            }
             i.behaviour.healthy = healthy;
         }
     }
@@ -126,6 +131,7 @@ impl SimNode {
                     state: InstanceState::Creating,
                     exit_code: None,
                     stopping_since: None,
+                    unhealthy_turns: 0,
                 });
         }
         let assigned_ids: std::collections::HashSet<&str> =
@@ -201,6 +207,7 @@ impl SimNode {
                     container_id: None,
                     image_digest: None,
                     gpus: vec![],
+                    unhealthy_transitions: i.unhealthy_turns,
                     usage: None,
                 })
                 .collect(),

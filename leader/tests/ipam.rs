@@ -281,6 +281,7 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
             container_id: None,
             image_digest: None,
             gpus: vec![],
+            unhealthy_transitions: 0,
             usage: None,
         })
         .collect();

@@ -531,6 +531,14 @@ async fn health_transitions_are_events_once_each() {
     let list = events(&c).await;
     assert_eq!(count(&list, "InstanceHealthy"), 1, "{list:?}");
     assert_eq!(count(&list, "InstanceUnhealthy"), 1, "{list:?}");
+    // Unhealthy and healthy again between two heartbeats (a restart for health is that
+    // quick): the node's count of turns says so, and both events are recorded.
+    c.node("node-1").set_healthy(&id, false);
+    c.node("node-1").set_healthy(&id, true);
+    c.run_until(5, |_| false).await.unwrap();
+    let list = events(&c).await;
+    assert_eq!(count(&list, "InstanceUnhealthy"), 2, "{list:?}");
+    assert_eq!(count(&list, "InstanceHealthy"), 2, "{list:?}");
 }
 
 /// GPUs are allocated, not just matched: each instance gets its own matching devices (CDI

@@ -140,6 +140,7 @@ impl Tracked {
             container_id: None,
             image_digest: None,
             gpus: record.gpus.clone(),
+            unhealthy_transitions: 0,
             usage: None,
         };
         Tracked {
@@ -361,6 +362,7 @@ impl Supervisor {
                         container_id: None,
                         image_digest: None,
                         gpus: vec![],
+                        unhealthy_transitions: 0,
                         usage: None,
                     };
                     self.stop_later(
@@ -741,6 +743,9 @@ impl Supervisor {
         };
         tracing::info!(instance = %id, health = ?new, "health changed");
         t.status.health = new;
+        if new == Health::Unhealthy {
+            t.status.unhealthy_transitions += 1;
+        }
         let restart = t
             .health_check()
             .is_some_and(|c| c.on_failure == HealthFailureAction::Restart);

@@ -191,6 +191,7 @@ mod tests {
             container_id: None,
             image_digest: None,
             gpus: vec![],
+            unhealthy_transitions: 0,
             usage: None,
         };
         let json = serde_json::to_value(&s).unwrap();

@@ -93,6 +93,14 @@ pub struct InstanceStatus {
     /// is gone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
+    /// How many times it turned Unhealthy on its node: the leader sees every transition,
+    /// even one over between two heartbeats (`healthCheck.onFailure: restart`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unhealthy_transitions: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -20,6 +20,7 @@ fn instance(id: &str, state: InstanceState, usage: Option<Usage>) -> InstanceSta
         container_id: None,
         image_digest: None,
         gpus: vec![],
+        unhealthy_transitions: 0,
         usage,
     }
 }
