@@ -379,11 +379,14 @@ pub(crate) fn workload_pids(instance: Option<&str>) -> Vec<i32> {
 
 /// How many containers run for an instance: its kat-init processes.
 pub(crate) fn containers_of(instance: &str) -> usize {
+    // A container's kat-init has its log directory; an exec's (a health probe's, every
+    // second) has none and is no container.
     workload_pids(Some(instance))
         .into_iter()
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.starts_with(b"/.kat/init"))
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.starts_with(b"/.kat/init") && c.windows(10).any(|w| w == b"--log-dir\0")
+            })
         })
         .count()
 }
