@@ -13,28 +13,42 @@ use proptest_derive::Arbitrary;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BuildDefinition {
+    /// The Quadlet API version: `kat.dws.rip/v1alpha1`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "kat.dws.rip/v1alpha1")))]
     pub api_version: String,
+    /// The Quadlet kind: `BuildDefinition`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "BuildDefinition")))]
     pub kind: String,
+    /// How to build the image from the repository.
     #[serde(default)]
     pub spec: BuildSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BuildSpec {
+    /// The directory of the repository to build in, relative to its root (default `.`).
     #[serde(default = "dot")]
     pub build_context: String,
+    /// The Dockerfile, relative to the build context (default `Dockerfile`).
     #[serde(default = "dockerfile")]
     pub dockerfile_path: String,
+    /// `ARG` values for the build.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub build_args: BTreeMap<String, String>,
+    /// The stage of a multi-stage Dockerfile to build.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_stage: Option<String>,
+    /// The platform to build for (`linux/amd64`, `linux/arm64`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(example = "linux/arm64"))]
     pub platform: Option<String>,
+    /// Where built layers are cached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<BuildCache>,
     /// What the Dockerfile's `RUN` steps may reach: `egress` (the default: the outside
@@ -47,6 +61,7 @@ pub struct BuildSpec {
 /// `build.kat` `network`: the network of a build's `RUN` steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum BuildNetwork {
     /// Out through a `slirp4netns` of the build's own: the internet and the node's LAN,
@@ -86,8 +101,10 @@ fn dockerfile() -> String {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BuildCache {
+    /// A registry path for the build cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_path: Option<String>,
 }

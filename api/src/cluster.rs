@@ -13,60 +13,102 @@ use proptest_derive::Arbitrary;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterConfiguration {
+    /// The Quadlet API version: `kat.dws.rip/v1alpha1`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "kat.dws.rip/v1alpha1")))]
     pub api_version: String,
+    /// The Quadlet kind: `ClusterConfiguration`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "ClusterConfiguration")))]
     pub kind: String,
+    /// The cluster's name.
     pub metadata: ClusterMetadata,
+    /// Cluster-wide parameters, fixed at `kat-agent init`.
     pub spec: ClusterSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterMetadata {
+    /// The cluster's name: a DNS label.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(pattern(crate::schema::DNS_LABEL), length(max = 63))
+    )]
     pub name: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterSpec {
+    /// The network instances get addresses from (`10.100.0.0/16`); each node takes a subnet of it.
     #[serde(rename = "clusterCIDR")]
+    #[cfg_attr(feature = "schema", schemars(example = "10.100.0.0/16"))]
     pub cluster_cidr: String,
+    /// The network of service addresses (`10.200.0.0/16`), apart from `clusterCIDR`.
     #[serde(rename = "serviceCIDR")]
+    #[cfg_attr(feature = "schema", schemars(example = "10.200.0.0/16"))]
     pub service_cidr: String,
+    /// The prefix length added to `clusterCIDR` for each node's subnet (7: a /23 of a /16).
     #[serde(default = "defaults::node_subnet_bits")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub node_subnet_bits: u32,
+    /// The DNS domain of workloads (`web.default.kat.cluster.local`).
     #[serde(default = "defaults::cluster_domain")]
     pub cluster_domain: String,
+    /// The TCP port of each agent's own API.
     #[serde(default = "defaults::agent_port")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub agent_port: u32,
+    /// The TCP port of the cluster API on control-plane nodes.
     #[serde(default = "defaults::api_port")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub api_port: u32,
+    /// The TCP port etcd members talk to each other on.
     #[serde(default = "defaults::etcd_peer_port")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub etcd_peer_port: u32,
+    /// The TCP port of etcd's clients.
     #[serde(default = "defaults::etcd_client_port")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub etcd_client_port: u32,
     /// The UDP port of the WireGuard overlay on every node's addresses.
     #[serde(default = "defaults::wireguard_port")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub wireguard_port: u32,
     /// The UDP port a detached node's `REJOIN_REQUEST`s go to (multicast on its LAN), where
     /// the control plane listens.
     #[serde(default = "defaults::rejoin_port")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub rejoin_port: u32,
+    /// Where nodes keep `simpleClusterStorage` volumes.
     #[serde(default = "defaults::volume_base_path")]
+    #[cfg_attr(feature = "schema", schemars(pattern("^/")))]
     pub volume_base_path: String,
+    /// Where control-plane nodes write etcd snapshots.
     #[serde(default = "defaults::backup_path")]
+    #[cfg_attr(feature = "schema", schemars(pattern("^/")))]
     pub backup_path: String,
+    /// Minutes between snapshots.
     #[serde(default = "defaults::backup_interval_minutes")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub backup_interval_minutes: u32,
     /// How many snapshots each node keeps in `backupPath` (the oldest go first).
     #[serde(default = "defaults::backup_retention")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub backup_retention: u32,
+    /// Seconds between a node's heartbeats.
     #[serde(default = "defaults::agent_tick_seconds")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub agent_tick_seconds: u32,
+    /// Seconds without a heartbeat after which a node is NotReady and its instances are placed elsewhere.
     #[serde(default = "defaults::node_loss_timeout_seconds")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub node_loss_timeout_seconds: u32,
     /// A node without a heartbeat for this long is removed as `katcall delete node` would
     /// (RFC 001 §4.1.4); absent: never (the default).
@@ -79,6 +121,7 @@ pub struct ClusterSpec {
     /// a Job's runs, or the instances of a Service that ended under `restartPolicy: Never`
     /// (each its own run). 0 keeps none.
     #[serde(default = "defaults::finished_run_history")]
+    #[cfg_attr(feature = "schema", schemars(range(max = 100)))]
     pub finished_run_history: u32,
     /// How long a finished run is kept at most, in hours.
     #[serde(default = "defaults::finished_run_max_age_hours")]

@@ -14,26 +14,45 @@ pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobDefinition {
+    /// The Quadlet API version: `kat.dws.rip/v1alpha1`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "kat.dws.rip/v1alpha1")))]
     pub api_version: String,
+    /// The Quadlet kind: `JobDefinition`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "JobDefinition")))]
     pub kind: String,
+    /// When and how the Job runs.
     #[serde(default)]
     pub spec: JobSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobSpec {
+    /// A cron schedule (five fields, UTC: `"*/5 * * * *"`); absent, the Job runs once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(example = "*/5 * * * *", example = "0 3 * * *")
+    )]
     pub schedule: Option<String>,
+    /// Successful runs that complete the Job.
     #[serde(default = "completions")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub completions: u32,
+    /// Instances that may run at once.
     #[serde(default = "parallelism")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub parallelism: u32,
+    /// Seconds a run may take before it is stopped and counts as failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub active_deadline_seconds: Option<u32>,
+    /// Failed runs after which the Job is given up.
     #[serde(default = "backoff_limit")]
     pub backoff_limit: u32,
 }

@@ -26,6 +26,8 @@ pub mod pinning;
 pub mod quadlet;
 pub mod quantity;
 pub mod report;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod template;
 pub mod timestamp;
 pub mod typed_names;

@@ -17,36 +17,52 @@ pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VirtualLoadBalancer {
+    /// The Quadlet API version: `kat.dws.rip/v1alpha1`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "kat.dws.rip/v1alpha1")))]
     pub api_version: String,
+    /// The Quadlet kind: `VirtualLoadBalancer`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "VirtualLoadBalancer")))]
     pub kind: String,
+    /// Ports, health check and ingress rules of the workload.
     pub spec: LoadBalancerSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LoadBalancerSpec {
+    /// The ports the container listens on; the workload's DNS name reaches them.
     pub ports: Vec<Port>,
+    /// How the node decides an instance is healthy (rollouts and published ports wait for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,
+    /// Host names and paths an ingress (`examples/ingress`) routes to this workload.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingress: Vec<Ingress>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Port {
+    /// A name for the port (ingress rules may refer to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The port the container listens on.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub container_port: u32,
+    /// `TCP` (the default) or `UDP`.
     #[serde(default)]
     pub protocol: Protocol,
     /// Publish the port on this number on the node's addresses. Two instances that need
     /// the same host port (and protocol) never share a node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub host_port: Option<u32>,
 }
 
@@ -87,6 +103,7 @@ impl LoadBalancerSpec {
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Protocol {
     #[default]
     TCP,
@@ -95,17 +112,24 @@ pub enum Protocol {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthCheck {
+    /// A command run in the container: exit 0 is healthy.
     pub exec: ExecAction,
+    /// Seconds after the start before the first check.
     #[serde(default)]
     pub initial_delay_seconds: u32,
+    /// Seconds between checks.
     #[serde(default = "period")]
     pub period_seconds: u32,
+    /// Seconds a check may take before it counts as failed.
     #[serde(default = "timeout")]
     pub timeout_seconds: u32,
+    /// Successes in a row that make an instance healthy.
     #[serde(default = "success")]
     pub success_threshold: u32,
+    /// Failures in a row that make it unhealthy.
     #[serde(default = "failure")]
     pub failure_threshold: u32,
     /// What the node does when the instance turns `Unhealthy` (beyond RFC 001; podman's
@@ -117,6 +141,7 @@ pub struct HealthCheck {
 /// `healthCheck.onFailure`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum HealthFailureAction {
     /// Report it (status, event, rollouts, published ports); leave the container running.
@@ -148,22 +173,33 @@ fn failure() -> u32 {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExecAction {
+    /// The program and its arguments.
     pub command: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Ingress {
+    /// The host name requests are for (`web.example.com`).
+    #[cfg_attr(feature = "schema", schemars(extend("format" = "hostname"), example = "web.example.com"))]
     pub host: String,
+    /// The path prefix (default `/`).
     #[serde(default = "root_path")]
+    #[cfg_attr(feature = "schema", schemars(pattern("^/")))]
     pub path: String,
+    /// The port (by its name in `ports`) requests go to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_port_name: Option<String>,
+    /// The container port requests go to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65535)))]
     pub service_port: Option<u32>,
+    /// Serve it over HTTPS (the ingress gets a certificate).
     #[serde(default)]
     pub tls: bool,
 }

@@ -15,18 +15,31 @@ pub const SYSTEM_NAMESPACES: [&str; 2] = ["kat-core", "default"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Namespace {
+    /// The Quadlet API version: `kat.dws.rip/v1alpha1`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "kat.dws.rip/v1alpha1")))]
     pub api_version: String,
+    /// The Quadlet kind: `Namespace`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "Namespace")))]
     pub kind: String,
+    /// The namespace's name and labels.
     pub metadata: NamespaceMetadata,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NamespaceMetadata {
+    /// The namespace's name: a DNS label; it must be the workload's `metadata.namespace`.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(pattern(crate::schema::DNS_LABEL), length(max = 63))
+    )]
     pub name: String,
+    /// Labels kept with the namespace.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }

@@ -29,20 +29,39 @@ pub const MAX_REPLICAS: u32 = 10_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
+    /// The Quadlet API version: `kat.dws.rip/v1alpha1`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "kat.dws.rip/v1alpha1")))]
     pub api_version: String,
+    /// The Quadlet kind: `Workload`.
+    #[cfg_attr(feature = "schema", schemars(extend("const" = "Workload")))]
     pub kind: String,
+    /// The workload's name and namespace.
     pub metadata: WorkloadMetadata,
+    /// What runs, how many, where and how it is kept running.
     pub spec: WorkloadSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkloadMetadata {
+    /// The workload's name: a DNS label (lowercase letters, digits and `-`, at most 63).
+    #[cfg_attr(
+        feature = "schema",
+        schemars(pattern(crate::schema::DNS_LABEL), length(max = 63))
+    )]
+    #[cfg_attr(feature = "schema", schemars(example = &"web"))]
     pub name: String,
+    /// The namespace it lives in (default `default`); it must exist, or come with a `namespace.kat` beside this file.
     #[serde(default = "default_namespace")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(pattern(crate::schema::DNS_LABEL), length(max = 63))
+    )]
     pub namespace: String,
 }
 
@@ -52,21 +71,32 @@ fn default_namespace() -> String {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkloadSpec {
+    /// `Service`: `replicas` long-running instances; `DaemonService`: one on every matching node; `Job`: runs to completion (needs a `job.kat`).
     #[serde(rename = "type")]
     pub workload_type: WorkloadType,
+    /// Where the image comes from: exactly one of `image` and `git`.
     pub source: Source,
+    /// How many instances a `Service` runs (required for a Service, not allowed for a DaemonService).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(max = crate::workload::MAX_REPLICAS)))]
     pub replicas: Option<u32>,
+    /// How a new generation replaces running instances (default `Rolling` with `maxSurge: 1`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_strategy: Option<UpdateStrategy>,
+    /// When the node restarts an instance's process that exited.
     pub restart_policy: RestartPolicy,
+    /// Labels a node must carry to run this workload (`kat.dws.rip/nodeName: NAME` pins it to one node).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Taints of nodes this workload may run on anyway.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// The container: command, environment, mounts and resources.
     pub container: Container,
+    /// Volumes the container may mount (`container.volumeMounts` names them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
     /// Seconds an instance that is being replaced or removed keeps running after it has left
@@ -74,6 +104,7 @@ pub struct WorkloadSpec {
     /// clients that resolved its address a moment ago still reach it. Default
     /// [`DEFAULT_DRAIN_SECONDS`], at most [`MAX_DRAIN_SECONDS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(max = crate::workload::MAX_DRAIN_SECONDS)))]
     pub drain_seconds: Option<u32>,
 }
 
@@ -84,6 +115,7 @@ pub const MAX_DRAIN_SECONDS: u32 = 3600;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum WorkloadType {
     Service,
     Job,
@@ -92,41 +124,60 @@ pub enum WorkloadType {
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Source {
+    /// An image reference (`registry.local:5000/web:1.0`, `docker.io/library/caddy:2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(example = "registry.local:5000/web:1.0"))]
     pub image: Option<String>,
+    /// A git repository the node builds the image from (needs a `build.kat`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git: Option<GitSource>,
+    /// With `git`: a registry path the built image is pushed to and pulled from by other nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_image: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GitSource {
+    /// The repository URL (`https://…`, `git://…` or `ssh://…`).
+    #[cfg_attr(
+        feature = "schema",
+        schemars(example = "https://git.example.com/team/web.git")
+    )]
     pub repository: String,
+    /// The branch to build (resolved to a commit at apply and at `katcall redeploy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
+    /// The tag to build.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// The full commit id to build (40 hex digits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(pattern("^[0-9a-f]{40}$")))]
     pub commit: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdateStrategy {
+    /// `Rolling` (new instances first, old ones go as new ones become healthy) or `Simultaneous` (all stop, then all start: downtime by design).
     #[serde(rename = "type", default)]
     pub strategy_type: UpdateStrategyType,
+    /// Settings of a `Rolling` update.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolling: Option<RollingUpdate>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum UpdateStrategyType {
     #[default]
     Rolling,
@@ -135,15 +186,19 @@ pub enum UpdateStrategyType {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RollingUpdate {
+    /// How many instances beyond `replicas` may run during a rolling update: a number of at least 1 or a percentage (`"25%"`, rounded up). Default 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(example = 1, example = "25%"))]
     pub max_surge: Option<IntOrString>,
 }
 
 /// A YAML value that may be written as a number or a string (`maxSurge: 2` or `maxSurge: "25%"`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum IntOrString {
     Int(i64),
@@ -186,11 +241,15 @@ impl MaxSurge {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RestartPolicy {
+    /// `Always`: restart whatever the exit; `MaxCount`: restart after a failure at most `maxRestarts` times within `resetSeconds`; `Never`.
     pub condition: RestartCondition,
+    /// With `MaxCount`: restarts allowed within `resetSeconds` (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_restarts: Option<u32>,
+    /// With `MaxCount`: seconds of running after which the restart count starts again (default 3600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset_seconds: Option<u32>,
 }
@@ -206,6 +265,7 @@ impl RestartPolicy {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum RestartCondition {
     Never,
     MaxCount,
@@ -214,12 +274,16 @@ pub enum RestartCondition {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Toleration {
+    /// The taint's key (empty with `operator: Exists` tolerates every taint).
     #[serde(default)]
     pub key: String,
+    /// `Equal` (the taint's value must be `value`, the default) or `Exists`.
     #[serde(default)]
     pub operator: TolerationOperator,
+    /// With `Equal`: the taint's value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     /// `None` tolerates every effect of the matching taint.
@@ -229,6 +293,7 @@ pub struct Toleration {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum TolerationOperator {
     #[default]
     Exists,
@@ -237,6 +302,7 @@ pub enum TolerationOperator {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum TaintEffect {
     NoSchedule,
     PreferNoSchedule,
@@ -244,64 +310,90 @@ pub enum TaintEffect {
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Container {
+    /// A name for the container (informational).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The program and its first arguments, replacing the image's entrypoint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// Arguments after `command`, replacing the image's command.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// Environment variables, on top of the image's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Where volumes of `spec.volumes` appear in the container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<VolumeMount>,
+    /// CPU, memory and GPU requests and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvVar {
+    /// The variable's name.
+    #[cfg_attr(feature = "schema", schemars(example = &"MODE"))]
     pub name: String,
+    /// Its value (default empty).
     #[serde(default)]
     pub value: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VolumeMount {
+    /// The volume's name in `spec.volumes`.
     pub name: String,
+    /// The absolute path in the container.
+    #[cfg_attr(feature = "schema", schemars(pattern("^/"), example = "/data"))]
     pub mount_path: String,
+    /// A relative path inside the volume to mount instead of its root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sub_path: Option<String>,
+    /// Mount it read-only.
     #[serde(default)]
     pub read_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Resources {
+    /// What the scheduler reserves on a node (defaults to `limits`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests: Option<ResourceAmounts>,
+    /// What the container may use at most (its cgroup's limits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<ResourceAmounts>,
+    /// GPUs the instance needs (nodes report theirs through CDI).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuRequest>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResourceAmounts {
+    /// CPU: cores (`"1"`, `"0.5"`) or millicores (`100m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(test, proptest(strategy = "amounts::<MilliCpu>()"))]
+    #[cfg_attr(feature = "schema", schemars(example = "100m", example = "0.5"))]
     pub cpu: Option<Amount<MilliCpu>>,
+    /// Memory: bytes or with a unit (`64Mi`, `1Gi`, `500M`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(test, proptest(strategy = "amounts::<Bytes>()"))]
+    #[cfg_attr(feature = "schema", schemars(example = "64Mi", example = "1Gi"))]
     pub memory: Option<Amount<Bytes>>,
 }
 
@@ -315,8 +407,10 @@ fn amounts<T: crate::quantity::ParseQuantity + Copy + std::fmt::Debug>(
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GpuRequest {
+    /// `nvidia`, `amd` or `any` (the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<GpuDriver>,
     #[serde(
@@ -324,9 +418,11 @@ pub struct GpuRequest {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    /// The least memory each GPU must have, in MiB.
     pub min_vram_mb: Option<u32>,
     /// How many matching GPUs the instance gets (beyond RFC 001, which asks for one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = crate::workload::MAX_GPU_COUNT)))]
     pub count: Option<u32>,
 }
 
@@ -350,6 +446,7 @@ impl GpuRequest {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum GpuDriver {
     Any,
@@ -359,31 +456,45 @@ pub enum GpuDriver {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Volume {
+    /// The volume's name, as `container.volumeMounts` refers to it.
+    #[cfg_attr(
+        feature = "schema",
+        schemars(pattern(crate::schema::DNS_LABEL), length(max = 63))
+    )]
     pub name: String,
+    /// A directory of the node's own under `volumeBasePath`, kept for the workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub simple_cluster_storage: Option<SimpleClusterStorage>,
+    /// A path of the node (within the cluster's `hostMountAllowedPaths`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_mount: Option<HostMount>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SimpleClusterStorage {}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HostMount {
+    /// The absolute path on the node.
+    #[cfg_attr(feature = "schema", schemars(pattern("^/"), example = "/srv/web"))]
     pub host_path: String,
+    /// What must be there: created if missing (`DirectoryOrCreate`, `FileOrCreate`) or required as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ensure_type: Option<EnsureType>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum EnsureType {
     DirectoryOrCreate,
     Directory,

@@ -8,6 +8,7 @@ use yaml_serde::Value;
 mod bundle;
 mod cluster;
 mod load_balancer_and_build;
+mod schema;
 mod workload;
 
 const WORKLOAD: &str = r#"
