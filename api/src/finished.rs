@@ -65,6 +65,8 @@ impl FinishedInstance {
             image_digest: None,
             gpus: vec![],
             unhealthy_transitions: 0,
+            pull: None,
+            template_hash: None,
             usage: None,
         }
     }

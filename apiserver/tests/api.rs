@@ -184,6 +184,102 @@ async fn a_refused_request_stores_nothing_not_even_its_namespace() {
     assert_eq!(api.dump().await, after);
 }
 
+/// `?dryRun=true` checks a create or an update as the real request would and says what it
+/// would change, and stores nothing: not the workload, not its namespace, not an event.
+#[tokio::test]
+async fn a_dry_run_checks_everything_and_stores_nothing() {
+    let api = Api::new();
+    let before = api.dump().await;
+    let create = "/v1alpha1/n/team/workloads?dryRun=true";
+    let new = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/srv/web")),
+    ]);
+    let (status, body) = api.send(Method::POST, create, new.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let preview: kat_api::wire::ApplyPreview = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (
+            preview.generation,
+            preview.changed,
+            preview.current_generation
+        ),
+        (1, true, None)
+    );
+    assert!(preview.current.is_none());
+    assert_eq!(preview.desired.workload.metadata.name, "web");
+    assert_eq!(api.dump().await, before, "a dry run stores nothing");
+
+    // What the real request refuses, the dry run refuses alike.
+    let off_list = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/etc")),
+    ]);
+    let (status, body) = api.send(Method::POST, create, off_list).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body.contains("spec.volumes[0].hostMount.hostPath"),
+        "{body}"
+    );
+    let no_ns = bundle(&[("workload.kat", workload("team", "web", "/srv/web"))]);
+    let (status, body) = api.send(Method::POST, create, no_ns.clone()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("namespace team not found"), "{body}");
+    let (status, body) = api
+        .send(
+            Method::PUT,
+            "/v1alpha1/n/team/workloads/web?dryRun=true",
+            new.clone(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = api
+        .send(
+            Method::POST,
+            "/v1alpha1/n/team/workloads?dryRun=maybe",
+            new.clone(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("dryRun"), "{body}");
+    assert_eq!(api.dump().await, before, "a refused dry run stores nothing");
+
+    // Created for real; the same bundle again is no change, another host path a new
+    // generation whose instances run something new.
+    let (status, body) = api
+        .send(Method::POST, "/v1alpha1/n/team/workloads", new.clone())
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let stored = api.dump().await;
+    let update = "/v1alpha1/n/team/workloads/web?dryRun=true";
+    let (status, body) = api.send(Method::PUT, update, new.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let same: kat_api::wire::ApplyPreview = serde_json::from_str(&body).unwrap();
+    assert_eq!((same.generation, same.changed), (1, false));
+    assert_eq!(same.current.as_ref(), Some(&same.desired));
+    let moved = bundle(&[("workload.kat", workload("team", "web", "/srv/elsewhere"))]);
+    let (status, body) = api.send(Method::PUT, update, moved).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let next: kat_api::wire::ApplyPreview = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (
+            next.current_generation,
+            next.generation,
+            next.changed,
+            next.template_changed
+        ),
+        (Some(1), 2, true, true)
+    );
+    assert_eq!((next.current_replicas, next.replicas), (Some(1), Some(1)));
+    let (status, body) = api.send(Method::POST, create, new).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        api.dump().await,
+        stored,
+        "dry runs of an update store nothing"
+    );
+}
+
 /// A namespace.kat's labels are kept with the namespace, shown by `GET namespaces/NS`, set
 /// again by a later apply whose namespace.kat says otherwise, and left as they are by an
 /// apply without one.

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use kat_api::finished::FinishedInstance;
 use kat_api::wire::{
-    BackupRecord, Event, InstanceStatus, JoinTokenInfo, NamespaceObject, NewJoinToken, Node,
-    NodeRegistration, Taint, WebhookInfo, WorkloadObject,
+    ApplyPreview, BackupRecord, Event, InstanceStatus, JoinTokenInfo, NamespaceObject,
+    NewJoinToken, Node, NodeRegistration, Taint, WebhookInfo, WorkloadObject,
 };
 use reqwest::Method;
 
@@ -64,13 +64,42 @@ impl Client {
         archive: Vec<u8>,
         exists: bool,
     ) -> Result<WorkloadObject> {
+        let req = self.bundle_request(ns, name, archive, exists);
+        self.json_of(req, &format!("applying {ns}/{name}")).await
+    }
+
+    /// A bundle's create (POST) or update (PUT).
+    fn bundle_request(
+        &self,
+        ns: &str,
+        name: &str,
+        archive: Vec<u8>,
+        exists: bool,
+    ) -> reqwest::RequestBuilder {
         let req = if exists {
             self.request(Method::PUT, &paths::workload(ns, name))
         } else {
             self.request(Method::POST, &paths::workloads(ns))
         };
-        let req = req.header("content-type", "application/gzip").body(archive);
-        self.json_of(req, &format!("applying {ns}/{name}")).await
+        req.header("content-type", "application/gzip").body(archive)
+    }
+
+    /// The dry run of [`Client::apply`]: what it would change, nothing stored.
+    pub async fn preview(
+        &self,
+        ns: &str,
+        name: &str,
+        archive: Vec<u8>,
+        exists: bool,
+    ) -> Result<ApplyPreview> {
+        let req = self
+            .bundle_request(ns, name, archive, exists)
+            .query(&[("dryRun", "true")]);
+        self.json_of(
+            req,
+            &format!("checking what applying {ns}/{name} would change"),
+        )
+        .await
     }
 
     pub async fn delete_workload(&self, ns: &str, name: &str) -> Result<()> {

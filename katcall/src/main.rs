@@ -10,14 +10,17 @@
 mod api_tokens;
 mod backups;
 mod client;
+mod diff;
 mod events;
 mod join_tokens;
 mod nodes;
 mod output;
+mod rollout;
 mod streams;
 mod terminal;
 mod top;
 mod validate;
+mod watch;
 mod workloads;
 
 use std::path::PathBuf;
@@ -49,6 +52,22 @@ enum Command {
         dir: PathBuf,
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
+        /// Follow the rollout to its end, with progress (instances ready, image pulls,
+        /// builds); exit non-zero if it stalls, its build fails or it outlasts --timeout.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits (e.g. 90s, 10m).
+        #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration, requires = "wait")]
+        timeout: std::time::Duration,
+    },
+    /// Show what `apply -f DIR` would change, storing nothing: a unified diff of the
+    /// workload's effective spec and which instances would be replaced and how. Exit code 0
+    /// no change, 1 changes, 2 an error.
+    Diff {
+        #[arg(short = 'f', long = "filename", value_name = "DIR")]
+        dir: PathBuf,
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+        output: Format,
     },
     /// List workloads, instances, nodes, namespaces, join tokens, API tokens or backups.
     Get {
@@ -62,6 +81,10 @@ enum Command {
         /// `finishedRunHistory` runs of each workload, see cluster.kat).
         #[arg(short = 'a', long)]
         all: bool,
+        /// Keep watching: each row again when it changes (workloads, instances, nodes,
+        /// namespaces), until interrupted.
+        #[arg(short = 'w', long)]
+        watch: bool,
     },
     /// Show a workload (spec summary, status, instances, recent events) or a node (state,
     /// whether it leads, resources, taints, labels, its instances, recent events).
@@ -317,6 +340,18 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
+    if let Command::Get {
+        what, watch: true, ..
+    } = &cli.command
+    {
+        if ["join-token", "token", "backup"]
+            .iter()
+            .any(|k| what.starts_with(k))
+        {
+            eprintln!("error: --watch applies to workloads, instances, nodes and namespaces");
+            return ExitCode::FAILURE;
+        }
+    }
     if let Command::Create {
         kind,
         control_plane,
@@ -360,11 +395,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // `diff` says "changes" with 1, so its errors are 2 (as `kubectl diff`).
+    let failure = match cli.command {
+        Command::Diff { .. } => ExitCode::from(2),
+        _ => ExitCode::FAILURE,
+    };
     match runtime.block_on(remote(cli.command, &config)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            failure
         }
     }
 }
@@ -372,7 +412,13 @@ fn main() -> ExitCode {
 async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<ExitCode> {
     let client = client::from_config(config)?;
     match command {
-        Command::Apply { dir, output } => workloads::apply(&client, &dir, output).await?,
+        Command::Apply {
+            dir,
+            output,
+            wait,
+            timeout,
+        } => workloads::apply(&client, &dir, output, wait.then_some(timeout)).await?,
+        Command::Diff { dir, output } => return diff::run(&client, &dir, output).await,
         Command::Get { what, output, .. } if what.starts_with("join-token") => {
             join_tokens::list(&client, output).await?
         }
@@ -388,6 +434,14 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             namespace,
             output,
             all,
+            watch: true,
+        } => watch::run(&client, &what, &namespace, output, all).await?,
+        Command::Get {
+            what,
+            namespace,
+            output,
+            all,
+            ..
         } => workloads::get(&client, &what, &namespace, output, all).await?,
         Command::Describe {
             kind, name, output, ..

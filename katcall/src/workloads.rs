@@ -1,5 +1,6 @@
 //! `apply`, `get`, `describe`, `delete`, `rollback`, `redeploy`, `create namespace`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
@@ -11,20 +12,40 @@ use kat_client::paths::WorkloadAction;
 use crate::client::Client;
 use crate::output::{self, age, structured, table, Format};
 
-pub async fn apply(client: &Client, dir: &Path, format: Format) -> Result<()> {
+/// A Quadlet directory's files and the bundle they make, validated here first: the same
+/// checks as the leader's, with every finding at once.
+pub fn read_bundle(dir: &Path) -> Result<(BTreeMap<String, Vec<u8>>, WorkloadBundle)> {
     let files = bundle::read_dir(dir)?;
-    // Validate here first: the same checks as the leader, with every finding at once.
     let parsed = WorkloadBundle::parse(files.clone()).map_err(|e| {
         anyhow::anyhow!(
-            "{e}\n{}: invalid; fix the errors above and apply again",
+            "{e}\n{}: invalid; fix the errors above and try again",
             dir.display()
         )
     })?;
+    Ok((files, parsed))
+}
+
+/// `katcall apply`; with `wait`, follow the rollout for at most that long.
+pub async fn apply(
+    client: &Client,
+    dir: &Path,
+    format: Format,
+    wait: Option<std::time::Duration>,
+) -> Result<()> {
+    let (files, parsed) = read_bundle(dir)?;
     let ns = &parsed.workload.metadata.namespace;
     let name = &parsed.workload.metadata.name;
     let archive = bundle::pack(&files);
     let before = client.workload_if_any(ns, name).await?;
     let after = client.apply(ns, name, archive, before.is_some()).await?;
+    let quiet = matches!(format, Format::Json | Format::Yaml);
+    let after = match wait {
+        Some(timeout) if quiet => {
+            let generation = after.metadata.generation;
+            crate::rollout::follow(client, ns, name, generation, timeout, true).await?
+        }
+        _ => after,
+    };
     if structured(format, &after)? {
         return Ok(());
     }
@@ -37,10 +58,54 @@ pub async fn apply(client: &Client, dir: &Path, format: Format) -> Result<()> {
         "workload {ns}/{name} {verb} (generation {})",
         after.metadata.generation
     );
+    if let Some(timeout) = wait {
+        let generation = after.metadata.generation;
+        crate::rollout::follow(client, ns, name, generation, timeout, false).await?;
+    }
     Ok(())
 }
 
+/// A `get`'s answer: the objects (for `-o json|yaml`) and their table.
+pub struct Listing {
+    pub objects: serde_json::Value,
+    pub header: Vec<&'static str>,
+    pub rows: Vec<Vec<String>>,
+    /// Said (on stderr) instead of an empty table.
+    pub empty: String,
+}
+
+impl Listing {
+    fn new<T: serde::Serialize>(
+        objects: &T,
+        header: Vec<&'static str>,
+        rows: Vec<Vec<String>>,
+        empty: String,
+    ) -> Result<Listing> {
+        Ok(Listing {
+            objects: serde_json::to_value(objects)?,
+            header,
+            rows,
+            empty,
+        })
+    }
+}
+
 pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: bool) -> Result<()> {
+    let listing = list(client, what, ns, format, all).await?;
+    if !structured(format, &listing.objects)? {
+        print_or_empty(&listing.header, &listing.rows, &listing.empty);
+    }
+    Ok(())
+}
+
+/// What `get` shows of `what` in `ns`.
+pub async fn list(
+    client: &Client,
+    what: &str,
+    ns: &str,
+    format: Format,
+    all: bool,
+) -> Result<Listing> {
     if all && !matches!(what, "instances" | "instance" | "inst") {
         anyhow::bail!("--all applies to `katcall get instances` only");
     }
@@ -48,9 +113,6 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
     match what {
         "workloads" | "workload" | "wl" => {
             let list = client.workloads(ns).await?;
-            if structured(format, &list)? {
-                return Ok(());
-            }
             let mut header = vec!["NAME", "TYPE", "READY", "GENERATION", "AGE"];
             if wide {
                 header.extend(["SPEC", "MESSAGE"]);
@@ -72,7 +134,12 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                     row
                 })
                 .collect();
-            print_or_empty(&header, &rows, &format!("no workloads in namespace {ns}"));
+            Listing::new(
+                &list,
+                header,
+                rows,
+                format!("no workloads in namespace {ns}"),
+            )
         }
         "instances" | "instance" | "inst" => {
             let mut list: Vec<InstanceStatus> = client
@@ -90,20 +157,15 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                     }
                 }
             }
-            if structured(format, &list)? {
-                return Ok(());
-            }
-            print_or_empty(
-                &instance_header(wide),
-                &instance_rows(&list, wide),
-                &format!("no instances in namespace {ns}"),
-            );
+            Listing::new(
+                &list,
+                instance_header(wide),
+                instance_rows(&list, wide),
+                format!("no instances in namespace {ns}"),
+            )
         }
         "nodes" | "node" => {
             let list = client.nodes().await?;
-            if structured(format, &list)? {
-                return Ok(());
-            }
             let mut header = vec![
                 "NAME",
                 "STATE",
@@ -163,13 +225,10 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                     row
                 })
                 .collect();
-            print_or_empty(&header, &rows, "no nodes registered");
+            Listing::new(&list, header, rows, "no nodes registered".into())
         }
         "namespaces" | "namespace" | "ns" => {
             let list = client.namespaces().await?;
-            if structured(format, &list)? {
-                return Ok(());
-            }
             let rows: Vec<Vec<String>> = list
                 .iter()
                 .map(|n| {
@@ -190,13 +249,17 @@ pub async fn get(client: &Client, what: &str, ns: &str, format: Format, all: boo
                     ]
                 })
                 .collect();
-            print_or_empty(&["NAME", "AGE", "LABELS"], &rows, "no namespaces");
+            Listing::new(
+                &list,
+                vec!["NAME", "AGE", "LABELS"],
+                rows,
+                "no namespaces".into(),
+            )
         }
         other => anyhow::bail!(
             "cannot get {other:?}: expected workloads, instances, nodes or namespaces"
         ),
     }
-    Ok(())
 }
 
 /// Finished instances kept in `ns` (of `workload` only, if given), oldest first.

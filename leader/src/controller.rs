@@ -392,6 +392,7 @@ impl<'a> Round<'a> {
                 Some(s) => InstanceStatus {
                     usage: None,
                     ip: r.ip,
+                    template_hash: Some(r.spec_hash.clone()),
                     ..s.clone()
                 },
                 None => InstanceStatus {
@@ -413,6 +414,8 @@ impl<'a> Round<'a> {
                     image_digest: None,
                     gpus: vec![],
                     unhealthy_transitions: 0,
+                    pull: None,
+                    template_hash: Some(r.spec_hash.clone()),
                     usage: None,
                 },
             })

@@ -91,10 +91,7 @@ pub fn reconcile(
             let Some(s) = round.status_of(&r.instance_id) else {
                 continue;
             };
-            if matches!(
-                s.state,
-                InstanceState::Succeeded | InstanceState::Failed | InstanceState::OOMKilled
-            ) {
+            if s.state.is_ended() {
                 archived.insert(r.instance_id.clone());
                 items.push((r.instance_id.to_string(), finished_ms(round, s.finished_at)));
                 let refs: Vec<(&str, u64)> =

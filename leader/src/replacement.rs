@@ -33,10 +33,7 @@ pub struct Streak {
 
 /// Whether `status` says the instance ended for good (the node will not restart it).
 pub fn ended(status: &InstanceStatus) -> bool {
-    matches!(
-        status.state,
-        InstanceState::Succeeded | InstanceState::Failed | InstanceState::OOMKilled
-    )
+    status.state.is_ended()
 }
 
 /// The delay after the previous replacement before the next one may happen.

@@ -208,6 +208,8 @@ impl SimNode {
                     image_digest: None,
                     gpus: vec![],
                     unhealthy_transitions: i.unhealthy_turns,
+                    pull: None,
+                    template_hash: None,
                     usage: None,
                 })
                 .collect(),

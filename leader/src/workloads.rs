@@ -70,6 +70,55 @@ pub async fn apply(
     write(store, events, clock, bundle, false).await
 }
 
+/// What [`apply`] would do with a validated bundle, with nothing written (a dry run).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The workload's metadata now; `None` if it does not exist.
+    pub previous: Option<WorkloadMeta>,
+    /// The generation the apply would make, or the current one when nothing changes.
+    pub generation: u64,
+    pub changed: bool,
+    /// Whether the bundle's namespace.kat would set the namespace's labels anew.
+    pub relabels_namespace: bool,
+}
+
+/// The dry run of [`apply`]: the same generation rule and the same namespace check (the
+/// namespace must exist or come with the bundle), and nothing stored.
+pub async fn plan(store: &dyn StateStore, bundle: &WorkloadBundle) -> Result<Plan, WorkloadError> {
+    let ns = &bundle.workload.metadata.namespace;
+    let name = &bundle.workload.metadata.name;
+    let previous: Option<WorkloadMeta> = store
+        .get(&keys::workload_meta(ns, name))
+        .await?
+        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+    let relabels_namespace = match store.get(&keys::namespace(ns)).await? {
+        Some(kv) => relabel_op(&kv, bundle)?.is_some(),
+        None if brings_namespace(bundle) => false,
+        None => return Err(WorkloadError::NamespaceNotFound(ns.clone())),
+    };
+    let changed = previous
+        .as_ref()
+        .is_none_or(|p| p.spec_hash != bundle.spec_hash());
+    let generation = match &previous {
+        Some(p) if !changed => p.metadata.generation,
+        Some(p) => p.metadata.generation + 1,
+        None => 1,
+    };
+    Ok(Plan {
+        previous,
+        generation,
+        changed,
+        relabels_namespace,
+    })
+}
+
+/// Whether an apply of `bundle` creates its namespace when it is missing: with a
+/// namespace.kat, or for the system namespaces, which always exist.
+fn brings_namespace(bundle: &WorkloadBundle) -> bool {
+    bundle.namespace.is_some()
+        || SYSTEM_NAMESPACES.contains(&bundle.workload.metadata.namespace.as_str())
+}
+
 /// Create a workload from a validated bundle; `Conflict` if one of that name exists, however
 /// recently it was written (the check and the write are one transaction).
 pub async fn create(
@@ -157,7 +206,7 @@ async fn write(
             ops.extend(relabel_op(&kv, bundle)?);
             guards.push(Compare::mod_revision_is(ns_key, kv.mod_revision));
         }
-        None if bundle.namespace.is_some() || SYSTEM_NAMESPACES.contains(&ns.as_str()) => {
+        None if brings_namespace(bundle) => {
             ops.push(TxnOp::put_json(
                 ns_key.clone(),
                 &namespaces::record(clock, ns, labels.unwrap_or_default()),

@@ -282,6 +282,8 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
             image_digest: None,
             gpus: vec![],
             unhealthy_transitions: 0,
+            pull: None,
+            template_hash: None,
             usage: None,
         })
         .collect();

@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use crate::{
     logs, CgroupMode, ContainerRuntime, ContainerState, ContainerStatus, ContainerUsage,
-    CreateOptions, ExecHandle, ExecOptions, ImageSummary, LogOptions, NodeCapabilities, Result,
-    RootfsMode, RuntimeError,
+    CreateOptions, ExecHandle, ExecOptions, ImageSummary, LogOptions, NodeCapabilities,
+    PullProgress, Result, RootfsMode, RuntimeError,
 };
 
 /// How a created container behaves once started.
@@ -230,12 +230,41 @@ impl ContainerRuntime for FakeRuntime {
     async fn pull_image(
         &self,
         reference: &str,
-        _progress: Option<crate::image::ProgressSender>,
+        progress: Option<crate::image::ProgressSender>,
     ) -> Result<ImageSummary> {
         self.record(Call::Pull(reference.to_string()));
         let key = normalized(reference);
         let took = self.lock().pull_time.get(&key).copied().unwrap_or_default();
+        // Two layers of 1 MiB: one already here, half of the other at once, the rest when
+        // the pull's time is up.
+        let send = |event: PullProgress| {
+            if let Some(tx) = &progress {
+                let _ = tx.send(event);
+            }
+        };
+        send(PullProgress::Resolved {
+            reference: key.clone(),
+            layers: 2,
+            total_bytes: 2 << 20,
+        });
+        send(PullProgress::LayerCached {
+            digest: "sha256:1".into(),
+            size: 1 << 20,
+        });
+        send(PullProgress::LayerBytes {
+            digest: "sha256:2".into(),
+            downloaded: 1 << 19,
+            total: 1 << 20,
+        });
         tokio::time::sleep(took).await;
+        send(PullProgress::LayerBytes {
+            digest: "sha256:2".into(),
+            downloaded: 1 << 20,
+            total: 1 << 20,
+        });
+        send(PullProgress::LayerDone {
+            digest: "sha256:2".into(),
+        });
         self.lock().images.insert(key.clone());
         Ok(summary(&key))
     }

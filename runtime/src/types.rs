@@ -189,8 +189,10 @@ pub enum PullProgress {
         layers: usize,
         total_bytes: u64,
     },
+    /// A layer this node already had: `size` compressed bytes not downloaded.
     LayerCached {
         digest: String,
+        size: u64,
     },
     LayerBytes {
         digest: String,

@@ -35,8 +35,7 @@ impl Katcall {
         self
     }
 
-    /// Runs `katcall args…` with stdin closed.
-    pub fn run(&self, args: &[&str]) -> Output {
+    fn command(&self, args: &[&str]) -> Command {
         let mut command = match self.under.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
@@ -48,9 +47,36 @@ impl Katcall {
         command
             .args(args)
             .env("KAT_CONFIG", &self.config)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run katcall")
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Runs `katcall args…` with stdin closed.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run katcall")
+    }
+
+    /// Starts `katcall args…` (one that keeps running, such as `get --watch`): what it
+    /// prints on stdout is collected as it comes ([`Background::stdout`]); dropped, it is
+    /// killed. Under a wrapper, the wrapper must exec katcall (a kill reaches it).
+    pub fn spawn(&self, args: &[&str]) -> Background {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start katcall");
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (mut pipe, sink) = (child.stdout.take().expect("piped"), stdout.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut pipe, &mut buf) {
+                if let Ok(mut text) = sink.lock() {
+                    text.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }
+        });
+        Background { child, stdout }
     }
 
     /// What `katcall args…` printed, or `None` when it failed.
@@ -107,6 +133,26 @@ impl Katcall {
     pub fn events_of(&self, name: &str) -> Vec<Event> {
         self.json(&["events", "--for-name", name, "-o", "json"])
             .unwrap_or_default()
+    }
+}
+
+/// A katcall left running; killed when dropped, so a failed assertion leaves none behind.
+pub struct Background {
+    child: std::process::Child,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Background {
+    /// What it printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -20,6 +20,7 @@ pub mod assignments;
 pub mod builds;
 pub mod container_spec;
 pub mod health;
+mod pulls;
 pub mod restart;
 #[cfg(test)]
 mod tests;
@@ -30,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kat_api::wire::{Health, InstanceId, InstanceState, InstanceStatus, Timestamp};
+use kat_api::wire::{Health, InstanceId, InstanceState, InstanceStatus, PullStatus, Timestamp};
 use kat_api::workload::WorkloadType;
 use kat_api::Template;
 use kat_runtime::{ContainerRuntime, ContainerState, ContainerStatus, ExecOptions, RuntimeError};
@@ -47,12 +48,16 @@ use container_spec::{
 use crate::network::{NetworkSettings, PublishedPort};
 use health::HealthTracker;
 use kat_api::load_balancer::HealthFailureAction;
+use pulls::{PullState, Pulls};
 use restart::{Decision, Exit, RestartTracker};
 
 /// How often running containers are checked for exits.
 const POLL: Duration = Duration::from_secs(1);
 /// Wait between attempts to get an image or volume ready.
 const PREPARE_RETRY: Duration = Duration::from_secs(2);
+/// How often an instance waiting for its image looks at the pull again (its status shows
+/// the progress, `katcall apply --wait` draws it).
+const PULL_PROGRESS: Duration = Duration::from_millis(500);
 
 /// What the supervisor says runs here: `None` until it has had its first snapshot and
 /// looked at this node's containers (the heartbeat waits for it).
@@ -141,6 +146,8 @@ impl Tracked {
             image_digest: None,
             gpus: record.gpus.clone(),
             unhealthy_transitions: 0,
+            pull: None,
+            template_hash: None,
             usage: None,
         };
         Tracked {
@@ -170,6 +177,8 @@ impl Tracked {
 pub(super) enum StartError {
     /// Try again later without counting a restart (image or volume not ready).
     NotReady(String),
+    /// Try again later: its image is being pulled, this far.
+    Pulling(PullStatus),
     /// Counts as a failed run (bad spec, missing executable, impossible limits…).
     Failed(String),
 }
@@ -182,10 +191,8 @@ pub struct Supervisor {
     adoptable: Option<HashMap<InstanceId, Vec<(u32, String)>>>,
     stopping: HashMap<String, (InstanceStatus, JoinHandle<()>)>,
     images: HashSet<String>,
-    /// Pulls under way, by normalized reference: they run beside convergence, so one slow
-    /// registry never delays another instance's restart, stop or probe.
-    /// `None` while a pull runs, its error once it failed (taken by the next attempt).
-    pulls: Arc<std::sync::Mutex<HashMap<String, Option<String>>>>,
+    /// Pulls under way, by normalized reference.
+    pulls: Pulls,
     probes_tx: mpsc::Sender<(String, u32, bool)>,
     probes_rx: mpsc::Receiver<(String, u32, bool)>,
     statuses: watch::Sender<Statuses>,
@@ -222,7 +229,7 @@ impl Supervisor {
             adoptable: None,
             stopping: HashMap::new(),
             images: HashSet::new(),
-            pulls: Arc::default(),
+            pulls: Pulls::default(),
             probes_tx,
             probes_rx,
             statuses,
@@ -363,6 +370,8 @@ impl Supervisor {
                         image_digest: None,
                         gpus: vec![],
                         unhealthy_transitions: 0,
+                        pull: None,
+                        template_hash: None,
                         usage: None,
                     };
                     self.stop_later(
@@ -427,6 +436,7 @@ impl Supervisor {
         match result {
             Ok(status) => {
                 t.phase = Phase::Running;
+                t.status.pull = None;
                 t.started = Some(now);
                 t.status.state = InstanceState::Running;
                 t.status.reason = None;
@@ -441,10 +451,18 @@ impl Supervisor {
             Err(StartError::NotReady(reason)) => {
                 t.status.state = InstanceState::Pending;
                 t.status.reason = Some(reason);
+                t.status.pull = None;
                 t.phase = Phase::Start(now + PREPARE_RETRY);
+            }
+            Err(StartError::Pulling(pull)) => {
+                t.status.state = InstanceState::Pending;
+                t.status.reason = Some(pull.summary());
+                t.status.pull = Some(pull);
+                t.phase = Phase::Start(now + PULL_PROGRESS);
             }
             Err(StartError::Failed(reason)) => {
                 tracing::warn!(instance = %id, %reason, "container could not start");
+                t.status.pull = None;
                 let exit = Exit {
                     code: None,
                     oom_killed: false,
@@ -564,42 +582,20 @@ impl Supervisor {
         if self.images.contains(&normalized) {
             return Ok(());
         }
+        // A pull under way first: the image store is read only when none is.
+        match self.pulls.state(&normalized) {
+            PullState::Running(status) => return Err(StartError::Pulling(status)),
+            PullState::Failed(error) => return Err(StartError::NotReady(error)),
+            PullState::Absent => {}
+        }
         if let Ok(list) = self.runtime.list_images().await {
             if list.iter().any(|i| i.references.contains(&normalized)) {
                 return Ok(());
             }
         }
-        let mut pulls = self
-            .pulls
-            .lock()
-            .map_err(|_| StartError::NotReady("the pull table is poisoned".into()))?;
-        match pulls.get(&normalized) {
-            Some(None) => return Err(StartError::NotReady(format!("pulling {image}"))),
-            Some(Some(_)) => {
-                let error = pulls.remove(&normalized).flatten().unwrap_or_default();
-                return Err(StartError::NotReady(error));
-            }
-            None => {}
-        }
         tracing::info!(%image, "pulling image");
-        pulls.insert(normalized.clone(), None);
-        let (runtime, reference, table) =
-            (self.runtime.clone(), image.to_string(), self.pulls.clone());
-        tokio::spawn(async move {
-            let result = runtime.pull_image(&reference, None).await;
-            if let Ok(mut pulls) = table.lock() {
-                match result {
-                    // Present now: the next attempt finds it in the store.
-                    Ok(_) => pulls.remove(&normalized),
-                    Err(e) => {
-                        // In the log too: an instance's reason is only seen by those who ask.
-                        tracing::warn!(image = %reference, error = %e, "pull failed; retrying");
-                        pulls.insert(normalized, Some(format!("pulling {reference}: {e}")))
-                    }
-                };
-            }
-        });
-        Err(StartError::NotReady(format!("pulling {image}")))
+        let status = self.pulls.start(self.runtime.clone(), image, normalized);
+        Err(StartError::Pulling(status))
     }
 
     /// The host (uid, gid) of the container's root.

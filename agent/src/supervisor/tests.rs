@@ -457,13 +457,36 @@ async fn a_slow_pull_delays_no_other_instance() {
         .await;
     let big = node.status("big-1").unwrap();
     assert_eq!(big.state, InstanceState::Pending);
-    assert!(big.reason.unwrap_or_default().contains("pulling slow:1"));
+    // The pull's progress, as the runtime reported it, in the status and its reason.
+    let pull = big.pull.expect("the pull's progress");
+    // 1.5 MiB arrived; the status moves in steps of 1 MiB (a twentieth, at least 1 MiB).
+    assert_eq!(
+        (
+            pull.layers,
+            pull.layers_done,
+            pull.bytes_total,
+            pull.bytes_done
+        ),
+        (2, 1, 2 << 20, 1 << 20)
+    );
+    assert!(
+        big.reason
+            .unwrap_or_default()
+            .ends_with("slow:1: 1 of 2 layers, 1.0 of 2.0 MiB"),
+        "{:?}",
+        pull.summary()
+    );
     // The pull ends an hour later and the instance starts then.
     node.until(
         Duration::from_secs(3700),
         state_is("big-1", InstanceState::Running),
     )
     .await;
+    assert_eq!(
+        node.status("big-1").unwrap().pull,
+        None,
+        "no pull once it runs"
+    );
     let pulls = rt
         .journal()
         .iter()

@@ -275,13 +275,19 @@ spec:
 
     /// Write a workload directory and apply it.
     pub(crate) fn apply(&self, dir: &str, files: &[(&str, String)]) -> String {
+        let path = self.write_dir(dir, files);
+        self.must(&["apply", "-f", &path])
+    }
+
+    /// A Quadlet directory `dir` (under the test's directory) holding `files`, written anew.
+    pub(crate) fn write_dir(&self, dir: &str, files: &[(&str, String)]) -> String {
         let path = self.dir.path().join(dir);
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("workload dir");
         for (name, text) in files {
             std::fs::write(path.join(name), text).expect("write quadlet");
         }
-        self.must(&["apply", "-f", &path.display().to_string()])
+        path.display().to_string()
     }
 
     pub(crate) fn curl(&self, args: &[&str]) -> (u16, String) {

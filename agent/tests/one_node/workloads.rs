@@ -11,8 +11,8 @@ use crate::git_builds::*;
 use crate::network::*;
 use crate::specs::*;
 use crate::Run;
-use kat_api::wire::InstanceState;
 use kat_api::wire::{ErrorBody, ErrorCode, InstanceStatus, Node};
+use kat_api::wire::{Health, InstanceState};
 use kat_testkit::bin;
 use kat_testkit::katcall::{all_running_healthy, ids};
 
@@ -297,16 +297,132 @@ pub(crate) fn an_updated_spec_replaces_the_instances(r: &mut Run) {
         second,
         ..
     } = r;
-    // An updated spec replaces the instances.
-    let out = c.apply("web", &web(image, "bonjour"));
-    assert!(out.contains("configured (generation 2)"), "{out}");
+    // `katcall diff` first: the changed line, the instances it would replace, exit code 1,
+    // and nothing stored.
+    let dir = c.write_dir("web-next", &web(image, "bonjour"));
+    let diff = c.katcall(&["diff", "-f", &dir]);
+    let text = String::from_utf8_lossy(&diff.stdout).into_owned();
+    assert_eq!(
+        diff.status.code(),
+        Some(1),
+        "{text}{}",
+        String::from_utf8_lossy(&diff.stderr)
+    );
+    let changed = |sign: char, value: &str| {
+        text.lines()
+            .any(|l| l.starts_with(sign) && l.trim_end().ends_with(&format!("value: {value}")))
+    };
+    assert!(changed('-', "hello") && changed('+', "bonjour"), "{text}");
+    assert!(
+        text.contains(
+            "default/web: generation 1 -> 2; 2 instances replaced one by one (Rolling): "
+        ),
+        "{text}"
+    );
+    assert!(
+        first.iter().all(|id| text.contains(id.as_str())),
+        "{first:?} {text}"
+    );
+    let json = c.katcall(&["diff", "-f", &dir, "-o", "json"]);
+    let preview: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON preview");
+    assert_eq!(json.status.code(), Some(1), "{preview}");
+    assert_eq!(preview["generation"], 2, "{preview}");
+    assert_eq!(preview["changed"], true, "{preview}");
+    assert_eq!(
+        preview["replaced"].as_array().map(Vec::len),
+        Some(2),
+        "{preview}"
+    );
+    let stored: serde_json::Value =
+        serde_json::from_str(&c.must(&["get", "workload", "-o", "json"])).expect("JSON workloads");
+    assert_eq!(
+        stored[0]["metadata"]["generation"], 1,
+        "the diff stored nothing: {stored}"
+    );
+    // A bundle the apply would refuse is an error, exit code 2.
+    let broken = c.write_dir(
+        "web-broken",
+        &[(
+            "workload.kat",
+            web(image, "x")[0].1.replace("replicas: 2", "replicas: -1"),
+        )],
+    );
+    let refused = c.katcall(&["diff", "-f", &broken]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("spec.replicas"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    // An updated spec replaces the instances: `apply --wait` returns when the rollout is
+    // over, with progress on the way (plain lines: stderr is not a terminal), while
+    // `get instances --watch` shows the new instances as they come.
+    let watch = c.k().spawn(&["get", "instances", "--watch"]);
+    let out = c.katcall(&["apply", "-f", &dir, "--wait", "--timeout", "90s"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "{stdout}{stderr}\n{}",
+        c.agent_log_tail()
+    );
+    assert!(stdout.contains("configured (generation 2)"), "{stdout}");
+    assert!(
+        stdout.contains("workload default/web: 2/2 ready at generation 2"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("web: ") && stderr.contains("generation 2"),
+        "{stderr}"
+    );
+    let now = c.instances("web");
+    let new: Vec<_> = now
+        .iter()
+        .filter(|i| i.generation == 2 && !i.state.is_leaving())
+        .collect();
+    assert!(
+        new.len() == 2
+            && new
+                .iter()
+                .all(|i| i.state == InstanceState::Running && i.health == Health::Healthy),
+        "after apply --wait: {now:?}"
+    );
     c.wait(
-        "2 healthy replicas of generation 2",
-        Duration::from_secs(90),
+        "2 healthy replicas of generation 2 only",
+        Duration::from_secs(30),
         |c| all_running_healthy(&c.instances("web"), 2, 2),
     );
     *second = ids(&c.instances("web"));
+    // The watch reads once a second: it shows them running a moment later.
+    let shows_running = |text: &str, id: &str| {
+        text.lines()
+            .any(|l| l.starts_with(id) && l.contains("Running"))
+    };
+    let seen = kat_testkit::wait_until(Duration::from_secs(10), || {
+        second.iter().all(|id| shows_running(&watch.stdout(), id))
+    });
+    assert!(
+        seen.is_some(),
+        "get --watch never showed {second:?} running:\n{}",
+        watch.stdout()
+    );
+    let watched = watch.stdout();
+    assert!(watched.starts_with("INSTANCE"), "{watched}");
+    drop(watch);
     assert!(second.is_disjoint(first), "{first:?} {second:?}");
+    // Applied, the same directory is no change: exit code 0.
+    let same = c.katcall(&["diff", "-f", &dir]);
+    let text = String::from_utf8_lossy(&same.stdout);
+    assert_eq!(same.status.code(), Some(0), "{text}");
+    assert_eq!(text.trim(), "default/web: no change (generation 2)");
     for id in second.iter() {
         assert_eq!(
             c.must(&["logs", &format!("web/{id}")]).trim(),

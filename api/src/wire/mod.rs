@@ -192,6 +192,8 @@ mod tests {
             image_digest: None,
             gpus: vec![],
             unhealthy_transitions: 0,
+            pull: None,
+            template_hash: None,
             usage: None,
         };
         let json = serde_json::to_value(&s).unwrap();

@@ -38,12 +38,59 @@ pub enum InstanceState {
     Unknown,
 }
 
+impl InstanceState {
+    /// Whether an instance in this state ended for good: its node will not restart it.
+    pub fn is_ended(self) -> bool {
+        matches!(
+            self,
+            InstanceState::Succeeded | InstanceState::Failed | InstanceState::OOMKilled
+        )
+    }
+
+    /// Whether the instance is on its way out or gone: ended, stopping or stopped.
+    pub fn is_leaving(self) -> bool {
+        self.is_ended() || matches!(self, InstanceState::Stopping | InstanceState::Stopped)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Health {
     #[default]
     Unknown,
     Healthy,
     Unhealthy,
+}
+
+/// An image pull an instance waits for, as its node reports it while it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PullStatus {
+    pub image: String,
+    /// Layers in the image (0 until its manifest arrived) and those present so far.
+    pub layers: u32,
+    pub layers_done: u32,
+    /// Compressed bytes of all its layers, and those present so far (layers this node
+    /// already had count as present).
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+}
+
+impl PullStatus {
+    /// "pulling IMAGE: 2 of 5 layers, 12.3 of 40.1 MiB".
+    pub fn summary(&self) -> String {
+        if self.layers == 0 {
+            return format!("pulling {}", self.image);
+        }
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "pulling {}: {} of {} layers, {:.1} of {:.1} MiB",
+            self.image,
+            self.layers_done,
+            self.layers,
+            mib(self.bytes_done),
+            mib(self.bytes_total)
+        )
+    }
 }
 
 /// One instance of a workload as reported by its node.
@@ -76,6 +123,14 @@ pub struct InstanceStatus {
     /// Limits the node could not enforce, said out loud.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The image pull the instance waits for, while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pull: Option<PullStatus>,
+    /// The hash of the template the instance runs (set by the leader from its record): an
+    /// instance whose hash is the workload's `templateHash` runs the current spec, whatever
+    /// generation made it (scaling makes a generation and replaces nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
     /// What the running container uses, read from its cgroup at the last heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -186,12 +241,56 @@ pub struct WebhookInfo {
     pub secret: String,
 }
 
+/// `POST …/workloads?dryRun=true` and `PUT …/workloads/{name}?dryRun=true`: what the apply
+/// would do, everything validated as for the apply itself and nothing stored (`katcall diff`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplyPreview {
+    pub namespace: String,
+    pub name: String,
+    pub workload_type: crate::workload::WorkloadType,
+    /// The generation now; absent when the apply would create the workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_generation: Option<u64>,
+    /// The generation the apply would make: the current one when nothing changes.
+    pub generation: u64,
+    /// Whether the apply would make a new generation.
+    pub changed: bool,
+    /// Whether the bundle's namespace.kat would set the namespace's labels anew (a change
+    /// that makes no generation).
+    #[serde(default)]
+    pub relabels_namespace: bool,
+    /// The effective spec now (every file parsed, a git branch resolved to its commit);
+    /// absent for a new workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<crate::template::Template>,
+    /// The effective spec the apply would store.
+    pub desired: crate::template::Template,
+    /// Whether what the instances run changes; a new replica count or update strategy alone
+    /// replaces nothing.
+    pub template_changed: bool,
+    /// The instances the apply would replace, under `strategy`: those that do not run the
+    /// new template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaced: Vec<InstanceId>,
+    /// How they would be replaced (the new spec's update strategy).
+    pub strategy: crate::workload::UpdateStrategyType,
+    /// Replicas now and after (Services; a DaemonService runs one per matching node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_replicas: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+}
+
 /// `GET /workloads/...`: metadata and status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadObject {
     pub metadata: ObjectMeta,
     pub spec_hash: String,
+    /// What the current generation's instances run (see `InstanceStatus::template_hash`).
+    #[serde(default)]
+    pub template_hash: String,
     pub workload_type: crate::workload::WorkloadType,
     /// The commit this generation builds and runs (`source.git`), as resolved at apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -251,6 +251,11 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    // A dry run is audited as one: it changes nothing.
+    let dry_run = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "dryRun=true"));
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -300,6 +305,7 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
             client = %client,
             method = %method,
             path = %path,
+            dry_run,
             status = status.as_u16(),
             millis = took.as_millis() as u64,
             "api request"

@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kat_api::WorkloadKey;
+use serde::Deserialize;
 
 use super::{read_body, ApiError, ApiState};
 
@@ -32,14 +34,35 @@ async fn bundle_body(state: &ApiState, req: Request) -> Result<Vec<u8>, ApiError
     Ok(read_body(req, limit).await?.to_vec())
 }
 
+/// `?dryRun=true` on a create or an update: check everything and say what would change,
+/// store nothing (`katcall diff`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApplyQuery {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+fn apply_query(query: Result<Query<ApplyQuery>, QueryRejection>) -> Result<ApplyQuery, ApiError> {
+    let Query(q) =
+        query.map_err(|e| ApiError::bad_request(format!("{e} (expected dryRun=true or false)")))?;
+    Ok(q)
+}
+
 pub async fn create(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
+    query: Result<Query<ApplyQuery>, QueryRejection>,
     req: Request,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
+    let query = apply_query(query)?;
     let body = bundle_body(&state, req).await?;
+    if query.dry_run {
+        let preview = state.service.preview_workload(&ns, None, body).await?;
+        return Ok(Json(preview).into_response());
+    }
     let created = state.service.create_workload(&ns, body).await?;
-    Ok((StatusCode::CREATED, Json(created)))
+    Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 
 /// A workload a rejoining node created while detached (its node certificate, its own path).
@@ -63,11 +86,20 @@ pub async fn submit_pinned(
 pub async fn update(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
+    query: Result<Query<ApplyQuery>, QueryRejection>,
     req: Request,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<Response, ApiError> {
+    let query = apply_query(query)?;
     let body = bundle_body(&state, req).await?;
+    if query.dry_run {
+        let preview = state
+            .service
+            .preview_workload(&ns, Some(&name), body)
+            .await?;
+        return Ok(Json(preview).into_response());
+    }
     let key = WorkloadKey::new(ns, name);
-    Ok(Json(state.service.update_workload(&key, body).await?))
+    Ok(Json(state.service.update_workload(&key, body).await?).into_response())
 }
 
 pub async fn delete(

@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use kat_api::wire::{
-    ErrorCode, EventType, PinnedWorkloadAnswer, WebhookInfo, WorkloadMeta, WorkloadObject,
-    WorkloadStatus, NODE_NAME_LABEL,
+    ApplyPreview, ErrorCode, EventType, PinnedWorkloadAnswer, WebhookInfo, WorkloadMeta,
+    WorkloadObject, WorkloadStatus, NODE_NAME_LABEL,
 };
+use kat_api::workload::WorkloadType;
 use kat_api::{bundle, keys, WorkloadBundle, WorkloadKey};
 use kat_leader::{namespaces, workloads};
 use kat_store::Txn;
@@ -87,23 +88,26 @@ impl Service {
     pub async fn create_workload(&self, ns: &str, body: Vec<u8>) -> Result<WorkloadObject> {
         let bundle = self.check_bundle(ns, None, body).await?;
         let key = WorkloadKey::new(ns, &bundle.workload.metadata.name);
-        let exists = || {
-            Error::new(
-                ErrorCode::Conflict,
-                format!(
-                    "workload {key} already exists; update it with PUT (`katcall apply` does this)"
-                ),
-            )
-        };
+        let exists = || already_exists(&key);
         if self.exists(&key).await? {
             return Err(exists());
         }
-        // A detached node's workloads all go to its parent at rejoin, which takes at most
-        // MAX_PINNED_PER_NODE from it: say so now, not then.
         let _counted = match &self.pin_to_node {
             Some(_) => Some(self.pinned_writes.lock().await),
             None => None,
         };
+        self.check_detached_room().await?;
+        // Create only: a workload written since the check above is never replaced.
+        match workloads::create(&*self.store, &self.events, &self.clock, &bundle).await {
+            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => return Err(exists()),
+            other => other?,
+        };
+        self.workload(&key).await
+    }
+
+    /// A detached node's workloads all go to its parent at rejoin, which takes at most
+    /// MAX_PINNED_PER_NODE from it: say so when one more is created, not then.
+    async fn check_detached_room(&self) -> Result<()> {
         if let Some(node) = &self.pin_to_node {
             if self.pinned_to(node).await? >= MAX_PINNED_PER_NODE {
                 return Err(Error::forbidden(format!(
@@ -111,12 +115,7 @@ impl Service {
                 )));
             }
         }
-        // Create only: a workload written since the check above is never replaced.
-        match workloads::create(&*self.store, &self.events, &self.clock, &bundle).await {
-            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => return Err(exists()),
-            other => other?,
-        };
-        self.workload(&key).await
+        Ok(())
     }
 
     /// A workload a rejoining node created while it was detached (RFC 001 §4.9), sent with
@@ -239,12 +238,72 @@ impl Service {
             .check_bundle(&key.namespace, Some(&key.name), body)
             .await?;
         if !self.exists(key).await? {
-            return Err(Error::not_found(format!(
-                "workload {key} not found; create it with POST (`katcall apply` does this)"
-            )));
+            return Err(not_yet(key));
         }
         workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
         self.workload(key).await
+    }
+
+    /// The dry run of a create (`name` absent) or an update of workload `name`: the bundle
+    /// checked as that request checks it, and what the apply would change; nothing stored.
+    pub async fn preview_workload(
+        &self,
+        ns: &str,
+        name: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<ApplyPreview> {
+        let bundle = self.check_bundle(ns, name, body).await?;
+        let key = WorkloadKey::new(ns, &bundle.workload.metadata.name);
+        let plan = workloads::plan(&*self.store, &bundle).await?;
+        match (name, &plan.previous) {
+            (None, Some(_)) => return Err(already_exists(&key)),
+            (Some(_), None) => return Err(not_yet(&key)),
+            (None, None) => self.check_detached_room().await?,
+            (Some(_), Some(_)) => {}
+        }
+        let desired = bundle.template();
+        let spec = &desired.workload.spec;
+        let current = plan.previous.as_ref().and_then(|p| p.desired.clone());
+        let template_changed = plan
+            .previous
+            .as_ref()
+            .is_some_and(|p| p.template_hash != bundle.template_hash());
+        // Those that do not run the new template (a rollout under way may have started
+        // some that do); a Job's runs are not replaced: its next run takes the new spec.
+        let new_template = bundle.template_hash();
+        let replaced = match plan.previous.is_some() && spec.workload_type != WorkloadType::Job {
+            true => self
+                .workload(&key)
+                .await?
+                .status
+                .instances
+                .into_iter()
+                .filter(|i| !i.state.is_leaving())
+                .filter(|i| i.template_hash.as_deref() != Some(new_template.as_str()))
+                .map(|i| i.instance_id)
+                .collect(),
+            false => Vec::new(),
+        };
+        let replicas_of = |t: &kat_api::template::Template| match t.workload.spec.workload_type {
+            WorkloadType::Service => t.workload.spec.replicas,
+            _ => None,
+        };
+        Ok(ApplyPreview {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            workload_type: spec.workload_type,
+            current_generation: plan.previous.as_ref().map(|p| p.metadata.generation),
+            generation: plan.generation,
+            changed: plan.changed,
+            relabels_namespace: plan.relabels_namespace,
+            current_replicas: current.as_ref().and_then(replicas_of),
+            replicas: replicas_of(&desired),
+            strategy: spec.update_strategy_type(),
+            current,
+            template_changed,
+            replaced,
+            desired,
+        })
     }
 
     pub async fn delete_workload(&self, key: &WorkloadKey) -> Result<()> {
@@ -671,6 +730,19 @@ async fn resolve_git(bundle: &mut WorkloadBundle, again: bool) -> Result<()> {
     Ok(())
 }
 
+fn already_exists(key: &WorkloadKey) -> Error {
+    Error::new(
+        ErrorCode::Conflict,
+        format!("workload {key} already exists; update it with PUT (`katcall apply` does this)"),
+    )
+}
+
+fn not_yet(key: &WorkloadKey) -> Error {
+    Error::not_found(format!(
+        "workload {key} not found; create it with POST (`katcall apply` does this)"
+    ))
+}
+
 fn object(meta: WorkloadMeta, revision: i64, status: WorkloadStatus) -> WorkloadObject {
     let mut metadata = meta.metadata;
     metadata.resource_version = revision;
@@ -682,6 +754,7 @@ fn object(meta: WorkloadMeta, revision: i64, status: WorkloadStatus) -> Workload
     WorkloadObject {
         metadata,
         spec_hash: meta.spec_hash,
+        template_hash: meta.template_hash,
         workload_type: meta.workload_type,
         commit,
         status,

@@ -21,6 +21,8 @@ fn instance(id: &str, state: InstanceState, usage: Option<Usage>) -> InstanceSta
         image_digest: None,
         gpus: vec![],
         unhealthy_transitions: 0,
+        pull: None,
+        template_hash: None,
         usage,
     }
 }

@@ -219,6 +219,7 @@ pub async fn pull(
             store.count_stored_layer(&digest, &mut budget)?;
             send(PullProgress::LayerCached {
                 digest: digest.clone(),
+                size: layer.size.max(0) as u64,
             });
             layers.push(digest);
             continue;
