@@ -22,6 +22,8 @@ pub mod keys;
 pub mod load_balancer;
 pub mod names;
 pub mod namespace;
+#[cfg(feature = "openapi")]
+mod openapi;
 pub mod pinning;
 pub mod quadlet;
 pub mod quantity;

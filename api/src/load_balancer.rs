@@ -69,6 +69,7 @@ pub struct Port {
 /// A port an instance publishes on its node: what the scheduler keeps apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HostPort {
     pub port: u16,
     pub protocol: Protocol,
@@ -104,6 +105,7 @@ impl LoadBalancerSpec {
 )]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Protocol {
     #[default]
     TCP,

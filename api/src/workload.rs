@@ -116,6 +116,7 @@ pub const MAX_DRAIN_SECONDS: u32 = 3600;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WorkloadType {
     Service,
     Job,
@@ -178,6 +179,7 @@ pub struct UpdateStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum UpdateStrategyType {
     #[default]
     Rolling,
@@ -303,6 +305,7 @@ pub enum TolerationOperator {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TaintEffect {
     NoSchedule,
     PreferNoSchedule,
@@ -448,6 +451,7 @@ impl GpuRequest {
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum GpuDriver {
     Any,
     Nvidia,

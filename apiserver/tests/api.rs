@@ -733,3 +733,23 @@ async fn every_client_path_is_a_route() {
         assert!(!body.contains("no route"), "{method} {path}: {body}");
     }
 }
+
+/// The OpenAPI document is served without a token (as the CA certificate is), and it is
+/// the checked file.
+#[tokio::test]
+async fn the_openapi_document_needs_no_token() {
+    let api = Api::new();
+    let req = Request::builder()
+        .method(Method::GET)
+        .uri("/openapi.json")
+        .body(Body::empty())
+        .unwrap();
+    let resp = api.router.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = axum::body::to_bytes(resp.into_body(), 4 << 20)
+        .await
+        .unwrap();
+    assert_eq!(bytes, kat_apiserver::http::OPENAPI_JSON.as_bytes());
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(doc["paths"]["/v1alpha1/n/{ns}/workloads"]["post"].is_object());
+}

@@ -5,6 +5,7 @@ use super::*;
 /// A node that lost its parent cluster's leader and leads a one-node cluster of its own
 /// (RFC 001 §4.9) until it rejoins.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Detachment {
     pub parent_cluster: String,
@@ -18,6 +19,7 @@ pub struct Detachment {
 /// revoked, and `signature` (ECDSA P-256 with SHA-256, hex, by the certificate's key) covers
 /// [`RejoinRequest::signed_bytes`]; `timestamp` is within a minute and `nonce` is new.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RejoinRequest {
     /// Always `REJOIN_REQUEST`.
@@ -52,6 +54,7 @@ impl RejoinRequest {
 /// address and port the request came from), proven as the request is: the leader's
 /// control-plane certificate and its signature over [`RejoinOffer::signed_bytes`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RejoinOffer {
     /// Always `REJOIN_OFFER`.

@@ -4,6 +4,7 @@ use super::*;
 
 /// A backup: an etcd snapshot a node wrote to its `backupPath` (`katcall get backups`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupRecord {
     /// The file's name, `kat-{cluster}-{node}-{YYYYMMDDTHHMMSS.mmm}Z.db`.
@@ -19,12 +20,14 @@ pub struct BackupRecord {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum EventType {
     Normal,
     Warning,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectReference {
     pub kind: String,
@@ -37,6 +40,7 @@ pub struct ObjectReference {
 
 /// One entry of the capped event log (RFC 001 §9.3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     pub timestamp: Timestamp,

@@ -6,6 +6,7 @@ use super::*;
 /// token may also make a member of the etcd quorum, which is sent the CA's key: it is made
 /// on purpose (`katcall create join-token --control-plane`) and is short-lived by default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum JoinRole {
     /// Records stored before tokens had a role read as this: the least a token can give.
@@ -35,6 +36,7 @@ impl std::fmt::Display for JoinRole {
 
 /// A join token as listed (`katcall get join-tokens`): no hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenInfo {
     pub id: String,
@@ -57,6 +59,7 @@ pub struct JoinTokenInfo {
 
 /// A join token as stored: what is listed, and the SHA-256 of the secret (never the secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenRecord {
     #[serde(flatten)]
@@ -66,6 +69,7 @@ pub struct JoinTokenRecord {
 
 /// `POST /join-tokens`: a new token; `token` is shown this once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NewJoinToken {
     pub token: String,
@@ -81,6 +85,7 @@ pub struct NewJoinToken {
 
 /// `POST /join`: a node asking to join, authenticated by its join token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinRequest {
     pub token: String,
@@ -100,6 +105,7 @@ pub struct JoinRequest {
 /// The answer to a join: the node's certificate, the CA, the cluster's configuration and, for
 /// an etcd peer, how to start its etcd member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JoinResponse {
     pub certificate: String,

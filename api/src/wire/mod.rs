@@ -40,6 +40,7 @@ pub fn url_host(ip: &str) -> String {
 
 /// The error body of every failed API request: `{"error": code, "message": …}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     pub error: ErrorCode,
@@ -51,6 +52,7 @@ pub struct ErrorBody {
 
 /// Machine-readable error codes; each has one HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     BadRequest,
@@ -90,6 +92,7 @@ impl ErrorCode {
 
 /// Metadata common to stored objects.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
     pub name: String,
@@ -105,6 +108,10 @@ pub struct ObjectMeta {
     /// assembled from its registration and heartbeat) has none, written `""` as it always
     /// was, so that clients of either version read the other's answers.
     #[serde(default, with = "crate::timestamp::empty_as_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = String, required = true, format = DateTime)
+    )]
     pub creation_timestamp: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,

@@ -6,12 +6,14 @@ use super::*;
 /// `POST /nodes/{node}/etcd-member` (`kat-agent rejoin`): the member list a control-plane
 /// node starts its etcd with to join the (restored) cluster again, as a learner.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdMembership {
     pub initial_cluster: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum NodeState {
     Ready,
     NotReady,
@@ -20,6 +22,7 @@ pub enum NodeState {
 
 /// Amounts of node resources, in integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceList {
     pub cpu_millis: u64,
@@ -31,6 +34,7 @@ pub struct ResourceList {
 /// Resources in use, measured by a node at a heartbeat: for an instance from its container's
 /// cgroup, for a node from the kernel's totals (`/proc`) and the data directory's file system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
     /// CPU time used per second over the last measuring interval, in millicores (1000 = one
@@ -46,6 +50,7 @@ pub struct Usage {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GpuInfo {
     pub driver: crate::workload::GpuDriver,
@@ -61,6 +66,7 @@ pub struct GpuInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Taint {
     pub key: String,
@@ -70,6 +76,7 @@ pub struct Taint {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Node {
     pub metadata: ObjectMeta,
@@ -107,6 +114,7 @@ pub struct Node {
 /// The current leader ([`crate::keys::LEADER`]), written by the node that wins the election,
 /// under its lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LeaderRecord {
     /// The node's name.
@@ -119,6 +127,7 @@ pub struct LeaderRecord {
 
 /// A node removed with `katcall delete node`: its certificate is refused from then on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RevokedNode {
     pub node: String,
@@ -131,6 +140,7 @@ pub struct RevokedNode {
 /// The answer to a worker's heartbeat: the control plane as it is now, so the worker's list
 /// of where to find the leader stays fresh.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatAnswer {
     pub accepted: bool,
@@ -149,6 +159,7 @@ pub struct HeartbeatAnswer {
 /// the leader still has history for; then come changes in revision order, and `keepalive`
 /// lines while nothing changes, so a client notices a dead leader within seconds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum AssignmentUpdate {
     Snapshot {
@@ -170,6 +181,7 @@ pub enum AssignmentUpdate {
 /// `POST /nodes/{name}/template-problems`: instances of the node whose template is unusable
 /// (gone, or not matching its hash); the leader records a `TemplateMissing` event for each.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplateProblem {
     #[serde(rename = "instanceID")]
@@ -178,6 +190,7 @@ pub struct TemplateProblem {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdJoin {
     /// etcd's `--initial-cluster`: every member's `name=peerURL`, this node included.
@@ -188,6 +201,7 @@ pub struct EtcdJoin {
 
 /// `POST /nodes/{name}/status`: what an agent reports every tick.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeHeartbeat {
     pub node: NodeName,
@@ -213,6 +227,7 @@ pub struct NodeHeartbeat {
 
 /// One overlay peer as a node's WireGuard sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OverlayPeerStatus {
     pub node: String,
@@ -228,6 +243,7 @@ pub struct OverlayPeerStatus {
 
 /// Another node as the overlay needs it (`GET /nodes/{name}/peers`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OverlayPeer {
     pub node: String,
@@ -240,6 +256,7 @@ pub struct OverlayPeer {
 
 /// A node's WireGuard public key (`POST /nodes/{name}/wireguard`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WireguardKey {
     pub public_key: String,
@@ -268,18 +285,21 @@ impl WireguardKey {
 /// answers with the `ready` ones (healthy, or running where there is no health check); the
 /// instance's own name (`{instanceID}.{workload}.{ns}.{domain}`) with its address always.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DnsRecord {
     pub namespace: String,
     pub workload: String,
     #[serde(rename = "instanceID")]
     pub instance_id: InstanceId,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub ip: std::net::IpAddr,
     pub ready: bool,
 }
 
 /// A node's static registration plus what administrators set on it (labels, taints, drain).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeRegistration {
     pub name: String,

@@ -8,6 +8,7 @@ use super::Timestamp;
 /// What a scoped token may do: read only (GET, no exec), only one namespace's workloads, or
 /// both. A token restricted by neither would be the admin token again, so none is made.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TokenScope {
     #[serde(default)]
@@ -18,6 +19,7 @@ pub struct TokenScope {
 
 /// `POST /tokens`: what the new token may do, and a note saying what it is for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateApiToken {
     #[serde(default)]
@@ -30,6 +32,7 @@ pub struct CreateApiToken {
 
 /// A token as listed (`katcall get tokens`): no hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApiTokenInfo {
     pub id: String,
@@ -42,6 +45,7 @@ pub struct ApiTokenInfo {
 
 /// A token as stored: what is listed, and the SHA-256 of its secret (never the secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApiTokenRecord {
     #[serde(flatten)]
@@ -51,6 +55,7 @@ pub struct ApiTokenRecord {
 
 /// `POST /tokens`: the new token; `token` is shown this once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NewApiToken {
     pub token: String,

@@ -5,6 +5,7 @@ use super::*;
 
 /// What the leader records for each applied generation (key `workload_meta`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadMeta {
     pub metadata: ObjectMeta,
@@ -18,10 +19,12 @@ pub struct WorkloadMeta {
     /// The whole desired state, typed and validated at apply (what the controllers run on).
     /// Absent only in records written before it existed; such a workload is re-applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub desired: Option<crate::template::Template>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum InstanceState {
     /// Not placed yet, or waiting for its image or volumes.
     Pending,
@@ -54,6 +57,7 @@ impl InstanceState {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Health {
     #[default]
     Unknown,
@@ -63,6 +67,7 @@ pub enum Health {
 
 /// An image pull an instance waits for, as its node reports it while it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PullStatus {
     pub image: String,
@@ -95,6 +100,7 @@ impl PullStatus {
 
 /// One instance of a workload as reported by its node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
     #[serde(rename = "instanceID")]
@@ -115,6 +121,7 @@ pub struct InstanceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub ip: Option<std::net::IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Timestamp>,
@@ -159,6 +166,7 @@ fn is_zero(n: &u32) -> bool {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadStatus {
     pub observed_generation: u64,
@@ -180,6 +188,7 @@ pub struct WorkloadStatus {
 
 /// What a rejoining node's submission of one locally created workload came to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PinnedWorkloadAnswer {
     pub workload: String,
@@ -189,6 +198,7 @@ pub struct PinnedWorkloadAnswer {
 
 /// One build of a `source.git` workload's image on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BuildReport {
     pub namespace: String,
@@ -212,6 +222,7 @@ pub struct BuildReport {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum BuildState {
     Building,
     Succeeded,
@@ -219,6 +230,7 @@ pub enum BuildState {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStatus {
     pub from_generation: u64,
@@ -234,6 +246,7 @@ pub struct RolloutStatus {
 /// `POST /n/{ns}/workloads/{name}/webhook`: where a git server sends push notifications for
 /// the workload and the secret it signs them with (shown once).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookInfo {
     /// The route's path on any control-plane node's API (`/v1alpha1/hooks/git/{ns}/{name}`).
@@ -244,6 +257,7 @@ pub struct WebhookInfo {
 /// `POST …/workloads?dryRun=true` and `PUT …/workloads/{name}?dryRun=true`: what the apply
 /// would do, everything validated as for the apply itself and nothing stored (`katcall diff`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApplyPreview {
     pub namespace: String,
@@ -263,8 +277,10 @@ pub struct ApplyPreview {
     /// The effective spec now (every file parsed, a git branch resolved to its commit);
     /// absent for a new workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub current: Option<crate::template::Template>,
     /// The effective spec the apply would store.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub desired: crate::template::Template,
     /// Whether what the instances run changes; a new replica count or update strategy alone
     /// replaces nothing.
@@ -284,6 +300,7 @@ pub struct ApplyPreview {
 
 /// `GET /workloads/...`: metadata and status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadObject {
     pub metadata: ObjectMeta,
@@ -299,6 +316,7 @@ pub struct WorkloadObject {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NamespaceObject {
     pub metadata: ObjectMeta,
@@ -307,6 +325,7 @@ pub struct NamespaceObject {
 /// One line of a container's output, as `GET …/instances/{id}/logs` streams it (one JSON
 /// object per line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LogLine {
     pub time: String,
@@ -320,6 +339,7 @@ pub struct LogLine {
 
 /// The first frame of an exec session: what to run and how.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExecRequest {
     pub command: Vec<String>,
@@ -336,6 +356,7 @@ pub struct ExecRequest {
 /// What the leader assigns to a node (key `instance(node, id)`); the agent converges on it.
 /// The record's existence is the instruction to run; deleting it is the instruction to stop.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceRecord {
     #[serde(rename = "instanceID")]
@@ -354,6 +375,7 @@ pub struct InstanceRecord {
     pub created_at: Timestamp,
     /// Its address, from its node's subnet (the leader's IPAM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub ip: Option<std::net::IpAddr>,
     /// Ports it publishes on its node (`hostPort`): accounted like `requests`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -372,6 +394,7 @@ impl InstanceRecord {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum JobRunState {
     Active,
     Succeeded,
@@ -380,6 +403,7 @@ pub enum JobRunState {
 
 /// One run of a Job workload: one per generation, or one per cron tick.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JobRun {
     pub run_id: String,

@@ -25,6 +25,17 @@ pub struct EventsQuery {
     watch: bool,
 }
 
+/// The cluster's events (`katcall events`), filtered; with `watch` a stream.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/events",
+        tag = "events",
+        params(("resourceType" = Option<String>, Query, description = "Workload, Node, Namespace…"), ("resourceName" = Option<String>, Query, description = "Its name"), ("namespace" = Option<String>, Query, description = "Namespace"), ("limit" = Option<usize>, Query, description = "Newest events (default 100)"), ("watch" = Option<bool>, Query, description = "Stream new events as JSON lines")),
+        responses((status = 200, description = "Events, newest last; with watch: JSON lines", body = [kat_api::wire::Event]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn list(
     State(state): State<Arc<ApiState>>,
     query: Result<Query<EventsQuery>, QueryRejection>,
@@ -48,11 +59,31 @@ pub async fn list(
     }
 }
 
+/// The cluster configuration (`cluster.kat`, no secrets in it).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/config/cluster",
+        tag = "cluster",
+        responses((status = 200, description = "cluster.kat, parsed", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn cluster_config(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
     // cluster.kat holds no secrets; the token and keys live elsewhere.
     Json(state.service.cluster.clone())
 }
 
+/// Prometheus metrics: every node's heartbeat, the API's requests.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/metrics",
+        tag = "cluster",
+        responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     let heartbeats = state.service.heartbeats().await?;
     Ok((
@@ -61,10 +92,30 @@ pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResp
     ))
 }
 
+/// The etcd snapshots taken (`katcall get backups`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/backups",
+        tag = "backups",
+        responses((status = 200, description = "Snapshots taken", body = [kat_api::wire::BackupRecord]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn backups(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.backups().await?))
 }
 
+/// Take an etcd snapshot now (`katcall backup`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/backups",
+        tag = "backups",
+        responses((status = 201, description = "The snapshot", body = kat_api::wire::BackupRecord), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn create_backup(
     State(state): State<Arc<ApiState>>,
 ) -> Result<impl IntoResponse, ApiError> {

@@ -34,6 +34,17 @@ struct CreateBody {
     addresses: Vec<String>,
 }
 
+/// A join token for new nodes (`katcall create join-token`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/join-tokens",
+        tag = "join",
+        request_body(content = serde_json::Value, description = "`{\"role\": \"worker\" or \"control-plane\", \"ttl\": \"24h\", \"maxUses\": 1, \"addresses\": [\"10.0.0.5\"]}`, every field optional"),
+        responses((status = 201, description = "The token (shown once)", body = kat_api::wire::NewJoinToken), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn create_token(
     State(state): State<Arc<ApiState>>,
     req: Request,
@@ -76,12 +87,33 @@ pub async fn create_token(
     Ok((StatusCode::CREATED, Json(token)))
 }
 
+/// The join tokens (`katcall get join-tokens`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/join-tokens",
+        tag = "join",
+        responses((status = 200, description = "Join tokens, without their secrets", body = [kat_api::wire::JoinTokenInfo]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn list_tokens(
     State(state): State<Arc<ApiState>>,
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.join_tokens().await?))
 }
 
+/// Revoke a join token.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        delete,
+        path = "/v1alpha1/join-tokens/{id}",
+        tag = "join",
+        params(("id" = String, Path, description = "Token id")),
+        responses((status = 200, description = "`{\"deleted\": ID}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn delete_token(
     State(state): State<Arc<ApiState>>,
     Path(id): Path<String>,
@@ -90,6 +122,18 @@ pub async fn delete_token(
     Ok(Json(serde_json::json!({"deleted": id})))
 }
 
+/// Join the cluster with a join token: a node's certificate for its key.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/join",
+        tag = "join",
+        security(()),
+        request_body(content = kat_api::wire::JoinRequest),
+        responses((status = 200, description = "The node's certificate and what it needs to run", body = kat_api::wire::JoinResponse), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn join(
     State(state): State<Arc<ApiState>>,
     req: Request,
@@ -110,6 +154,16 @@ pub async fn join(
 }
 
 /// The cluster CA certificate (PEM): public; what a joining node pins.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/ca",
+        tag = "join",
+        security(()),
+        responses((status = 200, description = "PEM", content_type = "application/x-pem-file", body = String), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn ca(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     let ca = state
         .service

@@ -1,7 +1,7 @@
 //! The HTTP API (RFC 001 §8), as an axum [`Router`] over the [`Service`] layer.
 //!
-//! Every route but `/healthz`, `/v1alpha1/join` and `/v1alpha1/ca` needs the admin bearer
-//! token; the token is checked against its SHA-256 in the store, in constant time. Each
+//! Every route but `/healthz`, `/openapi.json`, `/v1alpha1/join` and `/v1alpha1/ca` needs
+//! the admin bearer token (or a scoped one); the token is checked against its SHA-256 in the store, in constant time. Each
 //! request passes one middleware that applies the per-client rate limit, checks the token,
 //! times the request for `/metrics` and writes an audit line for every mutating request. Errors are always `{"error","message"}`.
 //!
@@ -19,6 +19,8 @@ mod events;
 mod join;
 mod namespaces;
 mod nodes;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 mod rate_limit;
 mod streams;
 mod tokens;
@@ -210,6 +212,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .nest("/v1alpha1", v1)
         .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi_json))
         .route("/metrics", get(events::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -217,9 +220,38 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .with_state(state)
 }
 
+/// Whether the API answers: `{"status": "ok"}`, no token needed.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/healthz",
+        tag = "cluster",
+        security(()),
+        responses((status = 200, description = "`{\"status\": \"ok\"}`", body = serde_json::Value))
+    )
+)]
 async fn healthz() -> impl IntoResponse {
     axum::Json(serde_json::json!({"status": "ok"}))
 }
+
+/// This document (`docs/openapi.json`), no token needed.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/openapi.json",
+        tag = "cluster",
+        security(()),
+        responses((status = 200, description = "OpenAPI 3.1", body = serde_json::Value))
+    )
+)]
+async fn openapi_json() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON)
+}
+
+/// The OpenAPI document, as generated from the handlers and checked by `tests/openapi.rs`.
+pub const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::new(
@@ -239,9 +271,9 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
-/// Routes that need no bearer token: joining (authenticated by the join token in the body)
-/// and the public CA certificate.
-const PUBLIC_PATHS: [&str; 2] = ["/v1alpha1/join", "/v1alpha1/ca"];
+/// Routes that need no bearer token: joining (authenticated by the join token in the body),
+/// the public CA certificate and the OpenAPI document.
+const PUBLIC_PATHS: [&str; 3] = ["/v1alpha1/join", "/v1alpha1/ca", "/openapi.json"];
 /// Push notifications from git servers: authenticated by the workload's webhook secret
 /// (a signature of the body), not by the admin token.
 const HOOK_PREFIX: &str = "/v1alpha1/hooks/git/";

@@ -10,10 +10,31 @@ use serde::Deserialize;
 
 use super::{json_body, ApiError, ApiState};
 
+/// Every namespace, with its labels.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/namespaces",
+        tag = "namespaces",
+        responses((status = 200, description = "Every namespace", body = [kat_api::wire::NamespaceObject]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.namespaces().await?))
 }
 
+/// One namespace.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/namespaces/{ns}",
+        tag = "namespaces",
+        params(("ns" = String, Path, description = "Namespace")),
+        responses((status = 200, description = "The namespace", body = kat_api::wire::NamespaceObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn get(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
@@ -33,6 +54,17 @@ struct CreateMeta {
     name: String,
 }
 
+/// Create a namespace (`katcall create namespace`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/namespaces",
+        tag = "namespaces",
+        request_body(content = serde_json::Value, description = "`{\"metadata\": {\"name\": \"NAME\"}}`"),
+        responses((status = 201, description = "Created", body = kat_api::wire::NamespaceObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn create(
     State(state): State<Arc<ApiState>>,
     req: Request,
@@ -50,6 +82,17 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(ns)))
 }
 
+/// Delete a namespace without workloads (`kat-core` and `default` stay).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        delete,
+        path = "/v1alpha1/namespaces/{ns}",
+        tag = "namespaces",
+        params(("ns" = String, Path, description = "Namespace")),
+        responses((status = 200, description = "`{\"deleted\": NS}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn delete(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,

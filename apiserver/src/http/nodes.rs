@@ -20,6 +20,16 @@ const MAX_BODY: u64 = 1 << 20;
 /// A heartbeat with hundreds of instances is tens of KiB.
 const HEARTBEAT_BODY: u64 = 256 << 10;
 
+/// Every node: state, role, whether it leads, resources, taints, labels, GPUs.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/nodes",
+        tag = "nodes",
+        responses((status = 200, description = "Every node", body = [kat_api::wire::Node]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(
         state
@@ -31,6 +41,17 @@ pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoRespons
     ))
 }
 
+/// One node.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/nodes/{name}",
+        tag = "nodes",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "The node", body = kat_api::wire::Node), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn get(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -40,6 +61,17 @@ pub async fn get(
 
 /// A worker's heartbeat (control-plane agents write theirs to etcd directly); the answer
 /// lists the control plane's API endpoints.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/status",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name")),
+        request_body(content = kat_api::wire::NodeHeartbeat),
+        responses((status = 200, description = "Accepted; the control plane's endpoints", body = kat_api::wire::HeartbeatAnswer), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn heartbeat(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -50,6 +82,16 @@ pub async fn heartbeat(
 }
 
 /// `kat-agent rejoin`: a control-plane node's etcd member back into a restored cluster.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/etcd-member",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "The etcd membership to take up", body = kat_api::wire::EtcdMembership), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn readmit_etcd_member(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -60,6 +102,17 @@ pub async fn readmit_etcd_member(
 }
 
 /// A worker's WireGuard public key.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/wireguard",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name")),
+        request_body(content = kat_api::wire::WireguardKey),
+        responses((status = 200, description = "Accepted", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn set_wireguard_key(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -71,6 +124,16 @@ pub async fn set_wireguard_key(
 }
 
 /// The overlay's peers, for a worker.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/nodes/{name}/peers",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "The overlay's peers", body = [kat_api::wire::OverlayPeer]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn overlay_peers(
     State(state): State<Arc<ApiState>>,
     Path(_name): Path<String>,
@@ -79,6 +142,16 @@ pub async fn overlay_peers(
 }
 
 /// The cluster's DNS records, for a worker's DNS server.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/nodes/{name}/dns",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "Every DNS record", body = [kat_api::wire::DnsRecord]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn dns_records(
     State(state): State<Arc<ApiState>>,
     Path(_name): Path<String>,
@@ -97,6 +170,16 @@ const KEEPALIVE: Duration = Duration::from_secs(5);
 
 /// A node's assignments as JSON lines ([`kat_api::wire::AssignmentUpdate`]), for as long as
 /// the client reads and this node leads.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/nodes/{name}/assignments",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "JSON lines of AssignmentUpdate", content_type = "application/x-ndjson", body = kat_api::wire::AssignmentUpdate), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn assignments(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -139,6 +222,16 @@ pub async fn assignments(
 }
 
 /// The template an instance of the node runs, as stored (the node checks its hash).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/nodes/{name}/templates/{ns}/{workload}/{hash}",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name"), ("ns" = String, Path, description = "Namespace"), ("workload" = String, Path, description = "Workload name"), ("hash" = String, Path, description = "Template hash")),
+        responses((status = 200, description = "The typed template, as stored", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn template(
     State(state): State<Arc<ApiState>>,
     Path((name, ns, workload, hash)): Path<(String, String, String, String)>,
@@ -151,6 +244,17 @@ pub async fn template(
 }
 
 /// Instances of the node whose template is unusable: each becomes a `TemplateMissing` event.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/template-problems",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name")),
+        request_body(content = [kat_api::wire::TemplateProblem]),
+        responses((status = 200, description = "Accepted", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn template_problems(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -166,6 +270,18 @@ pub async fn template_problems(
     Ok(Json(serde_json::json!({"accepted": true})))
 }
 
+/// Replace a node's taints (`katcall taint`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        put,
+        path = "/v1alpha1/nodes/{name}/taints",
+        tag = "nodes",
+        params(("name" = String, Path, description = "Node name")),
+        request_body(content = [kat_api::wire::Taint]),
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn set_taints(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -182,6 +298,17 @@ pub async fn set_taints(
 }
 
 /// Body: `{"label": "value", "gone": null}`; null removes a label.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        put,
+        path = "/v1alpha1/nodes/{name}/labels",
+        tag = "nodes",
+        params(("name" = String, Path, description = "Node name")),
+        request_body(content = serde_json::Value, description = "`{\"label\": \"value\", \"gone\": null}`"),
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn set_labels(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -197,6 +324,17 @@ pub async fn set_labels(
     Ok(Json(reg))
 }
 
+/// Drain a node: no new instances, its instances move (`katcall drain`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/drain",
+        tag = "nodes",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn drain(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -204,6 +342,17 @@ pub async fn drain(
     Ok(Json(state.service.drain_node(&name).await?))
 }
 
+/// Let a drained node take instances again (`katcall uncordon`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/uncordon",
+        tag = "nodes",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn uncordon(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -212,6 +361,16 @@ pub async fn uncordon(
 }
 
 /// Remove a node from the cluster (`katcall delete node`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        delete,
+        path = "/v1alpha1/nodes/{name}",
+        tag = "nodes",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "`{\"deleted\": NAME}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn remove(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,

@@ -12,6 +12,17 @@ use kat_api::wire::{CreateApiToken, TokenScope};
 
 use super::{json_body, ApiError, ApiState};
 
+/// A scoped API token (`katcall create token --read-only [--namespace NS]`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/tokens",
+        tag = "tokens",
+        request_body(content = kat_api::wire::CreateApiToken),
+        responses((status = 201, description = "The token (shown once)", body = kat_api::wire::NewApiToken), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn create(
     State(state): State<Arc<ApiState>>,
     req: Request,
@@ -29,16 +40,46 @@ pub async fn create(
 }
 
 /// `GET /ingress`: what the ingress updater reads (with a read-only token).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/ingress",
+        tag = "cluster",
+        responses((status = 200, description = "Every ingress rule, resolved", body = [kat_api::wire::IngressRoute]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn ingress_routes(
     State(state): State<Arc<ApiState>>,
 ) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.ingress_routes().await?))
 }
 
+/// The scoped API tokens (`katcall get tokens`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/tokens",
+        tag = "tokens",
+        responses((status = 200, description = "API tokens, without their secrets", body = [kat_api::wire::ApiTokenInfo]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
     Ok(Json(state.service.api_tokens().await?))
 }
 
+/// Revoke an API token (`katcall delete token`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        delete,
+        path = "/v1alpha1/tokens/{id}",
+        tag = "tokens",
+        params(("id" = String, Path, description = "Token id")),
+        responses((status = 200, description = "`{\"deleted\": ID}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn delete(
     State(state): State<Arc<ApiState>>,
     Path(id): Path<String>,

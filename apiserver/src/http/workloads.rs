@@ -13,6 +13,17 @@ use serde::Deserialize;
 
 use super::{read_body, ApiError, ApiState};
 
+/// The workloads of a namespace, with their status.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/n/{ns}/workloads",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace")),
+        responses((status = 200, description = "Metadata and status of each workload", body = [kat_api::wire::WorkloadObject]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn list(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
@@ -20,6 +31,17 @@ pub async fn list(
     Ok(Json(state.service.workloads(&ns).await?))
 }
 
+/// One workload: metadata, generation, replicas desired and ready, its instances.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/n/{ns}/workloads/{name}",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
+        responses((status = 200, description = "The workload", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn get(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -49,6 +71,18 @@ fn apply_query(query: Result<Query<ApplyQuery>, QueryRejection>) -> Result<Apply
     Ok(q)
 }
 
+/// Create a workload from its Quadlet directory (a tar.gz); with `dryRun=true` only say what the apply would do (`katcall diff`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/n/{ns}/workloads",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("dryRun" = Option<bool>, Query, description = "Check everything, store nothing, answer what the apply would change")),
+        request_body(content = super::openapi::Bundle, content_type = "application/gzip", description = "The Quadlet directory as a tar.gz (`katcall apply` packs it)"),
+        responses((status = 201, description = "Created", body = kat_api::wire::WorkloadObject), (status = 200, description = "With dryRun: what the apply would do", body = kat_api::wire::ApplyPreview), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn create(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
@@ -66,6 +100,17 @@ pub async fn create(
 }
 
 /// A workload a rejoining node created while detached (its node certificate, its own path).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/workloads/{ns}",
+        tag = "node-agent",
+        params(("name" = String, Path, description = "Node name"), ("ns" = String, Path, description = "Namespace")),
+        request_body(content = super::openapi::Bundle, content_type = "application/gzip", description = "The Quadlet directory as a tar.gz (`katcall apply` packs it)"),
+        responses((status = 201, description = "Created", body = kat_api::wire::PinnedWorkloadAnswer), (status = 200, description = "The same bundle was there", body = kat_api::wire::PinnedWorkloadAnswer), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn submit_pinned(
     State(state): State<Arc<ApiState>>,
     Path((node, ns)): Path<(String, String)>,
@@ -83,6 +128,18 @@ pub async fn submit_pinned(
     Ok((status, Json(answer)))
 }
 
+/// Update a workload from its Quadlet directory: a new generation unless the spec is the same; with `dryRun=true` only say what would change.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        put,
+        path = "/v1alpha1/n/{ns}/workloads/{name}",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("dryRun" = Option<bool>, Query, description = "Check everything, store nothing, answer what the apply would change")),
+        request_body(content = super::openapi::Bundle, content_type = "application/gzip", description = "The Quadlet directory as a tar.gz (`katcall apply` packs it)"),
+        responses((status = 200, description = "The workload after the update (a WorkloadObject); with dryRun what it would change (an ApplyPreview, as the create answers)", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn update(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -102,6 +159,17 @@ pub async fn update(
     Ok(Json(state.service.update_workload(&key, body).await?).into_response())
 }
 
+/// Delete a workload: its containers stop with their grace period.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        delete,
+        path = "/v1alpha1/n/{ns}/workloads/{name}",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
+        responses((status = 200, description = "`{\"deleted\": \"NS/NAME\"}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn delete(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -111,6 +179,17 @@ pub async fn delete(
     Ok(Json(serde_json::json!({"deleted": key})))
 }
 
+/// Re-apply the previous generation's spec as a new generation (the update strategy governs the way back).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/n/{ns}/workloads/{name}/rollback",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
+        responses((status = 200, description = "The workload at its new generation", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn rollback(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -119,6 +198,17 @@ pub async fn rollback(
     Ok(Json(state.service.rollback_workload(&key).await?))
 }
 
+/// `source.git`: resolve the branch or tag again; a new generation if it moved.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/n/{ns}/workloads/{name}/redeploy",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
+        responses((status = 200, description = "The workload", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn redeploy(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -127,6 +217,17 @@ pub async fn redeploy(
     Ok(Json(state.service.redeploy_workload(&key).await?))
 }
 
+/// `source.git`: a new push-hook secret, replacing any before it.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/n/{ns}/workloads/{name}/webhook",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
+        responses((status = 201, description = "The hook's path and secret (shown once)", body = kat_api::wire::WebhookInfo), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn create_webhook(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -138,6 +239,17 @@ pub async fn create_webhook(
     ))
 }
 
+/// `source.git`: remove the push-hook secret.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        delete,
+        path = "/v1alpha1/n/{ns}/workloads/{name}/webhook",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
+        responses((status = 200, description = "Removed", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn delete_webhook(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -154,6 +266,19 @@ pub async fn delete_webhook(
 /// and what KAT reads of it is one field).
 const HOOK_BODY_LIMIT: u64 = 5 << 20;
 
+/// A git server's push notification for a `source.git` workload, signed with its webhook secret.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/hooks/git/{ns}/{name}",
+        tag = "workloads",
+        security(()),
+        params(("X-Hub-Signature-256" = String, Header, description = "sha256=HMAC of the body with the webhook secret"), ("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
+        request_body(content = serde_json::Value, description = "A git server's push notification, signed with the webhook secret (`X-Hub-Signature-256`)"),
+        responses((status = 200, description = "What the push did", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn push_hook(
     State(state): State<Arc<ApiState>>,
     Path((ns, name)): Path<(String, String)>,
@@ -189,6 +314,17 @@ pub async fn push_hook(
     ))
 }
 
+/// One Quadlet file of the workload, as applied.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/n/{ns}/workloads/{name}/files/{file}",
+        tag = "workloads",
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("file" = String, Path, description = "File name, e.g. workload.kat")),
+        responses((status = 200, description = "The file as applied", content_type = "application/yaml", body = String), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn file(
     State(state): State<Arc<ApiState>>,
     Path((ns, name, file)): Path<(String, String, String)>,
@@ -198,6 +334,17 @@ pub async fn file(
     Ok(([(header::CONTENT_TYPE, "application/yaml")], bytes))
 }
 
+/// The instances of a namespace, as their nodes report them.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/n/{ns}/instances",
+        tag = "instances",
+        params(("ns" = String, Path, description = "Namespace")),
+        responses((status = 200, description = "Instances as their nodes report them", body = [kat_api::wire::InstanceStatus]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn instances(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
@@ -205,6 +352,16 @@ pub async fn instances(
     Ok(Json(state.service.reported_instances(Some(&ns)).await?))
 }
 
+/// Every instance in the cluster, as their nodes report them.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/instances",
+        tag = "instances",
+        responses((status = 200, description = "Instances as their nodes report them", body = [kat_api::wire::InstanceStatus]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn all_instances(
     State(state): State<Arc<ApiState>>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -218,6 +375,16 @@ pub struct FinishedParams {
 }
 
 /// Finished instances kept (`finishedRunHistory`), oldest first: the record, how it ended.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/n/{ns}/finished-instances",
+        tag = "instances",
+        params(("ns" = String, Path, description = "Namespace"), ("workload" = Option<String>, Query, description = "Only this workload's")),
+        responses((status = 200, description = "Finished instances, oldest first", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+    )
+)]
 pub async fn finished_instances(
     State(state): State<Arc<ApiState>>,
     Path(ns): Path<String>,
