@@ -113,6 +113,13 @@ fn short(commit: &str) -> &str {
 /// new generation that is not running yet (its pull or reason) and one per running build.
 pub fn lines(w: &WorkloadObject, generation: u64) -> Vec<String> {
     let s = &w.status;
+    if s.observed_generation < generation {
+        // The status is still the previous generation's: nothing of it is news.
+        return vec![format!(
+            "{}: generation {generation} applied, waiting for the leader to take it",
+            w.metadata.name
+        )];
+    }
     let mut out = vec![format!(
         "{}: {}/{} ready, generation {}{}",
         w.metadata.name,

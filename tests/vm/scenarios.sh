@@ -169,7 +169,17 @@ kind: VirtualLoadBalancer
 spec:
   ports: [{name: http, containerPort: 8080, hostPort: $2}]
 EOW
-  K apply -f "$dir"
+  # What the apply would do first (a new workload: exit 1, nothing stored), then the apply,
+  # following its rollout to the end; applied, the same directory is no change (exit 0).
+  local rc=0
+  K diff -f "$dir" > "$HERE/diff-$1.out" 2>&1 || rc=$?
+  [ "$rc" = 1 ] && grep -q "would be created at generation 1" "$HERE/diff-$1.out" ||
+    { log "katcall diff of the new workload $1: exit $rc (expected 1)"; cat "$HERE/diff-$1.out"; return 1; }
+  K get workloads | grep -q "^$1 " && { log "katcall diff stored workload $1"; return 1; }
+  K apply -f "$dir" --wait --timeout 240s || return 1
+  rc=0; K diff -f "$dir" > "$HERE/diff-$1.out" 2>&1 || rc=$?
+  [ "$rc" = 0 ] || { log "katcall diff after the apply: exit $rc (expected 0)"; cat "$HERE/diff-$1.out"; return 1; }
+  log "diff, apply --wait, diff: $(tail -1 "$HERE/diff-$1.out")"
 }
 fetch_by_name() {  # from the ticker's container: web's page by its DNS name
   K exec "ticker/$(instance_of ticker)" -- sh -c "printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 5 web 8080" | grep -q "page of web-"

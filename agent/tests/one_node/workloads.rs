@@ -323,6 +323,7 @@ pub(crate) fn an_updated_spec_replaces_the_instances(r: &mut Run) {
         first.iter().all(|id| text.contains(id.as_str())),
         "{first:?} {text}"
     );
+    eprintln!("katcall diff -f web-next:\n{text}");
     let json = c.katcall(&["diff", "-f", &dir, "-o", "json"]);
     let preview: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON preview");
     assert_eq!(json.status.code(), Some(1), "{preview}");
@@ -383,6 +384,7 @@ pub(crate) fn an_updated_spec_replaces_the_instances(r: &mut Run) {
         stderr.contains("web: ") && stderr.contains("generation 2"),
         "{stderr}"
     );
+    eprintln!("katcall apply --wait:\n{stdout}{stderr}");
     let now = c.instances("web");
     let new: Vec<_> = now
         .iter()

@@ -160,6 +160,17 @@ fn changed(doc: &str, path: &str, value: Option<&str>) -> Value {
     d
 }
 
+/// Validation found something wrong with `doc` (`path` set to `value`), and so does the
+/// schema of `kind`.
+#[track_caller]
+fn both_refuse(kind: &str, doc: &Value, found: &[String], path: &str, value: Option<&str>) {
+    assert!(!found.is_empty(), "{path}={value:?}: validation accepts it");
+    assert!(
+        !schema_errors(kind, doc).is_empty(),
+        "{path}={value:?}: the schema accepts what validation refuses: {found:?}"
+    );
+}
+
 #[test]
 fn files_validation_refuses_fail_the_schema_too() {
     let workload_cases: &[(&str, Option<&str>)] = &[
@@ -191,11 +202,7 @@ fn files_validation_refuses_fail_the_schema_too() {
     for (path, value) in workload_cases {
         let w = changed(WORKLOAD, path, *value);
         let found = findings(&[("workload.kat", &w), ("lb.kat", &yaml(LB))]);
-        assert!(!found.is_empty(), "{path}={value:?}: validation accepts it");
-        assert!(
-            !schema_errors("Workload", &w).is_empty(),
-            "{path}={value:?}: the schema accepts what validation refuses: {found:?}"
-        );
+        both_refuse("Workload", &w, &found, path, *value);
     }
     let lb_cases: &[(&str, Option<&str>)] = &[
         ("spec.healthCheck.periodSecond", Some("3")),
@@ -208,11 +215,7 @@ fn files_validation_refuses_fail_the_schema_too() {
     for (path, value) in lb_cases {
         let lb = changed(LB, path, *value);
         let found = findings(&[("workload.kat", &yaml(WORKLOAD)), ("lb.kat", &lb)]);
-        assert!(!found.is_empty(), "{path}={value:?}: validation accepts it");
-        assert!(
-            !schema_errors("VirtualLoadBalancer", &lb).is_empty(),
-            "{path}={value:?}: the schema accepts what validation refuses: {found:?}"
-        );
+        both_refuse("VirtualLoadBalancer", &lb, &found, path, *value);
     }
     let mut job_workload = yaml(WORKLOAD);
     set(&mut job_workload, "spec.type", Some(yaml("Job")));
@@ -230,11 +233,7 @@ fn files_validation_refuses_fail_the_schema_too() {
     ] {
         let job = changed(JOB, path, value);
         let found = findings(&[("workload.kat", &job_workload), ("job.kat", &job)]);
-        assert!(!found.is_empty(), "{path}={value:?}: validation accepts it");
-        assert!(
-            !schema_errors("JobDefinition", &job).is_empty(),
-            "{path}={value:?}: the schema accepts what validation refuses: {found:?}"
-        );
+        both_refuse("JobDefinition", &job, &found, path, value);
     }
     for (path, value) in [
         ("spec.apiport", Some("1")),
@@ -246,13 +245,11 @@ fn files_validation_refuses_fail_the_schema_too() {
     ] {
         let c = changed(CLUSTER, path, value);
         let text = yaml_serde::to_string(&c).unwrap();
-        assert!(
-            parse_cluster("cluster.kat", text.as_bytes()).is_err(),
-            "{path}={value:?}: validation accepts it"
-        );
-        assert!(
-            !schema_errors("ClusterConfiguration", &c).is_empty(),
-            "{path}={value:?}: the schema accepts what validation refuses"
-        );
+        let found: Vec<String> = parse_cluster("cluster.kat", text.as_bytes())
+            .err()
+            .map(|e| e.to_string())
+            .into_iter()
+            .collect();
+        both_refuse("ClusterConfiguration", &c, &found, path, value);
     }
 }
