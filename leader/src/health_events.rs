@@ -2,9 +2,11 @@
 //! turns Unhealthy, `InstanceHealthy` when one recovers from it. Transitions only, not every
 //! probe: the leader remembers each instance's last known health (`Unknown` while it
 //! restarts changes nothing, so Unhealthy → restart → Healthy is a recovery) and its node's
-//! count of turns to Unhealthy, so a turn over between two heartbeats is not missed. An instance first seen
-//! by this leader (a new instance, or every instance after a failover) sets the baseline
-//! without an event, so a new leader does not repeat its predecessor's.
+//! count of turns to Unhealthy, so a turn over between two heartbeats is not missed. An
+//! instance already reported when this leader first sees it (every instance after a
+//! failover) sets the baseline without an event, so a new leader does not repeat its
+//! predecessor's; one whose record this leader saw before any report (a new instance)
+//! counts from nothing, however quickly it turned.
 
 use std::collections::HashMap;
 
@@ -76,6 +78,18 @@ pub fn reconcile(round: &mut Round<'_>, last: &mut HashMap<InstanceId, Seen>) {
                 unhealthy_transitions: count,
             },
         );
+    }
+    // An instance this leader knows but its node has not reported yet is new to everyone:
+    // its first report counts from nothing (a turn to Unhealthy before this leader first
+    // heard of it is an event), unlike one already running when this leader took over.
+    for (id, record) in &round.view.instances {
+        if !round.reported.contains_key(id.as_str()) && !now.contains_key(id.as_str()) {
+            let seen = last.get(id.as_str()).copied().unwrap_or(Seen {
+                known: Health::Unknown,
+                unhealthy_transitions: 0,
+            });
+            now.insert(record.instance_id.clone(), seen);
+        }
     }
     // In a stable order: `reported` is a hash map.
     found.sort_by(|a, b| a.2.instance_id.cmp(&b.2.instance_id));

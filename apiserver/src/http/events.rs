@@ -33,7 +33,7 @@ pub struct EventsQuery {
         path = "/v1alpha1/events",
         tag = "events",
         params(("resourceType" = Option<String>, Query, description = "Workload, Node, Namespace…"), ("resourceName" = Option<String>, Query, description = "Its name"), ("namespace" = Option<String>, Query, description = "Namespace"), ("limit" = Option<usize>, Query, description = "Newest events (default 100)"), ("watch" = Option<bool>, Query, description = "Stream new events as JSON lines")),
-        responses((status = 200, description = "Events, newest last; with watch: JSON lines", body = [kat_api::wire::Event]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Events, newest last; with watch: JSON lines", body = [kat_api::wire::Event]), super::openapi::Errors)
     )
 )]
 pub async fn list(
@@ -66,7 +66,7 @@ pub async fn list(
         get,
         path = "/v1alpha1/config/cluster",
         tag = "cluster",
-        responses((status = 200, description = "cluster.kat, parsed", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "cluster.kat, parsed", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn cluster_config(State(state): State<Arc<ApiState>>) -> impl IntoResponse {
@@ -81,7 +81,7 @@ pub async fn cluster_config(State(state): State<Arc<ApiState>>) -> impl IntoResp
         get,
         path = "/metrics",
         tag = "cluster",
-        responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String), super::openapi::Errors)
     )
 )]
 pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
@@ -99,7 +99,7 @@ pub async fn metrics(State(state): State<Arc<ApiState>>) -> Result<impl IntoResp
         get,
         path = "/v1alpha1/backups",
         tag = "backups",
-        responses((status = 200, description = "Snapshots taken", body = [kat_api::wire::BackupRecord]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Snapshots taken", body = [kat_api::wire::BackupRecord]), super::openapi::Errors)
     )
 )]
 pub async fn backups(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
@@ -113,7 +113,7 @@ pub async fn backups(State(state): State<Arc<ApiState>>) -> Result<impl IntoResp
         post,
         path = "/v1alpha1/backups",
         tag = "backups",
-        responses((status = 201, description = "The snapshot", body = kat_api::wire::BackupRecord), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 201, description = "The snapshot", body = kat_api::wire::BackupRecord), super::openapi::Errors)
     )
 )]
 pub async fn create_backup(

@@ -42,7 +42,7 @@ struct CreateBody {
         path = "/v1alpha1/join-tokens",
         tag = "join",
         request_body(content = serde_json::Value, description = "`{\"role\": \"worker\" or \"control-plane\", \"ttl\": \"24h\", \"maxUses\": 1, \"addresses\": [\"10.0.0.5\"]}`, every field optional"),
-        responses((status = 201, description = "The token (shown once)", body = kat_api::wire::NewJoinToken), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 201, description = "The token (shown once)", body = kat_api::wire::NewJoinToken), super::openapi::Errors)
     )
 )]
 pub async fn create_token(
@@ -94,7 +94,7 @@ pub async fn create_token(
         get,
         path = "/v1alpha1/join-tokens",
         tag = "join",
-        responses((status = 200, description = "Join tokens, without their secrets", body = [kat_api::wire::JoinTokenInfo]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Join tokens, without their secrets", body = [kat_api::wire::JoinTokenInfo]), super::openapi::Errors)
     )
 )]
 pub async fn list_tokens(
@@ -111,7 +111,7 @@ pub async fn list_tokens(
         path = "/v1alpha1/join-tokens/{id}",
         tag = "join",
         params(("id" = String, Path, description = "Token id")),
-        responses((status = 200, description = "`{\"deleted\": ID}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "`{\"deleted\": ID}`", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn delete_token(
@@ -131,7 +131,7 @@ pub async fn delete_token(
         tag = "join",
         security(()),
         request_body(content = kat_api::wire::JoinRequest),
-        responses((status = 200, description = "The node's certificate and what it needs to run", body = kat_api::wire::JoinResponse), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The node's certificate and what it needs to run", body = kat_api::wire::JoinResponse), super::openapi::Errors)
     )
 )]
 pub async fn join(
@@ -161,7 +161,7 @@ pub async fn join(
         path = "/v1alpha1/ca",
         tag = "join",
         security(()),
-        responses((status = 200, description = "PEM", content_type = "application/x-pem-file", body = String), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "PEM", content_type = "application/x-pem-file", body = String), super::openapi::Errors)
     )
 )]
 pub async fn ca(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {

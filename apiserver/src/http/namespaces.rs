@@ -17,7 +17,7 @@ use super::{json_body, ApiError, ApiState};
         get,
         path = "/v1alpha1/namespaces",
         tag = "namespaces",
-        responses((status = 200, description = "Every namespace", body = [kat_api::wire::NamespaceObject]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Every namespace", body = [kat_api::wire::NamespaceObject]), super::openapi::Errors)
     )
 )]
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
@@ -32,7 +32,7 @@ pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoRespons
         path = "/v1alpha1/namespaces/{ns}",
         tag = "namespaces",
         params(("ns" = String, Path, description = "Namespace")),
-        responses((status = 200, description = "The namespace", body = kat_api::wire::NamespaceObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The namespace", body = kat_api::wire::NamespaceObject), super::openapi::Errors)
     )
 )]
 pub async fn get(
@@ -62,7 +62,7 @@ struct CreateMeta {
         path = "/v1alpha1/namespaces",
         tag = "namespaces",
         request_body(content = serde_json::Value, description = "`{\"metadata\": {\"name\": \"NAME\"}}`"),
-        responses((status = 201, description = "Created", body = kat_api::wire::NamespaceObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 201, description = "Created", body = kat_api::wire::NamespaceObject), super::openapi::Errors)
     )
 )]
 pub async fn create(
@@ -90,7 +90,7 @@ pub async fn create(
         path = "/v1alpha1/namespaces/{ns}",
         tag = "namespaces",
         params(("ns" = String, Path, description = "Namespace")),
-        responses((status = 200, description = "`{\"deleted\": NS}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "`{\"deleted\": NS}`", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn delete(

@@ -27,7 +27,7 @@ const HEARTBEAT_BODY: u64 = 256 << 10;
         get,
         path = "/v1alpha1/nodes",
         tag = "nodes",
-        responses((status = 200, description = "Every node", body = [kat_api::wire::Node]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Every node", body = [kat_api::wire::Node]), super::openapi::Errors)
     )
 )]
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
@@ -49,7 +49,7 @@ pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoRespons
         path = "/v1alpha1/nodes/{name}",
         tag = "nodes",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "The node", body = kat_api::wire::Node), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The node", body = kat_api::wire::Node), super::openapi::Errors)
     )
 )]
 pub async fn get(
@@ -69,7 +69,7 @@ pub async fn get(
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name")),
         request_body(content = kat_api::wire::NodeHeartbeat),
-        responses((status = 200, description = "Accepted; the control plane's endpoints", body = kat_api::wire::HeartbeatAnswer), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Accepted; the control plane's endpoints", body = kat_api::wire::HeartbeatAnswer), super::openapi::Errors)
     )
 )]
 pub async fn heartbeat(
@@ -89,7 +89,7 @@ pub async fn heartbeat(
         path = "/v1alpha1/nodes/{name}/etcd-member",
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "The etcd membership to take up", body = kat_api::wire::EtcdMembership), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The etcd membership to take up", body = kat_api::wire::EtcdMembership), super::openapi::Errors)
     )
 )]
 pub async fn readmit_etcd_member(
@@ -110,7 +110,7 @@ pub async fn readmit_etcd_member(
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name")),
         request_body(content = kat_api::wire::WireguardKey),
-        responses((status = 200, description = "Accepted", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Accepted", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn set_wireguard_key(
@@ -131,7 +131,7 @@ pub async fn set_wireguard_key(
         path = "/v1alpha1/nodes/{name}/peers",
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "The overlay's peers", body = [kat_api::wire::OverlayPeer]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The overlay's peers", body = [kat_api::wire::OverlayPeer]), super::openapi::Errors)
     )
 )]
 pub async fn overlay_peers(
@@ -149,7 +149,7 @@ pub async fn overlay_peers(
         path = "/v1alpha1/nodes/{name}/dns",
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "Every DNS record", body = [kat_api::wire::DnsRecord]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Every DNS record", body = [kat_api::wire::DnsRecord]), super::openapi::Errors)
     )
 )]
 pub async fn dns_records(
@@ -177,7 +177,7 @@ const KEEPALIVE: Duration = Duration::from_secs(5);
         path = "/v1alpha1/nodes/{name}/assignments",
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "JSON lines of AssignmentUpdate", content_type = "application/x-ndjson", body = kat_api::wire::AssignmentUpdate), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "JSON lines of AssignmentUpdate", content_type = "application/x-ndjson", body = kat_api::wire::AssignmentUpdate), super::openapi::Errors)
     )
 )]
 pub async fn assignments(
@@ -229,7 +229,7 @@ pub async fn assignments(
         path = "/v1alpha1/nodes/{name}/templates/{ns}/{workload}/{hash}",
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name"), ("ns" = String, Path, description = "Namespace"), ("workload" = String, Path, description = "Workload name"), ("hash" = String, Path, description = "Template hash")),
-        responses((status = 200, description = "The typed template, as stored", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The typed template, as stored", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn template(
@@ -252,7 +252,7 @@ pub async fn template(
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name")),
         request_body(content = [kat_api::wire::TemplateProblem]),
-        responses((status = 200, description = "Accepted", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Accepted", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn template_problems(
@@ -279,7 +279,7 @@ pub async fn template_problems(
         tag = "nodes",
         params(("name" = String, Path, description = "Node name")),
         request_body(content = [kat_api::wire::Taint]),
-        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), super::openapi::Errors)
     )
 )]
 pub async fn set_taints(
@@ -306,7 +306,7 @@ pub async fn set_taints(
         tag = "nodes",
         params(("name" = String, Path, description = "Node name")),
         request_body(content = serde_json::Value, description = "`{\"label\": \"value\", \"gone\": null}`"),
-        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), super::openapi::Errors)
     )
 )]
 pub async fn set_labels(
@@ -332,7 +332,7 @@ pub async fn set_labels(
         path = "/v1alpha1/nodes/{name}/drain",
         tag = "nodes",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), super::openapi::Errors)
     )
 )]
 pub async fn drain(
@@ -350,7 +350,7 @@ pub async fn drain(
         path = "/v1alpha1/nodes/{name}/uncordon",
         tag = "nodes",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The node's registration", body = kat_api::wire::NodeRegistration), super::openapi::Errors)
     )
 )]
 pub async fn uncordon(
@@ -368,7 +368,7 @@ pub async fn uncordon(
         path = "/v1alpha1/nodes/{name}",
         tag = "nodes",
         params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "`{\"deleted\": NAME}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "`{\"deleted\": NAME}`", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn remove(

@@ -3,7 +3,12 @@
 //! not build it: it serves `docs/openapi.json`, which `tests/openapi.rs` checks is this
 //! document, so the binaries carry none of utoipa.
 
+use std::collections::BTreeMap;
+
+use utoipa::openapi::content::ContentBuilder;
+use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Ref, RefOr};
 use utoipa::OpenApi;
 
 use super::{events, join, namespaces, nodes, streams, tokens, workloads};
@@ -17,7 +22,11 @@ use super::{events, join, namespaces, nodes, streams, tokens, workloads};
         license(name = "Apache-2.0")
     ),
     modifiers(&BearerToken, &OperationIds),
-    components(schemas(kat_api::wire::ExecRequest, kat_api::wire::ApplyPreview)),
+    components(schemas(
+        kat_api::wire::ErrorBody,
+        kat_api::wire::ExecRequest,
+        kat_api::wire::ApplyPreview
+    )),
     security(("token" = [])),
     paths(
         super::healthz,
@@ -105,6 +114,35 @@ impl utoipa::Modify for BearerToken {
                     .build(),
             ),
         );
+    }
+}
+
+/// What every route may answer besides its own: a refusal (4XX) or a failure (5XX), both
+/// `{"error", "message"}` (`ErrorBody`).
+pub struct Errors;
+
+impl utoipa::IntoResponses for Errors {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        let error = |description: &str| {
+            let body = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build();
+            ResponseBuilder::new()
+                .description(description)
+                .content("application/json", body)
+                .build()
+                .into()
+        };
+        BTreeMap::from([
+            (
+                "4XX".to_string(),
+                error("Refused: `{\"error\", \"message\"}` naming what is wrong"),
+            ),
+            (
+                "5XX".to_string(),
+                error("The store or a node could not answer"),
+            ),
+        ])
     }
 }
 

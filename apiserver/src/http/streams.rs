@@ -185,7 +185,7 @@ impl StreamSource for ApiState {
         path = "/v1alpha1/n/{ns}/workloads/{name}/instances/{id}/logs",
         tag = "instances",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("id" = String, Path, description = "Instance id"), ("follow" = Option<bool>, Query, description = "Keep streaming"), ("since" = Option<String>, Query, description = "RFC 3339 time or a duration such as 10m"), ("tail" = Option<usize>, Query, description = "Last lines only"), ("previous" = Option<bool>, Query, description = "The previous attempt's output"), ("build" = Option<bool>, Query, description = "The newest build's output (source.git)")),
-        responses((status = 200, description = "JSON lines of LogLine", content_type = "application/x-ndjson", body = kat_api::wire::LogLine), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "JSON lines of LogLine", content_type = "application/x-ndjson", body = kat_api::wire::LogLine), super::openapi::Errors)
     )
 )]
 pub async fn logs<S: StreamSource>(
@@ -228,7 +228,7 @@ pub async fn logs<S: StreamSource>(
         path = "/v1alpha1/n/{ns}/workloads/{name}/instances/{id}/exec",
         tag = "instances",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("id" = String, Path, description = "Instance id")),
-        responses((status = 101, description = "Switching to kat-exec.v1 frames (docs/api.md); the first frame is an ExecRequest"), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 101, description = "Switching to kat-exec.v1 frames (docs/api.md); the first frame is an ExecRequest"), super::openapi::Errors)
     )
 )]
 pub async fn exec<S: StreamSource>(

@@ -20,7 +20,7 @@ use super::{json_body, ApiError, ApiState};
         path = "/v1alpha1/tokens",
         tag = "tokens",
         request_body(content = kat_api::wire::CreateApiToken),
-        responses((status = 201, description = "The token (shown once)", body = kat_api::wire::NewApiToken), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 201, description = "The token (shown once)", body = kat_api::wire::NewApiToken), super::openapi::Errors)
     )
 )]
 pub async fn create(
@@ -46,7 +46,7 @@ pub async fn create(
         get,
         path = "/v1alpha1/ingress",
         tag = "cluster",
-        responses((status = 200, description = "Every ingress rule, resolved", body = [kat_api::wire::IngressRoute]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Every ingress rule, resolved", body = [kat_api::wire::IngressRoute]), super::openapi::Errors)
     )
 )]
 pub async fn ingress_routes(
@@ -62,7 +62,7 @@ pub async fn ingress_routes(
         get,
         path = "/v1alpha1/tokens",
         tag = "tokens",
-        responses((status = 200, description = "API tokens, without their secrets", body = [kat_api::wire::ApiTokenInfo]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "API tokens, without their secrets", body = [kat_api::wire::ApiTokenInfo]), super::openapi::Errors)
     )
 )]
 pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoResponse, ApiError> {
@@ -77,7 +77,7 @@ pub async fn list(State(state): State<Arc<ApiState>>) -> Result<impl IntoRespons
         path = "/v1alpha1/tokens/{id}",
         tag = "tokens",
         params(("id" = String, Path, description = "Token id")),
-        responses((status = 200, description = "`{\"deleted\": ID}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "`{\"deleted\": ID}`", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn delete(

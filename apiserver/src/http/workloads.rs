@@ -21,7 +21,7 @@ use super::{read_body, ApiError, ApiState};
         path = "/v1alpha1/n/{ns}/workloads",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace")),
-        responses((status = 200, description = "Metadata and status of each workload", body = [kat_api::wire::WorkloadObject]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Metadata and status of each workload", body = [kat_api::wire::WorkloadObject]), super::openapi::Errors)
     )
 )]
 pub async fn list(
@@ -39,7 +39,7 @@ pub async fn list(
         path = "/v1alpha1/n/{ns}/workloads/{name}",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
-        responses((status = 200, description = "The workload", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The workload", body = kat_api::wire::WorkloadObject), super::openapi::Errors)
     )
 )]
 pub async fn get(
@@ -80,7 +80,7 @@ fn apply_query(query: Result<Query<ApplyQuery>, QueryRejection>) -> Result<Apply
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("dryRun" = Option<bool>, Query, description = "Check everything, store nothing, answer what the apply would change")),
         request_body(content = super::openapi::Bundle, content_type = "application/gzip", description = "The Quadlet directory as a tar.gz (`katcall apply` packs it)"),
-        responses((status = 201, description = "Created", body = kat_api::wire::WorkloadObject), (status = 200, description = "With dryRun: what the apply would do", body = kat_api::wire::ApplyPreview), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 201, description = "Created", body = kat_api::wire::WorkloadObject), (status = 200, description = "With dryRun: what the apply would do", body = kat_api::wire::ApplyPreview), super::openapi::Errors)
     )
 )]
 pub async fn create(
@@ -108,7 +108,7 @@ pub async fn create(
         tag = "node-agent",
         params(("name" = String, Path, description = "Node name"), ("ns" = String, Path, description = "Namespace")),
         request_body(content = super::openapi::Bundle, content_type = "application/gzip", description = "The Quadlet directory as a tar.gz (`katcall apply` packs it)"),
-        responses((status = 201, description = "Created", body = kat_api::wire::PinnedWorkloadAnswer), (status = 200, description = "The same bundle was there", body = kat_api::wire::PinnedWorkloadAnswer), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 201, description = "Created", body = kat_api::wire::PinnedWorkloadAnswer), (status = 200, description = "The same bundle was there", body = kat_api::wire::PinnedWorkloadAnswer), super::openapi::Errors)
     )
 )]
 pub async fn submit_pinned(
@@ -137,7 +137,7 @@ pub async fn submit_pinned(
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("dryRun" = Option<bool>, Query, description = "Check everything, store nothing, answer what the apply would change")),
         request_body(content = super::openapi::Bundle, content_type = "application/gzip", description = "The Quadlet directory as a tar.gz (`katcall apply` packs it)"),
-        responses((status = 200, description = "The workload after the update (a WorkloadObject); with dryRun what it would change (an ApplyPreview, as the create answers)", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The workload after the update (a WorkloadObject); with dryRun what it would change (an ApplyPreview, as the create answers)", body = kat_api::wire::WorkloadObject), super::openapi::Errors)
     )
 )]
 pub async fn update(
@@ -167,7 +167,7 @@ pub async fn update(
         path = "/v1alpha1/n/{ns}/workloads/{name}",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
-        responses((status = 200, description = "`{\"deleted\": \"NS/NAME\"}`", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "`{\"deleted\": \"NS/NAME\"}`", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn delete(
@@ -187,7 +187,7 @@ pub async fn delete(
         path = "/v1alpha1/n/{ns}/workloads/{name}/rollback",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
-        responses((status = 200, description = "The workload at its new generation", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The workload at its new generation", body = kat_api::wire::WorkloadObject), super::openapi::Errors)
     )
 )]
 pub async fn rollback(
@@ -206,7 +206,7 @@ pub async fn rollback(
         path = "/v1alpha1/n/{ns}/workloads/{name}/redeploy",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
-        responses((status = 200, description = "The workload", body = kat_api::wire::WorkloadObject), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The workload", body = kat_api::wire::WorkloadObject), super::openapi::Errors)
     )
 )]
 pub async fn redeploy(
@@ -225,7 +225,7 @@ pub async fn redeploy(
         path = "/v1alpha1/n/{ns}/workloads/{name}/webhook",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
-        responses((status = 201, description = "The hook's path and secret (shown once)", body = kat_api::wire::WebhookInfo), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 201, description = "The hook's path and secret (shown once)", body = kat_api::wire::WebhookInfo), super::openapi::Errors)
     )
 )]
 pub async fn create_webhook(
@@ -247,7 +247,7 @@ pub async fn create_webhook(
         path = "/v1alpha1/n/{ns}/workloads/{name}/webhook",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
-        responses((status = 200, description = "Removed", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Removed", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn delete_webhook(
@@ -276,7 +276,7 @@ const HOOK_BODY_LIMIT: u64 = 5 << 20;
         security(()),
         params(("X-Hub-Signature-256" = String, Header, description = "sha256=HMAC of the body with the webhook secret"), ("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name")),
         request_body(content = serde_json::Value, description = "A git server's push notification, signed with the webhook secret (`X-Hub-Signature-256`)"),
-        responses((status = 200, description = "What the push did", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "What the push did", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn push_hook(
@@ -322,7 +322,7 @@ pub async fn push_hook(
         path = "/v1alpha1/n/{ns}/workloads/{name}/files/{file}",
         tag = "workloads",
         params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("file" = String, Path, description = "File name, e.g. workload.kat")),
-        responses((status = 200, description = "The file as applied", content_type = "application/yaml", body = String), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "The file as applied", content_type = "application/yaml", body = String), super::openapi::Errors)
     )
 )]
 pub async fn file(
@@ -342,7 +342,7 @@ pub async fn file(
         path = "/v1alpha1/n/{ns}/instances",
         tag = "instances",
         params(("ns" = String, Path, description = "Namespace")),
-        responses((status = 200, description = "Instances as their nodes report them", body = [kat_api::wire::InstanceStatus]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Instances as their nodes report them", body = [kat_api::wire::InstanceStatus]), super::openapi::Errors)
     )
 )]
 pub async fn instances(
@@ -359,7 +359,7 @@ pub async fn instances(
         get,
         path = "/v1alpha1/instances",
         tag = "instances",
-        responses((status = 200, description = "Instances as their nodes report them", body = [kat_api::wire::InstanceStatus]), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Instances as their nodes report them", body = [kat_api::wire::InstanceStatus]), super::openapi::Errors)
     )
 )]
 pub async fn all_instances(
@@ -382,7 +382,7 @@ pub struct FinishedParams {
         path = "/v1alpha1/n/{ns}/finished-instances",
         tag = "instances",
         params(("ns" = String, Path, description = "Namespace"), ("workload" = Option<String>, Query, description = "Only this workload's")),
-        responses((status = 200, description = "Finished instances, oldest first", body = serde_json::Value), (status = "4XX", description = "Refused: `{\"error\", \"message\"}` naming what is wrong", body = kat_api::wire::ErrorBody), (status = "5XX", description = "The store or a node could not answer", body = kat_api::wire::ErrorBody))
+        responses((status = 200, description = "Finished instances, oldest first", body = serde_json::Value), super::openapi::Errors)
     )
 )]
 pub async fn finished_instances(
