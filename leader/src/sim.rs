@@ -69,6 +69,8 @@ pub struct SimNode {
     pub gpus: Vec<GpuInfo>,
     /// Cut off from the store: no heartbeats, no new assignments; containers keep running.
     pub partitioned: bool,
+    /// Hears its assignments and runs them but sends no heartbeat (heartbeats lost or late).
+    pub silent: bool,
     pub start_delay: Duration,
     pub stop_delay: Duration,
     /// Builds the node reports in its heartbeats.
@@ -89,6 +91,7 @@ impl SimNode {
             taints: vec![],
             gpus: vec![],
             partitioned: false,
+            silent: false,
             builds: vec![],
             start_delay: Duration::from_secs(1),
             stop_delay: Duration::from_secs(1),
@@ -331,6 +334,9 @@ impl SimCluster {
             }
             let assigned = by_node.remove(node.name.as_str()).unwrap_or_default();
             node.converge(&assigned, now, &self.behaviour);
+            if node.silent {
+                continue;
+            }
             ops.push(TxnOp::put_json(
                 keys::node_status(&node.name),
                 &node.heartbeat(&self.clock),

@@ -541,6 +541,38 @@ async fn health_transitions_are_events_once_each() {
     assert_eq!(count(&list, "InstanceHealthy"), 2, "{list:?}");
 }
 
+/// A new instance that turned unhealthy and recovered before the leader heard of it at all
+/// (its first heartbeat late): the node's count says so, and both events are written; an
+/// instance's first report is a baseline only for a leader that found it already running.
+#[tokio::test(start_paused = true)]
+async fn a_new_instance_unhealthy_before_its_first_report_still_has_its_events() {
+    let mut c = cluster(1).await;
+    c.run_until(3, |_| false).await.unwrap();
+    c.node("node-1").silent = true;
+    c.apply(&[
+        ("workload.kat", &service("web", 1, "web:1", "")),
+        ("lb.kat", HEALTH_CHECK),
+    ])
+    .await;
+    c.run_until(10, |c| !c.live_of("web").is_empty())
+        .await
+        .unwrap();
+    let id = c.live_of("web")[0].instance_id.clone();
+    c.node("node-1").set_healthy(&id, false);
+    c.node("node-1").set_healthy(&id, true);
+    c.node("node-1").silent = false;
+    c.run_until(5, |_| false).await.unwrap();
+    let list = events(&c).await;
+    let has = |reason: &str| {
+        list.iter()
+            .any(|e| e.reason == reason && e.message.contains(id.as_str()))
+    };
+    assert!(
+        has("InstanceUnhealthy") && has("InstanceHealthy"),
+        "{list:?}"
+    );
+}
+
 /// GPUs are allocated, not just matched: each instance gets its own matching devices (CDI
 /// names in its record), one that needs more than are free stays Pending with the reason,
 /// and a device is given again once its instance is gone.
