@@ -105,6 +105,15 @@ fn failed_build(w: &WorkloadObject) -> Option<&BuildReport> {
     newest.into_values().find(|b| b.state == BuildState::Failed)
 }
 
+/// What an instance that does not run yet waits for: its pull, its reason, or its state.
+fn waiting_for(i: &InstanceStatus) -> String {
+    match (&i.pull, &i.reason) {
+        (Some(p), _) => p.summary(),
+        (None, Some(r)) => r.clone(),
+        (None, None) => format!("{:?}", i.state),
+    }
+}
+
 fn short(commit: &str) -> &str {
     commit.get(..12).unwrap_or(commit)
 }
@@ -141,11 +150,7 @@ pub fn lines(w: &WorkloadObject, generation: u64) -> Vec<String> {
         .filter(|i| runs_current(w, i) && i.state != InstanceState::Running)
     {
         let node = i.node.as_deref().unwrap_or("unplaced");
-        let what = match (&i.pull, &i.reason) {
-            (Some(p), _) => p.summary(),
-            (None, Some(r)) => r.clone(),
-            (None, None) => format!("{:?}", i.state),
-        };
+        let what = waiting_for(i);
         out.push(format!("  {} on {node}: {what}", i.instance_id));
     }
     out
@@ -290,11 +295,7 @@ impl Bars {
                 }
                 _ => {
                     let bar = self.bar(&key, None);
-                    let what = match (&i.pull, &i.reason) {
-                        (Some(p), _) => p.summary(),
-                        (None, Some(r)) => r.clone(),
-                        (None, None) => format!("{:?}", i.state),
-                    };
+                    let what = waiting_for(i);
                     bar.set_message(what);
                 }
             }
