@@ -37,7 +37,7 @@ fn docs_openapi_json_is_what_the_code_makes() {
 /// source: the v1 routes (nested under `/v1alpha1`), then the root ones.
 fn routes() -> BTreeSet<(String, String)> {
     let source = std::fs::read_to_string(repo().join("apiserver/src/http/mod.rs")).unwrap();
-    let start = source.find("pub fn router(").expect("the router");
+    let start = source.find("pub fn router_with_ui(").expect("the router");
     let body = &source[start..];
     let end = body.find("\n}\n").expect("the router's end");
     let body = &body[..end];

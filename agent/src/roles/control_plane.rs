@@ -156,7 +156,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
     base.tasks.spawn(kat_apiserver::serve::serve(
         listener,
         base.api_tls()?,
-        http::router(api.clone()),
+        http::router_with_ui(api.clone(), Some(kat_dashboard::router(api.clone()))),
     ));
     let (cluster, pki) = (&base.cluster, &base.pki);
     if let Some(token) = &options.first_join_token {

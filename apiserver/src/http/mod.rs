@@ -1,7 +1,8 @@
 //! The HTTP API (RFC 001 §8), as an axum [`Router`] over the [`Service`] layer.
 //!
 //! Every route but `/healthz`, `/openapi.json`, `/v1alpha1/join` and `/v1alpha1/ca` needs
-//! the admin bearer token (or a scoped one); the token is checked against its SHA-256 in the store, in constant time. Each
+//! the admin bearer token (or a scoped one), except the dashboard's under [`UI_PREFIX`],
+//! which checks its own session (`kat-dashboard`); the token is checked against its SHA-256 in the store, in constant time. Each
 //! request passes one middleware that applies the per-client rate limit, checks the token,
 //! times the request for `/metrics` and writes an audit line for every mutating request. Errors are always `{"error","message"}`.
 //!
@@ -49,6 +50,7 @@ pub use streams::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
     StreamSource, EXEC_PROTOCOL,
 };
+pub use tokens::scope_allows;
 pub use worker::{worker_router, WorkerApi};
 
 use crate::service::Service;
@@ -131,6 +133,16 @@ pub fn token_sha256(token: &str) -> [u8; 32] {
 }
 
 pub fn router(state: Arc<ApiState>) -> Router {
+    router_with_ui(state, None)
+}
+
+/// Where a control-plane node serves the web dashboard (`kat-dashboard`): the guard leaves
+/// its requests, rate-limited, to the dashboard's own sign-in and session checks.
+pub const UI_PREFIX: &str = "/ui";
+
+/// [`router`], with the dashboard's routes under [`UI_PREFIX`] (the dashboard depends on
+/// this crate, not the other way round).
+pub fn router_with_ui(state: Arc<ApiState>, ui: Option<Router<Arc<ApiState>>>) -> Router {
     let v1 = Router::new()
         .route(
             "/namespaces",
@@ -209,15 +221,26 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/join", post(join::join))
         .route("/ca", get(join::ca))
         .route("/config/cluster", get(events::cluster_config));
-    Router::new()
-        .nest("/v1alpha1", v1)
-        .route("/healthz", get(healthz))
+    let mut root = Router::new().nest("/v1alpha1", v1);
+    if let Some(ui) = ui {
+        root = with_ui(root, ui);
+    }
+    root.route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi_json))
         .route("/metrics", get(events::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// The dashboard's routes under [`UI_PREFIX`]. The nested router answers `/ui` and
+/// `/ui/...`; `/ui/`, what people type, is sent to `/ui`. (Not API routes: no OpenAPI.)
+fn with_ui(root: Router<Arc<ApiState>>, ui: Router<Arc<ApiState>>) -> Router<Arc<ApiState>> {
+    root.nest(UI_PREFIX, ui).route(
+        &format!("{UI_PREFIX}/"),
+        get(|| async { axum::response::Redirect::to(UI_PREFIX) }),
+    )
 }
 
 /// Whether the API answers: `{"status": "ok"}`, no token needed.
@@ -299,8 +322,10 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
     let limited = rate_limit_key(&req, client);
     let response = if path == "/healthz" {
         next.run(req).await
-    } else if PUBLIC_PATHS.contains(&path.as_str()) || path.starts_with(HOOK_PREFIX) {
-        // No bearer token (a joining node has none), but rate-limited like the rest.
+    } else if PUBLIC_PATHS.contains(&path.as_str()) || path.starts_with(HOOK_PREFIX) || is_ui(&path)
+    {
+        // No bearer token (a joining node has none; the dashboard checks its own session),
+        // but rate-limited like the rest.
         match state.limiter.check_client(limited) {
             Ok(()) => next.run(req).await,
             Err(retry_after) => rate_limited(retry_after, None),
@@ -370,6 +395,11 @@ pub(crate) fn rate_limited(retry_after: Duration, who: Option<&Client>) -> Respo
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
     r
+}
+
+/// Whether `path` is the dashboard's.
+fn is_ui(path: &str) -> bool {
+    path == UI_PREFIX || path.starts_with(&format!("{UI_PREFIX}/"))
 }
 
 fn is_mutating(method: &Method) -> bool {

@@ -1,0 +1,56 @@
+// The dashboard's only script: it keeps a page's content current and follows an instance's
+// output, both over server-sent events. Ours rather than a library's: two EventSources and
+// a text append are all the pages need, and the Content-Security-Policy allows this file and
+// nothing inline.
+'use strict';
+
+(function () {
+  const content = document.getElementById('content');
+  if (content && content.dataset.live) {
+    const live = new EventSource('/ui/live?page=' + encodeURIComponent(content.dataset.live));
+    live.addEventListener('content', (e) => {
+      // Server-rendered HTML, escaped where it was made; a form being filled in is kept.
+      if (content.contains(document.activeElement) && document.activeElement.tagName === 'INPUT') {
+        return;
+      }
+      content.innerHTML = e.data;
+      document.body.dataset.updated = String(Date.now());
+    });
+    live.addEventListener('error', () => {
+      // Refused (the session ended): the page itself will say where to go.
+      if (live.readyState === EventSource.CLOSED) {
+        window.location.reload();
+      }
+    });
+  }
+
+  const logs = document.getElementById('logs');
+  if (logs && logs.dataset.source) {
+    const follow = document.getElementById('follow');
+    const output = new EventSource(logs.dataset.source);
+    const append = (text, className) => {
+      const line = document.createElement('span');
+      line.className = className;
+      line.textContent = text + '\n';
+      logs.appendChild(line);
+      while (logs.childNodes.length > 5000) {
+        logs.removeChild(logs.firstChild);
+      }
+      if (!follow || follow.checked) {
+        logs.scrollTop = logs.scrollHeight;
+      }
+    };
+    output.addEventListener('line', (e) => {
+      const line = JSON.parse(e.data);
+      append(line.text, line.stream);
+    });
+    output.addEventListener('problem', (e) => {
+      append(e.data, 'problem');
+      output.close();
+    });
+    output.addEventListener('end', () => {
+      append('(the output ended)', 'problem');
+      output.close();
+    });
+  }
+})();

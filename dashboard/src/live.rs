@@ -1,0 +1,246 @@
+//! Live pages over server-sent events.
+//!
+//! [`Changes`] is one watch of the store per node, whatever the number of open pages, and
+//! only while one is open: every write (a heartbeat, a status, an event) bumps a counter
+//! that wakes each open page's stream, which renders the page again (at most every
+//! [`SETTLE`]) and sends it when it differs from what it sent last. Nothing polls: a page
+//! costs a render per change of the cluster, not a request per tab per second.
+//! Logs come from the instance's node, line by line, as `katcall logs -f` gets them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use kat_api::keys;
+use kat_api::WorkloadKey;
+use kat_apiserver::http::LogQuery;
+use kat_store::{StateStore, WatchOptions};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::pages::{self, Page};
+use crate::session::{self, Session};
+use crate::Dashboard;
+
+/// How long a page waits after a change for the ones that come with it (a rollout writes
+/// a status, instances and events in a burst), and so the most often it is rendered.
+const SETTLE: Duration = Duration::from_millis(400);
+/// How long the store watch waits before it starts again after it ended.
+const RESTART: Duration = Duration::from_secs(2);
+/// How often a stream checks that its session is still current, and the watch that a page
+/// is still open, when nothing else wakes them.
+const RECHECK: Duration = Duration::from_secs(15);
+/// Lines of an instance's output a log panel starts with.
+const LOG_TAIL: usize = 500;
+
+/// Changes of the store, counted, for the open pages.
+pub struct Changes {
+    store: Arc<dyn StateStore>,
+    tx: Arc<watch::Sender<u64>>,
+    watching: Arc<AtomicBool>,
+}
+
+impl Changes {
+    pub fn new(store: Arc<dyn StateStore>) -> Changes {
+        Changes {
+            store,
+            tx: Arc::new(watch::channel(0).0),
+            watching: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A receiver that sees every change from now on; starts the store watch if none runs.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        let rx = self.tx.subscribe();
+        if !self.watching.swap(true, Ordering::SeqCst) {
+            tokio::spawn(watch_store(
+                self.store.clone(),
+                self.tx.clone(),
+                self.watching.clone(),
+            ));
+        }
+        rx
+    }
+}
+
+/// Watch the whole store while anyone listens; bump the counter on every write.
+async fn watch_store(
+    store: Arc<dyn StateStore>,
+    tx: Arc<watch::Sender<u64>>,
+    watching: Arc<AtomicBool>,
+) {
+    loop {
+        match store.watch(keys::ROOT, WatchOptions::prefix()).await {
+            Ok(mut stream) => {
+                // What changed while there was no watch shows with the first render.
+                tx.send_modify(|n| *n += 1);
+                loop {
+                    match tokio::time::timeout(RECHECK, stream.next()).await {
+                        Ok(Some(Ok(_))) => tx.send_modify(|n| *n += 1),
+                        Ok(Some(Err(e))) => {
+                            tracing::debug!(error = %e, "the dashboard's store watch ended");
+                            break;
+                        }
+                        Ok(None) => break,
+                        Err(_) => {}
+                    }
+                    if tx.receiver_count() == 0 {
+                        break;
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "the dashboard cannot watch the store"),
+        }
+        if tx.receiver_count() == 0 {
+            // Stop; but a page that subscribed between the count and here saw the flag
+            // still set and started nothing: then this watch goes on.
+            watching.store(false, Ordering::SeqCst);
+            if tx.receiver_count() == 0 || watching.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            continue;
+        }
+        tokio::time::sleep(RESTART).await;
+    }
+}
+
+#[derive(Deserialize)]
+pub struct LiveQuery {
+    /// The page's address (`/ui/n/default`).
+    page: String,
+}
+
+/// `GET /ui/live?page=PATH`: the page's content again whenever it changes, as `content`
+/// events; the stream ends when the session does.
+pub async fn page_updates(
+    State(d): State<Arc<Dashboard>>,
+    Extension(session): Extension<Session>,
+    headers: HeaderMap,
+    Query(q): Query<LiveQuery>,
+) -> Response {
+    let page = q.page.strip_prefix(crate::PREFIX).and_then(Page::from_path);
+    let Some(page) = page.filter(|p| p.visible_to(&session)) else {
+        return (StatusCode::NOT_FOUND, "no such page for this session\n").into_response();
+    };
+    let Some(secret) = session::cookie(&headers).map(String::from) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let mut changes = d.changes.subscribe();
+    // The page may have changed between its first render and this stream.
+    changes.mark_changed();
+    struct Stream {
+        d: Arc<Dashboard>,
+        secret: String,
+        page: Page,
+        changes: watch::Receiver<u64>,
+        sent: String,
+    }
+    let start = Stream {
+        d,
+        secret,
+        page,
+        changes,
+        sent: String::new(),
+    };
+    let events = futures_util::stream::unfold(start, |mut s| async move {
+        loop {
+            match tokio::time::timeout(RECHECK, s.changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return None,
+                Err(_) => {
+                    s.d.session_of(&s.secret).await?;
+                    continue;
+                }
+            }
+            tokio::time::sleep(SETTLE).await;
+            s.changes.borrow_and_update();
+            let session = s.d.session_of(&s.secret).await?;
+            if !s.page.visible_to(&session) {
+                return None;
+            }
+            let html = match pages::render(&s.d, &session, &s.page).await {
+                Ok(content) => content.into_string(),
+                Err(e) => {
+                    crate::views::problem("This page cannot be shown", &e.message).into_string()
+                }
+            };
+            if html != s.sent {
+                s.sent = html.clone();
+                let event = Event::default().event("content").data(html);
+                return Some((Ok::<_, std::convert::Infallible>(event), s));
+            }
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// `GET /ui/n/{ns}/workloads/{name}/instances/{id}/logs`: the instance's last lines, then
+/// each new one, as `line` events (`{"stream","text"}`); `end` when the output ends.
+pub async fn logs(
+    State(d): State<Arc<Dashboard>>,
+    Extension(session): Extension<Session>,
+    headers: HeaderMap,
+    Path((ns, name, id)): Path<(String, String, String)>,
+) -> Response {
+    let api_path = format!("/v1alpha1/n/{ns}/workloads/{name}/instances/{id}/logs");
+    if !session.credential.may(&Method::GET, &api_path) {
+        return (StatusCode::FORBIDDEN, "this token cannot read these logs\n").into_response();
+    }
+    let Some(secret) = session::cookie(&headers).map(String::from) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let key = WorkloadKey::new(&ns, &name);
+    let record = match d.api.service.instance(&key, &id).await {
+        Ok(r) => r,
+        Err(e) => return line_stream_error(e.message),
+    };
+    let query = LogQuery {
+        follow: true,
+        tail: Some(LOG_TAIL),
+        ..Default::default()
+    };
+    let lines = match d.api.access.logs(&record, query).await {
+        Ok(lines) => lines,
+        Err(e) => return line_stream_error(e.to_string()),
+    };
+    let start = (d, secret, Some(lines));
+    let events = futures_util::stream::unfold(start, |(d, secret, lines)| async move {
+        let mut lines = lines?;
+        loop {
+            match tokio::time::timeout(RECHECK, lines.recv()).await {
+                Ok(Some(line)) => {
+                    let data = serde_json::json!({"stream": line.stream, "text": line.text});
+                    let event = Event::default().event("line").data(data.to_string());
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(event),
+                        (d, secret, Some(lines)),
+                    ));
+                }
+                Ok(None) => {
+                    let event = Event::default().event("end").data("");
+                    return Some((Ok(event), (d, secret, None)));
+                }
+                Err(_) => {
+                    d.session_of(&secret).await?;
+                }
+            }
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// A log stream that says why there is no output, as one `problem` event.
+fn line_stream_error(message: String) -> Response {
+    let event = Event::default().event("problem").data(message);
+    let once = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(event)]);
+    Sse::new(once).into_response()
+}
