@@ -42,6 +42,15 @@ command -v git >/dev/null 2>&1 || missing+=(git)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 # The ingress recipe (examples/ingress/): Caddy, put in its image beside kat-ingress.
 command -v caddy >/dev/null 2>&1 || missing+=(caddy)
+# The dashboard's browser test (tests/ui/run.sh): Chromium, its WebDriver and selenium.
+if grep -qs '^ID=ubuntu' /etc/os-release; then
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-chromedriver)
+else
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+fi
+/usr/bin/python3 -c 'import selenium' >/dev/null 2>&1 || missing+=(python3-selenium)
+dpkg -s fonts-dejavu-core >/dev/null 2>&1 || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "==> installing ${missing[*]}"
     need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

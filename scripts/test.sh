@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, property, conformance (MemStore and a real etcd), the managed
-# etcd process, the CLI, the hostile-input properties of the fuzz targets, and the container
+# etcd process, the CLI, the hostile-input properties of the fuzz targets, the container
 # runtime on the real kernel (a loopback registry, images built with buildah) — as root and
-# again as an unprivileged user with a subuid range — and, where ../shared/vm is beside the
-# checkout, the systemd VM stage (tests/vm/run.sh; KAT_SKIP_VM=1 skips it).
+# again as an unprivileged user with a subuid range — the dashboard in Chromium
+# (tests/ui/run.sh), and, where ../shared/vm is beside the checkout, the systemd VM stage
+# (tests/vm/run.sh; KAT_SKIP_VM=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
@@ -20,6 +21,8 @@ source <(scripts/test-fixtures.sh)
 trap '[ -z "${KAT_TEST_REGISTRY_PIDS:-}" ] || kill $KAT_TEST_REGISTRY_PIDS 2>/dev/null || true' EXIT
 echo "==> cargo test --workspace"
 cargo test --workspace --all-targets --locked
+echo "==> the dashboard in a real browser (tests/ui/run.sh)"
+tests/ui/run.sh
 if [ "$(id -u)" = 0 ]; then
     echo "==> runtime and kat-init suites again, rootless"
     scripts/test-rootless.sh

@@ -17,9 +17,10 @@
       document.body.dataset.updated = String(Date.now());
     });
     live.addEventListener('error', () => {
-      // Refused (the session ended): the page itself will say where to go.
+      // Refused (the session ended, the node restarted): the page itself, loaded again in a
+      // moment, says where to go. A dropped connection is retried by the browser.
       if (live.readyState === EventSource.CLOSED) {
-        window.location.reload();
+        window.setTimeout(() => window.location.reload(), 2000);
       }
     });
   }

@@ -29,7 +29,8 @@ pub async fn guard(State(d): State<Arc<Dashboard>>, req: Request, next: Next) ->
         ("content-security-policy", CONTENT_SECURITY_POLICY),
         ("x-content-type-options", "nosniff"),
         ("x-frame-options", "DENY"),
-        ("referrer-policy", "no-referrer"),
+        // Not `no-referrer`: under it a browser sends `Origin: null` with a same-origin form.
+        ("referrer-policy", "same-origin"),
         ("cross-origin-opener-policy", "same-origin"),
     ] {
         headers.insert(name, HeaderValue::from_static(value));

@@ -156,7 +156,7 @@ pub async fn show(
         );
         return (
             StatusCode::FORBIDDEN,
-            views::layout(&session, &page, None, content, true),
+            views::layout(&session, &page, None, content, false),
         )
             .into_response();
     }

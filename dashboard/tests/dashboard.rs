@@ -258,7 +258,11 @@ async fn nothing_but_the_sign_in_page_and_assets_without_a_session() {
     }
     assert!(!login.body.contains("<script>"), "no inline script");
     assert!(!login.body.contains("style="), "no inline style");
-    for asset in ["/ui/assets/kat.css", "/ui/assets/kat.js"] {
+    for asset in [
+        "/ui/assets/kat.css",
+        "/ui/assets/kat.js",
+        "/ui/assets/kat.svg",
+    ] {
         assert_eq!(ui.get(asset, None).await.status, StatusCode::OK, "{asset}");
     }
     assert_eq!(

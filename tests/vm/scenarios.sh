@@ -194,6 +194,25 @@ s_network() {
   log "ticker → web by DNS name: ok"
 }
 
+# The node's dashboard (kat-agent a user service of kat, behind its own TLS): nothing without a
+# session, a sign-in with the admin token, the web workload on its namespace's page, and the
+# page's live stream sending its content.
+s_dashboard() {
+  local endpoint token code jar=$HERE/ui.cookies
+  endpoint=$(sudo awk '/^endpoint:/ {print $2}' "$STATE/katcall.yaml" | tr -d "'\"")
+  token=$(sudo awk '/^token:/ {print $2}' "$STATE/katcall.yaml" | tr -d "'\"")
+  code=$(curl -sk -o /dev/null -w '%{http_code}' "$endpoint/ui/n/default")
+  [ "$code" = 303 ] || { log "the page without a session: $code (expected 303 to the sign-in page)"; return 1; }
+  code=$(curl -sk -c "$jar" -o /dev/null -w '%{http_code}' -H "Origin: $endpoint" \
+    --data-urlencode "token=$token" "$endpoint/ui/login")
+  [ "$code" = 303 ] || { log "sign-in: $code (expected 303)"; return 1; }
+  curl -sk -b "$jar" "$endpoint/ui/n/default" | grep -q 'data-workload="web"' ||
+    { log "web is not on the workloads page"; return 1; }
+  timeout 8 curl -skN -b "$jar" "$endpoint/ui/live?page=/ui/n/default" > "$HERE/live.out" 2>/dev/null
+  grep -q '^event: content' "$HERE/live.out" || { log "no content on the live stream"; head -c 300 "$HERE/live.out"; return 1; }
+  log "dashboard: sign-in, workloads page, live stream: ok"
+}
+
 # A git workload built on the node: a repository served by git daemon in the guest, buildah
 # run by the agent (a user service of kat) in a transient scope of kat.slice, in the user
 # namespace of the node's last id slice; the result runs, its build log and events are there,
@@ -417,6 +436,7 @@ scenario setup s_setup
 if [ "${results[-1]:-}" = "PASS setup" ]; then
   scenario cluster-up s_cluster_up
   scenario network s_network
+  scenario dashboard s_dashboard
   scenario build s_build
   scenario limits s_limits
   scenario agent-restart s_agent_restart

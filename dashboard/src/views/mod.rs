@@ -25,6 +25,7 @@ fn head(title: &str) -> Markup {
             meta name="viewport" content="width=device-width, initial-scale=1";
             meta name="color-scheme" content="light dark";
             title { (title) " · KAT" }
+            link rel="icon" href={ (crate::PREFIX) "/assets/kat.svg" };
             link rel="stylesheet" href={ (crate::PREFIX) "/assets/kat.css" };
             script src={ (crate::PREFIX) "/assets/kat.js" } defer {}
         }
