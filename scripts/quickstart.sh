@@ -154,9 +154,14 @@ done
 curl -fsS --max-time 2 -H 'Host: hello.example.com' http://127.0.0.1/ >/dev/null \
     || { echo "the ingress did not answer; see katcall describe workload ingress -n kat-core" >&2; exit 1; }
 fi
+dashboard=$(awk '/^endpoint:/ {print $2}' "$KAT_CONFIG" | tr -d "'\"")/ui
+echo "==> the dashboard: $dashboard"
+curl -fsSk --max-time 5 -o /dev/null "$dashboard/login" || { echo "the dashboard did not answer; see $KAT_DATA_DIR/agent.log" >&2; exit 1; }
 cat <<EOT
 
 KAT is running one node with the example Service, behind the ingress. Try:
+  the dashboard at $dashboard (the browser will ask about the cluster's own CA; sign in
+  with the token in $KAT_CONFIG, or one from \`katcall create token --read-only\`)
   export PATH=$BIN:\$PATH KAT_CONFIG=$KAT_CONFIG
   katcall describe workload hello
   katcall logs hello

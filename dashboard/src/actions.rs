@@ -19,6 +19,14 @@ pub async fn rollback(
     Extension(session): Extension<Session>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
+    let page = Page::Workload {
+        ns: ns.clone(),
+        name: name.clone(),
+    };
+    // The same names a page may have: what a path decodes to is checked, not only its text.
+    if Page::from_path(&format!("/n/{ns}/workloads/{name}")) != Some(page.clone()) {
+        return (StatusCode::NOT_FOUND, "no such workload\n").into_response();
+    }
     let api_path = format!("/v1alpha1/n/{ns}/workloads/{name}/rollback");
     if !session.credential.may(&Method::POST, &api_path) {
         return (
@@ -30,7 +38,7 @@ pub async fn rollback(
     let key = WorkloadKey::new(&ns, &name);
     let flash = match d.api.service.rollback_workload(&key).await {
         Ok(w) => {
-            tracing::info!(target: "kat::audit", workload = %key, generation = w.metadata.generation, "dashboard rollback");
+            tracing::info!(target: "kat::audit", token = session.credential.holder(), workload = %key, generation = w.metadata.generation, "dashboard rollback");
             Flash {
                 ok: true,
                 text: format!(
@@ -45,5 +53,5 @@ pub async fn rollback(
         },
     };
     d.sessions.set_flash(&session, flash);
-    Redirect::to(&Page::Workload { ns, name }.href()).into_response()
+    Redirect::to(&page.href()).into_response()
 }

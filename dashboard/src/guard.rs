@@ -11,6 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
+use kat_apiserver::service;
 use subtle::ConstantTimeEq;
 
 use crate::session::{self, Credential, Session};
@@ -52,7 +53,11 @@ async fn check(d: &Dashboard, req: Request, next: Next) -> Response {
     if path == "/login" || path.starts_with("/assets/") {
         return next.run(req).await;
     }
-    let Some(session) = d.session(req.headers()).await else {
+    let session = match d.session(req.headers()).await {
+        Ok(session) => session,
+        Err(e) => return refuse(StatusCode::SERVICE_UNAVAILABLE, &e.message),
+    };
+    let Some(session) = session else {
         // A page opened without a session goes to the sign-in page; a stream or a form
         // gets a plain refusal (the page's script reloads on it).
         return if req.method() == Method::GET && !is_stream(path) {
@@ -128,27 +133,33 @@ fn refuse(status: StatusCode, why: &str) -> Response {
 
 impl Dashboard {
     /// The session a request's cookie opens. A scoped token's session ends here once the
-    /// token was deleted; its scope is read again, so a changed token applies at once.
-    pub(crate) async fn session(&self, headers: &HeaderMap) -> Option<Session> {
-        self.session_of(session::cookie(headers)?).await
+    /// token was deleted; its scope is read again, so a changed token applies at once. `Err`:
+    /// the store cannot say (nothing is shown on a token it cannot check).
+    pub(crate) async fn session(&self, headers: &HeaderMap) -> service::Result<Option<Session>> {
+        match session::cookie(headers) {
+            Some(secret) => self.session_of(secret).await,
+            None => Ok(None),
+        }
     }
 
-    pub(crate) async fn session_of(&self, secret: &str) -> Option<Session> {
-        let mut session = self.sessions.get(secret)?;
+    pub(crate) async fn session_of(&self, secret: &str) -> service::Result<Option<Session>> {
+        let Some(mut session) = self.sessions.get(secret) else {
+            return Ok(None);
+        };
         if let Credential::Scoped { token, scope } = &mut session.credential {
-            match self.api.service.api_token_scope(token).await {
-                Ok(Some(now)) => *scope = now,
-                Ok(None) => {
+            match self.api.service.api_token_scope(token).await? {
+                Some(now) => *scope = now,
+                None => {
                     self.sessions.close(&session);
-                    return None;
-                }
-                // The store cannot say: nothing is shown on a token it cannot check.
-                Err(e) => {
-                    tracing::warn!(error = %e, "a dashboard session's token cannot be checked");
-                    return None;
+                    return Ok(None);
                 }
             }
         }
-        Some(session)
+        Ok(Some(session))
+    }
+
+    /// As [`Dashboard::session_of`], for a stream: it goes on only while this is `Some`.
+    pub(crate) async fn still_signed_in(&self, secret: &str) -> Option<Session> {
+        self.session_of(secret).await.ok().flatten()
     }
 }

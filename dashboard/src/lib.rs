@@ -42,7 +42,7 @@ pub const PREFIX: &str = kat_apiserver::http::UI_PREFIX;
 /// What the dashboard's handlers share.
 pub struct Dashboard {
     pub(crate) api: Arc<ApiState>,
-    pub(crate) sessions: session::Sessions,
+    pub(crate) sessions: Arc<session::Sessions>,
     pub(crate) changes: live::Changes,
 }
 
@@ -51,7 +51,7 @@ pub struct Dashboard {
 pub fn router(api: Arc<ApiState>) -> Router<Arc<ApiState>> {
     let dashboard = Arc::new(Dashboard {
         changes: live::Changes::new(api.service.store.clone()),
-        sessions: session::Sessions::default(),
+        sessions: Default::default(),
         api,
     });
     Router::new()

@@ -9,22 +9,23 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use kat_api::keys;
+use kat_api::wire::LogLine;
 use kat_api::WorkloadKey;
 use kat_apiserver::http::LogQuery;
 use kat_store::{StateStore, WatchOptions};
 use serde::Deserialize;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::pages::{self, Page};
-use crate::session::{self, Session};
+use crate::session::{self, Session, StreamSlot};
 use crate::Dashboard;
 
 /// How long a page waits after a change for the ones that come with it (a rollout writes
@@ -130,6 +131,9 @@ pub async fn page_updates(
     let Some(secret) = session::cookie(&headers).map(String::from) else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
+    let Some(slot) = d.sessions.stream_slot(&session) else {
+        return too_many_streams();
+    };
     let mut changes = d.changes.subscribe();
     // The page may have changed between its first render and this stream.
     changes.mark_changed();
@@ -139,6 +143,7 @@ pub async fn page_updates(
         page: Page,
         changes: watch::Receiver<u64>,
         sent: String,
+        _slot: StreamSlot,
     }
     let start = Stream {
         d,
@@ -146,6 +151,7 @@ pub async fn page_updates(
         page,
         changes,
         sent: String::new(),
+        _slot: slot,
     };
     let events = futures_util::stream::unfold(start, |mut s| async move {
         loop {
@@ -153,13 +159,13 @@ pub async fn page_updates(
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return None,
                 Err(_) => {
-                    s.d.session_of(&s.secret).await?;
+                    s.d.still_signed_in(&s.secret).await?;
                     continue;
                 }
             }
             tokio::time::sleep(SETTLE).await;
             s.changes.borrow_and_update();
-            let session = s.d.session_of(&s.secret).await?;
+            let session = s.d.still_signed_in(&s.secret).await?;
             if !s.page.visible_to(&session) {
                 return None;
             }
@@ -171,7 +177,7 @@ pub async fn page_updates(
             };
             if html != s.sent {
                 s.sent = html.clone();
-                let event = Event::default().event("content").data(html);
+                let event = Event::default().event("content").data(event_data(&html));
                 return Some((Ok::<_, std::convert::Infallible>(event), s));
             }
         }
@@ -189,15 +195,23 @@ pub async fn logs(
     headers: HeaderMap,
     Path((ns, name, id)): Path<(String, String, String)>,
 ) -> Response {
-    let api_path = format!("/v1alpha1/n/{ns}/workloads/{name}/instances/{id}/logs");
-    if !session.credential.may(&Method::GET, &api_path) {
+    let page = Page::Instance { ns, name, id };
+    // What the path decodes to must name an instance page, as the page's own address does.
+    let named = Page::from_path(page.href().strip_prefix(crate::PREFIX).unwrap_or_default());
+    let (true, Page::Instance { ns, name, id }) = (named.as_ref() == Some(&page), &page) else {
+        return (StatusCode::NOT_FOUND, "no such instance\n").into_response();
+    };
+    if !page.visible_to(&session) {
         return (StatusCode::FORBIDDEN, "this token cannot read these logs\n").into_response();
     }
     let Some(secret) = session::cookie(&headers).map(String::from) else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
-    let key = WorkloadKey::new(&ns, &name);
-    let record = match d.api.service.instance(&key, &id).await {
+    let Some(slot) = d.sessions.stream_slot(&session) else {
+        return too_many_streams();
+    };
+    let key = WorkloadKey::new(ns, name);
+    let record = match d.api.service.instance(&key, id).await {
         Ok(r) => r,
         Err(e) => return line_stream_error(e.message),
     };
@@ -210,26 +224,42 @@ pub async fn logs(
         Ok(lines) => lines,
         Err(e) => return line_stream_error(e.to_string()),
     };
-    let start = (d, secret, Some(lines));
-    let events = futures_util::stream::unfold(start, |(d, secret, lines)| async move {
-        let mut lines = lines?;
+    struct Stream {
+        d: Arc<Dashboard>,
+        secret: String,
+        lines: Option<mpsc::Receiver<LogLine>>,
+        checked: Instant,
+        _slot: StreamSlot,
+    }
+    let start = Stream {
+        d,
+        secret,
+        lines: Some(lines),
+        checked: Instant::now(),
+        _slot: slot,
+    };
+    let events = futures_util::stream::unfold(start, |mut s| async move {
         loop {
+            // However busy the output, the session is checked again every RECHECK: a
+            // sign-out or a deleted token ends the stream.
+            if s.checked.elapsed() >= RECHECK {
+                s.d.still_signed_in(&s.secret).await?;
+                s.checked = Instant::now();
+            }
+            let lines = s.lines.as_mut()?;
             match tokio::time::timeout(RECHECK, lines.recv()).await {
                 Ok(Some(line)) => {
+                    // JSON: a carriage return in the output is escaped, not a line break.
                     let data = serde_json::json!({"stream": line.stream, "text": line.text});
                     let event = Event::default().event("line").data(data.to_string());
-                    return Some((
-                        Ok::<_, std::convert::Infallible>(event),
-                        (d, secret, Some(lines)),
-                    ));
+                    return Some((Ok::<_, std::convert::Infallible>(event), s));
                 }
                 Ok(None) => {
+                    s.lines = None;
                     let event = Event::default().event("end").data("");
-                    return Some((Ok(event), (d, secret, None)));
+                    return Some((Ok(event), s));
                 }
-                Err(_) => {
-                    d.session_of(&secret).await?;
-                }
+                Err(_) => {}
             }
         }
     });
@@ -238,9 +268,25 @@ pub async fn logs(
         .into_response()
 }
 
+fn too_many_streams() -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        "this session has as many pages open as it may; close some\n",
+    )
+        .into_response()
+}
+
+/// Rendered HTML as event data: a line break is a new `data:` line, which the browser joins
+/// again, but a carriage return has no place in an event (and maud leaves it as it is).
+fn event_data(html: &str) -> String {
+    html.replace('\r', "&#13;")
+}
+
 /// A log stream that says why there is no output, as one `problem` event.
 fn line_stream_error(message: String) -> Response {
-    let event = Event::default().event("problem").data(message);
+    let event = Event::default()
+        .event("problem")
+        .data(message.replace(['\r', '\n'], " "));
     let once = futures_util::stream::iter([Ok::<_, std::convert::Infallible>(event)]);
     Sse::new(once).into_response()
 }

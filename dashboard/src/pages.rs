@@ -61,7 +61,8 @@ impl Page {
             ["join-tokens"] => Page::JoinTokens,
             _ => return None,
         };
-        // An instance id is a workload name and a suffix: nothing a path could abuse.
+        // An instance id is its workload's name and a suffix: letters, digits, `-` and `.`
+        // (it is looked up among the workload's instances, never used as a path).
         if let Page::Instance { id, .. } = &page {
             if !id
                 .chars()

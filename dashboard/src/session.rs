@@ -7,7 +7,7 @@
 //! out: sessions are a convenience over the token, which is the credential.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{header, HeaderMap, HeaderValue, Method};
@@ -20,8 +20,14 @@ use sha2::{Digest, Sha256};
 pub const COOKIE: &str = "__Host-kat_session";
 /// How long a session lasts from sign-in.
 pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
+/// Most sessions one credential (the admin token, or one scoped token) holds; its oldest makes
+/// room for a new one, so no token can push another's sessions out.
+const MAX_PER_CREDENTIAL: usize = 16;
 /// Most sessions a node keeps; the one closest to its end makes room for a new one.
 const MAX_SESSIONS: usize = 1024;
+/// Most live streams (pages and logs) one session holds open: a browser opens six
+/// connections to a host; more from one session is no browser.
+pub const MAX_STREAMS: usize = 8;
 
 /// What a session was opened with.
 #[derive(Debug, Clone)]
@@ -57,6 +63,15 @@ impl Credential {
     pub fn read_only(&self) -> bool {
         matches!(self, Credential::Scoped { scope, .. } if scope.read_only)
     }
+
+    /// Whose sessions these are: `admin`, or the scoped token's id (for the audit log and
+    /// the per-credential cap; never the secret).
+    pub fn holder(&self) -> &str {
+        match self {
+            Credential::Admin => "admin",
+            Credential::Scoped { token, .. } => token.split('.').nth(1).unwrap_or("?"),
+        }
+    }
 }
 
 /// A signed-in session, as a request sees it.
@@ -80,6 +95,8 @@ struct Entry {
     csrf: String,
     ends: Instant,
     flash: Option<Flash>,
+    /// Live streams open now.
+    streams: usize,
 }
 
 #[derive(Default)]
@@ -94,6 +111,15 @@ impl Sessions {
         let now = Instant::now();
         let mut table = self.lock();
         table.retain(|_, e| e.ends > now);
+        let holder = credential.holder().to_string();
+        let own = table
+            .iter()
+            .filter(|(_, e)| e.credential.holder() == holder);
+        if own.clone().count() >= MAX_PER_CREDENTIAL {
+            if let Some(oldest) = own.min_by_key(|(_, e)| e.ends).map(|(k, _)| *k) {
+                table.remove(&oldest);
+            }
+        }
         if table.len() >= MAX_SESSIONS {
             if let Some(soonest) = table.iter().min_by_key(|(_, e)| e.ends).map(|(k, _)| *k) {
                 table.remove(&soonest);
@@ -106,9 +132,25 @@ impl Sessions {
                 csrf: random_hex(32),
                 ends: now + LIFETIME,
                 flash: None,
+                streams: 0,
             },
         );
         secret
+    }
+
+    /// A slot for one more live stream of `session`, held until dropped; `None` when the
+    /// session has [`MAX_STREAMS`] open.
+    pub fn stream_slot(self: &Arc<Self>, session: &Session) -> Option<StreamSlot> {
+        let mut table = self.lock();
+        let entry = table.get_mut(&session.key)?;
+        if entry.streams >= MAX_STREAMS {
+            return None;
+        }
+        entry.streams += 1;
+        Some(StreamSlot {
+            sessions: self.clone(),
+            key: session.key,
+        })
     }
 
     /// The session a cookie's value opens, if it is current.
@@ -145,6 +187,20 @@ impl Sessions {
         // A panic elsewhere while holding the lock leaves the table as consistent as any
         // single insert or remove does.
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One open live stream of a session; its slot is given back when the stream ends.
+pub struct StreamSlot {
+    sessions: Arc<Sessions>,
+    key: [u8; 32],
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Some(e) = self.sessions.lock().get_mut(&self.key) {
+            e.streams = e.streams.saturating_sub(1);
+        }
     }
 }
 
@@ -218,15 +274,44 @@ mod tests {
         assert!(sessions.get(&secret).is_none());
     }
 
+    fn scoped(id: usize) -> Credential {
+        Credential::Scoped {
+            token: format!("katapi.{id:012x}.secret"),
+            scope: TokenScope {
+                read_only: true,
+                namespace: None,
+            },
+        }
+    }
+
     #[test]
-    fn the_table_is_bounded() {
+    fn the_table_is_bounded_and_no_token_pushes_out_anothers_sessions() {
         let sessions = Sessions::default();
-        let first = sessions.open(Credential::Admin);
+        let admin = sessions.open(Credential::Admin);
+        let first = sessions.open(scoped(0));
         for _ in 0..MAX_SESSIONS {
-            sessions.open(Credential::Admin);
+            sessions.open(scoped(0));
+        }
+        assert_eq!(sessions.lock().len(), MAX_PER_CREDENTIAL + 1);
+        assert!(sessions.get(&first).is_none(), "its own oldest made room");
+        assert!(sessions.get(&admin).is_some(), "the admin's session stays");
+        for id in 1..=MAX_SESSIONS {
+            sessions.open(scoped(id));
         }
         assert_eq!(sessions.lock().len(), MAX_SESSIONS);
-        assert!(sessions.get(&first).is_none(), "the oldest made room");
+    }
+
+    #[test]
+    fn a_session_holds_a_bounded_number_of_streams() {
+        let sessions = Arc::new(Sessions::default());
+        let secret = sessions.open(Credential::Admin);
+        let session = sessions.get(&secret).unwrap();
+        let slots: Vec<StreamSlot> = (0..MAX_STREAMS)
+            .map(|_| sessions.stream_slot(&session).expect("a slot"))
+            .collect();
+        assert!(sessions.stream_slot(&session).is_none(), "all taken");
+        drop(slots);
+        assert!(sessions.stream_slot(&session).is_some(), "given back");
     }
 
     #[test]

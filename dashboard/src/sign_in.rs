@@ -14,7 +14,7 @@ use crate::{views, Dashboard};
 
 /// The sign-in page; a browser that is signed in goes to the cluster.
 pub async fn form(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
-    if d.session(&headers).await.is_some() {
+    if matches!(d.session(&headers).await, Ok(Some(_))) {
         return Redirect::to(crate::PREFIX).into_response();
     }
     views::sign_in(None).into_response()
@@ -27,7 +27,11 @@ pub struct SignIn {
 }
 
 /// `POST /ui/login`: the admin token or a scoped API token opens a session.
-pub async fn sign_in(State(d): State<Arc<Dashboard>>, Form(form): Form<SignIn>) -> Response {
+pub async fn sign_in(
+    State(d): State<Arc<Dashboard>>,
+    headers: HeaderMap,
+    Form(form): Form<SignIn>,
+) -> Response {
     let token = form.token.trim();
     let credential = if kat_apiserver::http::token_sha256(token)
         .ct_eq(&d.api.token_sha256)
@@ -61,7 +65,11 @@ pub async fn sign_in(State(d): State<Arc<Dashboard>>, Form(form): Form<SignIn>) 
         )
             .into_response();
     };
-    tracing::info!(target: "kat::audit", admin = matches!(credential, Credential::Admin), "dashboard sign-in");
+    tracing::info!(target: "kat::audit", token = credential.holder(), "dashboard sign-in");
+    // The browser's earlier session, if any, ends: one browser, one session.
+    if let Ok(Some(earlier)) = d.session(&headers).await {
+        d.sessions.close(&earlier);
+    }
     let secret = d.sessions.open(credential);
     (
         [(header::SET_COOKIE, session::set_cookie(&secret))],

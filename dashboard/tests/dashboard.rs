@@ -462,6 +462,59 @@ async fn scoped_tokens_see_what_their_scope_reads_and_no_buttons() {
         .await;
     assert_eq!(live.status, StatusCode::NOT_FOUND);
 
+    // A token that may write in its namespace may not roll back in another, nor read there.
+    let team_page = ui.get("/ui/n/team/workloads/api", Some(&team_cookie)).await;
+    assert_eq!(team_page.status, StatusCode::OK, "{}", team_page.body);
+    assert!(
+        !team_page.body.contains("Events"),
+        "the API gives a namespace token no events"
+    );
+    let team_csrf = csrf_of(&team_page.body);
+    let a = ui
+        .post(
+            "/ui/n/default/workloads/web/rollback",
+            Some(&team_cookie),
+            &[("csrf", &team_csrf)],
+            ORIGIN,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+    assert_eq!(ui.generation("default", "web").await, 2);
+    for other in [
+        "/ui/n/default/workloads/web/instances/web-1",
+        "/ui/n/default/workloads/web/instances/web-1/logs",
+    ] {
+        let a = ui.get(other, Some(&team_cookie)).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{other}: {}", a.body);
+    }
+
+    // Names are checked as they decode: no slash, no control character gets through.
+    let admin = ui.sign_in(TOKEN).await;
+    let admin_csrf = csrf_of(&ui.get("/ui/n/default", Some(&admin)).await.body);
+    for path in [
+        "/ui/n/default/workloads/web/instances/x%0D/logs",
+        "/ui/n/default/workloads/web/instances/x%0Aevent:%20content/logs",
+        "/ui/n/team%2Fx/workloads/web/instances/web-1/logs",
+    ] {
+        let a = ui.get(path, Some(&admin)).await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{path}: {}", a.body);
+    }
+    for path in [
+        "/ui/n/default/workloads/x%01/rollback",
+        "/ui/n/team%2Fx/workloads/web/rollback",
+    ] {
+        let a = ui
+            .post(path, Some(&admin), &[("csrf", &admin_csrf)], ORIGIN)
+            .await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{path}: {}", a.body);
+    }
+
+    // However often a scoped token signs in, the admin's session stays.
+    for _ in 0..40 {
+        ui.sign_in(&read_only).await;
+    }
+    assert_eq!(ui.get("/ui", Some(&admin)).await.status, StatusCode::OK);
+
     // Deleting a token ends the sessions it opened.
     let id = read_only.split('.').nth(1).unwrap();
     let a = ui
@@ -519,4 +572,26 @@ async fn an_open_page_receives_what_changed() {
         update.contains("id=\"generation\">2<"),
         "the new generation: {update}"
     );
+
+    // Signed out, the stream ends at the next change: nothing more is sent to it.
+    let page = ui.get("/ui/n/default", Some(&cookie)).await;
+    let a = ui
+        .post(
+            "/ui/logout",
+            Some(&cookie),
+            &[("csrf", &csrf_of(&page.body))],
+            ORIGIN,
+        )
+        .await;
+    assert_eq!(a.location(), "/ui/login");
+    ui.apply("default", "web", "busybox:3").await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.expect("a chunk");
+            let text = String::from_utf8_lossy(&chunk);
+            assert!(!text.contains("busybox:3"), "sent after sign-out: {text}");
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream ended after the sign-out");
 }

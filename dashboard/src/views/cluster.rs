@@ -62,3 +62,34 @@ fn row(name: &str, node: &Node) -> Markup {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_row_shows_role_usage_and_its_gpus() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu-1", "uid": "u", "labels": {"kat.dws.rip/cluster-role": "worker"}},
+            "state": "Ready",
+            "addresses": ["192.0.2.7"],
+            "capacity": {"cpuMillis": 4000, "memoryBytes": 8589934592u64, "pids": 1000},
+            "allocatable": {"cpuMillis": 4000, "memoryBytes": 8589934592u64, "pids": 1000},
+            "gpus": [{"driver": "amd", "vramMB": 8192, "model": "Kat <Test> GPU", "device": "kat.test/gpu=0"}],
+            "usage": {"cpuMillis": 1500, "memoryBytes": 2147483648u64, "pids": 12, "diskBytes": 10, "diskTotalBytes": 100},
+        }))
+        .expect("a node");
+        let html = row("gpu-1", &node).into_string();
+        for wanted in [
+            "worker",
+            "192.0.2.7",
+            "1.50 of 4.0 cores",
+            "2.0 GiB of 8.0 GiB",
+            "Kat &lt;Test&gt; GPU · 8 GiB",
+            "<meter",
+        ] {
+            assert!(html.contains(wanted), "{wanted} in {html}");
+        }
+        assert!(!html.contains("leader"), "not the leader: {html}");
+    }
+}

@@ -56,8 +56,9 @@ pub fn layout(
         (Page::JoinTokens, "Join tokens"),
     ];
     let current = std::mem::discriminant(page);
+    // Only under an instance page that is shown: its script opens the output's stream.
     let logs = match page {
-        Page::Instance { ns, name, id } => Some(instance::logs_panel(ns, name, id)),
+        Page::Instance { ns, name, id } if live => Some(instance::logs_panel(ns, name, id)),
         _ => None,
     };
     html! {
@@ -173,7 +174,7 @@ pub fn meter(used: u64, total: u64, text: String) -> Markup {
     html! {
         @if total > 0 {
             span.usage {
-                meter min="0" max=(total) low=(total * 7 / 10) high=(total * 9 / 10) optimum="0" value=(used.min(total)) {}
+                meter min="0" max=(total) low=(total / 10 * 7) high=(total / 10 * 9) optimum="0" value=(used.min(total)) {}
                 span { (text) }
             }
         } @else {
