@@ -150,9 +150,35 @@ fn scale_decimal(whole: &str, frac: &str, scale: u64) -> Option<u64> {
     Some(value)
 }
 
+/// A size the way the Quadlet files write them (`64Mi`), with a decimal where a whole number
+/// would hide most of it (a 2.4 MiB backup is not "2Mi", a 300 KiB one not "0Mi").
+pub fn format_bytes(n: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    const KIB: u64 = 1 << 10;
+    match n {
+        _ if n >= GIB => format!("{:.1}Gi", n as f64 / GIB as f64),
+        _ if n >= 10 * MIB || n.is_multiple_of(MIB) && n > 0 => format!("{}Mi", n / MIB),
+        _ if n >= MIB => format!("{:.1}Mi", n as f64 / MIB as f64),
+        _ if n >= KIB => format!("{}Ki", n / KIB),
+        _ => format!("{n}B"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_keep_what_matters() {
+        assert_eq!(format_bytes(64 << 20), "64Mi");
+        assert_eq!(format_bytes(2_516_582), "2.4Mi");
+        assert_eq!(format_bytes(25 << 20 | 12345), "25Mi");
+        assert_eq!(format_bytes(307_200), "300Ki");
+        assert_eq!(format_bytes(512), "512B");
+        assert_eq!(format_bytes(0), "0B");
+        assert_eq!(format_bytes(3 << 30), "3.0Gi");
+    }
 
     #[test]
     fn cpu_forms() {

@@ -45,6 +45,17 @@ impl Timestamp {
     pub fn age(self, now: SystemTime) -> Duration {
         now.duration_since(self.0).unwrap_or(Duration::ZERO)
     }
+
+    /// [`Timestamp::age`] as people read it in a table: "12s", "5m", "3h", "2d".
+    pub fn age_text(self, now: SystemTime) -> String {
+        let s = self.age(now).as_secs();
+        match s {
+            0..=119 => format!("{s}s"),
+            120..=7199 => format!("{}m", s / 60),
+            7200..=172_799 => format!("{}h", s / 3600),
+            _ => format!("{}d", s / 86400),
+        }
+    }
 }
 
 impl From<SystemTime> for Timestamp {

@@ -5,9 +5,21 @@
 'use strict';
 
 (function () {
+  // Streams open now: closed when the page is left, so that a page kept in the browser's
+  // back-forward cache holds no connection (a browser has six per host, and a held stream
+  // would stall every later request); a page brought back from that cache loads afresh.
+  const streams = [];
+  window.addEventListener('pagehide', () => streams.forEach((s) => s.close()));
+  window.addEventListener('pageshow', (e) => {
+    if (e.persisted) {
+      window.location.reload();
+    }
+  });
+
   const content = document.getElementById('content');
   if (content && content.dataset.live) {
     const live = new EventSource('/ui/live?page=' + encodeURIComponent(content.dataset.live));
+    streams.push(live);
     live.addEventListener('content', (e) => {
       // Server-rendered HTML, escaped where it was made; a form being filled in is kept.
       if (content.contains(document.activeElement) && document.activeElement.tagName === 'INPUT') {
@@ -29,6 +41,7 @@
   if (logs && logs.dataset.source) {
     const follow = document.getElementById('follow');
     const output = new EventSource(logs.dataset.source);
+    streams.push(output);
     const append = (text, className) => {
       const line = document.createElement('span');
       line.className = className;

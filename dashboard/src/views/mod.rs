@@ -138,15 +138,9 @@ pub fn problem(title: &str, message: &str) -> Markup {
     }
 }
 
-/// "12s", "5m", "3h", "2d": how long ago `t` was.
+/// "12s", "5m", "3h", "2d": how long ago `t` was (as katcall's tables say it).
 pub fn ago(t: Timestamp) -> String {
-    let secs = t.age(SystemTime::now()).as_secs();
-    match secs {
-        0..=119 => format!("{secs}s"),
-        120..=7199 => format!("{}m", secs / 60),
-        7200..=172_799 => format!("{}h", secs / 3600),
-        _ => format!("{}d", secs / 86_400),
-    }
+    t.age_text(SystemTime::now())
 }
 
 /// A time with how long ago it was, the exact time on hover.
@@ -154,20 +148,8 @@ pub fn when(t: Timestamp) -> Markup {
     html! { time datetime=(t.to_string()) title=(t.to_string()) { (ago(t)) " ago" } }
 }
 
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+/// Sizes as katcall and the Quadlet files write them (`64Mi`, `2.4Gi`).
+pub use kat_api::quantity::format_bytes as bytes;
 
 /// A usage meter with its figures beside it; nothing to show without a total.
 pub fn meter(used: u64, total: u64, text: String) -> Markup {
@@ -206,9 +188,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn figures_read_as_people_say_them() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(3 << 20), "3.0 MiB");
+    fn hashes_are_shortened() {
         assert_eq!(short("sha256:0123456789abcdef"), "0123456789ab");
         assert_eq!(short("abc"), "abc");
     }
