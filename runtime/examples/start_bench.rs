@@ -64,11 +64,87 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The phase events of the runtime (`kat_runtime::phases`): operation, container, phases.
+type PhaseEvent = (String, String, Vec<(String, f64)>);
+static PHASES: std::sync::Mutex<Vec<PhaseEvent>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps every phase event the runtime writes, for the breakdown.
+struct PhaseLayer;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PhaseLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() != kat_runtime::phases::TARGET {
+            return;
+        }
+        #[derive(Default)]
+        struct Fields(std::collections::HashMap<String, String>);
+        impl tracing::field::Visit for Fields {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                self.0.insert(field.name().into(), value.into());
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.insert(field.name().into(), format!("{value:?}"));
+            }
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        let get = |k: &str| f.0.get(k).cloned().unwrap_or_default();
+        let phases = kat_runtime::phases::parse(&get("phases"));
+        if let Ok(mut all) = PHASES.lock() {
+            all.push((get("operation"), get("id"), phases));
+        }
+    }
+}
+
+/// The median of each phase of `operation` over the measured containers, in order.
+fn phase_medians(
+    operation: &str,
+    measured: &std::collections::HashSet<String>,
+) -> Vec<(String, f64)> {
+    let all = PHASES.lock().map(|a| a.clone()).unwrap_or_default();
+    let mut names: Vec<String> = Vec::new();
+    let mut values: std::collections::HashMap<String, Vec<f64>> = Default::default();
+    for (op, id, phases) in all
+        .iter()
+        .filter(|(op, id, _)| op == operation && measured.contains(id))
+    {
+        let _ = (op, id);
+        for (name, ms) in phases {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+            values.entry(name.clone()).or_default().push(*ms);
+        }
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let mut v = values.remove(&n).unwrap_or_default();
+            v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+            let p50 = if v.is_empty() {
+                0.0
+            } else {
+                percentile(&v, 0.5)
+            };
+            (n, p50)
+        })
+        .collect()
+}
+
 fn main() -> std::process::ExitCode {
     // Container creation re-executes this binary as a single-threaded helper.
     if let Some(code) = kat_runtime::create_helper::run_if_requested() {
         return code;
     }
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::Layer;
+    let subscriber = tracing_subscriber::registry().with(
+        PhaseLayer.with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(kat_runtime::phases::TARGET, tracing::Level::DEBUG),
+        ),
+    );
+    tracing::subscriber::set_global_default(subscriber).expect("a subscriber");
     bench();
     std::process::ExitCode::SUCCESS
 }
@@ -90,6 +166,8 @@ async fn bench() {
 
     // KAT: create + start, until kat-init has written the first byte of the log.
     let mut kat = Vec::new();
+    let mut after_start = Vec::new();
+    let mut measured = std::collections::HashSet::new();
     for i in 0..runs + 3 {
         let id = format!("bench-{i}");
         let options = CreateOptions {
@@ -101,6 +179,7 @@ async fn bench() {
         let t0 = Instant::now();
         rt.create(&options).await.expect("create");
         rt.start(&id).await.expect("start");
+        let started = Instant::now();
         let log = rt.container_dir(&id).join("logs/stdio.log");
         while std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) == 0 {
             std::thread::sleep(Duration::from_micros(100));
@@ -108,6 +187,8 @@ async fn bench() {
         let elapsed = t0.elapsed();
         if i >= 3 {
             kat.push(elapsed.as_secs_f64() * 1000.0);
+            after_start.push(started.elapsed().as_secs_f64() * 1000.0);
+            measured.insert(id.clone());
         }
         rt.remove(&id, true).await.expect("remove");
     }
@@ -208,6 +289,19 @@ async fn bench() {
         .output();
 
     println!("image: {} ({} bytes unpacked)", image, summary_img.size);
+    // Where KAT's time goes: each phase's median (they need not add up to the total's).
+    for operation in ["create", "start"] {
+        let line: Vec<String> = phase_medians(operation, &measured)
+            .iter()
+            .map(|(n, ms)| format!("{n}={ms:.2}"))
+            .collect();
+        println!("kat_{operation}_phases_p50_ms {}", line.join(" "));
+    }
+    after_start.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    println!(
+        "kat_first_byte_after_start_p50_ms {:.2} (kat-init and the workload)",
+        percentile(&after_start, 0.5)
+    );
     let k = summary("kat", kat);
     let c = summary("crun", crun);
     let p = summary("podman", podman);

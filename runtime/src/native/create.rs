@@ -120,6 +120,7 @@ impl NativeRuntime {
     /// Everything of `create` after the container directory exists; on error the caller
     /// removes that directory.
     pub(super) async fn create_in(&self, options: &CreateOptions, dir: &Path) -> Result<Meta> {
+        let mut phases = crate::phases::Phases::begin("create");
         let warnings = self.check_limits(&options.resources)?;
         let record = self.images.resolve(&options.image)?;
         let volume_sources = self.volume_sources(options)?;
@@ -155,6 +156,7 @@ impl NativeRuntime {
             record.config.working_dir.clone()
         };
 
+        phases.mark("image");
         let range = self.id_range()?;
         let slot = self.acquire_slot(options)?;
         let ids = range.slot_map(slot, !nix::unistd::geteuid().is_root());
@@ -167,6 +169,7 @@ impl NativeRuntime {
                 dir.display()
             )
         })?;
+        phases.mark("slot");
         let logs = dir.join("logs");
         let etc = dir.join("etc");
         let rootfs = dir.join("rootfs");
@@ -201,6 +204,7 @@ impl NativeRuntime {
         )
         .context(|| "writing /etc/resolv.conf".to_string())?;
 
+        phases.mark("files");
         let use_overlay = self.overlay.load(Ordering::Relaxed);
         let (upper, work) = (dir.join("upper"), dir.join("work"));
         let lower = if use_overlay {
@@ -242,10 +246,12 @@ impl NativeRuntime {
             }
             rootfs.clone()
         };
+        phases.mark("rootfs");
         let joined = match options.address {
             Some(address) => Some(self.join_network(address, &ids).await?),
             None => None,
         };
+        phases.mark("network");
         let cgroups_path = self.cgroups.container_path(&options.id);
         let kat_limits = self.cgroups.kat_applies_limits();
         let input = SpecInput {
@@ -291,6 +297,7 @@ impl NativeRuntime {
         )
         .context(|| "writing config.json".to_string())?;
 
+        phases.mark("spec");
         let request = crate::create_helper::Request {
             id: options.id.clone(),
             lib_root: self.lib_root(),
@@ -307,6 +314,7 @@ impl NativeRuntime {
             &dir.join("create.err"),
         )
         .await?;
+        phases.mark("helper");
         // The container's processes hold its namespaces now.
         drop(joined);
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
@@ -326,11 +334,14 @@ impl NativeRuntime {
         if let Some(pid) = init_pid {
             self.verify_volumes(options, pid.as_raw(), &volume_sources)?;
         }
+        phases.mark("verify");
         if kat_limits {
             self.cgroups
                 .apply_v1_limits(&options.id, &options.resources)?;
         }
 
+        phases.mark("limits");
+        phases.report(&options.id);
         Ok(Meta {
             options: options.clone(),
             image_id: record.id,

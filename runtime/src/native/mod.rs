@@ -314,14 +314,17 @@ impl ContainerRuntime for NativeRuntime {
     }
 
     async fn start(&self, id: &str) -> Result<()> {
+        let mut phases = crate::phases::Phases::begin("start");
         let mut meta = read_in_place(|| self.read_meta(id))?;
         let lib_root = self.lib_root();
         let owned = id.to_string();
-        blocking("starting the container", move || {
+        phases = blocking("starting the container", move || {
+            phases.mark("meta");
             let mut c = Container::load(lib_root.join(&owned))
                 .map_err(|e| lc_error(format!("loading container {owned}"), e))?;
             c.refresh_status()
                 .map_err(|e| lc_error(format!("container {owned}"), e))?;
+            phases.mark("load");
             if !c.can_start() {
                 return Err(RuntimeError::WrongState {
                     id: owned.clone(),
@@ -334,11 +337,15 @@ impl ContainerRuntime for NativeRuntime {
                 .unwrap_or_else(|p| p.into_inner());
             c.start()
                 .map_err(|e| lc_error(format!("starting container {owned}"), e))?;
-            Ok(())
+            phases.mark("start");
+            Ok(phases)
         })
         .await?;
         meta.started_at = Some(SystemTime::now());
-        read_in_place(|| self.write_meta(id, &meta))
+        read_in_place(|| self.write_meta(id, &meta))?;
+        phases.mark("record");
+        phases.report(id);
+        Ok(())
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus> {
