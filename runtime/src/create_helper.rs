@@ -33,7 +33,7 @@ use crate::error::{IoContext, Result, RuntimeError};
 pub const HELPER_ARG: &str = "__kat-create-container";
 
 /// What the helper is asked to create.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Request {
     pub id: String,
@@ -47,6 +47,27 @@ pub(crate) struct Request {
     /// [`crate::network::JoinedNamespaces::parent_user`]).
     #[serde(default)]
     pub enter_user_namespace: Option<PathBuf>,
+    /// When the agent spawned the helper (microseconds since the epoch): the helper says how
+    /// long its own start took ([`HelperTimes`]).
+    #[serde(default)]
+    pub spawned_at_micros: u64,
+}
+
+/// How long a helper took to start (spawn to its `main`) and to build the container; the
+/// rest of its time is its exit and the agent seeing it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HelperTimes {
+    pub start: std::time::Duration,
+    pub build: std::time::Duration,
+}
+
+/// The line a helper that succeeded writes last on its error output.
+const TIMES_PREFIX: &str = "kat-create-helper-times ";
+
+fn micros_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// When this process was started as the create helper, runs it and returns its exit code.
@@ -86,8 +107,16 @@ fn helper_main(request: Option<OsString>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let started = micros_now();
     match build(&request) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            eprintln!(
+                "{TIMES_PREFIX}{} {}",
+                started.saturating_sub(request.spawned_at_micros),
+                micros_now().saturating_sub(started)
+            );
+            ExitCode::SUCCESS
+        }
         Err(message) => {
             eprintln!("{message}");
             ExitCode::FAILURE
@@ -140,8 +169,16 @@ pub(crate) fn become_subreaper() -> Result<()> {
 
 /// Runs the helper `program` for `request`; its error output (kept in `err_file`, not a
 /// pipe the container could inherit) becomes the error.
-pub(crate) async fn create(program: &Path, request: &Request, err_file: &Path) -> Result<()> {
-    let json = serde_json::to_string(request).map_err(|e| RuntimeError::Container {
+pub(crate) async fn create(
+    program: &Path,
+    request: &Request,
+    err_file: &Path,
+) -> Result<HelperTimes> {
+    let request = Request {
+        spawned_at_micros: micros_now(),
+        ..request.clone()
+    };
+    let json = serde_json::to_string(&request).map_err(|e| RuntimeError::Container {
         context: format!("creating container {}", request.id),
         message: e.to_string(),
     })?;
@@ -158,7 +195,17 @@ pub(crate) async fn create(program: &Path, request: &Request, err_file: &Path) -
     let output = fs::read_to_string(err_file).unwrap_or_default();
     let _ = fs::remove_file(err_file);
     if status.success() {
-        return Ok(());
+        let times = output
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(TIMES_PREFIX))
+            .and_then(|t| t.split_once(' '))
+            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+            .map(|(start, build)| HelperTimes {
+                start: std::time::Duration::from_micros(start),
+                build: std::time::Duration::from_micros(build),
+            });
+        return Ok(times.unwrap_or_default());
     }
     Err(RuntimeError::Container {
         context: format!("creating container {}", request.id),

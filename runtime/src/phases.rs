@@ -35,6 +35,17 @@ impl Phases {
         self.last = now;
     }
 
+    /// The phase that ends now was made of `parts` (measured elsewhere, e.g. in a helper
+    /// process), and of `rest`, whatever of it they do not account for.
+    pub fn mark_parts(&mut self, parts: &[(&'static str, Duration)], rest: &'static str) {
+        let now = Instant::now();
+        let whole = now - self.last;
+        let counted: Duration = parts.iter().map(|(_, d)| *d).sum();
+        self.marks.extend_from_slice(parts);
+        self.marks.push((rest, whole.saturating_sub(counted)));
+        self.last = now;
+    }
+
     /// Writes the event for container `id`.
     pub fn report(&self, id: &str) {
         tracing::debug!(target: TARGET, id, operation = self.what, phases = %self, "container phases");

@@ -307,14 +307,21 @@ impl NativeRuntime {
                 .as_ref()
                 .filter(|_| !nix::unistd::geteuid().is_root())
                 .map(|j| j.parent_user()),
+            spawned_at_micros: 0,
         };
-        crate::create_helper::create(
+        let helper = crate::create_helper::create(
             &self.config.create_helper,
             &request,
             &dir.join("create.err"),
         )
         .await?;
-        phases.mark("helper");
+        phases.mark_parts(
+            &[
+                ("helper_start", helper.start),
+                ("helper_build", helper.build),
+            ],
+            "helper_exit",
+        );
         // The container's processes hold its namespaces now.
         drop(joined);
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
