@@ -44,6 +44,7 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v caddy >/dev/null 2>&1 || missing+=(caddy)
 # The dashboard's browser test (tests/ui/run.sh): Chromium, its WebDriver and selenium.
 if grep -qs '^ID=ubuntu' /etc/os-release; then
+    # Ubuntu's come as one snap (chromium-browser and its chromedriver).
     command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-chromedriver)
 else
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)

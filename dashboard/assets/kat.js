@@ -15,17 +15,34 @@
       window.location.reload();
     }
   });
+  // The server ended this stream for a newer page of the same session: it stays closed.
+  const closeWhenReplaced = (source) =>
+    source.addEventListener('replaced', () => source.close());
+
+  // What a reader has open or scrolled to survives the content being replaced: the n-th
+  // <details> and the n-th scrolled box of the new content are as they were.
+  const swap = (content, html) => {
+    const open = [...content.querySelectorAll('details')].map((d) => d.open);
+    const scrolled = [...content.querySelectorAll('.scroll')].map((s) => s.scrollLeft);
+    content.innerHTML = html;
+    content.querySelectorAll('details').forEach((d, i) => {
+      if (open[i]) {
+        d.open = true;
+      }
+    });
+    content.querySelectorAll('.scroll').forEach((s, i) => {
+      s.scrollLeft = scrolled[i] || 0;
+    });
+  };
 
   const content = document.getElementById('content');
   if (content && content.dataset.live) {
     const live = new EventSource('/ui/live?page=' + encodeURIComponent(content.dataset.live));
     streams.push(live);
+    closeWhenReplaced(live);
     live.addEventListener('content', (e) => {
-      // Server-rendered HTML, escaped where it was made; a form being filled in is kept.
-      if (content.contains(document.activeElement) && document.activeElement.tagName === 'INPUT') {
-        return;
-      }
-      content.innerHTML = e.data;
+      // Server-rendered HTML, escaped where it was made.
+      swap(content, e.data);
       document.body.dataset.updated = String(Date.now());
     });
     live.addEventListener('error', () => {
@@ -42,6 +59,10 @@
     const follow = document.getElementById('follow');
     const output = new EventSource(logs.dataset.source);
     streams.push(output);
+    closeWhenReplaced(output);
+    // Each connection starts with the output's last lines: a reconnection starts afresh
+    // rather than append them a second time.
+    output.addEventListener('open', () => logs.replaceChildren());
     const append = (text, className) => {
       const line = document.createElement('span');
       line.className = className;

@@ -19,14 +19,13 @@ pub async fn rollback(
     Extension(session): Extension<Session>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    let page = Page::Workload {
-        ns: ns.clone(),
-        name: name.clone(),
-    };
-    // The same names a page may have: what a path decodes to is checked, not only its text.
-    if Page::from_path(&format!("/n/{ns}/workloads/{name}")) != Some(page.clone()) {
+    // What the path decodes to must be what a workload page's address may carry.
+    let Some(page) = (Page::Workload { ns, name }).checked() else {
         return (StatusCode::NOT_FOUND, "no such workload\n").into_response();
-    }
+    };
+    let Page::Workload { ns, name } = &page else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
     let api_path = format!("/v1alpha1/n/{ns}/workloads/{name}/rollback");
     if !session.credential.may(&Method::POST, &api_path) {
         return (
@@ -35,7 +34,7 @@ pub async fn rollback(
         )
             .into_response();
     }
-    let key = WorkloadKey::new(&ns, &name);
+    let key = WorkloadKey::new(ns, name);
     let flash = match d.api.service.rollback_workload(&key).await {
         Ok(w) => {
             tracing::info!(target: "kat::audit", token = session.credential.holder(), workload = %key, generation = w.metadata.generation, "dashboard rollback");

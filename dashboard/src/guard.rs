@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use kat_apiserver::service;
 use subtle::ConstantTimeEq;
 
+use crate::pages::Page;
 use crate::session::{self, Credential, Session};
 use crate::Dashboard;
 
@@ -82,7 +83,11 @@ async fn check(d: &Dashboard, req: Request, next: Next) -> Response {
 
 /// The server-sent event streams: the page's script, not a person, opens them.
 fn is_stream(path: &str) -> bool {
-    path == "/live" || path.ends_with("/logs")
+    path == "/live"
+        || path
+            .strip_suffix("/logs")
+            .and_then(Page::from_path)
+            .is_some_and(|p| matches!(p, Page::Instance { .. }))
 }
 
 /// A `POST` must come from a page of this origin: the browser says so in `Origin` (and in

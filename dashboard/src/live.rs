@@ -128,10 +128,7 @@ pub async fn page_updates(
     let Some(page) = page.filter(|p| p.visible_to(&session)) else {
         return (StatusCode::NOT_FOUND, "no such page for this session\n").into_response();
     };
-    let Some(secret) = session::cookie(&headers).map(String::from) else {
-        return StatusCode::UNAUTHORIZED.into_response();
-    };
-    let Some(slot) = d.sessions.stream_slot(&session) else {
+    let Some((secret, slot)) = open_stream(&d, &session, &headers) else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let mut changes = d.changes.subscribe();
@@ -144,6 +141,7 @@ pub async fn page_updates(
         changes: watch::Receiver<u64>,
         sent: String,
         slot: StreamSlot,
+        replaced: bool,
     }
     let start = Stream {
         d,
@@ -152,12 +150,19 @@ pub async fn page_updates(
         changes,
         sent: String::new(),
         slot,
+        replaced: false,
     };
     let events = futures_util::stream::unfold(start, |mut s| async move {
+        if s.replaced {
+            return None;
+        }
         loop {
             let changed = tokio::select! {
                 changed = tokio::time::timeout(RECHECK, s.changes.changed()) => changed,
-                () = s.slot.ended() => return None,
+                () = s.slot.ended() => {
+                    s.replaced = true;
+                    return Some((Ok(replaced()), s));
+                }
             };
             match changed {
                 Ok(Ok(())) => {}
@@ -199,20 +204,18 @@ pub async fn logs(
     headers: HeaderMap,
     Path((ns, name, id)): Path<(String, String, String)>,
 ) -> Response {
-    let page = Page::Instance { ns, name, id };
-    // What the path decodes to must name an instance page, as the page's own address does.
-    let named = Page::from_path(page.href().strip_prefix(crate::PREFIX).unwrap_or_default());
-    let (true, Page::Instance { ns, name, id }) = (named.as_ref() == Some(&page), &page) else {
+    // What the path decodes to must be what an instance page's address may carry.
+    let Some(page) = (Page::Instance { ns, name, id }).checked() else {
         return (StatusCode::NOT_FOUND, "no such instance\n").into_response();
     };
     if !page.visible_to(&session) {
         return (StatusCode::FORBIDDEN, "this token cannot read these logs\n").into_response();
     }
-    let Some(secret) = session::cookie(&headers).map(String::from) else {
+    let Some((secret, slot)) = open_stream(&d, &session, &headers) else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
-    let Some(slot) = d.sessions.stream_slot(&session) else {
-        return StatusCode::UNAUTHORIZED.into_response();
+    let Page::Instance { ns, name, id } = &page else {
+        return StatusCode::NOT_FOUND.into_response();
     };
     let key = WorkloadKey::new(ns, name);
     let record = match d.api.service.instance(&key, id).await {
@@ -234,6 +237,7 @@ pub async fn logs(
         lines: Option<mpsc::Receiver<LogLine>>,
         checked: Instant,
         slot: StreamSlot,
+        replaced: bool,
     }
     let start = Stream {
         d,
@@ -241,8 +245,12 @@ pub async fn logs(
         lines: Some(lines),
         checked: Instant::now(),
         slot,
+        replaced: false,
     };
     let events = futures_util::stream::unfold(start, |mut s| async move {
+        if s.replaced {
+            return None;
+        }
         loop {
             // However busy the output, the session is checked again every RECHECK: a
             // sign-out or a deleted token ends the stream.
@@ -253,7 +261,10 @@ pub async fn logs(
             let lines = s.lines.as_mut()?;
             let next = tokio::select! {
                 next = tokio::time::timeout(RECHECK, lines.recv()) => next,
-                () = s.slot.ended() => return None,
+                () = s.slot.ended() => {
+                    s.replaced = true;
+                    return Some((Ok(replaced()), s));
+                }
             };
             match next {
                 Ok(Some(line)) => {
@@ -274,6 +285,23 @@ pub async fn logs(
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// The cookie's secret, to check the session again as the stream goes, and a slot among
+/// the session's streams; `None` without them (the stream is refused as unauthorized).
+fn open_stream(
+    d: &Dashboard,
+    session: &Session,
+    headers: &HeaderMap,
+) -> Option<(String, StreamSlot)> {
+    let secret = session::cookie(headers)?.to_string();
+    Some((secret, d.sessions.stream_slot(session)?))
+}
+
+/// The last event of a stream a newer page of its session took the place of: `kat.js`
+/// closes it instead of connecting again.
+fn replaced() -> Event {
+    Event::default().event("replaced").data("")
 }
 
 /// Rendered HTML as event data: a line break is a new `data:` line, which the browser joins

@@ -74,6 +74,14 @@ impl Page {
         Some(page)
     }
 
+    /// `self`, if its names are what a page's address may carry ([`Page::from_path`]): a page
+    /// made of decoded path parameters is checked so before it is used.
+    pub fn checked(self) -> Option<Page> {
+        let href = self.href();
+        let inner = href.strip_prefix(crate::PREFIX)?;
+        (Page::from_path(inner).as_ref() == Some(&self)).then_some(self)
+    }
+
     /// Its address, for links.
     pub fn href(&self) -> String {
         let p = crate::PREFIX;

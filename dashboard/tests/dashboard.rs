@@ -509,19 +509,24 @@ async fn scoped_tokens_see_what_their_scope_reads_and_no_buttons() {
         assert_eq!(a.status, StatusCode::NOT_FOUND, "{path}: {}", a.body);
     }
 
-    // However often a scoped token signs in, the admin's session stays.
+    // A token holds a bounded number of sessions: its own oldest go, the admin's stays
+    // (session.rs tests the table's limits themselves).
     for _ in 0..40 {
         ui.sign_in(&read_only).await;
     }
+    assert_eq!(ui.get("/ui", Some(&cookie)).await.location(), "/ui/login");
     assert_eq!(ui.get("/ui", Some(&admin)).await.status, StatusCode::OK);
 
-    // Deleting a token ends the sessions it opened.
+    // Deleting a token ends the sessions it opened: one that works until then is refused.
+    let current = ui.sign_in(&read_only).await;
+    assert_eq!(ui.get("/ui", Some(&current)).await.status, StatusCode::OK);
     let id = read_only.split('.').nth(1).unwrap();
     let a = ui
         .api(Method::DELETE, &format!("/v1alpha1/tokens/{id}"), vec![])
         .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
-    assert_eq!(ui.get("/ui", Some(&cookie)).await.location(), "/ui/login");
+    assert_eq!(ui.get("/ui", Some(&current)).await.location(), "/ui/login");
+    assert_eq!(ui.get("/ui", Some(&admin)).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -594,4 +599,40 @@ async fn an_open_page_receives_what_changed() {
     })
     .await;
     assert!(ended.is_ok(), "the stream ended after the sign-out");
+}
+
+#[tokio::test]
+async fn a_session_past_its_stream_cap_ends_its_oldest_stream_with_replaced() {
+    let ui = Ui::new();
+    ui.apply("default", "web", "busybox:1").await;
+    let cookie = ui.sign_in(TOKEN).await;
+    let open = || {
+        let req = Request::builder()
+            .uri("/ui/live?page=/ui/n/default")
+            .header(header::HOST, HOST)
+            .header(
+                header::COOKIE,
+                format!("{}={cookie}", kat_dashboard::COOKIE),
+            )
+            .body(Body::empty())
+            .unwrap();
+        ui.router.clone().oneshot(req)
+    };
+    let mut streams = Vec::new();
+    for _ in 0..9 {
+        let resp = open().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        streams.push(resp.into_body().into_data_stream());
+    }
+    // The first of the nine: told it was replaced, then ended (kat.js leaves it closed).
+    let oldest = &mut streams[0];
+    let mut text = String::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = oldest.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.expect("a chunk")));
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the oldest stream ended: {text}");
+    assert!(text.contains("event: replaced"), "{text}");
 }

@@ -104,11 +104,10 @@ fn phase_medians(
     let all = PHASES.lock().map(|a| a.clone()).unwrap_or_default();
     let mut names: Vec<String> = Vec::new();
     let mut values: std::collections::HashMap<String, Vec<f64>> = Default::default();
-    for (op, id, phases) in all
+    for (_, _, phases) in all
         .iter()
         .filter(|(op, id, _)| op == operation && measured.contains(id))
     {
-        let _ = (op, id);
         for (name, ms) in phases {
             if !names.contains(name) {
                 names.push(name.clone());

@@ -33,7 +33,7 @@ use crate::error::{IoContext, Result, RuntimeError};
 pub const HELPER_ARG: &str = "__kat-create-container";
 
 /// What the helper is asked to create.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Request {
     pub id: String,
@@ -53,8 +53,9 @@ pub(crate) struct Request {
     pub spawned_at_micros: u64,
 }
 
-/// How long a helper took to start (spawn to its `main`) and to build the container; the
-/// rest of its time is its exit and the agent seeing it.
+/// How long a helper took to start (from the agent's spawn, by the wall clock, to its `main`:
+/// the exec, Rust's start and reading the request) and to build the container; the rest of
+/// its time is its exit and the agent seeing it.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct HelperTimes {
     pub start: std::time::Duration,
@@ -110,7 +111,10 @@ fn helper_main(request: Option<OsString>) -> ExitCode {
     let started = micros_now();
     match build(&request) {
         Ok(()) => {
-            eprintln!(
+            // Diagnostics only: the container exists whether or not this line is written.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
                 "{TIMES_PREFIX}{} {}",
                 started.saturating_sub(request.spawned_at_micros),
                 micros_now().saturating_sub(started)
@@ -169,15 +173,13 @@ pub(crate) fn become_subreaper() -> Result<()> {
 
 /// Runs the helper `program` for `request`; its error output (kept in `err_file`, not a
 /// pipe the container could inherit) becomes the error.
+/// A helper that does not say how long it took (an older binary) gives `None`.
 pub(crate) async fn create(
     program: &Path,
-    request: &Request,
+    mut request: Request,
     err_file: &Path,
-) -> Result<HelperTimes> {
-    let request = Request {
-        spawned_at_micros: micros_now(),
-        ..request.clone()
-    };
+) -> Result<Option<HelperTimes>> {
+    request.spawned_at_micros = micros_now();
     let json = serde_json::to_string(&request).map_err(|e| RuntimeError::Container {
         context: format!("creating container {}", request.id),
         message: e.to_string(),
@@ -205,7 +207,7 @@ pub(crate) async fn create(
                 start: std::time::Duration::from_micros(start),
                 build: std::time::Duration::from_micros(build),
             });
-        return Ok(times.unwrap_or_default());
+        return Ok(times);
     }
     Err(RuntimeError::Container {
         context: format!("creating container {}", request.id),

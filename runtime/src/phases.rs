@@ -2,8 +2,9 @@
 //!
 //! [`Phases`] marks the end of each phase; when it is done it writes one `debug` event of
 //! target [`TARGET`] with the container's id and the phases as `name=milliseconds` pairs
-//! (`RUST_LOG=kat_runtime::phases=debug` shows them). `bench/runtime-start.sh` collects
-//! them to print the breakdown beside its comparison with crun.
+//! (`RUST_LOG=kat_runtime::phases=debug` shows them). The start benchmark
+//! (`runtime/examples/start_bench.rs`, run by `bench/runtime-start.sh`) collects them with a
+//! tracing layer to print the breakdown beside its comparison with crun.
 
 use std::fmt;
 use std::time::{Duration, Instant};

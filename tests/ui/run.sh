@@ -95,11 +95,16 @@ KAT_INIT=$KAT_INIT "$BIN/kat-agent" init --config "$dir/cluster.kat" --data-dir 
     --node-name ui-node --client-config "$dir/katcall.yaml" --insecure-registry "$KAT_TEST_REGISTRY" \
     --stop-grace-seconds 2 --api-bind 127.0.0.1 "${cgroup_args[@]}" >"$dir/agent.log" 2>&1 &
 agent_pid=$!
-for _ in $(seq 1 150); do
-    [ -s "$dir/katcall.yaml" ] && "$BIN/katcall" --config "$dir/katcall.yaml" get nodes 2>/dev/null | grep -q Ready && break
-    kill -0 "$agent_pid" 2>/dev/null || { echo "the agent exited" >&2; exit 1; }
+ready=
+for _ in $(seq 1 300); do
+    if [ -s "$dir/katcall.yaml" ] && "$BIN/katcall" --config "$dir/katcall.yaml" get nodes 2>/dev/null | grep -q Ready; then
+        ready=1
+        break
+    fi
+    kill -0 "$agent_pid" 2>/dev/null || { echo "tests/ui: the agent exited" >&2; exit 1; }
     sleep 0.2
 done
+[ -n "$ready" ] || { echo "tests/ui: the node was not Ready within 60 s" >&2; exit 1; }
 
 echo "==> tests/ui: Chromium through WebDriver"
 KAT_UI_URL="https://127.0.0.1:$api_port" \

@@ -307,21 +307,22 @@ impl NativeRuntime {
                 .as_ref()
                 .filter(|_| !nix::unistd::geteuid().is_root())
                 .map(|j| j.parent_user()),
+            // Set as the helper is spawned.
             spawned_at_micros: 0,
         };
         let helper = crate::create_helper::create(
             &self.config.create_helper,
-            &request,
+            request,
             &dir.join("create.err"),
         )
         .await?;
-        phases.mark_parts(
-            &[
-                ("helper_start", helper.start),
-                ("helper_build", helper.build),
-            ],
-            "helper_exit",
-        );
+        match helper {
+            Some(times) => phases.mark_parts(
+                &[("helper_start", times.start), ("helper_build", times.build)],
+                "helper_exit",
+            ),
+            None => phases.mark("helper"),
+        }
         // The container's processes hold its namespaces now.
         drop(joined);
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.

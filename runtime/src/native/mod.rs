@@ -316,10 +316,10 @@ impl ContainerRuntime for NativeRuntime {
     async fn start(&self, id: &str) -> Result<()> {
         let mut phases = crate::phases::Phases::begin("start");
         let mut meta = read_in_place(|| self.read_meta(id))?;
+        phases.mark("meta");
         let lib_root = self.lib_root();
         let owned = id.to_string();
         phases = blocking("starting the container", move || {
-            phases.mark("meta");
             let mut c = Container::load(lib_root.join(&owned))
                 .map_err(|e| lc_error(format!("loading container {owned}"), e))?;
             c.refresh_status()
