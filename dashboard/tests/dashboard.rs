@@ -198,6 +198,21 @@ impl Ui {
         value
     }
 
+    /// A rollback of default/web by the session `cookie`, with its own CSRF token, is a 403
+    /// and the workload stays at generation 2.
+    async fn rollback_refused(&self, cookie: &str, csrf: &str) {
+        let a = self
+            .post(
+                "/ui/n/default/workloads/web/rollback",
+                Some(cookie),
+                &[("csrf", csrf)],
+                ORIGIN,
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
+        assert_eq!(self.generation("default", "web").await, 2);
+    }
+
     async fn scoped_token(&self, body: serde_json::Value) -> String {
         let a = self
             .api(
@@ -419,16 +434,7 @@ async fn scoped_tokens_see_what_their_scope_reads_and_no_buttons() {
     assert!(!page.body.contains("id=\"rollback\""), "no rollback button");
     assert!(!page.body.contains("/ui/backups"), "no link to backups");
     let csrf = csrf_of(&page.body);
-    let a = ui
-        .post(
-            "/ui/n/default/workloads/web/rollback",
-            Some(&cookie),
-            &[("csrf", &csrf)],
-            ORIGIN,
-        )
-        .await;
-    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
-    assert_eq!(ui.generation("default", "web").await, 2);
+    ui.rollback_refused(&cookie, &csrf).await;
     for admin_only in ["/ui/backups", "/ui/join-tokens"] {
         assert_eq!(
             ui.get(admin_only, Some(&cookie)).await.status,
@@ -470,16 +476,7 @@ async fn scoped_tokens_see_what_their_scope_reads_and_no_buttons() {
         "the API gives a namespace token no events"
     );
     let team_csrf = csrf_of(&team_page.body);
-    let a = ui
-        .post(
-            "/ui/n/default/workloads/web/rollback",
-            Some(&team_cookie),
-            &[("csrf", &team_csrf)],
-            ORIGIN,
-        )
-        .await;
-    assert_eq!(a.status, StatusCode::FORBIDDEN, "{}", a.body);
-    assert_eq!(ui.generation("default", "web").await, 2);
+    ui.rollback_refused(&team_cookie, &team_csrf).await;
     for other in [
         "/ui/n/default/workloads/web/instances/web-1",
         "/ui/n/default/workloads/web/instances/web-1/logs",
