@@ -19,6 +19,11 @@ echo "==> test fixtures: static kat-init, busybox image, loopback registry"
 source <(scripts/test-fixtures.sh)
 # The registries this run started (on ports no other checkout's registry holds) go with it.
 trap '[ -z "${KAT_TEST_REGISTRY_PIDS:-}" ] || kill $KAT_TEST_REGISTRY_PIDS 2>/dev/null || true' EXIT
+echo "==> cargo build --workspace --bins"
+# The end-to-end tests run the workspace's binaries (kat-agent, katcall, kat-ingress) from
+# target/debug; cargo test builds only those of packages that have integration tests, so a
+# clean clone needs them built first.
+cargo build --workspace --bins --locked
 echo "==> cargo test --workspace"
 cargo test --workspace --all-targets --locked
 echo "==> the dashboard in a real browser (tests/ui/run.sh)"

@@ -22,7 +22,7 @@ pub fn bin(name: &str) -> PathBuf {
         .join(name);
     assert!(
         path.exists(),
-        "{} is missing: build the workspace first (cargo test --workspace builds it)",
+        "{} is missing: build the workspace first (scripts/test.sh does: cargo build --workspace --bins)",
         path.display()
     );
     path
