@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kat_apiserver::service::MIN_HEARTBEAT_INTERVAL;
+use kat_apiserver::service::{HEARTBEAT_BURST, MIN_HEARTBEAT_INTERVAL};
 
 /// How long a burst of status changes may take to settle into one heartbeat.
-const SETTLE: Duration = Duration::from_millis(20);
+const SETTLE: Duration = Duration::from_millis(5);
 
 use kat_api::wire::{
     BuildReport, Detachment, NodeHeartbeat, OverlayPeerStatus, ResourceList, Timestamp,
@@ -96,6 +96,8 @@ pub async fn run(heartbeat: Heartbeat) {
     if statuses.wait_for(Option::is_some).await.is_err() {
         return;
     }
+    // When the last heartbeats went, oldest first.
+    let mut sent = std::collections::VecDeque::with_capacity(HEARTBEAT_BURST as usize);
     loop {
         let mut instances = statuses.borrow_and_update().clone().unwrap_or_default();
         let usage = meter.measure(&mut instances).await;
@@ -118,13 +120,22 @@ pub async fn run(heartbeat: Heartbeat) {
             continue;
         }
         last.send_replace(Some(hb));
-        let sent = tokio::time::Instant::now();
-        // Let a burst of changes settle into one heartbeat, and never send the next sooner
-        // than the leader takes them (with a margin for the network's jitter): an early
-        // one is refused with 429 and only delays the news.
+        if sent.len() == HEARTBEAT_BURST as usize {
+            sent.pop_front();
+        }
+        sent.push_back(tokio::time::Instant::now());
+        // Let a burst of changes settle into one heartbeat, and never send more than the
+        // leader takes: at most a burst in any window of that many intervals, with a margin
+        // for the network's jitter (an early heartbeat is refused with 429 and only delays
+        // the news).
         let settled = || {
-            let earliest = sent + MIN_HEARTBEAT_INTERVAL * 3 / 2;
-            tokio::time::sleep_until(earliest.max(tokio::time::Instant::now() + SETTLE))
+            let window = MIN_HEARTBEAT_INTERVAL * HEARTBEAT_BURST * 3 / 2;
+            let soonest = tokio::time::Instant::now() + SETTLE;
+            let earliest = match sent.front() {
+                Some(oldest) if sent.len() == HEARTBEAT_BURST as usize => *oldest + window,
+                _ => soonest,
+            };
+            tokio::time::sleep_until(earliest.max(soonest))
         };
         tokio::select! {
             changed = statuses.changed() => {

@@ -4,12 +4,14 @@
 //!   state store and the leader's desired-state writes, free of HTTP;
 //! - [`http`]: the axum router: authentication, rate limits, audit, metrics, and handlers
 //!   that only translate between HTTP and the service layer; logs and exec streams;
+//! - [`rate_limit`]: token buckets per client (API requests, node heartbeats);
 //! - [`serve`]: serving a router over HTTPS (rustls) with bounded connections and deadlines.
 //!
 //! Dependencies flow `kat-api` ← `kat-store` ← `kat-leader` ← `kat-apiserver` ← `kat-agent`:
 //! the controllers know nothing of HTTP, and the agent only assembles and starts what is here.
 
 pub mod http;
+pub mod rate_limit;
 pub mod serve;
 pub mod service;
 

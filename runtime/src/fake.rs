@@ -83,6 +83,7 @@ struct State {
     containers: BTreeMap<String, Container>,
     images: BTreeSet<String>,
     pull_time: HashMap<String, Duration>,
+    create_time: Duration,
     /// Workloads whose containers never finish stopping (a stuck kernel, a hung disk).
     stuck_stops: BTreeSet<String>,
     journal: Vec<(Instant, Call)>,
@@ -106,6 +107,7 @@ impl FakeRuntime {
                 containers: BTreeMap::new(),
                 images: BTreeSet::new(),
                 pull_time: HashMap::new(),
+                create_time: Duration::ZERO,
                 stuck_stops: BTreeSet::new(),
                 journal: Vec::new(),
             }),
@@ -137,6 +139,11 @@ impl FakeRuntime {
     /// Pulling `reference` takes this long (default: no time).
     pub fn set_pull_time(&self, reference: &str, took: Duration) {
         self.lock().pull_time.insert(normalized(reference), took);
+    }
+
+    /// Creating a container takes this long (default: no time).
+    pub fn set_create_time(&self, took: Duration) {
+        self.lock().create_time = took;
     }
 
     /// Stopping a container of `workload` never returns.
@@ -316,6 +323,8 @@ impl ContainerRuntime for FakeRuntime {
 
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {
         self.record(Call::Create(options.id.clone()));
+        let took = self.lock().create_time;
+        tokio::time::sleep(took).await;
         let run = (self.run)(options);
         let container = Container {
             options: options.clone(),

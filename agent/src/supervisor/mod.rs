@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use kat_api::wire::{Health, InstanceId, InstanceState, InstanceStatus, PullStatus, Timestamp};
 use kat_api::workload::WorkloadType;
 use kat_api::Template;
@@ -51,6 +52,9 @@ use kat_api::load_balancer::HealthFailureAction;
 use pulls::{PullState, Pulls};
 use restart::{Decision, Exit, RestartTracker};
 
+/// At most this many containers are created at once: creating one is mostly waiting for
+/// its helper processes, and a burst (a Service of 10 replicas) should not take every core.
+const PARALLEL_CREATES: usize = 4;
 /// How often running containers are checked for exits.
 const POLL: Duration = Duration::from_secs(1);
 /// Wait between attempts to get an image or volume ready.
@@ -409,26 +413,44 @@ impl Supervisor {
 
     async fn converge(&mut self) {
         self.stopping.retain(|_, (_, task)| !task.is_finished());
+        let now = Instant::now();
+        let due: Vec<InstanceId> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| matches!(t.phase, Phase::Start(at) if now >= at))
+            .map(|(id, _)| id.clone())
+            .collect();
+        // The instances due to start are created side by side (a Service's replicas start
+        // together, not one after the other), a few at a time.
+        let started: Vec<(InstanceId, Result<ContainerStatus, StartError>)> = {
+            let this = &*self;
+            let mut creates = Vec::new();
+            for id in &due {
+                if let Some(t) = this.tracked.get(id) {
+                    creates.push(async move { (id.clone(), this.create_container(t).await) });
+                }
+            }
+            futures_util::stream::iter(creates)
+                .buffer_unordered(PARALLEL_CREATES)
+                .collect()
+                .await
+        };
+        for (id, result) in started {
+            self.started(&id, result);
+        }
         let ids: Vec<InstanceId> = self.tracked.keys().cloned().collect();
         for id in ids {
-            let now = Instant::now();
-            let Some(phase) = self.tracked.get(&id).map(|t| t.phase) else {
-                continue;
-            };
-            match phase {
-                Phase::Start(at) if now >= at => self.start(&id).await,
-                Phase::Running => self.follow(&id).await,
-                _ => {}
+            // One just started is followed from the next round on.
+            if !due.contains(&id) && self.tracked.get(&id).map(|t| t.phase) == Some(Phase::Running)
+            {
+                self.follow(&id).await;
             }
             self.maybe_probe(&id);
         }
     }
 
-    async fn start(&mut self, id: &str) {
-        let Some(t) = self.tracked.get(id) else {
-            return;
-        };
-        let result = self.create_container(t).await;
+    /// Records how an instance's start went.
+    fn started(&mut self, id: &str, result: Result<ContainerStatus, StartError>) {
         let now = Instant::now();
         let Some(t) = self.tracked.get_mut(id) else {
             return;

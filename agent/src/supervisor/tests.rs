@@ -642,3 +642,36 @@ async fn a_stop_that_never_returns_delays_no_other_instance() {
         "the stuck container is still there"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn replicas_are_created_side_by_side() {
+    let rt = runtime_with(|_| Run::forever());
+    rt.set_create_time(Duration::from_secs(1));
+    let node = start(
+        rt.clone(),
+        &[
+            assignment("web", "web-1", "app:1", "{condition: Always}", None),
+            assignment("web", "web-2", "app:1", "{condition: Always}", None),
+            assignment("web", "web-3", "app:1", "{condition: Always}", None),
+        ],
+    );
+    // One after another, three creates of a second each would take three seconds.
+    let took = node
+        .until(Duration::from_millis(1500), |n| {
+            ["web-1", "web-2", "web-3"].iter().all(|i| {
+                n.status(i)
+                    .is_some_and(|s| s.state == InstanceState::Running)
+            })
+        })
+        .await;
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    let begun: Vec<Instant> = ["web-1", "web-2", "web-3"]
+        .iter()
+        .flat_map(|i| node.creates(i))
+        .collect();
+    assert_eq!(begun.len(), 3, "one create each");
+    assert!(
+        begun.iter().all(|at| *at == begun[0]),
+        "all three begun at once: {begun:?}"
+    );
+}

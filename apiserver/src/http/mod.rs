@@ -7,7 +7,7 @@
 //! times the request for `/metrics` and writes an audit line for every mutating request. Errors are always `{"error","message"}`.
 //!
 //! The rate limit counts a request against the node whose certificate the connection
-//! showed, else against its address ([`rate_limit`]): a node's heartbeats never wait behind
+//! showed, else against its address ([`crate::rate_limit`]): a node's heartbeats never wait behind
 //! what its containers send from the same address. Request bodies are read under the
 //! deadline the server sets ([`deadline`]); one that misses it is a 408.
 //!
@@ -22,7 +22,6 @@ mod namespaces;
 mod nodes;
 #[cfg(feature = "openapi")]
 pub mod openapi;
-mod rate_limit;
 mod streams;
 mod tokens;
 mod worker;
@@ -44,8 +43,8 @@ use kat_pki::NodeRole;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+pub use crate::rate_limit::{Client, RateLimiter};
 pub use error::ApiError;
-pub use rate_limit::{Client, RateLimiter};
 pub use streams::{
     AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
     StreamSource, EXEC_PROTOCOL,

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kat_api::keys;
 use kat_api::wire::{
@@ -19,6 +19,8 @@ use kat_api::wire::{
 };
 use kat_leader::assignments::AssignmentWatch;
 use kat_store::Txn;
+
+use crate::rate_limit::{Client, RateLimiter};
 
 use kat_api::wire::ErrorCode;
 
@@ -30,35 +32,38 @@ pub const MAX_PROBLEMS: usize = 50;
 const MAX_REASON: usize = 1024;
 /// At most this many instance states in one heartbeat.
 pub const MAX_HEARTBEAT_INSTANCES: usize = 2048;
-/// A node's heartbeats at most this often: a worker cannot fill etcd with them.
+/// A node's heartbeats: a burst of [`HEARTBEAT_BURST`] (the states of a Service's replicas
+/// as they start, one after another), then one per [`MIN_HEARTBEAT_INTERVAL`] on average: a
+/// worker cannot fill etcd with them.
+pub const HEARTBEAT_BURST: u32 = 5;
+/// See [`HEARTBEAT_BURST`].
 pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Per-node limits on what the leader takes from nodes: heartbeats at most every
-/// [`MIN_HEARTBEAT_INTERVAL`], and one assignment stream per node (a new one ends the old).
-#[derive(Default)]
+/// Per-node limits on what the leader takes from nodes: heartbeats (see
+/// [`HEARTBEAT_BURST`]), and one assignment stream per node (a new one ends the old).
 pub struct NodeLimits {
-    last_heartbeat: Mutex<HashMap<String, Instant>>,
+    heartbeats: RateLimiter,
     streams: Mutex<HashMap<String, u64>>,
+}
+
+impl Default for NodeLimits {
+    fn default() -> Self {
+        NodeLimits {
+            heartbeats: RateLimiter::new(
+                HEARTBEAT_BURST,
+                1.0 / MIN_HEARTBEAT_INTERVAL.as_secs_f64(),
+                Duration::from_secs(300),
+            ),
+            streams: Mutex::default(),
+        }
+    }
 }
 
 impl NodeLimits {
     fn heartbeat_allowed(&self, node: &str) -> bool {
-        let mut last = self
-            .last_heartbeat
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if last
-            .get(node)
-            .is_some_and(|t| now.duration_since(*t) < MIN_HEARTBEAT_INTERVAL)
-        {
-            return false;
-        }
-        if last.len() > 100_000 {
-            last.clear();
-        }
-        last.insert(node.to_string(), now);
-        true
+        self.heartbeats
+            .check_client(Client::Node(node.to_string()))
+            .is_ok()
     }
 
     /// Register a new stream of `node`; the number it returns stays current until the next.
@@ -141,7 +146,7 @@ impl Service {
             return Err(Error::new(
                 ErrorCode::RateLimited,
                 format!(
-                    "node {name} sends heartbeats more often than every {} ms",
+                    "node {name} sends heartbeats more often than {HEARTBEAT_BURST} at once, then one every {} ms",
                     MIN_HEARTBEAT_INTERVAL.as_millis()
                 ),
             ));
@@ -289,5 +294,24 @@ impl Service {
             .iter()
             .filter_map(kat_store::decode_or_skip)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_come_in_a_burst_then_at_the_interval() {
+        let limits = NodeLimits::default();
+        for n in 0..HEARTBEAT_BURST {
+            assert!(limits.heartbeat_allowed("n1"), "heartbeat {n} of the burst");
+        }
+        assert!(!limits.heartbeat_allowed("n1"), "one past the burst");
+        // Another node has its own bucket.
+        assert!(limits.heartbeat_allowed("n2"));
+        std::thread::sleep(MIN_HEARTBEAT_INTERVAL + Duration::from_millis(20));
+        assert!(limits.heartbeat_allowed("n1"), "one more after an interval");
+        assert!(!limits.heartbeat_allowed("n1"));
     }
 }

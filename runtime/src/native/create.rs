@@ -502,6 +502,11 @@ impl NativeRuntime {
         if dest.is_dir() {
             return Ok(dest);
         }
+        let _one_copy_at_a_time = self.slot_copies.lock().await;
+        if dest.is_dir() {
+            // Made while this create waited.
+            return Ok(dest);
+        }
         let slice_root = self.id_range()?.slot_root(slot);
         fs::create_dir_all(&slice_dir).context(|| format!("creating {}", slice_dir.display()))?;
         fs::set_permissions(&slice_dir, fs::Permissions::from_mode(0o700))

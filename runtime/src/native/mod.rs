@@ -87,6 +87,9 @@ pub struct NativeRuntime {
     range: std::result::Result<NodeIdRange, String>,
     /// Which workload owns which slice of the range.
     slices: Mutex<Option<IdSlices>>,
+    /// Held while an image is copied for a slice (see `slot_rootfs`): the replicas of a new
+    /// workload, created together, wait for one copy instead of each making its own.
+    slot_copies: tokio::sync::Mutex<()>,
     caps: NodeCapabilities,
     overlay: AtomicBool,
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if

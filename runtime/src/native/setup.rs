@@ -186,6 +186,7 @@ impl NativeRuntime {
             cgroups,
             range,
             slices: Mutex::new(None),
+            slot_copies: tokio::sync::Mutex::new(()),
             caps,
             log_watch: Default::default(),
         })
