@@ -1,7 +1,7 @@
 """The measuring half of bench/apply-to-running.sh (see there)."""
 import http.client, json, os, shutil, signal, socket, ssl, statistics, subprocess, sys, tempfile, time
 
-BIN = os.path.abspath("target/release")
+BIN = os.path.abspath(os.environ.get("KAT_BENCH_BIN", "target/release"))
 REGISTRY = os.environ["KAT_TEST_REGISTRY"]
 RUNS = int(os.environ.get("RUNS", "20"))
 
@@ -176,6 +176,7 @@ spec:
     samples.sort()
     p50 = statistics.median(samples)
     p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]
+    print("apply -> 3 running, each run (ms, sorted):", " ".join(f"{x:.0f}" for x in samples))
     print(f"apply -> 3 running, {RUNS} runs: p50 {p50:.0f} ms, p95 {p95:.0f} ms, min {samples[0]:.0f} ms, max {samples[-1]:.0f} ms")
     print(f"idle with 10 containers over {window}s: kat-agent RSS {rss:.1f} MiB, CPU {cpu_pct:.2f}% of a core; "
           f"etcd (separate) RSS {rss_mib(etcd_pid):.1f} MiB, CPU {etcd_pct:.2f}%")

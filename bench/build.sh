@@ -11,4 +11,4 @@ cd "$(dirname "$0")/.."
 source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo test --release -q -p kat-runtime --test build -- --ignored --nocapture build_benchmark 2>&1 \
-  | grep -E "^build " | tail -n 1
+  | grep -E "^build " | tail -n 1 | python3 bench/guard.py

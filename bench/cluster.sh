@@ -10,4 +10,4 @@ source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo build --release -q -p kat-agent -p katcall
 cargo test --release -q -p kat-agent --test cluster -- --ignored --nocapture cluster_benchmark 2>&1 \
-  | grep -E "^(failover|apply to running|cluster )" | tail -n 20
+  | grep -E "^(failover|apply to running|cluster )" | tail -n 20 | python3 bench/guard.py

@@ -16,4 +16,4 @@ source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo build -q -p kat-agent -p katcall
 cargo test -q -p kat-agent --test cluster -- --test-threads 1 --nocapture --exact detached::detached_laptop_rejoins 2>&1 \
-  | grep -E "^detached_laptop " | tail -n 1
+  | grep -E "^detached_laptop " | tail -n 1 | python3 bench/guard.py

@@ -84,4 +84,5 @@ wggo=$(run in_host 1 iperf3 -c 10.99.0.2 -p 5202)
 
 ratio=$(python3 -c "print('%.2f' % ($overlay / $wggo))")
 echo "overlay: $overlay Gbit/s; underlay: $underlay Gbit/s; wireguard-go: $wggo Gbit/s; hostPort: $hostport Gbit/s; $dns"
-echo "network overlay_gbps=$overlay underlay_gbps=$underlay wireguard_go_gbps=$wggo overlay/wireguard_go=$ratio dns_p50_us=$(sed -E 's/dns_p50_us=([0-9]+).*/\1/' <<<"$dns") hostport_gbps=$hostport"
+echo "network overlay_gbps=$overlay underlay_gbps=$underlay wireguard_go_gbps=$wggo overlay/wireguard_go=$ratio dns_p50_us=$(sed -E 's/dns_p50_us=([0-9]+).*/\1/' <<<"$dns") hostport_gbps=$hostport" \
+  | python3 bench/guard.py

@@ -12,4 +12,4 @@ source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo build --release -q -p kat-agent -p katcall
 cargo test --release -q -p kat-agent --test cluster -- --test-threads 1 --nocapture --exact restore::restore_drill 2>&1 \
-  | grep -E "^restore_drill " | tail -n 1
+  | grep -E "^restore_drill " | tail -n 1 | python3 bench/guard.py

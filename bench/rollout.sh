@@ -13,4 +13,4 @@ source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo build -q -p kat-agent -p katcall
 cargo test -q -p kat-agent --test cluster -- --nocapture --exact rollout::rollout_loses_no_request 2>&1 \
-  | grep -E "^(rolling update|rollback|rollout )|panicked|failed requests" | tail -n 10
+  | grep -E "^(rolling update|rollback|rollout )|panicked|failed requests" | tail -n 10 | python3 bench/guard.py

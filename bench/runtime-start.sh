@@ -19,5 +19,5 @@ podman pull -q --tls-verify=false "$KAT_TEST_REGISTRY/kat/busybox:latest" >/dev/
 export BENCH_DIR=${BENCH_DIR:-$(mktemp -d /tmp/kat-bench.XXXXXX)}
 chmod 0711 "$BENCH_DIR"
 cargo build -q --release --locked -p kat-runtime --example start_bench
-RUNS=${RUNS:-100} ./target/release/examples/start_bench
+RUNS=${RUNS:-100} ./target/release/examples/start_bench | python3 bench/guard.py
 rm -rf "$BENCH_DIR"

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
 cargo build --release -q -p kat-leader --features sim --example scheduler_scale
-exec ./target/release/examples/scheduler_scale
+./target/release/examples/scheduler_scale | python3 bench/guard.py

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v etcd >/dev/null || { sudo_cmd=""; [ "$(id -u)" = 0 ] || sudo_cmd=sudo; $sudo_cmd apt-get update -qq && $sudo_cmd apt-get install -y -qq etcd-server; }
 cargo build --release -q -p kat-store --example store_bench
-exec ./target/release/examples/store_bench
+./target/release/examples/store_bench | python3 bench/guard.py

@@ -13,7 +13,7 @@ trap 'rm -rf "$BENCH_DIR"' EXIT
 if [ -n "${KAT_BENCH_ROOTLESS:-}" ]; then
   chown "$KAT_BENCH_ROOTLESS" "$BENCH_DIR"
   runuser -u "$KAT_BENCH_ROOTLESS" -- env BENCH_DIR="$BENCH_DIR" KAT_RUNTIME_HELPER="$KAT_RUNTIME_HELPER" \
-    RUNS="${RUNS:-5}" ./target/release/examples/unpack_bench
+    RUNS="${RUNS:-5}" ./target/release/examples/unpack_bench | python3 bench/guard.py
 else
-  RUNS=${RUNS:-5} ./target/release/examples/unpack_bench
+  RUNS=${RUNS:-5} ./target/release/examples/unpack_bench | python3 bench/guard.py
 fi

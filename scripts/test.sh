@@ -13,6 +13,8 @@ export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
+echo "==> the benchmarks' regression guard parses (bench/guard.py --check)"
+python3 bench/guard.py --check
 echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -q -- -D warnings
 echo "==> test fixtures: static kat-init, busybox image, loopback registry"
