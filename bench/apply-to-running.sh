@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
 source <(scripts/test-fixtures.sh)
 cargo build -q --release --locked -p kat-agent -p katcall
-RUNS=${RUNS:-20} python3 bench/apply_to_running.py | python3 bench/guard.py
+RUNS=${RUNS:-20} python3 -u bench/apply_to_running.py | python3 bench/guard.py

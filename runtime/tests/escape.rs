@@ -257,6 +257,77 @@ async fn workloads_get_their_own_id_slices() {
     assert!(shared.join("a").exists(), "alpha's file is still there");
 }
 
+/// With every slice taken, one of them by a workload whose containers are gone, two new
+/// workloads created at once: one reclaims that slice and the other is refused. They never
+/// share it: a create under way holds its workload's slice before its container is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workloads_created_at_once_never_share_a_slice() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: gives the runtime an id range of its own, which needs root");
+        return;
+    }
+    let f = fixtures();
+    let dir = tempfile::Builder::new()
+        .prefix("kat-rt-")
+        .tempdir_in(test_root())
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let mut config = config_in(&f, dir.path());
+    let slices = 4 * kat_runtime::idmap::SLICE_SIZE;
+    config.id_range = Some(kat_runtime::idmap::NodeIdRange {
+        uid_start: 300_000,
+        uid_count: slices,
+        gid_start: 300_000,
+        gid_count: slices,
+    });
+    let rt = kat_runtime::NativeRuntime::new(config).unwrap();
+    rt.pull_image(&image(&f), None).await.unwrap();
+    let made = |workload: &str| {
+        let mut o = options(&format!("{workload}-1"), &image(&f), "sleep 60");
+        o.workload = workload.into();
+        o
+    };
+    // Every workload slice taken by a workload with a container.
+    let mut fillers = Vec::new();
+    loop {
+        let name = format!("filler{}", fillers.len());
+        match rt.create(&made(&name)).await {
+            Ok(_) => fillers.push(name),
+            Err(e) => {
+                assert!(e.to_string().contains("user-id slices"), "{e}");
+                break;
+            }
+        }
+        assert!(
+            fillers.len() < 8,
+            "a range of 4 slices gave out {} of them",
+            fillers.len()
+        );
+    }
+    // The first filler's container goes: its slice may be reclaimed, once.
+    rt.remove("filler0-1", true).await.unwrap();
+    let (x, y) = (made("x"), made("y"));
+    let (x, y) = tokio::join!(rt.create(&x), rt.create(&y));
+    let outcome = format!("x: {x:?}\ny: {y:?}");
+    let refused = match (x, y) {
+        (Ok(_), Err(e)) | (Err(e), Ok(_)) => e,
+        _ => panic!("exactly one of the two new workloads gets the free slice:\n{outcome}"),
+    };
+    assert!(refused.to_string().contains("user-id slices"), "{refused}");
+    for id in fillers
+        .iter()
+        .skip(1)
+        .map(|w| format!("{w}-1"))
+        .chain(["x-1".into(), "y-1".into()])
+    {
+        let _ = rt.remove(&id, true).await;
+    }
+}
+
 /// A probe that times out is killed with everything it started inside the container.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_exec_is_killed_with_its_whole_tree() {

@@ -166,12 +166,14 @@ fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
-/// Creates an empty file `name` in the opened directory, never through a symlink.
+/// Creates an empty file `name` in the opened directory, never through a symlink. A regular
+/// file made there meanwhile (by another replica's start, side by side with this one) will
+/// do; anything else there is EEXIST.
 fn create_file_in(
     dir: &kat_runtime::volume_paths::OpenedSource,
     name: &std::ffi::OsStr,
 ) -> nix::Result<()> {
-    let fd = nix::fcntl::openat(
+    let fd = match nix::fcntl::openat(
         Some(dir.fd().as_raw_fd()),
         name,
         nix::fcntl::OFlag::O_WRONLY
@@ -180,7 +182,22 @@ fn create_file_in(
             | nix::fcntl::OFlag::O_NOFOLLOW
             | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::from_bits_truncate(0o644),
-    )?;
+    ) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::EEXIST) => {
+            let st = nix::sys::stat::fstatat(
+                Some(dir.fd().as_raw_fd()),
+                name,
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )?;
+            return if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG {
+                Ok(())
+            } else {
+                Err(nix::errno::Errno::EEXIST)
+            };
+        }
+        Err(e) => return Err(e),
+    };
     // SAFETY: openat just returned this fd; closing it is all we do with it.
     drop(unsafe { OwnedFd::from_raw_fd(fd) });
     Ok(())
@@ -328,5 +345,26 @@ mod tests {
         assert!(try_mount(&t.path().join("alias"), None)
             .unwrap_err()
             .contains("symlink"));
+    }
+
+    /// Two replicas' starts making the same FileOrCreate at once: the second finds the file
+    /// the first made and goes on; a directory or a symlink in its place is still refused.
+    #[test]
+    fn a_file_made_meanwhile_will_do_and_nothing_else() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = kat_runtime::volume_paths::open_beneath(t.path(), None, true).unwrap();
+        let name = std::ffi::OsStr::new;
+        create_file_in(&dir, name("f")).unwrap();
+        create_file_in(&dir, name("f")).unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        assert_eq!(
+            create_file_in(&dir, name("d")),
+            Err(nix::errno::Errno::EEXIST)
+        );
+        std::os::unix::fs::symlink(t.path().join("f"), t.path().join("l")).unwrap();
+        assert_eq!(
+            create_file_in(&dir, name("l")),
+            Err(nix::errno::Errno::EEXIST)
+        );
     }
 }

@@ -426,10 +426,22 @@ impl NativeRuntime {
         let table = guard
             .as_mut()
             .ok_or_else(|| lc_error("the id-slice table", "not loaded"))?;
+        // In use: a workload with containers here, or with a create under way (its
+        // container has no meta.json yet).
         let in_use = std::cell::OnceCell::new();
         table.acquire(&key, |k| {
             in_use
-                .get_or_init(|| self.workloads_with_containers())
+                .get_or_init(|| {
+                    let mut keys = self.workloads_with_containers();
+                    keys.extend(
+                        self.creating
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .iter()
+                            .cloned(),
+                    );
+                    keys
+                })
                 .contains(k)
         })
     }
@@ -502,7 +514,10 @@ impl NativeRuntime {
         if dest.is_dir() {
             return Ok(dest);
         }
-        let _one_copy_at_a_time = self.slot_copies.lock().await;
+        // The replicas of a new workload, created together, wait for one copy instead of
+        // each making its own.
+        let lock = self.images.locks.get(&format!("slot-copy:{slot}:{hex}"));
+        let _one_copy = lock.lock().await;
         if dest.is_dir() {
             // Made while this create waited.
             return Ok(dest);

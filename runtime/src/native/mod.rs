@@ -87,9 +87,10 @@ pub struct NativeRuntime {
     range: std::result::Result<NodeIdRange, String>,
     /// Which workload owns which slice of the range.
     slices: Mutex<Option<IdSlices>>,
-    /// Held while an image is copied for a slice (see `slot_rootfs`): the replicas of a new
-    /// workload, created together, wait for one copy instead of each making its own.
-    slot_copies: tokio::sync::Mutex<()>,
+    /// Workloads with a create under way, once per create: their containers have no
+    /// `meta.json` yet, and their slices must not look free to a concurrent create that
+    /// reclaims one (see `acquire_slot`).
+    creating: Mutex<Vec<WorkloadKey>>,
     caps: NodeCapabilities,
     overlay: AtomicBool,
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if
@@ -98,6 +99,30 @@ pub struct NativeRuntime {
     /// Change notices for followed logs, made at the first `logs -f` (on the agent's
     /// runtime); `None` if inotify is unavailable (followers then read every 50 ms).
     log_watch: std::sync::OnceLock<Option<crate::log_watch::LogWatcher>>,
+}
+
+/// A create under way for a workload: counted in `NativeRuntime::creating` until dropped.
+struct Creating<'a> {
+    set: &'a Mutex<Vec<WorkloadKey>>,
+    key: WorkloadKey,
+}
+
+impl<'a> Creating<'a> {
+    fn new(set: &'a Mutex<Vec<WorkloadKey>>, key: WorkloadKey) -> Self {
+        set.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(key.clone());
+        Creating { set, key }
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = set.iter().position(|k| *k == self.key) {
+            set.swap_remove(i);
+        }
+    }
 }
 
 fn lc_error(context: impl Into<String>, e: impl std::fmt::Display) -> RuntimeError {
@@ -301,6 +326,10 @@ impl ContainerRuntime for NativeRuntime {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
                 .context(|| format!("chmod {}", dir.display()))
         })?;
+        let _creating = Creating::new(
+            &self.creating,
+            WorkloadKey::new(&options.namespace, &options.workload),
+        );
         match self.create_in(options, &dir).await {
             Ok(meta) => read_in_place(|| {
                 if let Err(e) = self.write_meta(&options.id, &meta) {

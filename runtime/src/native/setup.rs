@@ -186,7 +186,7 @@ impl NativeRuntime {
             cgroups,
             range,
             slices: Mutex::new(None),
-            slot_copies: tokio::sync::Mutex::new(()),
+            creating: Mutex::new(Vec::new()),
             caps,
             log_watch: Default::default(),
         })
