@@ -4,6 +4,8 @@
 # are Running; then run 10 containers and measure kat-agent's idle memory and CPU (leader
 # and agent roles in one process; etcd reported separately). Last line:
 #   apply_to_running_p50_ms=X agent_idle_rss_mib=Y agent_idle_cpu_pct=Z
+# KAT_BENCH_KEEP=1 keeps the work directory (agent.log; with KAT_LOG=info,kat_runtime::phases=debug
+# it has each create's phases); KAT_BENCH_BIN=DIR runs kat-agent and katcall from DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh

@@ -267,15 +267,7 @@ async fn two_workloads_created_at_once_never_share_a_slice() {
         return;
     }
     let f = fixtures();
-    let dir = tempfile::Builder::new()
-        .prefix("kat-rt-")
-        .tempdir_in(test_root())
-        .unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
+    let dir = runtime_dir("kat-rt-");
     let mut config = config_in(&f, dir.path());
     let slices = 4 * kat_runtime::idmap::SLICE_SIZE;
     config.id_range = Some(kat_runtime::idmap::NodeIdRange {

@@ -47,15 +47,7 @@ fn ticks(lines: &[String]) -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn containers_outlive_a_killed_agent_and_are_readopted() {
     let f = fixtures();
-    let dir = tempfile::Builder::new()
-        .prefix("kat-survive-")
-        .tempdir_in(test_root())
-        .unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
+    let dir = runtime_dir("kat-survive-");
     let mut agent = Command::new(std::env::current_exe().unwrap())
         .args([
             "helper_agent_process",

@@ -42,8 +42,14 @@ pub fn image(f: &Fixtures) -> String {
 
 /// A runtime in a fresh directory; the directory lives as long as the returned guard.
 pub fn runtime(f: &Fixtures) -> (NativeRuntime, tempfile::TempDir) {
+    let dir = runtime_dir("kat-rt-");
+    (runtime_in(f, dir.path()), dir)
+}
+
+/// A fresh directory for a runtime's root under [`test_root`], named with `prefix`.
+pub fn runtime_dir(prefix: &str) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
-        .prefix("kat-rt-")
+        .prefix(prefix)
         .tempdir_in(test_root())
         .expect("temp dir");
     // Like any agent root's parents: searchable by the container's (mapped) root.
@@ -52,7 +58,7 @@ pub fn runtime(f: &Fixtures) -> (NativeRuntime, tempfile::TempDir) {
         std::os::unix::fs::PermissionsExt::from_mode(0o711),
     )
     .expect("chmod");
-    (runtime_in(f, dir.path()), dir)
+    dir
 }
 
 /// A runtime whose root is `DIR/root` (a second agent on the same directory finds the
