@@ -1,16 +1,23 @@
 //! The ingress recipe (`examples/ingress/`) on a real node: its image built with buildah from
 //! Debian's Caddy and kat-ingress, run as the DaemonService on the node labelled
 //! `kat.dws.rip/role=ingress`, reading the API with a read-only token. Routes by host and
-//! path, a rolling update of the backing workload under traffic through the ingress without
-//! a failed request, a rule removed → its route gone, and the updater's token refused for
+//! path, a rolling update of the backing workload and a change of Caddy's configuration under
+//! traffic through the ingress without a failed request, `tls: true` served over HTTPS by
+//! Caddy's own CA (`tls internal`, the host has no public name), a rule removed and a
+//! VirtualLoadBalancer removed → their routes gone, and the updater's token refused for
 //! anything but reading.
 
 use super::*;
 
 /// A Service `name` (2 replicas, health-checked) whose page says `name version`, with the
-/// ingress rule `rule` (YAML of one `ingress` entry, or none).
-fn backend(h: &Hosts, name: &str, version: &str, rule: Option<&str>) {
-    let ingress = rule.map_or(String::new(), |r| format!("  ingress:\n    - {r}\n"));
+/// ingress rules `rules` (YAML of one `ingress` entry each).
+fn backend(h: &Hosts, name: &str, version: &str, rules: &[&str]) {
+    let ingress = if rules.is_empty() {
+        String::new()
+    } else {
+        let entries: String = rules.iter().map(|r| format!("    - {r}\n")).collect();
+        format!("  ingress:\n{entries}")
+    };
     apply_bundle(h, 1, name, &[
         ("workload.kat", format!(
             "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 2\n  drainSeconds: 3\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'mkdir -p /tmp/www/api; echo {name} {version} > /tmp/www/index.html; cp /tmp/www/index.html /tmp/www/api/index.html; sleep 1; exec httpd -f -p 8080 -h /tmp/www']\n",
@@ -39,6 +46,22 @@ fn through_ingress(h: &Hosts, port: u16, host: &str, path: &str) -> (String, Str
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
     (code.trim().to_string(), body.trim().to_string())
+}
+
+/// `GET https://host:port/` from host 1's namespace, `host` resolved to host 1, without
+/// verifying the certificate: the body, and curl's verbose report (the certificate's issuer).
+fn over_https(h: &Hosts, port: u16, host: &str) -> (String, String) {
+    let out = h
+        .in_ns(1)
+        .args(["curl", "-skv", "--max-time", "3", "--resolve"])
+        .arg(format!("{host}:{port}:{}", ip(1)))
+        .arg(format!("https://{host}:{port}/"))
+        .output()
+        .expect("curl");
+    (
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -152,13 +175,13 @@ fn ingress_routes_by_host_and_path_through_updates() {
         &h,
         "web",
         "v1",
-        Some("{host: hello.test, servicePortName: http}"),
+        &["{host: hello.test, servicePortName: http}"],
     );
     backend(
         &h,
         "api",
         "v1",
-        Some("{host: hello.test, path: /api, servicePort: 8080}"),
+        &["{host: hello.test, path: /api, servicePort: 8080}"],
     );
     wait(
         "the ingress routing hello.test",
@@ -198,11 +221,26 @@ while True:
         .spawn()
         .expect("python3 client");
     std::thread::sleep(Duration::from_secs(2));
+    // Caddy's configuration changes under the same traffic: a new HTTPS site.
+    backend(
+        &h,
+        "api",
+        "v1",
+        &[
+            "{host: hello.test, path: /api, servicePort: 8080}",
+            "{host: secure.test, servicePort: 8080, tls: true}",
+        ],
+    );
+    wait(
+        "the HTTPS site secure.test",
+        Duration::from_secs(60),
+        || over_https(&h, https, "secure.test").0.starts_with("api v1"),
+    );
     backend(
         &h,
         "web",
         "v2",
-        Some("{host: hello.test, servicePortName: http}"),
+        &["{host: hello.test, servicePortName: http}"],
     );
     wait(
         "web rolled to v2 behind the ingress",
@@ -238,8 +276,30 @@ while True:
         .1
         .starts_with("web v2"));
 
-    // The rule removed: its route goes; the other stays.
-    backend(&h, "api", "v1", None);
+    // `tls: true` on a name with no public certificate: Caddy's own CA signed it.
+    let (body, verbose) = over_https(&h, https, "secure.test");
+    assert!(body.starts_with("api v1"), "{body}");
+    assert!(
+        verbose.contains("issuer: CN=Caddy Local Authority"),
+        "not signed by Caddy's internal CA: {verbose}"
+    );
+
+    // A rule removed: its route goes; the other stays.
+    backend(
+        &h,
+        "api",
+        "v1",
+        &["{host: hello.test, path: /api, servicePort: 8080}"],
+    );
+    wait("the secure.test site gone", Duration::from_secs(30), || {
+        !over_https(&h, https, "secure.test").0.starts_with("api")
+    });
+    assert!(through_ingress(&h, http, "hello.test", "/api/")
+        .1
+        .starts_with("api v1"));
+    // The VirtualLoadBalancer removed: the workload's route goes; the other stays.
+    std::fs::remove_file(h.path("api").join("VirtualLoadBalancer.kat")).unwrap();
+    apply_bundle(&h, 1, "api", &[]);
     wait("the /api route gone", Duration::from_secs(30), || {
         !through_ingress(&h, http, "hello.test", "/api/")
             .1
