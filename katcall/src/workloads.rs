@@ -229,26 +229,7 @@ pub async fn list(
         }
         "namespaces" | "namespace" | "ns" => {
             let list = client.namespaces().await?;
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|n| {
-                    let labels: Vec<String> = n
-                        .metadata
-                        .labels
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect();
-                    vec![
-                        n.metadata.name.clone(),
-                        age(n.metadata.creation_timestamp),
-                        if labels.is_empty() {
-                            "<none>".to_string()
-                        } else {
-                            labels.join(",")
-                        },
-                    ]
-                })
-                .collect();
+            let rows: Vec<Vec<String>> = list.iter().map(namespace_row).collect();
             Listing::new(
                 &list,
                 vec!["NAME", "AGE", "LABELS"],
@@ -260,6 +241,25 @@ pub async fn list(
             "cannot get {other:?}: expected workloads, instances, nodes or namespaces"
         ),
     }
+}
+
+/// A row of `get namespaces`: NAME, AGE, LABELS (`k=v,…`, or `<none>`).
+fn namespace_row(n: &kat_api::wire::NamespaceObject) -> Vec<String> {
+    let labels: Vec<String> = n
+        .metadata
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    vec![
+        n.metadata.name.clone(),
+        age(n.metadata.creation_timestamp),
+        if labels.is_empty() {
+            "<none>".to_string()
+        } else {
+            labels.join(",")
+        },
+    ]
 }
 
 /// Finished instances kept in `ns` (of `workload` only, if given), oldest first.
@@ -576,4 +576,26 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     client.create_namespace(name).await?;
     println!("namespace {name} created");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A namespace's labels are shown, sorted, as `k=v` pairs; none: `<none>`.
+    #[test]
+    fn namespace_rows_show_labels() {
+        let mut ns = kat_api::wire::NamespaceObject {
+            metadata: Default::default(),
+        };
+        ns.metadata.name = "team-a".into();
+        assert_eq!(namespace_row(&ns)[2], "<none>");
+        ns.metadata.labels.insert("tier".into(), "prod".into());
+        ns.metadata.labels.insert("owner".into(), "ana".into());
+        let row = namespace_row(&ns);
+        assert_eq!(
+            (row[0].as_str(), row[2].as_str()),
+            ("team-a", "owner=ana,tier=prod")
+        );
+    }
 }

@@ -185,35 +185,69 @@ fn device_mount(d: &crate::types::DeviceNode) -> Mount {
     )
 }
 
-/// Allow rules for `devices` (their type and numbers read from the host's nodes); `None`
-/// without devices, as before there were any.
-fn device_rules(devices: &[crate::types::DeviceNode]) -> Option<Vec<LinuxDeviceCgroup>> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    if devices.is_empty() {
+/// The OCI hooks of `hooks`, in their order within each stage; `None` without any.
+fn hooks(hooks: &[crate::types::Hook]) -> Option<oci_spec::runtime::Hooks> {
+    use crate::types::HookStage;
+    if hooks.is_empty() {
         return None;
     }
-    let rules = devices
-        .iter()
-        .filter_map(|d| {
-            let meta = std::fs::symlink_metadata(&d.host_path).ok()?;
-            let typ = if meta.file_type().is_char_device() {
-                LinuxDeviceType::C
-            } else if meta.file_type().is_block_device() {
-                LinuxDeviceType::B
-            } else {
-                return None;
-            };
-            let rdev = meta.rdev();
-            let mut rule = LinuxDeviceCgroup::default();
-            rule.set_allow(true);
-            rule.set_typ(Some(typ));
-            rule.set_major(Some(nix::sys::stat::major(rdev) as i64));
-            rule.set_minor(Some(nix::sys::stat::minor(rdev) as i64));
-            rule.set_access(Some("rwm".into()));
-            Some(rule)
-        })
-        .collect();
-    Some(rules)
+    let at = |stage: HookStage| -> Option<Vec<oci_spec::runtime::Hook>> {
+        let list: Vec<_> = hooks
+            .iter()
+            .filter(|h| h.stage == stage)
+            .map(|h| {
+                let mut hook = oci_spec::runtime::Hook::default();
+                hook.set_path(h.path.clone());
+                hook.set_args((!h.args.is_empty()).then(|| h.args.clone()));
+                hook.set_env((!h.env.is_empty()).then(|| h.env.clone()));
+                hook.set_timeout(h.timeout);
+                hook
+            })
+            .collect();
+        (!list.is_empty()).then_some(list)
+    };
+    let mut out = oci_spec::runtime::Hooks::default();
+    #[allow(deprecated)]
+    out.set_prestart(at(HookStage::Prestart));
+    out.set_create_runtime(at(HookStage::CreateRuntime));
+    out.set_create_container(at(HookStage::CreateContainer));
+    out.set_start_container(at(HookStage::StartContainer));
+    out.set_poststart(at(HookStage::Poststart));
+    out.set_poststop(at(HookStage::Poststop));
+    Some(out)
+}
+
+/// The device cgroup's rules: deny everything, then allow `devices` (their type and numbers
+/// read from the host's nodes); libcgroups adds the default devices (`/dev/null`, `/dev/tty`,
+/// ptys, …) after them. Without the first rule a v1 device cgroup inherits its parent's
+/// `a *:* rwm` (libcgroups writes allow rules only) and a container could open any device
+/// node that reached it; v2's program starts from deny already. The same start runc and
+/// youki's default spec have.
+fn device_rules(devices: &[crate::types::DeviceNode]) -> Vec<LinuxDeviceCgroup> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut deny_all = LinuxDeviceCgroup::default();
+    deny_all.set_allow(false);
+    deny_all.set_typ(Some(LinuxDeviceType::A));
+    deny_all.set_access(Some("rwm".into()));
+    let rules = devices.iter().filter_map(|d| {
+        let meta = std::fs::symlink_metadata(&d.host_path).ok()?;
+        let typ = if meta.file_type().is_char_device() {
+            LinuxDeviceType::C
+        } else if meta.file_type().is_block_device() {
+            LinuxDeviceType::B
+        } else {
+            return None;
+        };
+        let rdev = meta.rdev();
+        let mut rule = LinuxDeviceCgroup::default();
+        rule.set_allow(true);
+        rule.set_typ(Some(typ));
+        rule.set_major(Some(nix::sys::stat::major(rdev) as i64));
+        rule.set_minor(Some(nix::sys::stat::minor(rdev) as i64));
+        rule.set_access(Some("rwm".into()));
+        Some(rule)
+    });
+    std::iter::once(deny_all).chain(rules).collect()
 }
 
 fn bind(source: &Path, destination: &str, read_only: bool) -> Mount {
@@ -362,7 +396,7 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
 
     let r = &input.options.resources;
     let mut resources = LinuxResources::default();
-    resources.set_devices(device_rules(&o.devices));
+    resources.set_devices(Some(device_rules(&o.devices)));
     if input.memory_limit && r.memory_limit_bytes > 0 {
         // No swap beyond the limit: exceeding it means the OOM killer, as users expect.
         let limit = i64::try_from(r.memory_limit_bytes).unwrap_or(i64::MAX);
@@ -450,6 +484,7 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
     spec.set_hostname(Some(input.hostname.into()));
     spec.set_mounts(Some(mounts));
     spec.set_linux(Some(linux));
+    spec.set_hooks(hooks(&o.hooks));
     spec.set_annotations(None);
     Ok(spec)
 }

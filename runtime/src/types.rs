@@ -46,6 +46,37 @@ pub struct CreateOptions {
     /// tools, sockets; root's configuration, so not confined like volumes).
     #[serde(default)]
     pub host_binds: Vec<HostBind>,
+    /// Programs run around the container's life (a GPU's CDI `hooks`), as the runtime runs
+    /// OCI hooks: as the agent's user, with the container's state on their input.
+    #[serde(default)]
+    pub hooks: Vec<Hook>,
+}
+
+/// A program run at one point of a container's life (OCI runtime spec, `hooks`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    pub stage: HookStage,
+    /// An absolute host path (`startContainer`: a path in the container).
+    pub path: PathBuf,
+    /// Its arguments, `argv[0]` first; empty: the path alone.
+    pub args: Vec<String>,
+    /// Its whole environment (`NAME=VALUE`).
+    pub env: Vec<String>,
+    /// Seconds before it is killed and the step fails; `None`: no limit.
+    pub timeout: Option<i64>,
+}
+
+/// When a [`Hook`] runs, as OCI names the points (CDI's `hookName`).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum HookStage {
+    Prestart,
+    CreateRuntime,
+    CreateContainer,
+    StartContainer,
+    Poststart,
+    Poststop,
 }
 
 /// A host path bound in at a container path.

@@ -42,10 +42,24 @@ pub struct ContainerEdits {
     pub device_nodes: Vec<DeviceNode>,
     #[serde(default)]
     pub mounts: Vec<Mount>,
-    /// Programs the runtime would run around the container's life: KAT runs none (they
-    /// expect root on the host); they are counted so the node can say so.
+    /// Programs run around the container's life, as the agent's user.
     #[serde(default)]
-    pub hooks: Vec<serde_json::Value>,
+    pub hooks: Vec<Hook>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    /// The OCI stage: `prestart`, `createRuntime`, `createContainer`, `startContainer`,
+    /// `poststart` or `poststop`.
+    pub hook_name: String,
+    pub path: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub timeout: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -69,7 +83,8 @@ pub struct Mount {
 
 /// Every spec under `dirs` (`*.json`, `*.yaml`, `*.yml`), later directories first in
 /// priority as the specification orders them (`/var/run/cdi` over `/etc/cdi`): a device
-/// named twice is the later directory's. Files that do not parse are reported, not fatal.
+/// named twice is the later directory's. Files that do not parse are reported, not fatal,
+/// and so are files another user could have written (see [`trusted`]).
 pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
     let mut by_kind: BTreeMap<String, Spec> = BTreeMap::new();
     let mut problems = Vec::new();
@@ -84,7 +99,7 @@ pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
             if !matches!(ext, "json" | "yaml" | "yml") {
                 continue;
             }
-            match parse(&file) {
+            match trusted(&file).and_then(|()| parse(&file)) {
                 Ok(spec) => {
                     let entry = by_kind.entry(spec.kind.clone()).or_insert_with(|| Spec {
                         devices: vec![],
@@ -103,6 +118,40 @@ pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
         }
     }
     (by_kind.into_values().collect(), problems)
+}
+
+/// A specification says what host paths are bound into containers and what programs run as
+/// the agent: one that a user other than root or the agent's own could have written (the
+/// file or its directory writable by them) is refused, so another local user cannot hand
+/// themselves a host directory or the agent's identity through it.
+fn trusted(file: &Path) -> Result<(), String> {
+    let euid = nix::unistd::geteuid().as_raw();
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    for path in [dir, file] {
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if let Some(why) = writable_by_others(&meta, euid) {
+            return Err(format!(
+                "{} {why}: a CDI specification must be writable only by root or the agent's user; not read",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Why a file someone else than root or `euid` could write is not trusted; `None` if it is.
+pub fn writable_by_others(meta: &std::fs::Metadata, euid: u32) -> Option<String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = meta.permissions().mode();
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Some(format!("is owned by uid {}", meta.uid()));
+    }
+    (mode & 0o022 != 0).then(|| {
+        format!(
+            "is writable by its group or others (mode {:o})",
+            mode & 0o7777
+        )
+    })
 }
 
 fn parse(file: &Path) -> Result<Spec, String> {
@@ -128,7 +177,7 @@ pub fn qualified(kind: &str, name: &str) -> String {
 }
 
 /// What the named devices put in a container: host device nodes, host mounts,
-/// environment, and how many hooks were left out.
+/// environment and hooks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edits {
     /// (host path, container path).
@@ -136,7 +185,9 @@ pub struct Edits {
     /// (host path, container path, read-only).
     pub mounts: Vec<(PathBuf, String, bool)>,
     pub env: BTreeMap<String, String>,
-    pub hooks_skipped: usize,
+    /// Host paths under the root, but a `startContainer` hook's: that one runs in the
+    /// container.
+    pub hooks: Vec<kat_runtime::Hook>,
 }
 
 /// The edits of `names` (qualified), host paths taken under `root` (`/` but in tests).
@@ -183,7 +234,30 @@ fn add(out: &mut Edits, e: &ContainerEdits, root: &Path) -> Result<(), String> {
         out.mounts
             .push((under(root, &m.host_path)?, absolute(&m.container_path)?, ro));
     }
-    out.hooks_skipped += e.hooks.len();
+    for h in &e.hooks {
+        use kat_runtime::HookStage as S;
+        let stage = match h.hook_name.as_str() {
+            "prestart" => S::Prestart,
+            "createRuntime" => S::CreateRuntime,
+            "createContainer" => S::CreateContainer,
+            "startContainer" => S::StartContainer,
+            "poststart" => S::Poststart,
+            "poststop" => S::Poststop,
+            other => return Err(format!("hook {:?}: hookName {other:?} is not an OCI hook (prestart, createRuntime, createContainer, startContainer, poststart, poststop)", h.path)),
+        };
+        let path = if stage == S::StartContainer {
+            PathBuf::from(absolute(&h.path)?)
+        } else {
+            under(root, &h.path)?
+        };
+        out.hooks.push(kat_runtime::Hook {
+            stage,
+            path,
+            args: h.args.clone(),
+            env: h.env.clone(),
+            timeout: h.timeout,
+        });
+    }
     Ok(())
 }
 
@@ -246,7 +320,55 @@ mod tests {
                 true
             )]
         );
-        assert_eq!(e.hooks_skipped, 1);
+        assert_eq!(
+            e.hooks,
+            vec![kat_runtime::Hook {
+                stage: kat_runtime::HookStage::CreateContainer,
+                path: "/fake/usr/bin/true".into(),
+                args: vec![],
+                env: vec![],
+                timeout: None,
+            }]
+        );
+    }
+
+    /// A spec another user could have written is not read: it would bind host paths into
+    /// containers and run programs as the agent.
+    #[test]
+    fn a_spec_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kat.yaml");
+        std::fs::write(&file, SPEC).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let (specs, problems) = load(&[dir.path().to_path_buf()]);
+        assert!(specs.is_empty(), "{specs:?}");
+        assert!(
+            problems[0].contains("writable by its group or others"),
+            "{problems:?}"
+        );
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let (specs, problems) = load(&[dir.path().to_path_buf()]);
+        assert!(specs.is_empty() && problems.len() == 1, "{problems:?}");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(load(&[dir.path().to_path_buf()]).0.len(), 1);
+    }
+
+    #[test]
+    fn an_unknown_hook_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("kat.yaml"),
+            SPEC.replace("hookName: createContainer", "hookName: sometime"),
+        )
+        .unwrap();
+        let (specs, _) = load(&[dir.path().to_path_buf()]);
+        let e = edits(&specs, &["kat.test/gpu=0".into()], Path::new("/")).unwrap_err();
+        assert!(
+            e.contains("hookName \"sometime\" is not an OCI hook"),
+            "{e}"
+        );
     }
 
     #[test]

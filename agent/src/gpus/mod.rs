@@ -84,6 +84,23 @@ impl Gpus {
                 ));
             }
         }
+        // A hook runs as the agent: its program must be one only root or the agent can
+        // change (a `startContainer` hook runs in the container, from its files).
+        let euid = nix::unistd::geteuid().as_raw();
+        for hook in edits
+            .hooks
+            .iter()
+            .filter(|h| h.stage != kat_runtime::HookStage::StartContainer)
+        {
+            let meta = std::fs::metadata(&hook.path)
+                .map_err(|e| format!("CDI hook {}: {e}", hook.path.display()))?;
+            if !meta.is_file() {
+                return Err(format!("CDI hook {} is not a file", hook.path.display()));
+            }
+            if let Some(why) = cdi::writable_by_others(&meta, euid) {
+                return Err(format!("CDI hook {} {why}: not run", hook.path.display()));
+            }
+        }
         Ok(edits)
     }
 }

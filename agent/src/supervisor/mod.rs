@@ -559,8 +559,8 @@ impl Supervisor {
                 .await
                 .map_err(|e| StartError::Failed(format!("reading the GPUs' CDI edits: {e}")))?
                 .map_err(|e| StartError::Failed(format!("GPUs {:?}: {e}", record.gpus)))?;
-            if edits.hooks_skipped > 0 {
-                tracing::warn!(instance = %record.instance_id, hooks = edits.hooks_skipped, "the GPUs' CDI specifications have hooks; KAT runs none");
+            if !edits.hooks.is_empty() {
+                tracing::info!(instance = %record.instance_id, hooks = edits.hooks.len(), "running the GPUs' CDI hooks as the agent's user");
             }
             apply_gpu_edits(&mut options, edits);
         }

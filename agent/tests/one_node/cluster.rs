@@ -58,9 +58,11 @@ pub(crate) fn agent_user() -> Option<String> {
 }
 
 /// A node with one GPU that is not there: a CDI specification of `kat.test/gpu` whose device
-/// `0` is a character device made here (1:3, what /dev/null is) with an environment variable,
-/// and the sysfs of an AMD card with 8 GiB behind it. The agent reads it as its GPU root
-/// (`KAT_GPU_ROOT`).
+/// `0` is a character device made here (10:237, what /dev/loop-control is: a device no
+/// container may open unless its device cgroup allows it, which opens without privilege)
+/// with an environment variable and a `createRuntime` hook (`hooks/mark`: it writes the
+/// container's state it reads on its input to `marks/created`), and the sysfs of an AMD card
+/// with 8 GiB behind it. The agent reads it as its GPU root (`KAT_GPU_ROOT`).
 pub(crate) fn fake_gpu_root(root: &Path) {
     let write = |path: &str, text: &str| {
         let p = root.join(path);
@@ -69,8 +71,12 @@ pub(crate) fn fake_gpu_root(root: &Path) {
     };
     write(
         "etc/cdi/kat-test.yaml",
-        "cdiVersion: \"0.6.0\"\nkind: kat.test/gpu\ncontainerEdits:\n  env: [KAT_TEST_GPU_VENDOR=kat]\ndevices:\n  - name: \"0\"\n    containerEdits:\n      env: [KAT_TEST_GPU=0]\n      deviceNodes: [{path: /dev/dri/renderD128}]\n",
+        &format!(
+            "cdiVersion: \"0.6.0\"\nkind: kat.test/gpu\ncontainerEdits:\n  env: [KAT_TEST_GPU_VENDOR=kat]\n  hooks: [{{hookName: createRuntime, path: /hooks/mark, args: [mark, {}]}}]\ndevices:\n  - name: \"0\"\n    containerEdits:\n      env: [KAT_TEST_GPU=0]\n      deviceNodes: [{{path: /dev/dri/renderD128}}]\n",
+            root.join("marks/created").display()
+        ),
     );
+    write("hooks/mark", "#!/bin/sh\n/bin/cat > \"$1\"\n");
     write("sys/class/drm/renderD128/device/vendor", "0x1002\n");
     write(
         "sys/class/drm/renderD128/device/mem_info_vram_total",
@@ -86,7 +92,7 @@ pub(crate) fn fake_gpu_root(root: &Path) {
         &node,
         nix::sys::stat::SFlag::S_IFCHR,
         nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(1, 3),
+        nix::sys::stat::makedev(10, 237),
     )
     .expect("mknod (the test runs as root)");
     let status = Command::new("chmod")
@@ -94,6 +100,16 @@ pub(crate) fn fake_gpu_root(root: &Path) {
         .status()
         .expect("chmod");
     assert!(status.success());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        root.join("hooks/mark"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod the hook");
+    // The hook runs as the agent's user, which may not be root.
+    std::fs::create_dir_all(root.join("marks")).expect("mkdir");
+    std::fs::set_permissions(root.join("marks"), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod the marks");
 }
 
 impl Cluster {

@@ -115,6 +115,30 @@ pub(crate) fn git_workload(
 /// A Job whose first attempt fails and second succeeds (a marker on its volume), under
 /// `restartPolicy: MaxCount` with `backoffLimit: 0`.
 pub(crate) fn retrying_job(image: &str) -> Vec<(&'static str, String)> {
+    job(
+        "retry",
+        image,
+        "    condition: MaxCount\n    maxRestarts: 1",
+        "if [ -e /data/tried ]; then echo second; exit 0; fi; touch /data/tried; exit 3",
+        0,
+    )
+}
+
+/// A Job whose every attempt fails (exit 4), under `restartPolicy: Never` with
+/// `backoffLimit: 1`: two instances, then the run fails.
+pub(crate) fn doomed_job(image: &str) -> Vec<(&'static str, String)> {
+    job("doomed", image, "    condition: Never", "exit 4", 1)
+}
+
+/// A Job `name` running `script` under `policy` (the lines of `restartPolicy`), with a
+/// volume at /data and one completion allowed `backoff_limit` failures.
+fn job(
+    name: &str,
+    image: &str,
+    policy: &str,
+    script: &str,
+    backoff_limit: u32,
+) -> Vec<(&'static str, String)> {
     vec![
         (
             "workload.kat",
@@ -122,17 +146,16 @@ pub(crate) fn retrying_job(image: &str) -> Vec<(&'static str, String)> {
                 "apiVersion: kat.dws.rip/v1alpha1
 kind: Workload
 metadata:
-  name: retry
+  name: {name}
   namespace: default
 spec:
   type: Job
   source:
     image: {image}
   restartPolicy:
-    condition: MaxCount
-    maxRestarts: 1
+{policy}
   container:
-    command: [\"/bin/sh\", \"-c\", \"if [ -e /data/tried ]; then echo second; exit 0; fi; touch /data/tried; exit 3\"]
+    command: [\"/bin/sh\", \"-c\", \"{script}\"]
     volumeMounts:
       - name: data
         mountPath: /data
@@ -144,13 +167,14 @@ spec:
         ),
         (
             "job.kat",
-            "apiVersion: kat.dws.rip/v1alpha1
+            format!(
+                "apiVersion: kat.dws.rip/v1alpha1
 kind: JobDefinition
 spec:
   completions: 1
-  backoffLimit: 0
+  backoffLimit: {backoff_limit}
 "
-            .to_string(),
+            ),
         ),
     ]
 }

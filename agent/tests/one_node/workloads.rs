@@ -225,6 +225,31 @@ pub(crate) fn a_stuck_pull_delays_nothing_and_ended_instances_follow_the_policy(
         c.k().events_of("retry")
     );
     c.must(&["delete", "workload", "retry"]);
+
+    // Under Never a Job's failed instance is not restarted: the leader counts it against
+    // `backoffLimit` and places another, and the run fails once the limit is passed.
+    c.apply("doomed", &doomed_job(image));
+    c.wait("the doomed job to fail", Duration::from_secs(60), |c| {
+        c.k()
+            .events_of("doomed")
+            .iter()
+            .any(|e| e.reason == "JobRunFailed")
+    });
+    let events = c.k().events_of("doomed");
+    let failed = events
+        .iter()
+        .find(|e| e.reason == "JobRunFailed")
+        .map(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(
+        failed.contains("BackoffLimitExceeded: 2 failed instance(s), backoffLimit 1"),
+        "{failed}"
+    );
+    assert!(
+        !events.iter().any(|e| e.reason == "JobRunSucceeded"),
+        "{events:?}"
+    );
+    c.must(&["delete", "workload", "doomed"]);
 }
 
 /// `healthCheck.onFailure: restart`: an instance that fails its check is stopped and started
@@ -645,8 +670,9 @@ pub(crate) fn an_exec_ends_with_its_client(c: &Cluster, instance: &str) {
 
 /// GPUs through CDI on a fake vendor (no GPU is on these machines): the node reports the
 /// GPU its specification and sysfs describe, an instance asking for one gets its device node
-/// and the specification's environment, and one asking for more than the node has stays
-/// Pending with the reason.
+/// (opened: its device cgroup allows it), the specification's environment and its hook run
+/// with the container's state, and one asking for more than the node has stays Pending
+/// with the reason.
 pub(crate) fn a_gpu_workload_gets_its_device(r: &mut Run) {
     let Run { c, image, .. } = r;
     let wide = c.must(&["get", "nodes", "-o", "wide"]);
@@ -668,9 +694,16 @@ pub(crate) fn a_gpu_workload_gets_its_device(r: &mut Run) {
         "--",
         "sh",
         "-c",
-        "test -c /dev/dri/renderD128 && head -c 0 /dev/dri/renderD128 && echo $KAT_TEST_GPU_VENDOR $KAT_TEST_GPU",
+        "test -c /dev/dri/renderD128 && : < /dev/dri/renderD128 && echo $KAT_TEST_GPU_VENDOR $KAT_TEST_GPU",
     ]);
     assert_eq!(out.trim(), "kat 0");
+    let instance = &c.instances("gpu")[0];
+    let state = std::fs::read_to_string(c.path("gpu-root/marks/created"))
+        .expect("the CDI hook's mark: the hook did not run");
+    assert!(
+        state.contains(&format!("\"{}-0\"", instance.instance_id)),
+        "the hook's input is not the container's state: {state}"
+    );
     c.apply("gpu2", &gpu_workload("gpu2", image, 2));
     c.wait(
         "the two-GPU instance pending",

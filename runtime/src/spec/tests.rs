@@ -199,15 +199,53 @@ fn devices_are_bound_in_and_allowed_by_number() {
             host_path: "/etc/hostname".into(),
             container_path: "/dev/x".into(),
         },
-    ])
-    .unwrap();
-    assert_eq!(rules.len(), 1);
-    let r = &rules[0];
+    ]);
+    assert_eq!(rules.len(), 2, "{rules:?}");
+    let r = &rules[1];
     assert!(r.allow());
     assert_eq!((r.major(), r.minor()), (Some(1), Some(3)));
     assert_eq!(r.access().as_deref(), Some("rwm"));
-    assert!(
-        device_rules(&[]).is_none(),
-        "no devices: no device rules, as before"
+    // Every container's list starts by denying all devices (a v1 cgroup would otherwise
+    // inherit its parent's `a *:* rwm`).
+    for rules in [rules, device_rules(&[])] {
+        let first = &rules[0];
+        assert!(!first.allow(), "{first:?}");
+        assert_eq!(first.typ(), Some(LinuxDeviceType::A));
+        assert_eq!(first.access().as_deref(), Some("rwm"));
+    }
+}
+
+/// CDI hooks become the OCI hooks of their stage, in order, with their arguments,
+/// environment and timeout; no hooks, no `hooks` in the spec.
+#[test]
+fn hooks_go_to_their_stage() {
+    use crate::types::{Hook, HookStage};
+    let hook = |stage, path: &str| Hook {
+        stage,
+        path: path.into(),
+        args: vec!["mark".into(), "created".into()],
+        env: vec!["A=1".into()],
+        timeout: Some(5),
+    };
+    let spec = hooks(&[
+        hook(HookStage::CreateRuntime, "/usr/bin/first"),
+        hook(HookStage::Poststop, "/usr/bin/last"),
+        hook(HookStage::CreateRuntime, "/usr/bin/second"),
+    ])
+    .unwrap();
+    let runtime = spec.create_runtime().clone().unwrap();
+    let paths: Vec<_> = runtime.iter().map(|h| h.path().clone()).collect();
+    assert_eq!(
+        paths,
+        [PathBuf::from("/usr/bin/first"), "/usr/bin/second".into()]
     );
+    assert_eq!(
+        runtime[0].args().as_deref(),
+        Some(&["mark".to_string(), "created".into()][..])
+    );
+    assert_eq!(runtime[0].env().as_deref(), Some(&["A=1".to_string()][..]));
+    assert_eq!(runtime[0].timeout(), Some(5));
+    assert_eq!(spec.poststop().as_ref().map(Vec::len), Some(1));
+    assert!(spec.create_container().is_none() && spec.poststart().is_none());
+    assert!(hooks(&[]).is_none());
 }
