@@ -23,6 +23,7 @@ mod heartbeat;
 mod join;
 mod kept_logs;
 mod layout;
+mod leader_tokens;
 mod malloc;
 mod network;
 mod node;

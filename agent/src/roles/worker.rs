@@ -100,6 +100,12 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         limiter: http::default_rate_limiter(),
         metrics: Arc::new(kat_leader::metrics::Metrics::default()),
         heartbeat: work.last_heartbeat.subscribe(),
+        tokens: Arc::new(crate::leader_tokens::LeaderTokens::new(
+            node.to_string(),
+            link.leader(),
+            &base.pki.ca_pem,
+        )?),
+        token_answers: Default::default(),
     });
     let listener = base.api_listener(options.api_bind).await?;
     let worker_router = http::worker_router(api);

@@ -379,7 +379,8 @@ fn three_nodes_join_spread_and_survive_the_leader() {
 
 /// Heartbeats carry each peer's last overlay handshake and each instance's container and
 /// image digest (`describe node` shows them); the worker serves its own `/metrics` to a
-/// control-plane certificate and refuses another worker's.
+/// control-plane certificate and to a read-only token (the leader judges it), and refuses
+/// another worker's certificate, a namespace token, a made-up token and no credential.
 fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
     let worker = format!("n{WORKER}");
     let mut text = String::new();
@@ -414,4 +415,35 @@ fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
     let own = format!("kat_node_memory_used_bytes{{node=\"{worker}\"}}");
     assert!(body.contains(&own), "{body}");
     assert_eq!(h.status_as(WORKER, &metrics), "403");
+
+    let token = |args: &[&str]| -> String {
+        let mut all = vec!["create", "token"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let made: kat_api::wire::NewApiToken = h.k(1).json(&all).expect("a token");
+        made.token
+    };
+    let read_only = token(&["--read-only"]);
+    let namespaced = token(&["--read-only", "--namespace", "default"]);
+    let ca = h.data(1).join("pki/ca.crt");
+    let with_token = |token: &str| -> (String, String) {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "15", "--cacert"])
+            .arg(&ca)
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .args(["-w", "\n%{http_code}"])
+            .arg(&metrics)
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (code.to_string(), body.to_string())
+    };
+    let (code, body) = with_token(&read_only);
+    assert_eq!(code, "200", "{body}");
+    assert!(body.contains(&own), "{body}");
+    for refused in [namespaced.as_str(), "katapi.nosuch.secret", ""] {
+        let (code, body) = with_token(refused);
+        assert_eq!(code, "401", "token {refused:?}: {body}");
+    }
 }

@@ -50,7 +50,7 @@ pub use streams::{
     StreamSource, EXEC_PROTOCOL,
 };
 pub use tokens::scope_allows;
-pub use worker::{worker_router, WorkerApi};
+pub use worker::{worker_router, TokenAnswers, TokenCheck, WorkerApi};
 
 use crate::service::Service;
 
@@ -448,7 +448,7 @@ async fn node_authorized(
 }
 
 /// The bearer token of `req`, if it has one.
-fn bearer(req: &Request) -> Option<&str> {
+pub(crate) fn bearer(req: &Request) -> Option<&str> {
     let value = req.headers().get(header::AUTHORIZATION)?;
     value.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
 }

@@ -6,13 +6,17 @@
 //! serves only control-plane certificates that were not revoked (the leader sends the
 //! revoked serials with every heartbeat answer): another worker's certificate gets 403 (a
 //! compromised worker cannot read its neighbours' logs or run commands in their
-//! containers), the admin token opens nothing here, and every other route answers
-//! `not_leader` with where the leader is, so a client pointed at a worker learns where to go.
+//! containers), and every other route answers `not_leader` with where the leader is, so a
+//! client pointed at a worker learns where to go. `/metrics` also takes a bearer token that
+//! may read the whole cluster (the admin token, or a scoped read-only token without a
+//! namespace), so a Prometheus with a read-only token scrapes every node: tokens live in the
+//! cluster's store, which a worker does not hold, so the leader judges them
+//! ([`TokenCheck`]); its answer is remembered for [`TOKEN_MEMORY`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
@@ -26,9 +30,62 @@ use tokio::sync::watch;
 
 use super::streams::{self, InstanceAccess, StreamSource};
 use super::{
-    client_node, rate_limit_key, rate_limited, unauthorized, ApiError, ClientAddr, ClientSerial,
-    RateLimiter,
+    bearer, client_node, rate_limit_key, rate_limited, unauthorized, ApiError, ClientAddr,
+    ClientSerial, RateLimiter,
 };
+
+/// How long a worker remembers the leader's answer for a token (a deleted token keeps
+/// reading a worker's metrics this long at most); a refusal is remembered a fifth of it.
+pub const TOKEN_MEMORY: Duration = Duration::from_secs(30);
+/// At most this many tokens remembered; when full the table starts afresh.
+const TOKENS_REMEMBERED: usize = 256;
+
+/// The seam between a worker and the leader for bearer tokens: whether `token` may read
+/// the whole cluster (`Ok(false)`: refused; `Err`: the leader could not say).
+#[async_trait::async_trait]
+pub trait TokenCheck: Send + Sync {
+    async fn may_read_cluster(&self, token: &str) -> Result<bool, String>;
+}
+
+/// The leader's answers about tokens, by the SHA-256 of the token (a worker keeps no
+/// token in memory): allowed or not, and since when.
+#[derive(Default)]
+pub struct TokenAnswers {
+    answers: Mutex<HashMap<[u8; 32], (bool, Instant)>>,
+}
+
+impl TokenAnswers {
+    fn lookup(&self, key: &[u8; 32], now: Instant) -> Option<bool> {
+        let answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        let (allowed, at) = answers.get(key)?;
+        let memory = if *allowed {
+            TOKEN_MEMORY
+        } else {
+            TOKEN_MEMORY / 5
+        };
+        (now.duration_since(*at) < memory).then_some(*allowed)
+    }
+
+    fn remember(&self, key: [u8; 32], allowed: bool, now: Instant) {
+        let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        if answers.len() >= TOKENS_REMEMBERED {
+            answers.clear();
+        }
+        answers.insert(key, (allowed, now));
+    }
+
+    /// Whether `token` may read this node's metrics: remembered, else asked of `check`.
+    pub async fn allowed(&self, check: &dyn TokenCheck, token: &str) -> Result<bool, String> {
+        use sha2::Digest;
+        let key: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
+        if let Some(allowed) = self.lookup(&key, Instant::now()) {
+            return Ok(allowed);
+        }
+        let allowed = check.may_read_cluster(token).await?;
+        self.remember(key, allowed, Instant::now());
+        Ok(allowed)
+    }
+}
 
 pub struct WorkerApi {
     pub node: String,
@@ -44,6 +101,9 @@ pub struct WorkerApi {
     pub metrics: Arc<kat_leader::metrics::Metrics>,
     /// The heartbeat the node last sent.
     pub heartbeat: watch::Receiver<Option<kat_api::wire::NodeHeartbeat>>,
+    /// Asks the leader about a bearer token on `/metrics`.
+    pub tokens: Arc<dyn TokenCheck>,
+    pub token_answers: TokenAnswers,
 }
 
 #[async_trait::async_trait]
@@ -153,11 +213,85 @@ async fn guard(State(state): State<Arc<WorkerApi>>, req: Request, next: Next) ->
     }
     match client_node(&req) {
         Some((_, NodeRole::ControlPlane)) => next.run(req).await,
+        // A token, for the metrics only: the leader says whether it reads the cluster.
+        None if path == "/metrics" => {
+            let Some(token) = bearer(&req).map(str::to_string) else {
+                return unauthorized().into_response();
+            };
+            match state.token_answers.allowed(&*state.tokens, &token).await {
+                Ok(true) => next.run(req).await,
+                Ok(false) => ApiError::new(
+                    ErrorCode::Unauthorized,
+                    "the leader does not know this token, or it cannot read the whole cluster (a namespace token): a node's /metrics takes the admin token or a read-only one",
+                )
+                .into_response(),
+                Err(e) => ApiError::new(
+                    ErrorCode::Unavailable,
+                    format!("cannot ask the leader about this token: {e}; try again"),
+                )
+                .into_response(),
+            }
+        }
         Some((node, NodeRole::Worker)) => ApiError::forbidden(format!(
             "node {node} is a worker: its certificate cannot read logs of or exec into node {}'s instances",
             state.node
         ))
         .into_response(),
         None => unauthorized().into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Says yes to "good", no to anything else, and counts the questions.
+    #[derive(Default)]
+    struct Leader {
+        asked: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl TokenCheck for Leader {
+        async fn may_read_cluster(&self, token: &str) -> Result<bool, String> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            match token {
+                "down" => Err("no leader".into()),
+                t => Ok(t == "good"),
+            }
+        }
+    }
+
+    /// The leader is asked once per token while its answer is remembered; an answer that
+    /// could not be had is not remembered; the table stays bounded.
+    #[tokio::test]
+    async fn answers_are_remembered_and_bounded() {
+        let (leader, answers) = (Leader::default(), TokenAnswers::default());
+        assert_eq!(answers.allowed(&leader, "good").await, Ok(true));
+        assert_eq!(answers.allowed(&leader, "good").await, Ok(true));
+        assert_eq!(answers.allowed(&leader, "bad").await, Ok(false));
+        assert_eq!(answers.allowed(&leader, "bad").await, Ok(false));
+        assert_eq!(leader.asked.load(Ordering::SeqCst), 2);
+        assert!(answers.allowed(&leader, "down").await.is_err());
+        assert!(answers.allowed(&leader, "down").await.is_err());
+        assert_eq!(leader.asked.load(Ordering::SeqCst), 4);
+        for i in 0..TOKENS_REMEMBERED * 2 {
+            let _ = answers.allowed(&leader, &format!("t{i}")).await;
+        }
+        assert!(answers.answers.lock().unwrap().len() <= TOKENS_REMEMBERED);
+    }
+
+    /// An answer is remembered for TOKEN_MEMORY (a refusal a fifth of it), then asked again.
+    #[test]
+    fn answers_expire() {
+        let answers = TokenAnswers::default();
+        let now = Instant::now();
+        answers.remember([1; 32], true, now);
+        answers.remember([2; 32], false, now);
+        let later = now + TOKEN_MEMORY / 5 + Duration::from_millis(1);
+        assert_eq!(answers.lookup(&[1; 32], later), Some(true));
+        assert_eq!(answers.lookup(&[2; 32], later), None);
+        assert_eq!(answers.lookup(&[1; 32], now + TOKEN_MEMORY), None);
     }
 }
