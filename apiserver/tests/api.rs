@@ -380,6 +380,56 @@ async fn scoped_tokens_reach_only_their_scope() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let team: kat_api::wire::NewApiToken = serde_json::from_str(&body).unwrap();
 
+    // A metrics token: /metrics and who it is, nothing else; never with a namespace.
+    let (status, body) = create(serde_json::json!({"metrics": true, "namespace": "team"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = create(serde_json::json!({"metrics": true})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let metrics: kat_api::wire::NewApiToken = serde_json::from_str(&body).unwrap();
+    assert!(
+        metrics.info.scope.metrics && metrics.info.scope.read_only,
+        "{body}"
+    );
+    let m = metrics.token.as_str();
+    let (status, body) = api.send_as(m, Method::GET, "/metrics", vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for path in [
+        "/v1alpha1/nodes",
+        "/v1alpha1/n/team/workloads",
+        "/v1alpha1/ingress",
+    ] {
+        let (status, body) = api.send_as(m, Method::GET, path, vec![]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+    }
+    // Who each token is (a worker asks this of the leader for its /metrics).
+    let whoami = |token: String| {
+        let api = &api;
+        async move {
+            let (status, body) = api
+                .send_as(&token, Method::GET, "/v1alpha1/whoami", vec![])
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            serde_json::from_str::<kat_api::wire::WhoAmI>(&body).unwrap()
+        }
+    };
+    let who = whoami(metrics.token.clone()).await;
+    assert!(!who.admin && who.scope.is_some_and(|s| s.metrics));
+    let who = whoami(team.token.clone()).await;
+    assert_eq!(who.scope.and_then(|s| s.namespace).as_deref(), Some("team"));
+    let (status, body) = api.send(Method::GET, "/v1alpha1/whoami", vec![]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let who: kat_api::wire::WhoAmI = serde_json::from_str(&body).unwrap();
+    assert!(who.admin && who.scope.is_none(), "{body}");
+    let (status, _) = api
+        .send_as(
+            "katapi.nosuch.secret",
+            Method::GET,
+            "/v1alpha1/whoami",
+            vec![],
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
     let ro = read_only.token.as_str();
     for path in [
         "/v1alpha1/n/team/workloads",

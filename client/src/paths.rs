@@ -159,6 +159,10 @@ pub fn ingress() -> String {
     format!("{PREFIX}/ingress")
 }
 
+pub fn whoami() -> String {
+    format!("{PREFIX}/whoami")
+}
+
 pub fn api_tokens() -> String {
     format!("{PREFIX}/tokens")
 }

@@ -298,7 +298,7 @@ mod tests {
             token: format!("katapi.{id:012x}.secret"),
             scope: TokenScope {
                 read_only: true,
-                namespace: None,
+                ..TokenScope::default()
             },
         }
     }

@@ -40,6 +40,16 @@ pub async fn sign_in(
         Some(Credential::Admin)
     } else if token.starts_with("katapi.") {
         match d.api.service.api_token_scope(token).await {
+            Ok(Some(scope)) if scope.metrics => {
+                tracing::info!(target: "kat::audit", "dashboard sign-in refused: a metrics token");
+                return (
+                    StatusCode::FORBIDDEN,
+                    views::sign_in(Some(
+                        "A metrics token reads /metrics only. Sign in with the admin token or one from `katcall create token --read-only`.",
+                    )),
+                )
+                    .into_response();
+            }
             Ok(scope) => scope.map(|scope| Credential::Scoped {
                 token: token.to_string(),
                 scope,

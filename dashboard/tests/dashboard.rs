@@ -426,6 +426,15 @@ async fn scoped_tokens_see_what_their_scope_reads_and_no_buttons() {
     ui.apply("default", "web", "busybox:2").await;
     ui.apply("team", "api", "busybox:1").await;
 
+    // A metrics token signs in nowhere: it reads /metrics only.
+    let metrics = ui.scoped_token(serde_json::json!({"metrics": true})).await;
+    let refused = ui
+        .post("/ui/login", None, &[("token", &metrics)], ORIGIN)
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    assert!(refused.headers.get(header::SET_COOKIE).is_none());
+    assert!(refused.body.contains("metrics token"), "{}", refused.body);
+
     let read_only = ui.scoped_token(serde_json::json!({"readOnly": true})).await;
     let cookie = ui.sign_in(&read_only).await;
     let page = ui.get("/ui/n/default/workloads/web", Some(&cookie)).await;

@@ -1,7 +1,9 @@
 //! `kat-ingress`: the updater of the ingress recipe (`examples/ingress/`). It runs Caddy as
-//! its child, reads the cluster's ingress routes (`GET /v1alpha1/ingress`, every
-//! VirtualLoadBalancer's `spec.ingress`) with a read-only token every few seconds, and when
-//! they change writes Caddy's configuration and loads it through Caddy's admin endpoint on
+//! its child, follows the cluster's workload events (`GET /v1alpha1/events?watch=true`: the
+//! leader writes one when a workload is created, updated or deleted) and on each reads the
+//! ingress routes (`GET /v1alpha1/ingress`, every VirtualLoadBalancer's `spec.ingress`) with
+//! a read-only token, and again every `--interval` should an event be missed; when they
+//! changed it writes Caddy's configuration and loads it through Caddy's admin endpoint on
 //! loopback: a graceful reload, connections under way are not dropped. If Caddy exits, so
 //! does the updater (its container restarts under its restartPolicy).
 //!
@@ -52,8 +54,8 @@ struct Args {
     /// Caddy's admin endpoint: keep it on loopback.
     #[arg(long, default_value = "127.0.0.1:2019")]
     admin: String,
-    /// How often to read the routes.
-    #[arg(long, default_value_t = 2, value_name = "SECONDS")]
+    /// How often to read the routes without a workload event saying they may have changed.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     interval: u64,
 }
 
@@ -85,7 +87,13 @@ async fn run(args: Args) -> Result<()> {
         .config
         .as_deref()
         .context("--config FILE is required")?;
-    let client = client(config)?;
+    let client = client(config, Some(Duration::from_secs(10)))?;
+    // The event stream lasts: no deadline for the whole answer.
+    let changes = std::sync::Arc::new(tokio::sync::Notify::new());
+    tokio::spawn(follow_workload_events(
+        client_for_streams(config)?,
+        changes.clone(),
+    ));
     let listen = caddyfile::Listen {
         http_port: args.http_port,
         https_port: args.https_port,
@@ -103,6 +111,7 @@ async fn run(args: Args) -> Result<()> {
         tokio::select! {
             exit = caddy.exited() => anyhow::bail!("caddy exited ({exit})"),
             _ = tick.tick() => {}
+            _ = changes.notified() => {}
         }
         let routes: Vec<IngressRoute> = match client.get_json(&kat_client::paths::ingress()).await {
             Ok(r) => r,
@@ -131,8 +140,49 @@ async fn run(args: Args) -> Result<()> {
     }
 }
 
-/// The API client from a katcall config file.
-fn client(path: &std::path::Path) -> Result<kat_client::Client> {
+/// Wake `changes` whenever a workload event arrives (and once each time the stream is
+/// opened: events may have been missed while it was not). A stream that ends or cannot be
+/// opened is opened again 2 s later.
+async fn follow_workload_events(
+    client: kat_client::Client,
+    changes: std::sync::Arc<tokio::sync::Notify>,
+) {
+    let query = kat_client::admin::EventQuery {
+        resource_type: Some("Workload".into()),
+        limit: Some(1),
+        ..Default::default()
+    };
+    loop {
+        match client.watch_events(&query).await {
+            Ok(mut stream) => {
+                changes.notify_one();
+                loop {
+                    match stream.chunk().await {
+                        Ok(Some(chunk)) if chunk.contains(&b'\n') => changes.notify_one(),
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "the workload event stream ended");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot follow workload events; reading the routes every --interval meanwhile");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The API client for streams (no deadline for a whole answer; 5 s to connect).
+fn client_for_streams(path: &std::path::Path) -> Result<kat_client::Client> {
+    client(path, None)
+}
+
+/// The API client from a katcall config file; `timeout` bounds a whole request.
+fn client(path: &std::path::Path, timeout: Option<Duration>) -> Result<kat_client::Client> {
     let config = ClientConfig::load(path)?;
     let tls = kat_pki::server_role::api_client_tls(
         &config.ca_certificate,
@@ -145,12 +195,13 @@ fn client(path: &std::path::Path) -> Result<kat_client::Client> {
             path.display()
         )
     })?;
-    let http = reqwest::Client::builder()
+    let mut http = reqwest::Client::builder()
         .use_preconfigured_tls(tls)
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .build()
-        .context("building the HTTPS client")?;
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(t) = timeout {
+        http = http.timeout(t);
+    }
+    let http = http.build().context("building the HTTPS client")?;
     Ok(kat_client::Client::new(
         http,
         &config.endpoint,

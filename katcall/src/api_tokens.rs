@@ -75,6 +75,9 @@ fn write_new_secret(path: &std::path::Path, text: &str) -> Result<()> {
 }
 
 fn scope_text(scope: &TokenScope) -> String {
+    if scope.metrics {
+        return "/metrics only, every node".into();
+    }
     match (scope.read_only, &scope.namespace) {
         (true, Some(ns)) => format!("read-only, namespace {ns}"),
         (true, None) => "read-only, every namespace".into(),

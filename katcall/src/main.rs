@@ -157,6 +157,10 @@ enum Command {
         /// An API token limited to this namespace's workloads and instances.
         #[arg(long = "namespace", value_name = "NS")]
         token_namespace: Option<String>,
+        /// An API token that reads `/metrics` only, on any node (the one token a worker node
+        /// takes: give it to Prometheus).
+        #[arg(long, conflicts_with = "token_namespace")]
+        metrics: bool,
         /// What an API token is for (listed by `katcall get tokens`).
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
@@ -360,6 +364,7 @@ fn main() -> ExitCode {
         addresses,
         read_only,
         token_namespace,
+        metrics,
         description,
         client_config,
         ..
@@ -373,15 +378,16 @@ fn main() -> ExitCode {
         }
         if kind != "token"
             && (*read_only
+                || *metrics
                 || token_namespace.is_some()
                 || description.is_some()
                 || client_config.is_some())
         {
-            eprintln!("error: --read-only, --namespace, --description and --client-config apply to `katcall create token` only");
+            eprintln!("error: --read-only, --metrics, --namespace, --description and --client-config apply to `katcall create token` only");
             return ExitCode::FAILURE;
         }
-        if kind == "token" && !*read_only && token_namespace.is_none() {
-            eprintln!("error: a token needs --read-only, --namespace NS or both (without either it would be the admin token again)");
+        if kind == "token" && !*read_only && !*metrics && token_namespace.is_none() {
+            eprintln!("error: a token needs --read-only, --metrics, --namespace NS or --read-only with --namespace NS (without any it would be the admin token again)");
             return ExitCode::FAILURE;
         }
     }
@@ -500,6 +506,7 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             output,
             read_only,
             token_namespace,
+            metrics,
             description,
             client_config,
             endpoint,
@@ -508,6 +515,7 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
                 let request = kat_api::wire::CreateApiToken {
                     read_only,
                     namespace: token_namespace,
+                    metrics,
                     description,
                 };
                 let write = client_config.map(|file| api_tokens::ConfigFile {

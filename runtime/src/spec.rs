@@ -221,8 +221,12 @@ fn hooks(hooks: &[crate::types::Hook]) -> Option<oci_spec::runtime::Hooks> {
 /// read from the host's nodes); libcgroups adds the default devices (`/dev/null`, `/dev/tty`,
 /// ptys, …) after them. Without the first rule a v1 device cgroup inherits its parent's
 /// `a *:* rwm` (libcgroups writes allow rules only) and a container could open any device
-/// node that reached it; v2's program starts from deny already. The same start runc and
-/// youki's default spec have.
+/// node that reached it. The same start runc and youki's default spec have. Where they
+/// apply: a root agent on cgroup v1. An unprivileged agent on v1 writes no device rules
+/// (that takes CAP_SYS_ADMIN in the host), and on v2 (and under systemd) libcontainer is
+/// built without `cgroupsv2_devices`, so no device program is attached: there the user
+/// namespace is the limit (no device node can be made in it; only the ones bound in reach
+/// the container).
 fn device_rules(devices: &[crate::types::DeviceNode]) -> Vec<LinuxDeviceCgroup> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let mut deny_all = LinuxDeviceCgroup::default();

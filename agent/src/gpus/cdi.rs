@@ -84,7 +84,7 @@ pub struct Mount {
 /// Every spec under `dirs` (`*.json`, `*.yaml`, `*.yml`), later directories first in
 /// priority as the specification orders them (`/var/run/cdi` over `/etc/cdi`): a device
 /// named twice is the later directory's. Files that do not parse are reported, not fatal,
-/// and so are files another user could have written (see [`trusted`]).
+/// and so are files another user could have written (see [`read_trusted`]).
 pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
     let mut by_kind: BTreeMap<String, Spec> = BTreeMap::new();
     let mut problems = Vec::new();
@@ -99,7 +99,7 @@ pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
             if !matches!(ext, "json" | "yaml" | "yml") {
                 continue;
             }
-            match trusted(&file).and_then(|()| parse(&file)) {
+            match parse(&file) {
                 Ok(spec) => {
                     let entry = by_kind.entry(spec.kind.clone()).or_insert_with(|| Spec {
                         devices: vec![],
@@ -121,22 +121,53 @@ pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
 }
 
 /// A specification says what host paths are bound into containers and what programs run as
-/// the agent: one that a user other than root or the agent's own could have written (the
-/// file or its directory writable by them) is refused, so another local user cannot hand
-/// themselves a host directory or the agent's identity through it.
-fn trusted(file: &Path) -> Result<(), String> {
+/// the agent: one that a user other than root or the agent's own could have written is
+/// refused, so another local user cannot hand themselves a host directory or the agent's
+/// identity through it. The file is opened once and judged by its descriptor (what is read
+/// is what was checked), and every directory above its real path too (see [`trusted_path`]).
+fn read_trusted(file: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
     let euid = nix::unistd::geteuid().as_raw();
-    let dir = file.parent().unwrap_or(Path::new("/"));
-    for path in [dir, file] {
-        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if let Some(why) = writable_by_others(&meta, euid) {
+    let refused = |why: String| {
+        format!("{why}: a CDI specification must be writable only by root or the agent's user; not read")
+    };
+    let mut f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if let Some(why) = writable_by_others(&meta, euid) {
+        return Err(refused(format!("it {why}")));
+    }
+    let real = trusted_path(file, euid).map_err(refused)?;
+    let at_path = std::fs::metadata(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    if (at_path.dev(), at_path.ino()) != (meta.dev(), meta.ino()) {
+        return Err(format!("{} changed while it was read", file.display()));
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    Ok(bytes)
+}
+
+/// The real path of `path`, if no user but root and `euid` can change what it names: every
+/// directory above it owned by one of them and writable by no one else, unless sticky (as
+/// `/tmp`: there no one can replace an entry that is not theirs).
+pub fn trusted_path(path: &Path, euid: u32) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for dir in real.ancestors().skip(1) {
+        let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mode = meta.permissions().mode();
+        if meta.uid() != 0 && meta.uid() != euid {
+            return Err(format!("{} is owned by uid {}", dir.display(), meta.uid()));
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
             return Err(format!(
-                "{} {why}: a CDI specification must be writable only by root or the agent's user; not read",
-                path.display()
+                "{} is writable by its group or others (mode {:o})",
+                dir.display(),
+                mode & 0o7777
             ));
         }
     }
-    Ok(())
+    Ok(real)
 }
 
 /// Why a file someone else than root or `euid` could write is not trusted; `None` if it is.
@@ -155,7 +186,7 @@ pub fn writable_by_others(meta: &std::fs::Metadata, euid: u32) -> Option<String>
 }
 
 fn parse(file: &Path) -> Result<Spec, String> {
-    let bytes = std::fs::read(file).map_err(|e| e.to_string())?;
+    let bytes = read_trusted(file)?;
     let spec: Spec = if file.extension().is_some_and(|e| e == "json") {
         serde_json::from_slice(&bytes).map_err(|e| e.to_string())?
     } else {
@@ -170,6 +201,12 @@ fn parse(file: &Path) -> Result<Spec, String> {
     }
     Ok(spec)
 }
+
+/// A hook without a timeout gets this many seconds; none gets more than the maximum (a hook
+/// runs while the node creates, starts or removes the container: one that hangs would hold
+/// that up).
+const HOOK_TIMEOUT_DEFAULT: i64 = 30;
+const HOOK_TIMEOUT_MAX: i64 = 300;
 
 /// `kind=name`, as CDI names a device.
 pub fn qualified(kind: &str, name: &str) -> String {
@@ -250,12 +287,22 @@ fn add(out: &mut Edits, e: &ContainerEdits, root: &Path) -> Result<(), String> {
         } else {
             under(root, &h.path)?
         };
+        let timeout = match h.timeout {
+            None => HOOK_TIMEOUT_DEFAULT,
+            Some(t) if t > 0 => t.min(HOOK_TIMEOUT_MAX),
+            Some(t) => {
+                return Err(format!(
+                    "hook {:?}: timeout {t} must be a number of seconds above 0",
+                    h.path
+                ))
+            }
+        };
         out.hooks.push(kat_runtime::Hook {
             stage,
             path,
             args: h.args.clone(),
             env: h.env.clone(),
-            timeout: h.timeout,
+            timeout: Some(timeout),
         });
     }
     Ok(())
@@ -327,7 +374,7 @@ mod tests {
                 path: "/fake/usr/bin/true".into(),
                 args: vec![],
                 env: vec![],
-                timeout: None,
+                timeout: Some(HOOK_TIMEOUT_DEFAULT),
             }]
         );
     }
@@ -353,6 +400,58 @@ mod tests {
         assert!(specs.is_empty() && problems.len() == 1, "{problems:?}");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(load(&[dir.path().to_path_buf()]).0.len(), 1);
+    }
+
+    /// A directory above the spec that others may write (and that is not sticky) makes it
+    /// untrusted too: they could have put another file in its place.
+    #[test]
+    fn a_spec_under_a_directory_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("etc/cdi");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("kat.yaml"), SPEC).unwrap();
+        std::fs::set_permissions(
+            top.path().join("etc"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        let (specs, problems) = load(std::slice::from_ref(&dir));
+        assert!(specs.is_empty(), "{specs:?}");
+        assert!(
+            problems[0].contains("etc is writable by its group or others"),
+            "{problems:?}"
+        );
+        // Sticky, like /tmp: no one can replace an entry that is not theirs.
+        std::fs::set_permissions(
+            top.path().join("etc"),
+            std::fs::Permissions::from_mode(0o1777),
+        )
+        .unwrap();
+        assert_eq!(load(&[dir]).0.len(), 1);
+    }
+
+    #[test]
+    fn hook_timeouts_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |timeout: &str| {
+            std::fs::write(
+                dir.path().join("kat.yaml"),
+                SPEC.replace(
+                    "path: /usr/bin/true}",
+                    &format!("path: /usr/bin/true, timeout: {timeout}}}"),
+                ),
+            )
+            .unwrap();
+            let (specs, _) = load(&[dir.path().to_path_buf()]);
+            edits(&specs, &["kat.test/gpu=0".into()], Path::new("/")).map(|e| e.hooks[0].timeout)
+        };
+        assert_eq!(with("5"), Ok(Some(5)));
+        assert_eq!(with("100000"), Ok(Some(HOOK_TIMEOUT_MAX)));
+        for bad in ["0", "-1"] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("above 0"), "{e}");
+        }
     }
 
     #[test]

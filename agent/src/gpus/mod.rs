@@ -84,21 +84,24 @@ impl Gpus {
                 ));
             }
         }
-        // A hook runs as the agent: its program must be one only root or the agent can
-        // change (a `startContainer` hook runs in the container, from its files).
+        // A hook runs with the agent's ids: its program must be one only root or the agent
+        // can change (a `startContainer` hook runs in the container, from its files).
         let euid = nix::unistd::geteuid().as_raw();
         for hook in edits
             .hooks
             .iter()
             .filter(|h| h.stage != kat_runtime::HookStage::StartContainer)
         {
-            let meta = std::fs::metadata(&hook.path)
-                .map_err(|e| format!("CDI hook {}: {e}", hook.path.display()))?;
+            let not_run = |why: String| format!("CDI hook {}: {why}; not run", hook.path.display());
+            // Every directory above it too: no one else may put another program in its place
+            // between this check and the runtime's exec.
+            let real = cdi::trusted_path(&hook.path, euid).map_err(not_run)?;
+            let meta = std::fs::metadata(&real).map_err(|e| not_run(e.to_string()))?;
             if !meta.is_file() {
-                return Err(format!("CDI hook {} is not a file", hook.path.display()));
+                return Err(not_run("not a file".into()));
             }
             if let Some(why) = cdi::writable_by_others(&meta, euid) {
-                return Err(format!("CDI hook {} {why}: not run", hook.path.display()));
+                return Err(not_run(format!("it {why}")));
             }
         }
         Ok(edits)

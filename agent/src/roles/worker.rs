@@ -101,7 +101,6 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         metrics: Arc::new(kat_leader::metrics::Metrics::default()),
         heartbeat: work.last_heartbeat.subscribe(),
         tokens: Arc::new(crate::leader_tokens::LeaderTokens::new(
-            node.to_string(),
             link.leader(),
             &base.pki.ca_pem,
         )?),

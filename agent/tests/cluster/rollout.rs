@@ -83,7 +83,10 @@ fn samples(text: &str) -> Samples {
 #[test]
 fn rollout_loses_no_request() {
     let mut h = Hosts::up();
-    let (_, pin) = init_first(&mut h);
+    // Departed nodes are removed after 20 s of silence (checked at the end; far above any
+    // pause of a live node's heartbeats, 1 s apart, on a busy machine).
+    let cluster = format!("{}  nodeRemoveAfterSeconds: 20\n", cluster_kat());
+    let (_, pin) = init_with(&mut h, &cluster);
     join_others(&mut h, &pin);
     apply_rollout_web(&h, "v1");
     wait(
@@ -199,4 +202,30 @@ while True:
         to - from
     );
     assert_eq!(failed, 0, "failed requests: {failures:?}");
+
+    // A node that never comes back (its agent and etcd killed) is removed after
+    // `nodeRemoveAfterSeconds` as `katcall delete node` would: gone from the nodes and from
+    // etcd's members, with an event that says why.
+    let gone = format!("n{NODES}");
+    h.kill(NODES);
+    wait(
+        "the departed node removed",
+        Duration::from_secs(120),
+        || {
+            let nodes = h.k(1).nodes();
+            !nodes.is_empty() && !nodes.iter().any(|n| n.metadata.name == gone)
+        },
+    );
+    let events = h.k(1).events_of(&gone);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.message.contains("nodeRemoveAfterSeconds")),
+        "{events:?}"
+    );
+    wait("etcd down to 2 members", Duration::from_secs(30), || {
+        let out = h.etcdctl(1, &["member", "list", "-w", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        v["members"].as_array().map(Vec::len) == Some(NODES - 1)
+    });
 }

@@ -379,8 +379,10 @@ fn three_nodes_join_spread_and_survive_the_leader() {
 
 /// Heartbeats carry each peer's last overlay handshake and each instance's container and
 /// image digest (`describe node` shows them); the worker serves its own `/metrics` to a
-/// control-plane certificate and to a read-only token (the leader judges it), and refuses
-/// another worker's certificate, a namespace token, a made-up token and no credential.
+/// control-plane certificate and to a metrics token (the leader says what it is), and
+/// refuses another worker's certificate, every other token (read-only, namespace, the
+/// admin's, made up, empty); the metrics token reads the leader's `/metrics` and nothing
+/// else.
 fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
     let worker = format!("n{WORKER}");
     let mut text = String::new();
@@ -423,27 +425,46 @@ fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
         let made: kat_api::wire::NewApiToken = h.k(1).json(&all).expect("a token");
         made.token
     };
+    let scraper = token(&["--metrics"]);
     let read_only = token(&["--read-only"]);
     let namespaced = token(&["--read-only", "--namespace", "default"]);
+    let admin = kat_api::client_config::ClientConfig::load(&h.client_config(1))
+        .expect("the admin config")
+        .token;
     let ca = h.data(1).join("pki/ca.crt");
-    let with_token = |token: &str| -> (String, String) {
+    let with_token = |token: &str, url: &str| -> (String, String) {
         let out = Command::new("curl")
             .args(["-s", "--max-time", "15", "--cacert"])
             .arg(&ca)
             .args(["-H", &format!("Authorization: Bearer {token}")])
             .args(["-w", "\n%{http_code}"])
-            .arg(&metrics)
+            .arg(url)
             .output()
             .expect("curl");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
         (code.to_string(), body.to_string())
     };
-    let (code, body) = with_token(&read_only);
+    let (code, body) = with_token(&scraper, &metrics);
     assert_eq!(code, "200", "{body}");
     assert!(body.contains(&own), "{body}");
-    for refused in [namespaced.as_str(), "katapi.nosuch.secret", ""] {
-        let (code, body) = with_token(refused);
+    for refused in [
+        read_only.as_str(),
+        namespaced.as_str(),
+        admin.as_str(),
+        "katapi.nosuch.secret",
+        "",
+    ] {
+        let (code, body) = with_token(refused, &metrics);
         assert_eq!(code, "401", "token {refused:?}: {body}");
     }
+    let leader = |path: &str| format!("https://{}:{API_PORT}{path}", ip(1));
+    let (code, body) = with_token(&scraper, &leader("/metrics"));
+    assert_eq!(code, "200", "{body}");
+    assert!(
+        body.contains(&own),
+        "the leader has every node's heartbeat: {body}"
+    );
+    let (code, body) = with_token(&scraper, &leader("/v1alpha1/n/default/workloads"));
+    assert_eq!(code, "403", "{body}");
 }

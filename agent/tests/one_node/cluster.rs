@@ -95,8 +95,10 @@ pub(crate) fn fake_gpu_root(root: &Path) {
         nix::sys::stat::makedev(10, 237),
     )
     .expect("mknod (the test runs as root)");
+    // Readable by the agent's user, writable by no one else whatever the umask (the agent
+    // refuses a CDI specification others could write).
     let status = Command::new("chmod")
-        .args(["-R", "a+rX", &root.display().to_string()])
+        .args(["-R", "a+rX,go-w", &root.display().to_string()])
         .status()
         .expect("chmod");
     assert!(status.success());

@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use super::Timestamp;
 
 /// What a scoped token may do: read only (GET, no exec), only one namespace's workloads, or
-/// both. A token restricted by neither would be the admin token again, so none is made.
+/// both; or only read `/metrics` (`metrics`, with `readOnly`), on any node, the one token a
+/// worker node takes. A token restricted by none would be the admin token again, so none is
+/// made.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
@@ -15,6 +17,21 @@ pub struct TokenScope {
     pub read_only: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metrics: bool,
+}
+
+/// `GET /v1alpha1/whoami`: who the bearer token of the request is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct WhoAmI {
+    /// The admin token.
+    #[serde(default)]
+    pub admin: bool,
+    /// A scoped token's scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<TokenScope>,
 }
 
 /// `POST /tokens`: what the new token may do, and a note saying what it is for.
@@ -26,6 +43,9 @@ pub struct CreateApiToken {
     pub read_only: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// `/metrics` only (implies `readOnly`; not with `namespace`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metrics: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }

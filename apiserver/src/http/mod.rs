@@ -216,6 +216,7 @@ pub fn router_with_ui(state: Arc<ApiState>, ui: Option<Router<Arc<ApiState>>>) -
         )
         .route("/ingress", get(tokens::ingress_routes))
         .route("/tokens", get(tokens::list).post(tokens::create))
+        .route("/whoami", get(tokens::whoami))
         .route("/tokens/:id", axum::routing::delete(tokens::delete))
         .route("/join", post(join::join))
         .route("/ca", get(join::ca))
@@ -301,7 +302,7 @@ const PUBLIC_PATHS: [&str; 3] = ["/v1alpha1/join", "/v1alpha1/ca", "/openapi.jso
 const HOOK_PREFIX: &str = "/v1alpha1/hooks/git/";
 
 /// Rate limit, authentication, metrics and audit for every request.
-async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
+async fn guard(State(state): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -332,11 +333,15 @@ async fn guard(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> 
     } else if let Err(retry_after) = state.limiter.check_client(limited.clone()) {
         rate_limited(retry_after, Some(&limited))
     } else if authorized(&state, &req) {
+        req.extensions_mut().insert(tokens::Caller::Admin);
         next.run(req).await
     } else if let Some(token) = bearer(&req).filter(|t| t.starts_with("katapi.")) {
         match state.service.api_token_scope(token).await {
             Ok(Some(scope)) => match tokens::scope_allows(&scope, &method, &path) {
-                Ok(()) => next.run(req).await,
+                Ok(()) => {
+                    req.extensions_mut().insert(tokens::Caller::Scoped(scope));
+                    next.run(req).await
+                }
                 Err(why) => ApiError::forbidden(why).into_response(),
             },
             Ok(None) => unauthorized().into_response(),

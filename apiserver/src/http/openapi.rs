@@ -81,6 +81,7 @@ use super::{events, join, namespaces, nodes, streams, tokens, workloads};
         tokens::list,
         tokens::delete,
         tokens::ingress_routes,
+        tokens::whoami,
     ),
     tags(
         (name = "namespaces", description = "Namespaces"),

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use axum::extract::{Path, Request, State};
 use axum::http::Method;
 use axum::response::IntoResponse;
-use axum::Json;
-use kat_api::wire::{CreateApiToken, TokenScope};
+use axum::{Extension, Json};
+use kat_api::wire::{CreateApiToken, TokenScope, WhoAmI};
 
 use super::{json_body, ApiError, ApiState};
 
@@ -88,6 +88,41 @@ pub async fn delete(
     Ok(Json(serde_json::json!({"deleted": id})))
 }
 
+/// Who sent a request, as the guard found out (in the request's extensions).
+#[derive(Debug, Clone)]
+pub(crate) enum Caller {
+    Admin,
+    Scoped(TokenScope),
+}
+
+/// The route that says who a token is ([`whoami`]); every token reaches it.
+pub const WHOAMI: &str = "/v1alpha1/whoami";
+
+/// Who the request's bearer token is: the admin token, or a scoped token and its scope. A
+/// worker asks this of the leader for the token its `/metrics` is scraped with.
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        get,
+        path = "/v1alpha1/whoami",
+        tag = "tokens",
+        responses((status = 200, description = "The admin token, or a scoped token's scope", body = kat_api::wire::WhoAmI), super::openapi::Errors)
+    )
+)]
+pub async fn whoami(caller: Option<Extension<Caller>>) -> Json<WhoAmI> {
+    Json(match caller.map(|Extension(c)| c) {
+        Some(Caller::Admin) => WhoAmI {
+            admin: true,
+            scope: None,
+        },
+        Some(Caller::Scoped(scope)) => WhoAmI {
+            admin: false,
+            scope: Some(scope),
+        },
+        None => WhoAmI::default(),
+    })
+}
+
 /// Routes no scoped token reaches, read-only or not: tokens of every kind, backups (the
 /// whole store), joins.
 const ADMIN_ONLY: [&str; 4] = [
@@ -101,7 +136,21 @@ const ADMIN_ONLY: [&str; 4] = [
 /// Read-only: GET and HEAD only, and no exec (a command in a container is no read). No
 /// scoped token reaches a node's own routes (`/nodes/{name}/…`).
 /// Namespace: that namespace's workloads and instances, and the namespace itself.
+/// Metrics: `/metrics` only. Every token may ask [`WHOAMI`].
 pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(), String> {
+    let reading = matches!(*method, Method::GET | Method::HEAD);
+    if reading && path == WHOAMI {
+        return Ok(());
+    }
+    if scope.metrics {
+        return if reading && path == "/metrics" {
+            Ok(())
+        } else {
+            Err(format!(
+                "a metrics token reads /metrics only, not {method} {path}"
+            ))
+        };
+    }
     let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
     if ADMIN_ONLY.iter().any(|p| under(p)) {
         return Err(format!("{path} takes the admin token, not a scoped one"));
@@ -141,6 +190,35 @@ mod tests {
         TokenScope {
             read_only,
             namespace: namespace.map(String::from),
+            metrics: false,
+        }
+    }
+
+    #[test]
+    fn a_metrics_token_reads_metrics_only_and_every_token_asks_who_it_is() {
+        let metrics = TokenScope {
+            read_only: true,
+            namespace: None,
+            metrics: true,
+        };
+        assert_eq!(scope_allows(&metrics, &Method::GET, "/metrics"), Ok(()));
+        assert_eq!(scope_allows(&metrics, &Method::HEAD, "/metrics"), Ok(()));
+        for path in [
+            "/v1alpha1/nodes",
+            "/v1alpha1/nodes/n1",
+            "/v1alpha1/n/default/workloads",
+            "/v1alpha1/ingress",
+            "/v1alpha1/tokens",
+        ] {
+            assert!(
+                scope_allows(&metrics, &Method::GET, path).is_err(),
+                "{path}"
+            );
+        }
+        assert!(scope_allows(&metrics, &Method::POST, "/metrics").is_err());
+        for s in [metrics, scope(true, None), scope(false, Some("team"))] {
+            assert_eq!(scope_allows(&s, &Method::GET, WHOAMI), Ok(()), "{s:?}");
+            assert!(scope_allows(&s, &Method::POST, WHOAMI).is_err(), "{s:?}");
         }
     }
 

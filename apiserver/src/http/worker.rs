@@ -7,11 +7,12 @@
 //! revoked serials with every heartbeat answer): another worker's certificate gets 403 (a
 //! compromised worker cannot read its neighbours' logs or run commands in their
 //! containers), and every other route answers `not_leader` with where the leader is, so a
-//! client pointed at a worker learns where to go. `/metrics` also takes a bearer token that
-//! may read the whole cluster (the admin token, or a scoped read-only token without a
-//! namespace), so a Prometheus with a read-only token scrapes every node: tokens live in the
-//! cluster's store, which a worker does not hold, so the leader judges them
-//! ([`TokenCheck`]); its answer is remembered for [`TOKEN_MEMORY`].
+//! client pointed at a worker learns where to go. `/metrics` also takes a metrics token
+//! (`katcall create token --metrics`: it reads `/metrics` and nothing else), so a Prometheus
+//! scrapes every node with one; no other token, not even the admin's, since a worker runs
+//! untrusted workloads. Tokens live in the cluster's store, which a worker does not hold, so
+//! the leader says what a token is ([`TokenCheck`]); its answer is remembered for
+//! [`TOKEN_MEMORY`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -40,15 +41,15 @@ pub const TOKEN_MEMORY: Duration = Duration::from_secs(30);
 /// At most this many tokens remembered; when full the table starts afresh.
 const TOKENS_REMEMBERED: usize = 256;
 
-/// The seam between a worker and the leader for bearer tokens: whether `token` may read
-/// the whole cluster (`Ok(false)`: refused; `Err`: the leader could not say).
+/// The seam between a worker and the leader for bearer tokens: whether `token` is a
+/// metrics token (`Ok(false)`: any other or none; `Err`: the leader could not say).
 #[async_trait::async_trait]
 pub trait TokenCheck: Send + Sync {
-    async fn may_read_cluster(&self, token: &str) -> Result<bool, String>;
+    async fn is_metrics_token(&self, token: &str) -> Result<bool, String>;
 }
 
 /// The leader's answers about tokens, by the SHA-256 of the token (a worker keeps no
-/// token in memory): allowed or not, and since when.
+/// token in memory): a metrics token or not, and since when.
 #[derive(Default)]
 pub struct TokenAnswers {
     answers: Mutex<HashMap<[u8; 32], (bool, Instant)>>,
@@ -69,19 +70,24 @@ impl TokenAnswers {
     fn remember(&self, key: [u8; 32], allowed: bool, now: Instant) {
         let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
         if answers.len() >= TOKENS_REMEMBERED {
-            answers.clear();
+            // Refusals go first: a flood of made-up tokens does not push out a scraper's.
+            answers.retain(|_, (allowed, _)| *allowed);
+            if answers.len() >= TOKENS_REMEMBERED {
+                answers.clear();
+            }
         }
         answers.insert(key, (allowed, now));
     }
 
-    /// Whether `token` may read this node's metrics: remembered, else asked of `check`.
+    /// Whether `token` may read this node's metrics (a metrics token): remembered, else
+    /// asked of `check`.
     pub async fn allowed(&self, check: &dyn TokenCheck, token: &str) -> Result<bool, String> {
         use sha2::Digest;
         let key: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         if let Some(allowed) = self.lookup(&key, Instant::now()) {
             return Ok(allowed);
         }
-        let allowed = check.may_read_cluster(token).await?;
+        let allowed = check.is_metrics_token(token).await?;
         self.remember(key, allowed, Instant::now());
         Ok(allowed)
     }
@@ -213,7 +219,7 @@ async fn guard(State(state): State<Arc<WorkerApi>>, req: Request, next: Next) ->
     }
     match client_node(&req) {
         Some((_, NodeRole::ControlPlane)) => next.run(req).await,
-        // A token, for the metrics only: the leader says whether it reads the cluster.
+        // A metrics token, for the metrics only: the leader says what the token is.
         None if path == "/metrics" => {
             let Some(token) = bearer(&req).map(str::to_string) else {
                 return unauthorized().into_response();
@@ -222,7 +228,7 @@ async fn guard(State(state): State<Arc<WorkerApi>>, req: Request, next: Next) ->
                 Ok(true) => next.run(req).await,
                 Ok(false) => ApiError::new(
                     ErrorCode::Unauthorized,
-                    "the leader does not know this token, or it cannot read the whole cluster (a namespace token): a node's /metrics takes the admin token or a read-only one",
+                    "a worker's /metrics takes a metrics token only (katcall create token --metrics): the leader does not know this one as such",
                 )
                 .into_response(),
                 Err(e) => ApiError::new(
@@ -254,7 +260,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl TokenCheck for Leader {
-        async fn may_read_cluster(&self, token: &str) -> Result<bool, String> {
+        async fn is_metrics_token(&self, token: &str) -> Result<bool, String> {
             self.asked.fetch_add(1, Ordering::SeqCst);
             match token {
                 "down" => Err("no leader".into()),
@@ -264,7 +270,8 @@ mod tests {
     }
 
     /// The leader is asked once per token while its answer is remembered; an answer that
-    /// could not be had is not remembered; the table stays bounded.
+    /// could not be had is not remembered; the table stays bounded, and a flood of refused
+    /// tokens does not push out an allowed one.
     #[tokio::test]
     async fn answers_are_remembered_and_bounded() {
         let (leader, answers) = (Leader::default(), TokenAnswers::default());
@@ -280,6 +287,13 @@ mod tests {
             let _ = answers.allowed(&leader, &format!("t{i}")).await;
         }
         assert!(answers.answers.lock().unwrap().len() <= TOKENS_REMEMBERED);
+        let asked = leader.asked.load(Ordering::SeqCst);
+        assert_eq!(answers.allowed(&leader, "good").await, Ok(true));
+        assert_eq!(
+            leader.asked.load(Ordering::SeqCst),
+            asked,
+            "good was pushed out"
+        );
     }
 
     /// An answer is remembered for TOKEN_MEMORY (a refusal a fifth of it), then asked again.

@@ -17,7 +17,12 @@ const MAX_DESCRIPTION: usize = 200;
 impl Service {
     /// A new scoped token; its secret is in the answer only.
     pub async fn create_api_token(&self, request: &CreateApiToken) -> Result<NewApiToken> {
-        if !request.read_only && request.namespace.is_none() {
+        if request.metrics && request.namespace.is_some() {
+            return Err(Error::bad_request(
+                "metrics: a metrics token reads /metrics of every node, which no namespace limits: leave out namespace",
+            ));
+        }
+        if !request.read_only && request.namespace.is_none() && !request.metrics {
             return Err(Error::bad_request(
                 "a token that is neither read-only nor limited to a namespace would be the admin token again: set readOnly, namespace or both (katcall create token --read-only [--namespace NS])",
             ));
@@ -44,8 +49,9 @@ impl Service {
         let info = ApiTokenInfo {
             id: token.id.clone(),
             scope: TokenScope {
-                read_only: request.read_only,
+                read_only: request.read_only || request.metrics,
                 namespace: request.namespace.clone(),
+                metrics: request.metrics,
             },
             description: request.description.clone(),
             created_at: self.clock.timestamp(),
