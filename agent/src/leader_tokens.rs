@@ -4,9 +4,11 @@
 //! the token. Only a metrics token is taken: a worker runs untrusted workloads, so it must
 //! not be handed a token that reads more than metrics (a client sends its token before the
 //! worker can refuse it, so the refusal of every other token is what keeps clients from
-//! being configured with one). The request goes without this node's certificate (the token
-//! is the identity asked about), not following redirects, to a server that must show a
-//! control-plane certificate, as every request of a node to the leader.
+//! being configured with one). The request shows this node's certificate, so that the leader
+//! counts it against this node's own rate-limit bucket and not its address's, which the
+//! node's containers share (the leader judges the bearer token first: the certificate only
+//! picks the bucket); it follows no redirect, and the server must show a control-plane
+//! certificate, as for every request of a node to the leader.
 
 use std::time::Duration;
 
@@ -25,10 +27,12 @@ pub struct LeaderTokens {
 impl LeaderTokens {
     pub fn new(
         leader: watch::Receiver<Option<String>>,
-        ca_pem: &str,
+        pki: &kat_pki::Pki,
     ) -> anyhow::Result<LeaderTokens> {
+        let tls =
+            control_plane_client_tls(&pki.ca_pem, Some((&pki.node_cert_pem, &pki.node_key_pem)))?;
         let client = reqwest::Client::builder()
-            .use_preconfigured_tls(control_plane_client_tls(ca_pem, None)?)
+            .use_preconfigured_tls(tls)
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::none())

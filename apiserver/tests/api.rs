@@ -393,6 +393,14 @@ async fn scoped_tokens_reach_only_their_scope() {
     let m = metrics.token.as_str();
     let (status, body) = api.send_as(m, Method::GET, "/metrics", vec![]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // Its own prefix: what a binary from before metrics tokens refuses. The same id and
+    // secret under the read-only prefix are no token at all.
+    assert!(m.starts_with("katmetrics."), "{m}");
+    let renamed = m.replacen("katmetrics.", "katapi.", 1);
+    let (status, body) = api
+        .send_as(&renamed, Method::GET, "/v1alpha1/nodes", vec![])
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     for path in [
         "/v1alpha1/nodes",
         "/v1alpha1/n/team/workloads",

@@ -38,7 +38,7 @@ pub async fn sign_in(
         .into()
     {
         Some(Credential::Admin)
-    } else if token.starts_with("katapi.") {
+    } else if kat_apiserver::service::Service::looks_like_api_token(token) {
         match d.api.service.api_token_scope(token).await {
             Ok(Some(scope)) if scope.metrics => {
                 tracing::info!(target: "kat::audit", "dashboard sign-in refused: a metrics token");

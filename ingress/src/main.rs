@@ -1,6 +1,7 @@
 //! `kat-ingress`: the updater of the ingress recipe (`examples/ingress/`). It runs Caddy as
-//! its child, follows the cluster's workload events (`GET /v1alpha1/events?watch=true`: the
-//! leader writes one when a workload is created, updated or deleted) and on each reads the
+//! its child, follows the cluster's workload events (`GET /v1alpha1/events?watch=true`: one
+//! is written with a workload's record when it is created, updated, rolled back or deleted)
+//! and on each reads the
 //! ingress routes (`GET /v1alpha1/ingress`, every VirtualLoadBalancer's `spec.ingress`) with
 //! a read-only token, and again every `--interval` should an event be missed; when they
 //! changed it writes Caddy's configuration and loads it through Caddy's admin endpoint on
@@ -20,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use kat_api::client_config::ClientConfig;
-use kat_api::wire::IngressRoute;
+use kat_api::wire::{Event, IngressRoute};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -140,9 +141,18 @@ async fn run(args: Args) -> Result<()> {
     }
 }
 
-/// Wake `changes` whenever a workload event arrives (and once each time the stream is
-/// opened: events may have been missed while it was not). A stream that ends or cannot be
-/// opened is opened again 2 s later.
+/// The events that say a workload's desired state (and so its ingress rules) changed.
+const CHANGES: [&str; 4] = [
+    "WorkloadCreated",
+    "WorkloadUpdated",
+    "WorkloadDeleted",
+    "WorkloadRolledBack",
+];
+
+/// Wake `changes` whenever an event says a workload changed (and once each time the stream
+/// is opened: events may have been missed while it was not). A stream that ends is opened
+/// again 2 s later; one that cannot be opened (the API away, the token refused), after a
+/// wait that doubles up to a minute, said once until it works again.
 async fn follow_workload_events(
     client: kat_client::Client,
     changes: std::sync::Arc<tokio::sync::Notify>,
@@ -152,14 +162,33 @@ async fn follow_workload_events(
         limit: Some(1),
         ..Default::default()
     };
+    let mut wait = Duration::from_secs(2);
+    let mut failing = false;
     loop {
         match client.watch_events(&query).await {
             Ok(mut stream) => {
+                if failing {
+                    tracing::info!("following workload events again");
+                }
+                (failing, wait) = (false, Duration::from_secs(2));
                 changes.notify_one();
+                let mut pending: Vec<u8> = Vec::new();
                 loop {
                     match stream.chunk().await {
-                        Ok(Some(chunk)) if chunk.contains(&b'\n') => changes.notify_one(),
-                        Ok(Some(_)) => {}
+                        Ok(Some(chunk)) => {
+                            pending.extend_from_slice(&chunk);
+                            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                                let line: Vec<u8> = pending.drain(..=end).collect();
+                                let event = serde_json::from_slice::<Event>(&line);
+                                if event.is_ok_and(|e| CHANGES.contains(&e.reason.as_str())) {
+                                    changes.notify_one();
+                                }
+                            }
+                            // A line longer than any event: not an event stream.
+                            if pending.len() > 1 << 20 {
+                                break;
+                            }
+                        }
                         Ok(None) => break,
                         Err(e) => {
                             tracing::debug!(error = %e, "the workload event stream ended");
@@ -169,10 +198,14 @@ async fn follow_workload_events(
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "cannot follow workload events; reading the routes every --interval meanwhile");
+                if !failing {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot follow workload events; reading the routes every --interval meanwhile");
+                }
+                failing = true;
+                wait = (wait * 2).min(Duration::from_secs(60));
             }
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -195,9 +228,11 @@ fn client(path: &std::path::Path, timeout: Option<Duration>) -> Result<kat_clien
             path.display()
         )
     })?;
+    // TCP keepalive: a stream the network dropped without a word is noticed.
     let mut http = reqwest::Client::builder()
         .use_preconfigured_tls(tls)
-        .connect_timeout(Duration::from_secs(5));
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_keepalive(Duration::from_secs(30));
     if let Some(t) = timeout {
         http = http.timeout(t);
     }

@@ -447,8 +447,19 @@ impl TokenKind for Api {
     const FROM: &'static str = "printed by `katcall create token`";
 }
 
+/// A metrics token (`katmetrics.…`): `/metrics` on any node and nothing else. A prefix of
+/// its own, so that a binary from before metrics tokens (which knows only `katapi.`, and
+/// would read the record as a read-only token) refuses it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Metrics;
+impl TokenKind for Metrics {
+    const PREFIX: &'static str = "katmetrics";
+    const FROM: &'static str = "printed by `katcall create token --metrics`";
+}
+
 pub type JoinToken = Token<Join>;
 pub type ApiToken = Token<Api>;
+pub type MetricsToken = Token<Metrics>;
 
 impl<K: TokenKind> std::fmt::Debug for Token<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -477,10 +488,10 @@ impl<K: TokenKind> Token<K> {
     /// Parse `PREFIX.ID.SECRET`; the message says what a token looks like.
     pub fn parse(text: &str) -> std::result::Result<Self, String> {
         let bad = || {
-            let what = if K::PREFIX == Join::PREFIX {
-                "a join token"
-            } else {
-                "an API token"
+            let what = match K::PREFIX {
+                Join::PREFIX => "a join token",
+                Metrics::PREFIX => "a metrics token",
+                _ => "an API token",
             };
             format!(
                 "{what} looks like {}.<12 hex digits>.<32 hex digits> ({})",

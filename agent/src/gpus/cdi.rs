@@ -127,13 +127,21 @@ pub fn load(dirs: &[PathBuf]) -> (Vec<Spec>, Vec<String>) {
 /// is what was checked), and every directory above its real path too (see [`trusted_path`]).
 fn read_trusted(file: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let euid = nix::unistd::geteuid().as_raw();
     let refused = |why: String| {
         format!("{why}: a CDI specification must be writable only by root or the agent's user; not read")
     };
-    let mut f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+    // Not blocking: a FIFO put here would hold the agent's start on its open.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOCTTY).bits())
+        .open(file)
+        .map_err(|e| e.to_string())?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file; not read".into());
+    }
     if let Some(why) = writable_by_others(&meta, euid) {
         return Err(refused(format!("it {why}")));
     }
@@ -149,11 +157,21 @@ fn read_trusted(file: &Path) -> Result<Vec<u8>, String> {
 
 /// The real path of `path`, if no user but root and `euid` can change what it names: every
 /// directory above it owned by one of them and writable by no one else, unless sticky (as
-/// `/tmp`: there no one can replace an entry that is not theirs).
+/// `/tmp`: there no one can replace an entry that is not theirs). Both chains are checked:
+/// the directories of the path as given (where a symlink may be) and those of its target.
 pub fn trusted_path(path: &Path, euid: u32) -> Result<std::path::PathBuf, String> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let given = path.parent().unwrap_or(Path::new("/"));
+    trusted_dirs(given, euid)?;
     let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    for dir in real.ancestors().skip(1) {
+    trusted_dirs(real.parent().unwrap_or(Path::new("/")), euid)?;
+    Ok(real)
+}
+
+/// `dir` (resolved) and every directory above it: see [`trusted_path`].
+fn trusted_dirs(dir: &Path, euid: u32) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let real = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for dir in real.ancestors() {
         let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mode = meta.permissions().mode();
         if meta.uid() != 0 && meta.uid() != euid {
@@ -167,7 +185,7 @@ pub fn trusted_path(path: &Path, euid: u32) -> Result<std::path::PathBuf, String
             ));
         }
     }
-    Ok(real)
+    Ok(())
 }
 
 /// Why a file someone else than root or `euid` could write is not trusted; `None` if it is.
@@ -429,6 +447,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(load(&[dir]).0.len(), 1);
+    }
+
+    /// A FIFO (or anything but a regular file) in a CDI directory is not opened for long:
+    /// it would hold the agent's start.
+    #[test]
+    fn a_fifo_in_place_of_a_spec_does_not_block() {
+        let dir = tempfile::tempdir().unwrap();
+        nix::unistd::mkfifo(
+            &dir.path().join("kat.yaml"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        let (specs, problems) = load(&[dir.path().to_path_buf()]);
+        assert!(specs.is_empty());
+        assert!(problems[0].contains("not a regular file"), "{problems:?}");
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl Gpus {
     /// What `names` (the instance's GPUs) put in its container; every device node must be a
     /// device (not a symlink, not a file).
     pub fn edits(&self, names: &[String]) -> Result<cdi::Edits, String> {
-        let edits = cdi::edits(&self.specs, names, &self.root)?;
+        let mut edits = cdi::edits(&self.specs, names, &self.root)?;
         for (host, _) in &edits.devices {
             let meta =
                 std::fs::symlink_metadata(host).map_err(|e| format!("{}: {e}", host.display()))?;
@@ -89,7 +89,7 @@ impl Gpus {
         let euid = nix::unistd::geteuid().as_raw();
         for hook in edits
             .hooks
-            .iter()
+            .iter_mut()
             .filter(|h| h.stage != kat_runtime::HookStage::StartContainer)
         {
             let not_run = |why: String| format!("CDI hook {}: {why}; not run", hook.path.display());
@@ -103,6 +103,8 @@ impl Gpus {
             if let Some(why) = cdi::writable_by_others(&meta, euid) {
                 return Err(not_run(format!("it {why}")));
             }
+            // The runtime runs what was checked, not a symlink that could be changed.
+            hook.path = real;
         }
         Ok(edits)
     }

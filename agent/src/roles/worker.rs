@@ -102,7 +102,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         heartbeat: work.last_heartbeat.subscribe(),
         tokens: Arc::new(crate::leader_tokens::LeaderTokens::new(
             link.leader(),
-            &base.pki.ca_pem,
+            &base.pki,
         )?),
         token_answers: Default::default(),
     });

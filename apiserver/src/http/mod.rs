@@ -335,7 +335,7 @@ async fn guard(State(state): State<Arc<ApiState>>, mut req: Request, next: Next)
     } else if authorized(&state, &req) {
         req.extensions_mut().insert(tokens::Caller::Admin);
         next.run(req).await
-    } else if let Some(token) = bearer(&req).filter(|t| t.starts_with("katapi.")) {
+    } else if let Some(token) = bearer(&req).filter(|t| Service::looks_like_api_token(t)) {
         match state.service.api_token_scope(token).await {
             Ok(Some(scope)) => match tokens::scope_allows(&scope, &method, &path) {
                 Ok(()) => {

@@ -30,7 +30,7 @@ pub async fn create(
     let request: CreateApiToken = json_body(
         req,
         4096,
-        "token body (expected {\"readOnly\": true, \"namespace\": \"NS\", \"description\": \"what it is for\"})",
+        "token body (expected {\"readOnly\": true, \"namespace\": \"NS\", \"description\": \"what it is for\"} or {\"metrics\": true})",
     )
     .await?;
     Ok((

@@ -70,8 +70,9 @@ impl TokenAnswers {
     fn remember(&self, key: [u8; 32], allowed: bool, now: Instant) {
         let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
         if answers.len() >= TOKENS_REMEMBERED {
-            // Refusals go first: a flood of made-up tokens does not push out a scraper's.
-            answers.retain(|_, (allowed, _)| *allowed);
+            // Refusals and expired answers go first: a flood of made-up tokens does not push
+            // out a scraper's.
+            answers.retain(|_, (allowed, at)| *allowed && now.duration_since(*at) < TOKEN_MEMORY);
             if answers.len() >= TOKENS_REMEMBERED {
                 answers.clear();
             }

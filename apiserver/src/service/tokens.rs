@@ -6,7 +6,7 @@ use kat_api::names::dns_label_problem;
 use kat_api::wire::{
     ApiTokenInfo, ApiTokenRecord, CreateApiToken, ErrorCode, NewApiToken, TokenScope,
 };
-use kat_pki::ApiToken;
+use kat_pki::{ApiToken, MetricsToken};
 use kat_store::{Compare, JsonStore, Txn, TxnOp};
 
 use super::{Error, Result, Service};
@@ -24,7 +24,7 @@ impl Service {
         }
         if !request.read_only && request.namespace.is_none() && !request.metrics {
             return Err(Error::bad_request(
-                "a token that is neither read-only nor limited to a namespace would be the admin token again: set readOnly, namespace or both (katcall create token --read-only [--namespace NS])",
+                "a token that is neither read-only, nor limited to a namespace, nor a metrics token would be the admin token again: set readOnly, namespace, both, or metrics (katcall create token --read-only [--namespace NS] | --metrics)",
             ));
         }
         if let Some(ns) = &request.namespace {
@@ -44,10 +44,18 @@ impl Service {
                 )));
             }
         }
-        let token =
-            ApiToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+        // (id, secret's hash, the text the user gets): a metrics token has a prefix of its own.
+        let (id, secret_sha256, text) = if request.metrics {
+            let t = MetricsToken::generate()
+                .map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+            (t.id.clone(), t.secret_sha256(), t.to_string())
+        } else {
+            let t =
+                ApiToken::generate().map_err(|e| Error::new(ErrorCode::Internal, e.to_string()))?;
+            (t.id.clone(), t.secret_sha256(), t.to_string())
+        };
         let info = ApiTokenInfo {
-            id: token.id.clone(),
+            id: id.clone(),
             scope: TokenScope {
                 read_only: request.read_only || request.metrics,
                 namespace: request.namespace.clone(),
@@ -58,9 +66,9 @@ impl Service {
         };
         let record = ApiTokenRecord {
             info: info.clone(),
-            secret_sha256: token.secret_sha256(),
+            secret_sha256,
         };
-        let key = keys::api_token(&token.id);
+        let key = keys::api_token(&id);
         let txn = Txn::new()
             .when([Compare::absent(&key)])
             .and_then([TxnOp::put_json(&key, &record)?]);
@@ -71,10 +79,7 @@ impl Service {
             ));
         }
         tracing::info!(token = %info.id, read_only = info.scope.read_only, namespace = ?info.scope.namespace, "API token created");
-        Ok(NewApiToken {
-            token: token.to_string(),
-            info,
-        })
+        Ok(NewApiToken { token: text, info })
     }
 
     pub async fn api_tokens(&self) -> Result<Vec<ApiTokenInfo>> {
@@ -99,20 +104,35 @@ impl Service {
         Ok(())
     }
 
-    /// The scope of the token `text`, if it is a stored token and its secret matches.
+    /// The scope of the token `text`, if it is a stored token, its secret matches and its
+    /// prefix is its kind's (`katmetrics.` for a metrics token, `katapi.` for the others).
     pub async fn api_token_scope(&self, text: &str) -> Result<Option<TokenScope>> {
-        let Ok(token) = ApiToken::parse(text) else {
+        let (id, metrics, secret_sha256) = if let Ok(t) = ApiToken::parse(text) {
+            (t.id.clone(), false, t.secret_sha256())
+        } else if let Ok(t) = MetricsToken::parse(text) {
+            (t.id.clone(), true, t.secret_sha256())
+        } else {
             return Ok(None);
         };
         let Some((record, _)) = self
             .store
-            .get_json::<ApiTokenRecord>(&keys::api_token(&token.id))
+            .get_json::<ApiTokenRecord>(&keys::api_token(&id))
             .await?
         else {
             return Ok(None);
         };
-        Ok(token
-            .matches(&record.secret_sha256)
-            .then_some(record.info.scope))
+        use subtle::ConstantTimeEq;
+        let matches = secret_sha256.len() == record.secret_sha256.len()
+            && bool::from(
+                secret_sha256
+                    .as_bytes()
+                    .ct_eq(record.secret_sha256.as_bytes()),
+            );
+        Ok((matches && record.info.scope.metrics == metrics).then_some(record.info.scope))
+    }
+
+    /// Whether `text` looks like a scoped token of any kind (before it is looked up).
+    pub fn looks_like_api_token(text: &str) -> bool {
+        text.starts_with("katapi.") || text.starts_with("katmetrics.")
     }
 }
