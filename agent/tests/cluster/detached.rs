@@ -14,8 +14,26 @@ fn shells_with(marker: &str) -> usize {
 }
 
 /// The host pids of the `sh` processes whose command line holds `marker`: a workload that
-/// was restarted, however quickly, has another.
+/// was restarted, however quickly, has another. A shell's own fork (a child about to exec
+/// `sleep`, which is `sh` with the same command line for a moment, longer on a busy
+/// machine) is the same workload: only shells whose parent is not one of them count.
 fn shell_pids(marker: &str) -> Vec<u32> {
+    let all = marked_shells(marker);
+    let parent = |pid: u32| -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|p| p.trim().parse().ok())
+    };
+    all.iter()
+        .copied()
+        .filter(|pid| parent(*pid).is_none_or(|p| !all.contains(&p)))
+        .collect()
+}
+
+/// Every `sh` process whose command line holds `marker`, forks included.
+fn marked_shells(marker: &str) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
