@@ -144,7 +144,7 @@ pub struct Memory {
     /// kept again after the retention dropped them.
     pub archived: HashSet<InstanceId>,
     /// Each instance's last reported health ([`crate::health_events`]).
-    pub health: HashMap<InstanceId, crate::health_events::Seen>,
+    pub health: crate::health_events::HealthMemory,
     /// Replacements of ended instances in a row, per workload ([`crate::replacement`]).
     pub replacements: HashMap<WorkloadKey, crate::replacement::Streak>,
 }

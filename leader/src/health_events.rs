@@ -5,12 +5,14 @@
 //! count of turns to Unhealthy, so a turn over between two heartbeats is not missed. An
 //! instance already reported when this leader first sees it (every instance after a
 //! failover) sets the baseline without an event, so a new leader does not repeat its
-//! predecessor's; one whose record this leader saw before any report (a new instance)
-//! counts from nothing, however quickly it turned.
+//! predecessor's; a new instance (its record made since this leader started, or seen by it
+//! before any report) counts from nothing, however quickly it turned: on a busy machine
+//! the node's first report of it can already count a turn, before any round saw it
+//! unreported.
 
 use std::collections::HashMap;
 
-use kat_api::wire::{EventType, Health, InstanceId};
+use kat_api::wire::{EventType, Health, InstanceId, Timestamp};
 
 use crate::controller::Round;
 use crate::events;
@@ -24,7 +26,17 @@ pub struct Seen {
     unhealthy_transitions: u32,
 }
 
-pub fn reconcile(round: &mut Round<'_>, last: &mut HashMap<InstanceId, Seen>) {
+/// What the leader remembers of health between rounds.
+#[derive(Debug, Default)]
+pub struct HealthMemory {
+    seen: HashMap<InstanceId, Seen>,
+    /// This leader's first round: instances made since are new to everyone.
+    since: Option<Timestamp>,
+}
+
+pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
+    let since = *memory.since.get_or_insert(round.wall);
+    let last = &mut memory.seen;
     let mut now = HashMap::with_capacity(last.len());
     let mut found = Vec::new();
     for (id, (node, status)) in &round.reported {
@@ -35,7 +47,15 @@ pub fn reconcile(round: &mut Round<'_>, last: &mut HashMap<InstanceId, Seen>) {
             continue;
         }
         let count = status.unhealthy_transitions;
-        if let Some(before) = last.get(*id) {
+        let new = Seen {
+            known: Health::Unknown,
+            unhealthy_transitions: 0,
+        };
+        let before = last
+            .get(*id)
+            .copied()
+            .or_else(|| (record.created_at >= since).then_some(new));
+        if let Some(before) = before {
             // The node counts every turn to Unhealthy: one that came and went between two
             // heartbeats still shows (a restart for health is that quick).
             let turned = count > before.unhealthy_transitions
@@ -67,7 +87,7 @@ pub fn reconcile(round: &mut Round<'_>, last: &mut HashMap<InstanceId, Seen>) {
         }
         // `Unknown` (a container restarting) keeps the last known health: Unhealthy, then a
         // restart, then Healthy is a recovery.
-        let known = match (status.health, last.get(*id)) {
+        let known = match (status.health, before) {
             (Health::Unknown, Some(b)) => b.known,
             (h, _) => h,
         };
