@@ -8,7 +8,7 @@
 //! it on instead of starting over. `katcall backup create` takes one at once ([`take`]), on
 //! the node whose API it reaches.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -132,32 +132,40 @@ pub async fn take(
     // failed backup (which would take another at once).
     let pruned =
         tokio::task::spawn_blocking(move || kat_store::snapshot::prune(&dir, &prefix, keep)).await;
-    let removed = match pruned {
-        Ok(Ok(removed)) => removed,
+    match pruned {
+        Ok(Ok(_)) => {}
         Ok(Err(e)) => {
-            tracing::warn!(dir = %config.dir.display(), error = %e, "old backups not removed");
-            Vec::new()
+            tracing::warn!(dir = %config.dir.display(), error = %e, "old backups not removed")
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "old backups not removed");
-            Vec::new()
-        }
-    };
-    if !removed.is_empty() {
-        let names: Vec<String> = removed
-            .iter()
-            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().to_string()))
-            .collect();
-        let records = list(store).await.unwrap_or_default();
-        let ops: Vec<TxnOp> = records
-            .iter()
-            .filter(|r| r.node == config.node && names.contains(&r.name))
+        Err(e) => tracing::warn!(error = %e, "old backups not removed"),
+    }
+    // The records of this node's backups in this directory whose files are gone: removed
+    // just now, or by a run cut short between the files and the records (a leader that
+    // lost its lease there), or by hand. Records first, then the files: a record is written
+    // after its file, so a backup taken meanwhile is never taken for gone.
+    let records: Vec<BackupRecord> = list(store)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| {
+            r.node == config.node && Path::new(&r.path).parent() == Some(config.dir.as_path())
+        })
+        .collect();
+    let gone = tokio::task::spawn_blocking(move || {
+        records
+            .into_iter()
+            .filter(|r| {
+                matches!(std::fs::symlink_metadata(&r.path),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+            })
             .map(|r| TxnOp::delete(keys::backup(&r.name)))
-            .collect();
-        if !ops.is_empty() {
-            if let Err(e) = store.txn(Txn::new().and_then(ops)).await {
-                tracing::warn!(error = %e, "records of removed backups not deleted");
-            }
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    if !gone.is_empty() {
+        if let Err(e) = store.txn(Txn::new().and_then(gone)).await {
+            tracing::warn!(error = %e, "records of removed backups not deleted");
         }
     }
     Ok(record)
