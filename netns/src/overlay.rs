@@ -52,6 +52,13 @@ use ipnet::Ipv4Net;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
+mod checksum;
+mod coalesce;
+mod segment;
+mod udp_batch;
+
+pub(crate) use segment::VNET_HDR_LEN;
+
 /// The TUN device of the overlay in the node network namespace.
 pub const TUN_DEVICE: &str = "kat-wg";
 /// The overlay's MTU: a 1500-byte underlay less WireGuard's 80 bytes of IPv6+UDP+header.
@@ -208,6 +215,41 @@ fn src_address(packet: &[u8]) -> Option<Ipv4Addr> {
 /// How often at most the overlay writes a line about dropped packets.
 const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
+/// Dropped packets not yet logged, and when the last line about them was written.
+#[derive(Default)]
+struct DropLog {
+    unlogged: u64,
+    last: Option<Instant>,
+}
+
+impl DropLog {
+    /// Counts a dropped packet and says so in the log, at most every [`DROP_LOG_EVERY`]
+    /// (a peer sending a flood of them must not fill the disk with the holder's log).
+    fn note(&mut self, subnet: &Ipv4Net, why: Drop, node: &str, packet: &[u8]) {
+        self.unlogged += 1;
+        if self.last.is_some_and(|t| t.elapsed() < DROP_LOG_EVERY) {
+            return;
+        }
+        let src = src_address(packet).map_or("?".to_string(), |a| a.to_string());
+        let dst = Tunn::dst_address(packet).map_or("?".to_string(), |a| a.to_string());
+        let reason = match why {
+            Drop::ForeignSource => format!("from peer {node}: source outside its subnet"),
+            Drop::ForeignDestination => {
+                format!("from peer {node}: destination outside this node's subnet {subnet}")
+            }
+            Drop::ForgedOutgoingSource => {
+                format!("towards peer {node}: source outside this node's subnet {subnet}")
+            }
+        };
+        eprintln!(
+            "overlay: dropped {} packet(s) since the last report; the latest {src} -> {dst}, {reason}",
+            self.unlogged
+        );
+        self.unlogged = 0;
+        self.last = Some(Instant::now());
+    }
+}
+
 /// The overlay's state in the holder.
 pub(crate) struct Overlay {
     dir: PathBuf,
@@ -225,26 +267,37 @@ pub(crate) struct Overlay {
     last_forced: Instant,
     last_timers: Instant,
     last_state: Instant,
+    /// Whether the TUN device puts a virtio-net header before each packet (`IFF_VNET_HDR`,
+    /// with checksum and TCP segmentation offload: `segment`, `coalesce`).
+    vnet: bool,
     buffer: Vec<u8>,
     out: Vec<u8>,
-    /// Drops not yet logged, and when the last line about them was written.
-    drops_unlogged: u64,
-    last_drop_log: Option<Instant>,
+    /// One TCP segment of a super-packet being split.
+    segment: Vec<u8>,
+    sender: udp_batch::Sender,
+    coalescer: coalesce::Coalescer,
+    /// Room for `UDP_GRO`'s control message.
+    control: Vec<u8>,
+    drops: DropLog,
 }
 
 impl Overlay {
     /// The overlay of the node whose container subnet is `subnet`, reading and writing
-    /// packets on `tun` and datagrams on UDP `port` of every host address.
+    /// packets on `tun` (each behind a virtio-net header if `vnet`) and datagrams on UDP
+    /// `port` of every host address.
     pub(crate) fn new(
         dir: &Path,
         subnet: Ipv4Net,
         tun: OwnedFd,
+        vnet: bool,
         port: u16,
     ) -> Result<Overlay, String> {
         let (secret, _) = load_or_make_key(dir)?;
         let udp = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))
             .map_err(|e| format!("the overlay's UDP port {port} (wireguardPort): {e}"))?;
         udp.set_nonblocking(true).map_err(|e| e.to_string())?;
+        // Without it each datagram is a receive of its own, as before.
+        udp_batch::enable_gro(&udp);
         let forced_rekey = std::env::var("KAT_WG_REKEY_SECONDS")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -264,10 +317,14 @@ impl Overlay {
             last_forced: now,
             last_timers: now,
             last_state: now,
-            buffer: vec![0u8; 65_536],
+            vnet,
+            buffer: vec![0u8; VNET_HDR_LEN + 65_536],
             out: vec![0u8; 65_536 + 256],
-            drops_unlogged: 0,
-            last_drop_log: None,
+            segment: Vec::with_capacity(65_536),
+            sender: udp_batch::Sender::new(),
+            coalescer: coalesce::Coalescer::default(),
+            control: nix::cmsg_space!(i32),
+            drops: DropLog::default(),
         })
     }
 
@@ -305,40 +362,60 @@ impl Overlay {
         }
     }
 
-    /// Packets from containers towards other nodes, until the TUN has no more.
+    /// Packets from containers towards other nodes, until the TUN has no more: each read
+    /// is one packet or a TCP super-packet (`segment`); the datagrams go out in batches.
     fn outgoing(&mut self) {
         for _ in 0..256 {
             let n = match nix::unistd::read(self.tun.as_raw_fd(), &mut self.buffer) {
                 Ok(n) if n > 0 => n,
-                _ => return,
+                _ => break,
             };
-            let Some(IpAddr::V4(dst)) = Tunn::dst_address(&self.buffer[..n]) else {
+            let (header, packet) = if self.vnet {
+                let Some(header) = segment::VnetHeader::parse(&self.buffer[..n]) else {
+                    continue;
+                };
+                (header, &mut self.buffer[VNET_HDR_LEN..n])
+            } else {
+                (segment::VnetHeader::default(), &mut self.buffer[..n])
+            };
+            let Some(IpAddr::V4(dst)) = Tunn::dst_address(packet) else {
                 continue;
             };
             let Some(live) = self.peers.iter_mut().find(|p| p.peer.subnet.contains(&dst)) else {
                 continue;
             };
-            if !src_address(&self.buffer[..n]).is_some_and(|s| self.subnet.contains(&s)) {
+            if !src_address(packet).is_some_and(|s| self.subnet.contains(&s)) {
                 live.dropped += 1;
-                let node = live.peer.node.clone();
-                let header = self.buffer[..n.min(20)].to_vec();
-                self.note_drop(Drop::ForgedOutgoingSource, &node, &header);
+                let why = Drop::ForgedOutgoingSource;
+                self.drops.note(&self.subnet, why, &live.peer.node, packet);
                 continue;
             }
-            if let TunnResult::WriteToNetwork(packet) =
-                live.tunn.encapsulate(&self.buffer[..n], &mut self.out)
-            {
-                let _ = self.udp.send_to(packet, live.peer.endpoint);
+            let (udp, sender) = (&self.udp, &mut self.sender);
+            let endpoint = live.peer.endpoint;
+            let sent = segment::for_each_packet(&header, packet, &mut self.segment, |p| {
+                // Room for WireGuard's 32 bytes, or a handshake initiation (148) when the
+                // session is not up yet (boringtun queues the packet then).
+                let room = sender.room(udp, endpoint, (p.len() + 32).max(148));
+                if let TunnResult::WriteToNetwork(d) = live.tunn.encapsulate(p, room) {
+                    let n = d.len();
+                    sender.commit(udp, n);
+                }
+            });
+            if sent.is_err() {
+                live.dropped += 1;
             }
         }
+        self.sender.flush(&self.udp);
     }
 
-    /// Datagrams from other nodes, until the socket has no more.
+    /// Datagrams from other nodes, until the socket has no more; what they carry for this
+    /// node's containers goes to the TUN, consecutive TCP segments merged (`coalesce`).
     fn incoming(&mut self) {
         for _ in 0..256 {
-            let (n, from) = match self.udp.recv_from(&mut self.buffer) {
-                Ok(x) => x,
-                Err(_) => return,
+            let Some((n, from, size)) =
+                udp_batch::receive(&self.udp, &mut self.buffer, &mut self.control)
+            else {
+                break;
             };
             let Some(live) = self
                 .peers
@@ -347,78 +424,40 @@ impl Overlay {
             else {
                 continue;
             };
-            let mut datagram: &[u8] = &self.buffer[..n];
-            loop {
-                match live
-                    .tunn
-                    .decapsulate(Some(from.ip()), datagram, &mut self.out)
-                {
-                    TunnResult::WriteToNetwork(packet) => {
-                        let _ = self.udp.send_to(packet, live.peer.endpoint);
-                        // Queued packets may follow a completed handshake.
-                        datagram = &[];
-                        continue;
-                    }
-                    TunnResult::WriteToTunnelV4(packet, source) => {
-                        // Only the peer's own containers may speak through its tunnel, and
-                        // only to this node's containers.
-                        match check_incoming(packet, source, &live.peer.subnet, &self.subnet) {
-                            Ok(()) => {
-                                let _ = nix::unistd::write(&self.tun, packet);
-                            }
-                            Err(why) => {
-                                live.dropped += 1;
-                                let node = live.peer.node.clone();
-                                let header = packet[..packet.len().min(20)].to_vec();
-                                self.note_drop(why, &node, &header);
+            for mut datagram in self.buffer[..n].chunks(size.unwrap_or(n).max(1)) {
+                loop {
+                    match live
+                        .tunn
+                        .decapsulate(Some(from.ip()), datagram, &mut self.out)
+                    {
+                        TunnResult::WriteToNetwork(packet) => {
+                            let _ = self.udp.send_to(packet, live.peer.endpoint);
+                            // Queued packets may follow a completed handshake.
+                            datagram = &[];
+                            continue;
+                        }
+                        TunnResult::WriteToTunnelV4(packet, source) => {
+                            // Only the peer's own containers may speak through its tunnel,
+                            // and only to this node's containers.
+                            match check_incoming(packet, source, &live.peer.subnet, &self.subnet) {
+                                Ok(()) if self.vnet => self.coalescer.push(&self.tun, packet),
+                                Ok(()) => {
+                                    let _ = nix::unistd::write(&self.tun, packet);
+                                }
+                                Err(why) => {
+                                    live.dropped += 1;
+                                    self.drops.note(&self.subnet, why, &live.peer.node, packet);
+                                }
                             }
                         }
+                        TunnResult::WriteToTunnelV6(..) | TunnResult::Done | TunnResult::Err(_) => {
+                        }
                     }
-                    TunnResult::WriteToTunnelV6(..) | TunnResult::Done | TunnResult::Err(_) => {}
+                    break;
                 }
-                break;
             }
         }
-    }
-
-    /// Counts a dropped packet and says so in the log, at most every [`DROP_LOG_EVERY`]
-    /// (a peer sending a flood of them must not fill the disk with the holder's log).
-    fn note_drop(&mut self, why: Drop, node: &str, packet: &[u8]) {
-        self.drops_unlogged += 1;
-        let due = self
-            .last_drop_log
-            .is_none_or(|t| t.elapsed() >= DROP_LOG_EVERY);
-        if !due {
-            return;
-        }
-        let (src, dst) = (
-            src_address(packet).map_or("?".to_string(), |a| a.to_string()),
-            match Tunn::dst_address(packet) {
-                Some(a) => a.to_string(),
-                None => "?".to_string(),
-            },
-        );
-        let reason = match why {
-            Drop::ForeignSource => format!("from peer {node}: source outside its subnet"),
-            Drop::ForeignDestination => {
-                format!(
-                    "from peer {node}: destination outside this node's subnet {}",
-                    self.subnet
-                )
-            }
-            Drop::ForgedOutgoingSource => {
-                format!(
-                    "towards peer {node}: source outside this node's subnet {}",
-                    self.subnet
-                )
-            }
-        };
-        eprintln!(
-            "overlay: dropped {} packet(s) since the last report; the latest {src} -> {dst}, {reason}",
-            self.drops_unlogged
-        );
-        self.drops_unlogged = 0;
-        self.last_drop_log = Some(Instant::now());
+        self.coalescer.flush(&self.tun);
     }
 
     fn timers(&mut self) {

@@ -18,7 +18,7 @@ fn apply_server(
         .map(|n| format!("  nodeSelector: {{kat.dws.rip/hostname: n{n}}}\n"))
         .unwrap_or_default();
     let workload = format!(
-            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: {replicas}\n{selector}  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'mkdir -p /tmp/www; echo {page} $(hostname) > /tmp/www/index.html; exec httpd -f -p 8080 -h /tmp/www']\n",
+            "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: {replicas}\n{selector}  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'mkdir -p /tmp/www; echo {page} $(hostname) > /tmp/www/index.html; yes {page} | head -c 4000000 > /tmp/www/big.txt; exec httpd -f -p 8080 -h /tmp/www']\n",
             h.registry_addr
         );
     let ports = match host_port {
@@ -154,6 +154,23 @@ pub(crate) fn container_network(h: &mut Hosts) {
             "{from} → {to}: {page}"
         );
     }
+    // A stream, not a page: 4 MB from the worker's container to n2's, through the TUN
+    // offloads (super-packets split and merged by the overlay), whole.
+    let script = "printf 'GET /big.txt HTTP/1.0\\r\\n\\r\\n' | nc -w 10 pb 8080 | sed '1,/^\\r$/d' | sha256sum; yes TOKEN | head -c 4000000 | sha256sum".replace("TOKEN", &token);
+    let out = h.katcall(
+        1,
+        &["exec", &format!("pa/{pa_id}"), "--", "sh", "-c", &script],
+    );
+    let sums = String::from_utf8_lossy(&out.stdout).into_owned();
+    let sums: Vec<&str> = sums
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert!(
+        sums.len() == 2 && sums[0] == sums[1],
+        "4 MB across the overlay arrived changed: {sums:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::thread::sleep(Duration::from_secs(1));
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(tcpdump.id() as i32),
