@@ -176,6 +176,9 @@ enum Drop {
     ForeignDestination,
     /// Towards a peer, its source is not an address of this node's subnet.
     ForgedOutgoingSource,
+    /// Towards a peer, an offload header that does not describe the packet (not counted
+    /// per peer: no address rule refused it).
+    Malformed(&'static str),
 }
 
 /// The rule for a decrypted packet from a peer whose subnet is `peer_subnet`, arriving at the
@@ -240,6 +243,7 @@ impl DropLog {
             Drop::ForgedOutgoingSource => {
                 format!("towards peer {node}: source outside this node's subnet {subnet}")
             }
+            Drop::Malformed(why) => format!("towards peer {node}: {why}"),
         };
         eprintln!(
             "overlay: dropped {} packet(s) since the last report; the latest {src} -> {dst}, {reason}",
@@ -298,6 +302,11 @@ impl Overlay {
         udp.set_nonblocking(true).map_err(|e| e.to_string())?;
         // Without it each datagram is a receive of its own, as before.
         udp_batch::enable_gro(&udp);
+        // Room for a few batches of 64 datagrams each way (the kernel caps it at its
+        // `wmem_max`/`rmem_max`): a full buffer drops a whole batch.
+        let socket = socket2::SockRef::from(&udp);
+        let _ = socket.set_send_buffer_size(4 << 20);
+        let _ = socket.set_recv_buffer_size(4 << 20);
         let forced_rekey = std::env::var("KAT_WG_REKEY_SECONDS")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -393,6 +402,10 @@ impl Overlay {
             let (udp, sender) = (&self.udp, &mut self.sender);
             let endpoint = live.peer.endpoint;
             let sent = segment::for_each_packet(&header, packet, &mut self.segment, |p| {
+                // Nothing the MTU lets through is this large; boringtun would panic on it.
+                if p.len() + 32 > udp_batch::MAX_BYTES {
+                    return;
+                }
                 // Room for WireGuard's 32 bytes, or a handshake initiation (148) when the
                 // session is not up yet (boringtun queues the packet then).
                 let room = sender.room(udp, endpoint, (p.len() + 32).max(148));
@@ -401,8 +414,9 @@ impl Overlay {
                     sender.commit(udp, n);
                 }
             });
-            if sent.is_err() {
-                live.dropped += 1;
+            if let Err(why) = sent {
+                self.drops
+                    .note(&self.subnet, Drop::Malformed(why), &live.peer.node, packet);
             }
         }
         self.sender.flush(&self.udp);

@@ -5,10 +5,12 @@
 //! stack instead of one per segment.
 //!
 //! The rules are the kernel's (`tcp_gro_receive`), kept narrow: IPv4 without options,
-//! unfragmented, the same addresses, ports, TOS, TTL, DF bit, acknowledgment number and TCP
-//! options; each segment starting where the last ended; every segment but the last the
-//! size of the first; only ACK and PSH set, a PSH or a short segment ending the run. Anything
-//! else is written as it came.
+//! unfragmented, checksums right, the same addresses, ports, TOS, TTL, DF bit,
+//! acknowledgment number, window and TCP options; each segment starting where the last
+//! ended; every segment but the last the size of the first; only ACK and PSH set, a PSH or
+//! a short segment ending the run. (The kernel also wants IP ids that count up; the merged
+//! packet takes the first's, and the split side counts up from it.) Anything else is
+//! written as it came.
 
 use std::os::fd::AsFd;
 
@@ -75,6 +77,16 @@ fn mergeable(p: &[u8]) -> Option<(usize, usize)> {
     if p[33] & !(TCP_ACK | TCP_PSH) != 0 || p[33] & TCP_ACK == 0 {
         return None;
     }
+    // The kernel checks a segment's checksums before it merges it, and trusts the merged
+    // packet's (`NEEDS_CSUM`): a segment with a wrong one is written alone, to be dropped.
+    let ip_ok = checksum::fold(checksum::sum(&p[..20], 0)) == 0xffff;
+    let tcp = checksum::sum(
+        &p[20..],
+        checksum::pseudo_header(&p[12..20], TCP, p.len() - 20),
+    );
+    if !ip_ok || checksum::fold(tcp) != 0xffff {
+        return None;
+    }
     Some((headers, p.len() - headers))
 }
 
@@ -113,6 +125,7 @@ impl Coalescer {
                 && current[8] == packet[8]
                 && current[12..24] == packet[12..24]
                 && current[28..32] == packet[28..32]
+                && current[34..36] == packet[34..36]
                 && current[40..headers] == packet[40..headers];
             if joins {
                 self.buf.extend_from_slice(&packet[headers..]);

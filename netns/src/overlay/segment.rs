@@ -91,8 +91,17 @@ pub(super) fn for_each_packet(
     }
 }
 
-/// Adds the bytes from `start` to the partial checksum at `start + offset`.
+/// Adds the bytes from `start` to the partial checksum at `start + offset`: a TCP or UDP
+/// checksum after the IPv4 header, nowhere else (the header comes from a container's
+/// stack, and the overlay has already judged the packet's addresses).
 fn complete_checksum(packet: &mut [u8], start: usize, offset: usize) -> Result<(), &'static str> {
+    let ip = match packet.first() {
+        Some(b) if b >> 4 == 4 => usize::from(b & 0x0f) * 4,
+        _ => return Err("a checksum to complete in a packet that is not IPv4"),
+    };
+    if start < ip.max(20) || !matches!(offset, 6 | 16) {
+        return Err("its checksum offsets are not a TCP or UDP checksum");
+    }
     let field = start
         .checked_add(offset)
         .filter(|f| f.checked_add(2).is_some_and(|end| end <= packet.len()))

@@ -17,7 +17,7 @@ use nix::sys::socket::{
 
 /// The most bytes one `sendmsg` carries: an IPv4 UDP datagram's largest payload, less a
 /// margin.
-const MAX_BYTES: usize = 65_000;
+pub(super) const MAX_BYTES: usize = 65_000;
 /// The most datagrams in one `sendmsg` (the kernel's `UDP_MAX_SEGMENTS`).
 const MAX_SEGMENTS: usize = 64;
 
