@@ -551,8 +551,12 @@ impl Leader {
         let report = self.commit(plan).await;
         if report.is_err() {
             // The statuses this round meant to write may not be in the store: the next
-            // round writes every status again rather than trust what it remembers.
+            // round writes every status again rather than trust what it remembers; and it
+            // looks at health as the last good round left it, so its events are not lost.
             self.memory.statuses.clear();
+            self.memory.health.forget_round();
+        } else {
+            self.memory.health.settle();
         }
         report
     }

@@ -30,13 +30,31 @@ pub struct Seen {
 #[derive(Debug, Default)]
 pub struct HealthMemory {
     seen: HashMap<InstanceId, Seen>,
+    /// What this round saw, kept once its writes (the events) landed: a round whose
+    /// transaction fails is decided again from what the last good round saw, so its events
+    /// are written then rather than lost.
+    next: Option<HashMap<InstanceId, Seen>>,
     /// This leader's first round: instances made since are new to everyone.
     since: Option<Timestamp>,
 }
 
+impl HealthMemory {
+    /// The round's writes landed.
+    pub fn settle(&mut self) {
+        if let Some(next) = self.next.take() {
+            self.seen = next;
+        }
+    }
+
+    /// The round's writes did not land.
+    pub fn forget_round(&mut self) {
+        self.next = None;
+    }
+}
+
 pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
     let since = *memory.since.get_or_insert(round.wall);
-    let last = &mut memory.seen;
+    let last = &memory.seen;
     let mut now = HashMap::with_capacity(last.len());
     let mut found = Vec::new();
     for (id, (node, status)) in &round.reported {
@@ -55,11 +73,25 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
             .get(*id)
             .copied()
             .or_else(|| (record.created_at >= since).then_some(new));
+        if before.is_none_or(|b| b.unhealthy_transitions != count || b.known != status.health) {
+            tracing::debug!(
+                instance = %id,
+                health = ?status.health,
+                count,
+                ?before,
+                remembered = last.contains_key(*id),
+                created = %record.created_at,
+                %since,
+                "health reported"
+            );
+        }
+        // The node counts every turn to Unhealthy: one that came and went between two
+        // heartbeats still shows (a restart for health is that quick).
+        let turned = before.is_some_and(|before| {
+            count > before.unhealthy_transitions
+                || (status.health == Health::Unhealthy && before.known != Health::Unhealthy)
+        });
         if let Some(before) = before {
-            // The node counts every turn to Unhealthy: one that came and went between two
-            // heartbeats still shows (a restart for health is that quick).
-            let turned = count > before.unhealthy_transitions
-                || (status.health == Health::Unhealthy && before.known != Health::Unhealthy);
             if turned {
                 let times = count.saturating_sub(before.unhealthy_transitions);
                 let again = if times > 1 {
@@ -86,8 +118,10 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
             }
         }
         // `Unknown` (a container restarting) keeps the last known health: Unhealthy, then a
-        // restart, then Healthy is a recovery.
+        // restart, then Healthy is a recovery. A turn counted while the instance already
+        // restarts for it (the first report since says Unknown) is Unhealthy known.
         let known = match (status.health, before) {
+            (Health::Unknown, _) if turned => Health::Unhealthy,
             (Health::Unknown, Some(b)) => b.known,
             (h, _) => h,
         };
@@ -117,5 +151,5 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
         let object = events::workload_ref(&record.namespace, &record.workload);
         round.event(event_type, reason, object, message);
     }
-    *last = now;
+    memory.next = Some(now);
 }

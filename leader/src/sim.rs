@@ -109,6 +109,19 @@ impl SimNode {
         }
     }
 
+    /// One of this node's instances failed its health check and restarts for it
+    /// (`healthCheck.onFailure: restart`): the node has counted the turn, and reports it
+    /// starting (health unknown) until it runs again, healthy, as a real node does when the
+    /// restart is quicker than its heartbeats.
+    pub fn restart_for_health(&mut self, instance_id: &str, now: Instant) {
+        if let Some(i) = self.instances.get_mut(instance_id) {
+            i.unhealthy_turns += 1;
+            i.behaviour.healthy = true;
+            i.state = InstanceState::Creating;
+            i.created = now;
+        }
+    }
+
     /// Instances this node is running or still stopping, by id.
     pub fn live(&self) -> impl Iterator<Item = &InstanceRecord> {
         self.instances

@@ -34,6 +34,8 @@ struct State {
     watchers: Vec<Watcher>,
     leases: HashMap<LeaseId, Lease>,
     next_lease: LeaseId,
+    /// Transactions still to refuse ([`MemStore::fail_next_txns`]).
+    failing_txns: u32,
 }
 
 struct Watcher {
@@ -61,6 +63,12 @@ struct Lease {
 impl MemStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Refuses the next `n` transactions as an unreachable etcd would (tests: what a
+    /// controller does when its writes do not land).
+    pub fn fail_next_txns(&self, n: u32) {
+        self.lock().failing_txns = n;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -272,6 +280,10 @@ impl StateStore for MemStore {
     async fn txn(&self, txn: Txn) -> Result<TxnResult> {
         txn.check_size()?;
         let mut state = self.lock();
+        if state.failing_txns > 0 {
+            state.failing_txns -= 1;
+            return Err(StoreError::Unavailable("refused by fail_next_txns".into()));
+        }
         let succeeded = txn.compares.iter().all(|c| c.holds(state.kv.get(&c.key)));
         let ops = if succeeded { txn.success } else { txn.failure };
         for op in &ops {

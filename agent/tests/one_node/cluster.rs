@@ -259,8 +259,12 @@ spec:
         if kat_testkit::wait_until(timeout, || ok(self)).is_some() {
             return;
         }
+        // The whole log outlives the test's directory, for what the tail does not show.
+        let kept = std::env::temp_dir().join(format!("kat-e2e-agent-{}.log", std::process::id()));
+        let _ = std::fs::copy(self.dir.path().join("agent.log"), &kept);
         panic!(
-            "timed out waiting for {what}\nagent log:\n{}",
+            "timed out waiting for {what} (the whole agent log: {})\nagent log:\n{}",
+            kept.display(),
             self.agent_log_tail()
         );
     }
