@@ -96,8 +96,7 @@ pub async fn run(heartbeat: Heartbeat) {
     if statuses.wait_for(Option::is_some).await.is_err() {
         return;
     }
-    // When the last heartbeats went, oldest first.
-    let mut sent = std::collections::VecDeque::with_capacity(HEARTBEAT_BURST as usize);
+    let mut pacer = Pacer::new(tokio::time::Instant::now());
     loop {
         let mut instances = statuses.borrow_and_update().clone().unwrap_or_default();
         let usage = meter.measure(&mut instances).await;
@@ -120,23 +119,12 @@ pub async fn run(heartbeat: Heartbeat) {
             continue;
         }
         last.send_replace(Some(hb));
-        if sent.len() == HEARTBEAT_BURST as usize {
-            sent.pop_front();
-        }
-        sent.push_back(tokio::time::Instant::now());
+        pacer.spend(tokio::time::Instant::now());
         // Let a burst of changes settle into one heartbeat, and never send more than the
-        // leader takes: at most a burst in any window of that many intervals, with a margin
-        // for the network's jitter (an early heartbeat is refused with 429 and only delays
-        // the news).
-        let settled = || {
-            let window = MIN_HEARTBEAT_INTERVAL * HEARTBEAT_BURST * 3 / 2;
-            let soonest = tokio::time::Instant::now() + SETTLE;
-            let earliest = match sent.front() {
-                Some(oldest) if sent.len() == HEARTBEAT_BURST as usize => *oldest + window,
-                _ => soonest,
-            };
-            tokio::time::sleep_until(earliest.max(soonest))
-        };
+        // leader takes (an early heartbeat is refused with 429 and only delays the news).
+        let allowed = pacer.next_allowed(tokio::time::Instant::now());
+        let settled =
+            || tokio::time::sleep_until(allowed.max(tokio::time::Instant::now() + SETTLE));
         tokio::select! {
             changed = statuses.changed() => {
                 if changed.is_err() { return; }
@@ -145,6 +133,54 @@ pub async fn run(heartbeat: Heartbeat) {
             Ok(()) = builds.changed() => settled().await,
             _ = tokio::time::sleep(tick) => {}
         }
+    }
+}
+
+/// The agent's side of the leader's heartbeat limit: a token bucket like the leader's, one
+/// token short and refilled a quarter slower, so that heartbeats the network delays by up to
+/// an interval still find a token at the leader. After a burst the next heartbeat waits one
+/// interval, not until the whole burst has aged out (that cost 0.4 s of news every few
+/// applies in `bench/apply-to-running.sh`).
+struct Pacer {
+    tokens: f64,
+    updated: tokio::time::Instant,
+}
+
+impl Pacer {
+    const BURST: f64 = (HEARTBEAT_BURST - 1) as f64;
+
+    fn interval() -> Duration {
+        MIN_HEARTBEAT_INTERVAL * 5 / 4
+    }
+
+    fn new(now: tokio::time::Instant) -> Pacer {
+        Pacer {
+            tokens: Self::BURST,
+            updated: now,
+        }
+    }
+
+    fn refill(&mut self, now: tokio::time::Instant) {
+        let earned = now.saturating_duration_since(self.updated).as_secs_f64()
+            / Self::interval().as_secs_f64();
+        self.tokens = (self.tokens + earned).min(Self::BURST);
+        self.updated = now;
+    }
+
+    /// The earliest time the next heartbeat may go.
+    fn next_allowed(&mut self, now: tokio::time::Instant) -> tokio::time::Instant {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            now
+        } else {
+            now + Self::interval().mul_f64(1.0 - self.tokens)
+        }
+    }
+
+    /// A heartbeat went at `now` (one that went early anyway, after a failure, still counts).
+    fn spend(&mut self, now: tokio::time::Instant) {
+        self.refill(now);
+        self.tokens -= 1.0;
     }
 }
 
@@ -171,4 +207,64 @@ async fn overlay_status(network: Option<&Arc<ContainerNetwork>>) -> Vec<OverlayP
             rx_bytes: p.rx_bytes,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// A burst goes at once, then one per interval; an idle while refills the burst.
+    #[test]
+    fn pacer_allows_a_burst_then_one_per_interval() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        for _ in 0..HEARTBEAT_BURST - 1 {
+            assert_eq!(p.next_allowed(t0), t0);
+            p.spend(t0);
+        }
+        let next = p.next_allowed(t0);
+        assert_eq!(next, t0 + Pacer::interval());
+        p.spend(next);
+        assert_eq!(p.next_allowed(next), next + Pacer::interval());
+        let later = next + Pacer::interval() * 10;
+        assert_eq!(p.next_allowed(later), later);
+    }
+
+    /// Sent as fast as it allows, for 10 s, the heartbeats never exceed what the leader
+    /// takes (a burst of HEARTBEAT_BURST, then one per MIN_HEARTBEAT_INTERVAL), even when
+    /// each is delayed by up to one interval on the way and the delays differ.
+    #[test]
+    fn pacer_never_sends_more_than_the_leader_takes() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(t0);
+        let mut now = t0;
+        let mut arrivals = Vec::new();
+        for i in 0u32..200 {
+            now = p.next_allowed(now);
+            p.spend(now);
+            // Alternating delays: the worst case packs late sends after early ones.
+            let delay = if i % 2 == 0 {
+                MIN_HEARTBEAT_INTERVAL
+            } else {
+                Duration::ZERO
+            };
+            arrivals.push(now + delay);
+        }
+        arrivals.sort();
+        // The leader's bucket, replayed on the arrivals.
+        let (burst, interval) = (f64::from(HEARTBEAT_BURST), MIN_HEARTBEAT_INTERVAL);
+        let (mut tokens, mut at) = (burst, t0);
+        for a in arrivals {
+            tokens = (tokens + (a - at).as_secs_f64() / interval.as_secs_f64()).min(burst);
+            at = a;
+            assert!(tokens >= 1.0 - 1e-9, "refused at {:?}", a - t0);
+            tokens -= 1.0;
+        }
+        assert!(
+            now - t0 < Duration::from_secs(26),
+            "paced too slowly: {:?}",
+            now - t0
+        );
+    }
 }
