@@ -496,26 +496,37 @@ async fn instances_that_gave_up_under_max_count_are_replaced_with_backoff() {
     assert_eq!(replaced(&events(&c).await), 2);
 }
 
-/// Health transitions are events, once per transition (not per heartbeat): Unhealthy when an
-/// instance turns unhealthy, Healthy when it recovers.
-#[tokio::test(start_paused = true)]
-async fn health_transitions_are_events_once_each() {
-    let mut c = cluster(1).await;
+/// `web`, one instance with a health check, running healthy on node-1; its id.
+async fn one_healthy_web(c: &mut kat_leader::sim::SimCluster) -> InstanceId {
     c.apply(&[
         ("workload.kat", &service("web", 1, "web:1", "")),
         ("lb.kat", HEALTH_CHECK),
     ])
     .await;
     c.run_until(10, |c| c.healthy_of("web") == 1).await.unwrap();
-    let count = |events: &[kat_api::wire::Event], reason: &str| {
-        events.iter().filter(|e| e.reason == reason).count()
-    };
+    c.live_of("web")[0].instance_id.clone()
+}
+
+/// How many events of `reason` name instance `id`.
+fn count_about(events: &[kat_api::wire::Event], reason: &str, id: &InstanceId) -> usize {
+    events
+        .iter()
+        .filter(|e| e.reason == reason && e.message.contains(id.as_str()))
+        .count()
+}
+
+/// Health transitions are events, once per transition (not per heartbeat): Unhealthy when an
+/// instance turns unhealthy, Healthy when it recovers.
+#[tokio::test(start_paused = true)]
+async fn health_transitions_are_events_once_each() {
+    let mut c = cluster(1).await;
+    let id = one_healthy_web(&mut c).await;
+    let count = |events: &[kat_api::wire::Event], reason: &str| count_about(events, reason, &id);
     assert_eq!(
         count(&events(&c).await, "InstanceHealthy"),
         0,
         "starting healthy is no event"
     );
-    let id = c.live_of("web")[0].instance_id.clone();
     c.node("node-1").set_healthy(&id, false);
     c.run_until(10, |_| false).await.unwrap();
     let list = events(&c).await;
@@ -580,24 +591,13 @@ async fn a_new_instance_unhealthy_before_its_first_report_still_has_its_events()
 #[tokio::test(start_paused = true)]
 async fn a_turn_first_seen_while_restarting_is_followed_by_a_recovery() {
     let mut c = cluster(1).await;
-    c.apply(&[
-        ("workload.kat", &service("web", 1, "web:1", "")),
-        ("lb.kat", HEALTH_CHECK),
-    ])
-    .await;
-    c.run_until(10, |c| c.healthy_of("web") == 1).await.unwrap();
-    let id = c.live_of("web")[0].instance_id.clone();
+    let id = one_healthy_web(&mut c).await;
     // Starting again takes a few steps: the next heartbeats say Unknown.
     c.node("node-1").start_delay = std::time::Duration::from_secs(3);
     c.node("node-1")
         .restart_for_health(&id, tokio::time::Instant::now());
     c.tick().await.unwrap();
-    let count = |events: &[kat_api::wire::Event], reason: &str| {
-        events
-            .iter()
-            .filter(|e| e.reason == reason && e.message.contains(id.as_str()))
-            .count()
-    };
+    let count = |events: &[kat_api::wire::Event], reason: &str| count_about(events, reason, &id);
     let list = events(&c).await;
     assert_eq!(count(&list, "InstanceUnhealthy"), 1, "{list:?}");
     assert_eq!(
@@ -622,19 +622,8 @@ async fn a_round_whose_writes_fail_does_not_lose_health_events() {
     let mut c = kat_leader::sim::SimCluster::start(store, nodes(1), config(), true)
         .await
         .expect("start");
-    c.apply(&[
-        ("workload.kat", &service("web", 1, "web:1", "")),
-        ("lb.kat", HEALTH_CHECK),
-    ])
-    .await;
-    c.run_until(10, |c| c.healthy_of("web") == 1).await.unwrap();
-    let id = c.live_of("web")[0].instance_id.clone();
-    let count = |events: &[kat_api::wire::Event], reason: &str| {
-        events
-            .iter()
-            .filter(|e| e.reason == reason && e.message.contains(id.as_str()))
-            .count()
-    };
+    let id = one_healthy_web(&mut c).await;
+    let count = |events: &[kat_api::wire::Event], reason: &str| count_about(events, reason, &id);
     for (healthy, reason) in [(false, "InstanceUnhealthy"), (true, "InstanceHealthy")] {
         c.node("node-1").set_healthy(&id, healthy);
         c.nodes_tick().await.unwrap();

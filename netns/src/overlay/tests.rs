@@ -440,18 +440,29 @@ fn packet_pair() -> (OwnedFd, OwnedFd) {
     .unwrap()
 }
 
+/// Pushes `packets` through `c` onto the "TUN" `mine`, flushes, and returns what the other
+/// end, `node`, read.
+fn coalesce_all<'a>(
+    c: &mut coalesce::Coalescer,
+    (mine, node): (&OwnedFd, &OwnedFd),
+    packets: impl IntoIterator<Item = &'a Vec<u8>>,
+) -> Vec<(segment::VnetHeader, Vec<u8>)> {
+    for p in packets {
+        c.push(mine, p);
+    }
+    c.flush(mine);
+    written(node)
+}
+
 #[test]
 fn consecutive_segments_are_written_as_one_super_packet() {
     let data = payload(40 * 1368 + 100);
     let (header, mut packet) = super_packet(&data, 1368);
     let segments = split(&header, &mut packet).unwrap();
     let (mine, node) = packet_pair();
+    let tun = (&mine, &node);
     let mut c = coalesce::Coalescer::default();
-    for s in &segments {
-        c.push(&mine, s);
-    }
-    c.flush(&mine);
-    let writes = written(&node);
+    let writes = coalesce_all(&mut c, tun, &segments);
     assert_eq!(writes.len(), 1, "41 segments, one write");
     let (h, mut merged) = writes.into_iter().next().unwrap();
     assert_eq!(
@@ -473,11 +484,7 @@ fn consecutive_segments_are_written_as_one_super_packet() {
     // inside a super-packet): it is written alone, to be dropped there.
     let mut run = segments[..6].to_vec();
     run[3][100] ^= 0xff;
-    for p in &run {
-        c.push(&mine, p);
-    }
-    c.flush(&mine);
-    let writes = written(&node);
+    let writes = coalesce_all(&mut c, tun, &run);
     assert_eq!(writes.len(), 3, "three, the bad one alone");
     assert_eq!(writes[1], (segment::VnetHeader::default(), run[3].clone()));
 
@@ -494,11 +501,7 @@ fn consecutive_segments_are_written_as_one_super_packet() {
         Ipv4Addr::new(10, 231, 12, 2),
         b"u",
     );
-    for p in reordered.iter().chain([&other, &syn, &udp]) {
-        c.push(&mine, p);
-    }
-    c.flush(&mine);
-    let writes = written(&node);
+    let writes = coalesce_all(&mut c, tun, reordered.iter().chain([&other, &syn, &udp]));
     let plain: Vec<&Vec<u8>> = writes.iter().map(|(_, p)| p).collect();
     assert_eq!(
         plain,
@@ -670,12 +673,8 @@ mod properties {
             let segments = split(&header, &mut packet).unwrap();
             let (mine, node) = packet_pair();
             let mut c = coalesce::Coalescer::default();
-            for s in &segments {
-                c.push(&mine, s);
-            }
-            c.flush(&mine);
             let mut again = Vec::new();
-            for (h, mut p) in written(&node) {
+            for (h, mut p) in coalesce_all(&mut c, (&mine, &node), &segments) {
                 prop_assert!(h.gso_type == segment::GSO_NONE || usize::from(h.gso_size) == usize::from(mss).min(len));
                 again.extend(split(&h, &mut p).unwrap());
             }
@@ -696,11 +695,7 @@ mod properties {
                 let n = segments.len();
                 segments[i % n][at] = value;
             }
-            for p in segments.iter().chain(packets.iter()) {
-                c.push(&mine, p);
-            }
-            c.flush(&mine);
-            for (h, mut p) in written(&node) {
+            for (h, mut p) in coalesce_all(&mut c, (&mine, &node), segments.iter().chain(packets.iter())) {
                 if h.gso_type == segment::GSO_TCPV4 {
                     prop_assert!(split(&h, &mut p).is_ok());
                 }
