@@ -328,7 +328,7 @@ fn start_overlay(
         ],
     )?;
     let (_, public) = crate::overlay::load_or_make_key(&request.dir)?;
-    let overlay = Overlay::new(&request.dir, request.subnet, tun, true, port)?;
+    let overlay = Overlay::new(&request.dir, request.subnet, tun, port)?;
     Ok((overlay, crate::overlay::encode_key(&public)))
 }
 

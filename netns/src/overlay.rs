@@ -271,9 +271,6 @@ pub(crate) struct Overlay {
     last_forced: Instant,
     last_timers: Instant,
     last_state: Instant,
-    /// Whether the TUN device puts a virtio-net header before each packet (`IFF_VNET_HDR`,
-    /// with checksum and TCP segmentation offload: `segment`, `coalesce`).
-    vnet: bool,
     buffer: Vec<u8>,
     out: Vec<u8>,
     /// One TCP segment of a super-packet being split.
@@ -287,13 +284,13 @@ pub(crate) struct Overlay {
 
 impl Overlay {
     /// The overlay of the node whose container subnet is `subnet`, reading and writing
-    /// packets on `tun` (each behind a virtio-net header if `vnet`) and datagrams on UDP
-    /// `port` of every host address.
+    /// packets on `tun` (each behind a virtio-net header: `IFF_VNET_HDR`, with checksum and
+    /// TCP segmentation offload, see `segment` and `coalesce`) and datagrams on UDP `port` of
+    /// every host address.
     pub(crate) fn new(
         dir: &Path,
         subnet: Ipv4Net,
         tun: OwnedFd,
-        vnet: bool,
         port: u16,
     ) -> Result<Overlay, String> {
         let (secret, _) = load_or_make_key(dir)?;
@@ -326,10 +323,9 @@ impl Overlay {
             last_forced: now,
             last_timers: now,
             last_state: now,
-            vnet,
             buffer: vec![0u8; VNET_HDR_LEN + 65_536],
             out: vec![0u8; 65_536 + 256],
-            segment: Vec::with_capacity(65_536),
+            segment: Vec::with_capacity(MTU as usize),
             sender: udp_batch::Sender::new(),
             coalescer: coalesce::Coalescer::default(),
             control: nix::cmsg_space!(i32),
@@ -379,14 +375,10 @@ impl Overlay {
                 Ok(n) if n > 0 => n,
                 _ => break,
             };
-            let (header, packet) = if self.vnet {
-                let Some(header) = segment::VnetHeader::parse(&self.buffer[..n]) else {
-                    continue;
-                };
-                (header, &mut self.buffer[VNET_HDR_LEN..n])
-            } else {
-                (segment::VnetHeader::default(), &mut self.buffer[..n])
+            let Some(header) = segment::VnetHeader::parse(&self.buffer[..n]) else {
+                continue;
             };
+            let packet = &mut self.buffer[VNET_HDR_LEN..n];
             let Some(IpAddr::V4(dst)) = Tunn::dst_address(packet) else {
                 continue;
             };
@@ -454,10 +446,7 @@ impl Overlay {
                             // Only the peer's own containers may speak through its tunnel,
                             // and only to this node's containers.
                             match check_incoming(packet, source, &live.peer.subnet, &self.subnet) {
-                                Ok(()) if self.vnet => self.coalescer.push(&self.tun, packet),
-                                Ok(()) => {
-                                    let _ = nix::unistd::write(&self.tun, packet);
-                                }
+                                Ok(()) => self.coalescer.push(&self.tun, packet),
                                 Err(why) => {
                                     live.dropped += 1;
                                     self.drops.note(&self.subnet, why, &live.peer.node, packet);

@@ -36,6 +36,16 @@ pub(super) fn set_ipv4_header(header: &mut [u8]) {
     header[10..12].copy_from_slice(&value.to_be_bytes());
 }
 
+/// Whether an IPv4/TCP packet's header checksum (its first `ip` bytes) and TCP checksum
+/// hold.
+pub(super) fn ipv4_tcp_hold(packet: &[u8], ip: usize) -> bool {
+    let tcp = sum(
+        &packet[ip..],
+        pseudo_header(&packet[12..20], 6, packet.len() - ip),
+    );
+    fold(sum(&packet[..ip], 0)) == 0xffff && fold(tcp) == 0xffff
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

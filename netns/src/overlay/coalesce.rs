@@ -79,12 +79,7 @@ fn mergeable(p: &[u8]) -> Option<(usize, usize)> {
     }
     // The kernel checks a segment's checksums before it merges it, and trusts the merged
     // packet's (`NEEDS_CSUM`): a segment with a wrong one is written alone, to be dropped.
-    let ip_ok = checksum::fold(checksum::sum(&p[..20], 0)) == 0xffff;
-    let tcp = checksum::sum(
-        &p[20..],
-        checksum::pseudo_header(&p[12..20], TCP, p.len() - 20),
-    );
-    if !ip_ok || checksum::fold(tcp) != 0xffff {
+    if !checksum::ipv4_tcp_hold(p, 20) {
         return None;
     }
     Some((headers, p.len() - headers))

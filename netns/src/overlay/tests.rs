@@ -103,8 +103,8 @@ fn carries(packets: &[Vec<u8>], marker: &[u8]) -> bool {
 
 /// An overlay for subnet [`OWN`] whose one peer, for [`PEER`], is the returned attacker;
 /// its "TUN" is a packet socket pair (the other end returned), each packet behind a
-/// virtio-net header if `vnet`.
-fn overlay_with_peer(vnet: bool) -> (tempfile::TempDir, Overlay, OwnedFd, Attacker) {
+/// virtio-net header.
+fn overlay_with_peer() -> (tempfile::TempDir, Overlay, OwnedFd, Attacker) {
     let dir = tempfile::tempdir().unwrap();
     let own: Ipv4Net = OWN.parse().unwrap();
     let (tun_overlay, tun_node) = socketpair(
@@ -121,7 +121,7 @@ fn overlay_with_peer(vnet: bool) -> (tempfile::TempDir, Overlay, OwnedFd, Attack
         nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
     )
     .unwrap();
-    let mut overlay = Overlay::new(dir.path(), own, tun_overlay, vnet, 0).unwrap();
+    let mut overlay = Overlay::new(dir.path(), own, tun_overlay, 0).unwrap();
     let overlay_port = overlay.udp.local_addr().unwrap().port();
     let (_, overlay_public) = load_or_make_key(dir.path()).unwrap();
 
@@ -152,7 +152,7 @@ fn overlay_with_peer(vnet: bool) -> (tempfile::TempDir, Overlay, OwnedFd, Attack
 
 #[test]
 fn a_peer_reaches_only_this_nodes_containers() {
-    let (dir, mut overlay, tun_node, mut attacker) = overlay_with_peer(false);
+    let (dir, mut overlay, tun_node, mut attacker) = overlay_with_peer();
     let src = Ipv4Addr::new(10, 231, 12, 2);
     let mut delivered = Vec::new();
 
@@ -209,7 +209,12 @@ fn a_peer_reaches_only_this_nodes_containers() {
     // Outbound: a packet from this node's subnet goes to the peer; one whose source is
     // not this node's does not.
     let to_peer = |s: Ipv4Addr, marker: &[u8]| {
-        nix::unistd::write(&tun_node, &udp_packet(s, src, marker)).unwrap();
+        let header = segment::VnetHeader::default().to_bytes();
+        nix::unistd::write(
+            &tun_node,
+            &[&header[..], &udp_packet(s, src, marker)].concat(),
+        )
+        .unwrap();
     };
     to_peer(Ipv4Addr::new(10, 0, 2, 100), b"outgoing-forged");
     to_peer(Ipv4Addr::new(10, 231, 11, 2), b"outgoing-honest");
@@ -278,12 +283,7 @@ fn payload(len: usize) -> Vec<u8> {
 
 /// Whether `p`'s IP and TCP checksums are right.
 fn checksums_hold(p: &[u8]) -> bool {
-    let ip_ok = checksum::fold(checksum::sum(&p[..20], 0)) == 0xffff;
-    let tcp = checksum::sum(
-        &p[20..],
-        checksum::pseudo_header(&p[12..20], 6, p.len() - 20),
-    );
-    ip_ok && checksum::fold(tcp) == 0xffff
+    checksum::ipv4_tcp_hold(p, 20)
 }
 
 fn split(header: &segment::VnetHeader, packet: &mut [u8]) -> Result<Vec<Vec<u8>>, &'static str> {
@@ -522,7 +522,7 @@ fn consecutive_segments_are_written_as_one_super_packet() {
 
 #[test]
 fn the_offloads_carry_a_stream_in_batches_both_ways() {
-    let (_dir, mut overlay, tun_node, mut attacker) = overlay_with_peer(true);
+    let (_dir, mut overlay, tun_node, mut attacker) = overlay_with_peer();
     let with_header = |h: segment::VnetHeader, p: &[u8]| [&h.to_bytes()[..], p].concat();
     // The handshake first: one small packet, as any connection's SYN would be.
     let src = Ipv4Addr::new(10, 231, 11, 2);
