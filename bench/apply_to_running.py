@@ -44,7 +44,14 @@ def katcall(*args):
 def cleanup():
     for name in names:
         katcall("delete", "workload", name)
-    time.sleep(3)
+    # Containers outlive their agent: wait until the node has stopped them (each drains for
+    # its grace period first), or they keep running after the benchmark.
+    containers = f"{work}/data/runtime/containers"
+    deadline = time.time() + 30
+    while time.time() < deadline and agent.poll() is None:
+        if not os.path.isdir(containers) or not os.listdir(containers):
+            break
+        time.sleep(0.5)
     agent.send_signal(signal.SIGTERM)
     agent.wait(timeout=30)
     if os.environ.get("KAT_BENCH_KEEP") == "1":

@@ -29,6 +29,13 @@ struct Entry {
 /// `last_used` only orders reclaiming among workloads without containers: kept to the hour.
 const LAST_USED_GRANULARITY_SECS: u64 = 3600;
 
+/// A workload's slot, and whether it was given to the workload just now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acquired {
+    pub slot: u32,
+    pub new: bool,
+}
+
 /// The slice table of one node (`id-slices.json` in the runtime root).
 #[derive(Debug)]
 pub struct IdSlices {
@@ -69,17 +76,18 @@ impl IdSlices {
         &mut self,
         key: &WorkloadKey,
         in_use: impl Fn(&WorkloadKey) -> bool,
-    ) -> Result<u32> {
+    ) -> Result<Acquired> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let (slot, fresh) = match self.entries.get(key) {
+        let (slot, fresh, new) = match self.entries.get(key) {
             Some(e) if e.slot < self.slots => (
                 e.slot,
                 now.saturating_sub(e.last_used) < LAST_USED_GRANULARITY_SECS,
+                false,
             ),
-            _ => (self.allocate(key, &in_use)?, false),
+            _ => (self.allocate(key, &in_use)?, false, true),
         };
         // Every create comes here: write (and fsync) only when something that matters
         // changed, not to move `last_used` by seconds.
@@ -93,7 +101,15 @@ impl IdSlices {
             );
             self.save()?;
         }
-        Ok(slot)
+        Ok(Acquired { slot, new })
+    }
+
+    /// The slot a new workload would be given now, if one is free (a reclaimed one is not
+    /// named here: who loses it is decided when it is taken).
+    pub fn next_free(&self) -> Option<u32> {
+        let taken: std::collections::BTreeSet<u32> =
+            self.entries.values().map(|e| e.slot).collect();
+        (0..self.slots).find(|s| !taken.contains(s))
     }
 
     fn allocate(
@@ -101,9 +117,7 @@ impl IdSlices {
         key: &WorkloadKey,
         in_use: &impl Fn(&WorkloadKey) -> bool,
     ) -> Result<u32> {
-        let taken: std::collections::BTreeSet<u32> =
-            self.entries.values().map(|e| e.slot).collect();
-        if let Some(free) = (0..self.slots).find(|s| !taken.contains(s)) {
+        if let Some(free) = self.next_free() {
             return Ok(free);
         }
         let reclaim = self
@@ -156,12 +170,30 @@ mod tests {
         let path = dir.path().join("id-slices.json");
         let mut t = IdSlices::load(&path, 2).unwrap();
         let a = t.acquire(&k("a"), |_| true).unwrap();
-        let b = t.acquire(&k("b"), |_| true).unwrap();
+        assert!(a.new, "a's first slot is new to it");
+        assert_eq!(
+            t.next_free(),
+            Some(1),
+            "the slot the next new workload gets"
+        );
+        let a = a.slot;
+        let b = t.acquire(&k("b"), |_| true).unwrap().slot;
         assert_ne!(a, b);
-        assert_eq!(t.acquire(&k("a"), |_| true).unwrap(), a);
+        assert_eq!(
+            t.next_free(),
+            None,
+            "full: nothing free (reclaiming is not free)"
+        );
+        assert_eq!(
+            t.acquire(&k("a"), |_| true).unwrap(),
+            Acquired {
+                slot: a,
+                new: false
+            }
+        );
         // Stable across a restart of the agent.
         let mut t = IdSlices::load(&path, 2).unwrap();
-        assert_eq!(t.acquire(&k("b"), |_| true).unwrap(), b);
+        assert_eq!(t.acquire(&k("b"), |_| true).unwrap().slot, b);
         // Full, and everyone has containers: a clear error.
         let err = t.acquire(&k("c"), |_| true).unwrap_err();
         assert!(
@@ -170,10 +202,10 @@ mod tests {
         );
         // b has no containers left: c gets its slot.
         let c = t.acquire(&k("c"), |w| *w != k("b")).unwrap();
-        assert_eq!(c, b);
+        assert_eq!(c, Acquired { slot: b, new: true });
         // Using a known slot again writes nothing (every create acquires; no fsync each time).
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(t.acquire(&k("a"), |_| true).unwrap(), a);
+        assert_eq!(t.acquire(&k("a"), |_| true).unwrap().slot, a);
         assert!(!path.exists(), "the table was rewritten for nothing");
         t.acquire(&k("d"), |w| *w != k("a")).unwrap();
         assert!(path.exists(), "a new allocation is saved");

@@ -443,6 +443,80 @@ async fn remove_leaves_no_cgroup_mount_directory_or_process() {
     assert!(rt.list().await.unwrap().is_empty());
 }
 
+/// A workload given a new id slice gets its copy of the image there; the slice the next new
+/// workload will be given gets one made in the background, which that workload's create uses
+/// as it is (the longest step of a new workload's first create, off its path); removing the
+/// image removes every slice's copy of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_new_workload_finds_its_image_copy_made() {
+    use std::os::unix::fs::MetadataExt;
+    let (rt, dir, f) = ready_runtime().await;
+    if rt.capabilities().rootfs != kat_runtime::RootfsMode::Overlay {
+        eprintln!("skipped: containers get private copies here, not a slice's shared copy");
+        return;
+    }
+    let hex = rt.list_images().await.unwrap()[0]
+        .id
+        .trim_start_matches("sha256:")
+        .to_string();
+    let slots = dir.path().join("root/slots");
+    let copy = |slot: u32| slots.join(slot.to_string()).join(&hex);
+    let made = |slot: u32| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !copy(slot).is_dir() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no copy of the image for slice {slot} after 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        std::fs::symlink_metadata(copy(slot)).unwrap()
+    };
+    let create = |id: &'static str, workload: &'static str| {
+        let mut o = options(id, &image(&f), "true");
+        o.workload = workload.into();
+        o
+    };
+    rt.create(&create("first", "first")).await.unwrap();
+    let mine = std::fs::symlink_metadata(copy(0)).expect("the first workload's copy");
+    let spare = made(1).await;
+    assert_eq!(
+        (spare.uid(), spare.gid()),
+        (
+            mine.uid() + kat_runtime::idmap::SLICE_SIZE,
+            mine.gid() + kat_runtime::idmap::SLICE_SIZE
+        ),
+        "the spare belongs to the next slice's root"
+    );
+    // Restarts of a known workload make no spare: only a new slice does.
+    rt.create(&create("first-again", "first")).await.unwrap();
+    assert!(
+        !copy(2).exists(),
+        "a copy for a slice no new workload asked for"
+    );
+
+    rt.create(&create("second", "second")).await.unwrap();
+    assert_eq!(
+        std::fs::symlink_metadata(copy(1)).unwrap().ino(),
+        spare.ino(),
+        "the second workload made its own copy instead of using the one made for it"
+    );
+    made(2).await;
+
+    // Created, never started: a forced remove kills each init and waits for it to exit
+    // before its cgroup goes (libcontainer alone removed the cgroup too early).
+    for id in ["first", "first-again", "second"] {
+        rt.remove(id, true).await.unwrap();
+    }
+    rt.remove_image(&image(&f)).await.unwrap();
+    for slot in 0..3 {
+        assert!(
+            !copy(slot).exists(),
+            "slice {slot} kept a copy of a removed image"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_explained_and_leaves_nothing() {
     let (rt, _dir, f) = ready_runtime().await;

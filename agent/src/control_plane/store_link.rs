@@ -61,6 +61,10 @@ impl ControlPlane for StoreLink {
         Ok(self.store.get(&key).await?.map(|kv| kv.value))
     }
 
+    fn heartbeats_rate_limited(&self) -> bool {
+        false
+    }
+
     async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()> {
         self.store
             .put(

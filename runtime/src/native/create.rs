@@ -158,7 +158,10 @@ impl NativeRuntime {
 
         phases.mark("image");
         let range = self.id_range()?;
-        let slot = self.acquire_slot(options)?;
+        let Acquired {
+            slot,
+            new: new_slice,
+        } = self.acquire_slot(options)?;
         let ids = range.slot_map(slot, !nix::unistd::geteuid().is_root());
         let host_root = range.slot_root(slot);
         let host_user = (ids.host_uid(uid), ids.host_gid(gid));
@@ -228,7 +231,11 @@ impl NativeRuntime {
                 owner: host_root,
             })
             .await?;
-            self.slot_rootfs(&record.id, &snapshot, slot).await?
+            let lower = self.slot_rootfs(&record.id, &snapshot, slot).await?;
+            if new_slice {
+                self.prepare_spare(&record.id, &snapshot);
+            }
+            lower
         } else {
             self.shifted_copy(&snapshot, &rootfs, host_root).await?;
             let volumes: Vec<PathBuf> = options
@@ -401,7 +408,7 @@ impl NativeRuntime {
     }
 
     /// The slice of this container's workload, allocated on first use and kept.
-    pub(super) fn acquire_slot(&self, options: &CreateOptions) -> Result<u32> {
+    pub(super) fn acquire_slot(&self, options: &CreateOptions) -> Result<Acquired> {
         let range = self.id_range()?;
         let key = WorkloadKey::new(&options.namespace, &options.workload);
         let mut guard = self
@@ -456,104 +463,6 @@ impl NativeRuntime {
             .filter_map(|e| self.read_meta(&e.file_name().to_string_lossy()).ok())
             .map(|m| WorkloadKey::new(&m.options.namespace, &m.options.workload))
             .collect()
-    }
-
-    /// Ids as the image store keeps them: a root agent keeps the image's own ids (0…), an
-    /// unprivileged one owns every file itself.
-    pub(super) fn stored_ids(&self) -> ((u32, u32), u32) {
-        if nix::unistd::geteuid().is_root() {
-            ((0, 0), SLICE_SIZE)
-        } else {
-            (
-                (
-                    nix::unistd::geteuid().as_raw(),
-                    nix::unistd::getegid().as_raw(),
-                ),
-                1,
-            )
-        }
-    }
-
-    /// Copies `from` to `to` (which must not exist) and shifts the copy into the slice whose
-    /// root is `root`. Setuid and setgid bits do not survive the change of owner.
-    pub(super) async fn shifted_copy(
-        &self,
-        from: &Path,
-        to: &Path,
-        root: (u32, u32),
-    ) -> Result<()> {
-        let (f, t) = (from.to_path_buf(), to.to_path_buf());
-        let privileged = nix::unistd::geteuid().is_root();
-        blocking("copying the image", move || {
-            crate::image::snapshot::copy_tree(&f, &t, privileged)
-        })
-        .await?;
-        let (stored, count) = self.stored_ids();
-        self.id_task(IdTask::Shift {
-            path: to.to_path_buf(),
-            from: stored,
-            count,
-            to: root,
-        })
-        .await
-    }
-
-    /// The image's tree owned by slice `slot`: the lower directory of its containers'
-    /// overlays, made once per image and slice and kept under `slots/`.
-    pub(super) async fn slot_rootfs(
-        &self,
-        image_id: &str,
-        snapshot: &Path,
-        slot: u32,
-    ) -> Result<PathBuf> {
-        let hex = image_id.trim_start_matches("sha256:");
-        // One directory per slice, which only that slice's root may pass through: other
-        // local users (and other slices) cannot read the image copies below.
-        let slice_dir = self.config.root.join("slots").join(slot.to_string());
-        let dest = slice_dir.join(hex);
-        if dest.is_dir() {
-            return Ok(dest);
-        }
-        // The replicas of a new workload, created together, wait for one copy instead of
-        // each making its own.
-        let lock = self.images.locks.get(&format!("slot-copy:{slot}:{hex}"));
-        let _one_copy = lock.lock().await;
-        if dest.is_dir() {
-            // Made while this create waited.
-            return Ok(dest);
-        }
-        let slice_root = self.id_range()?.slot_root(slot);
-        fs::create_dir_all(&slice_dir).context(|| format!("creating {}", slice_dir.display()))?;
-        fs::set_permissions(&slice_dir, fs::Permissions::from_mode(0o700))
-            .context(|| format!("chmod {}", slice_dir.display()))?;
-        crate::acl::searchable_by(&slice_dir, &[slice_root.0])
-            .context(|| format!("setting an ACL on {}", slice_dir.display()))?;
-        let range = self.id_range()?;
-        let tmp = dest.with_extension(format!(
-            "partial-{}-{}",
-            std::process::id(),
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        let made = self
-            .shifted_copy(snapshot, &tmp, range.slot_root(slot))
-            .await;
-        let renamed = made.and_then(|()| {
-            fs::rename(&tmp, &dest).or_else(|e| {
-                // Another create of the same workload got there first.
-                if dest.is_dir() {
-                    Ok(())
-                } else {
-                    Err(e).context(|| format!("moving {} into place", dest.display()))
-                }
-            })
-        });
-        if tmp.exists() {
-            let _ = self.id_task(IdTask::Remove { path: tmp }).await;
-        }
-        renamed.map(|()| dest)
     }
 
     /// Forgets a half-made container: libcontainer state, cgroups, files.

@@ -4,6 +4,8 @@
 //!
 //! ```text
 //! images/                       the image store
+//! id-slices.json                which workload owns which id slice
+//! slots/<slot>/<image>/         a slice's copy of an image: its overlays' lower layer
 //! libcontainer/<id>/            libcontainer's state (pid, status, bundle)
 //! containers/<id>/meta.json     what KAT asked for, the image, times, warnings
 //! containers/<id>/bundle/       config.json
@@ -35,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::cgroups::Cgroups;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::exec::ExecHandle;
-use crate::id_slices::IdSlices;
+use crate::id_slices::{Acquired, IdSlices};
 use crate::id_tool::IdTask;
 use crate::idmap::{IdMap, NodeIdRange, SLICE_SIZE};
 use crate::image::unpack_sandbox::UnpackSandbox;
@@ -50,6 +52,7 @@ use crate::ContainerRuntime;
 mod create;
 mod exits;
 mod setup;
+mod slice_copies;
 
 pub use setup::NativeConfig;
 
@@ -153,6 +156,24 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| lc_error(what.to_string(), e))?
 }
 
+/// Waits (at most `limit`) until process `pid` has exited: gone, or a zombie its parent has
+/// not collected yet (a zombie belongs to no cgroup any more).
+fn wait_until_exited(pid: nix::unistd::Pid, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        let running = fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            // The state follows the command, which is in parentheses and may hold any byte.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        });
+        if !running {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Container IDs are KAT instance IDs: DNS labels, which are also safe file names.
 fn check_id(id: &str) -> Result<()> {
     let ok = !id.is_empty()
@@ -233,7 +254,13 @@ impl NativeRuntime {
     }
 
     fn load_container(&self, id: &str) -> Option<Container> {
-        let mut c = Container::load(self.lib_root().join(id)).ok()?;
+        let root = self.lib_root().join(id);
+        // libcontainer logs a missing state as an error; none is the usual case here (a
+        // removed container, a create that failed before libcontainer's).
+        if !root.join("state.json").exists() {
+            return None;
+        }
+        let mut c = Container::load(root).ok()?;
         let _ = c.refresh_status();
         Some(c)
     }
@@ -305,12 +332,16 @@ impl ContainerRuntime for NativeRuntime {
 
     async fn remove_image(&self, reference: &str) -> Result<u64> {
         let in_use = self.images_in_use().await?;
-        self.images.remove(reference, &in_use)
+        let freed = self.images.remove(reference, &in_use)?;
+        self.sweep_slice_copies().await?;
+        Ok(freed)
     }
 
     async fn prune_images(&self) -> Result<u64> {
         let in_use = self.images_in_use().await?;
-        self.images.prune(&in_use)
+        let freed = self.images.prune(&in_use)?;
+        self.sweep_slice_copies().await?;
+        Ok(freed)
     }
 
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {
@@ -428,7 +459,15 @@ impl ContainerRuntime for NativeRuntime {
         blocking("removing the container", move || {
             if let Ok(mut c) = Container::load(lib_root.join(&owned)) {
                 let _ = c.refresh_status();
-                if let Err(e) = c.delete(true) {
+                let deleted = c.delete(true).or_else(|_| {
+                    // The delete of a created container kills its init and removes its cgroup
+                    // at once; the kernel refuses while the killed init has not exited yet.
+                    if let Some(pid) = c.pid() {
+                        wait_until_exited(pid, Duration::from_secs(5));
+                    }
+                    c.delete(true)
+                });
+                if let Err(e) = deleted {
                     // With no process left, what libcontainer could not clean up (a cgroup
                     // it never had, on a node without usable cgroups) goes with the state
                     // directory below.
