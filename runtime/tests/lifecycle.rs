@@ -508,6 +508,9 @@ async fn the_next_new_workload_finds_its_image_copy_made() {
     for id in ["first", "first-again", "second"] {
         rt.remove(id, true).await.unwrap();
     }
+    // Half made by an agent that stopped (pid 1 is never an agent).
+    let stale = slots.join("0").join(format!("{hex}.partial-1-2"));
+    std::fs::create_dir(&stale).unwrap();
     rt.remove_image(&image(&f)).await.unwrap();
     for slot in 0..3 {
         assert!(
@@ -515,6 +518,7 @@ async fn the_next_new_workload_finds_its_image_copy_made() {
             "slice {slot} kept a copy of a removed image"
         );
     }
+    assert!(!stale.exists(), "a stale half-made copy was kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

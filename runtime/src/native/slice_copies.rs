@@ -193,6 +193,7 @@ impl NativeRuntime {
             .map(|i| i.id.trim_start_matches("sha256:").to_string())
             .collect();
         let slots = copier.slots.clone();
+        let me = std::process::id();
         let copies = blocking("listing the slices' image copies", move || {
             let mut copies = Vec::new();
             for slice in fs::read_dir(&slots).context(|| format!("listing {}", slots.display()))? {
@@ -204,10 +205,15 @@ impl NativeRuntime {
                     continue;
                 };
                 for entry in entries.flatten() {
-                    let hex = entry.file_name().to_string_lossy().into_owned();
-                    // A half-made copy belongs to the copy under way, which removes it.
-                    if !hex.contains('.') {
-                        copies.push((slot, hex));
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    match name.split_once(".partial-") {
+                        None => copies.push((slot, name)),
+                        // Half made by an agent that stopped meanwhile (a copy under way in
+                        // this one removes its own).
+                        Some((_, made_by)) if !made_by.starts_with(&format!("{me}-")) => {
+                            copies.push((slot, name))
+                        }
+                        Some(_) => {}
                     }
                 }
             }
