@@ -5,6 +5,7 @@ pub mod layer;
 pub mod layout;
 pub mod limits;
 pub mod pull;
+pub mod reference;
 pub mod snapshot;
 pub mod store;
 pub mod unpack_sandbox;

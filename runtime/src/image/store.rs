@@ -95,15 +95,7 @@ pub fn normalize_reference(reference: &str) -> Result<String> {
     Ok(parse_reference(reference)?.whole())
 }
 
-/// Parses an image reference, or says what is wrong with it.
-pub fn parse_reference(reference: &str) -> Result<oci_client::Reference> {
-    reference
-        .parse()
-        .map_err(|e: oci_client::ParseError| RuntimeError::BadReference {
-            reference: reference.to_string(),
-            reason: e.to_string(),
-        })
-}
+pub use super::reference::parse_reference;
 
 impl ImageStore {
     pub fn open(root: &Path, ids: IdMap) -> Result<ImageStore> {
