@@ -532,12 +532,8 @@ pub(crate) fn join_others(h: &mut Hosts, pin: &str) -> Duration {
 /// Apply a 6-replica Service `name` through node `via`; returns the time until all 6 run,
 /// 2 on each node.
 pub(crate) fn apply_spread(h: &Hosts, via: usize, name: &str) -> Duration {
-    let workload = format!(
-        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started; while true; do sleep 1; done']\n",
-        h.registry_addr
-    );
     let started = Instant::now();
-    apply_bundle(h, via, name, &[("workload.kat", workload)]);
+    apply_bundle(h, via, name, &[("workload.kat", spread_workload(h, name))]);
     let mut polls = 0;
     loop {
         let by_node = h.running(via, name);
@@ -551,6 +547,14 @@ pub(crate) fn apply_spread(h: &Hosts, via: usize, name: &str) -> Duration {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A Service of six replicas that the scheduler spreads two per node.
+pub(crate) fn spread_workload(h: &Hosts, name: &str) -> String {
+    format!(
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  source: {{image: {}/kat/busybox:latest}}\n  replicas: 6\n  restartPolicy: {{condition: Always}}\n  container:\n    command: [/bin/sh, -c, 'echo started; while true; do sleep 1; done']\n",
+        h.registry_addr
+    )
 }
 
 /// kill -9 of the leader's agent (its etcd goes with it): (the dead node, a live one, the

@@ -246,6 +246,15 @@ mod tests {
                 &format!("test:5000/repo:tag@{digest}"),
                 format!("test:5000/repo:tag@{digest}"),
             ),
+            // The longest tag, and the longest path with Docker Hub's `library/`.
+            (
+                &format!("r:{}", "t".repeat(128)),
+                format!("docker.io/library/r:{}", "t".repeat(128)),
+            ),
+            (
+                &"a".repeat(247),
+                format!("docker.io/library/{}:latest", "a".repeat(247)),
+            ),
         ] {
             assert_eq!(whole(input), Ok(expected), "{input}");
         }
@@ -266,7 +275,8 @@ mod tests {
                 "not one of sha256",
             ),
             (&format!("repo@sha256:{}", "f".repeat(63)), "64 hex digits"),
-            (&"a".repeat(300), "longer than 255"),
+            (&"a".repeat(248), "longer than 255"),
+            (&format!("r:{}", "t".repeat(129)), "1 to 128"),
             ("a//b", "repository path"),
             ("a..b", "not an image name"),
         ] {

@@ -94,6 +94,8 @@ pub struct NativeRuntime {
     /// `meta.json` yet, and their slices must not look free to a concurrent create that
     /// reclaims one (see `acquire_slot`).
     creating: Mutex<Vec<WorkloadKey>>,
+    /// A spare image copy is being made (one at a time; see `slice_copies`).
+    spare_under_way: Arc<AtomicBool>,
     caps: NodeCapabilities,
     overlay: AtomicBool,
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if
@@ -333,14 +335,14 @@ impl ContainerRuntime for NativeRuntime {
     async fn remove_image(&self, reference: &str) -> Result<u64> {
         let in_use = self.images_in_use().await?;
         let freed = self.images.remove(reference, &in_use)?;
-        self.sweep_slice_copies().await?;
+        self.sweep_after_removal().await;
         Ok(freed)
     }
 
     async fn prune_images(&self) -> Result<u64> {
         let in_use = self.images_in_use().await?;
         let freed = self.images.prune(&in_use)?;
-        self.sweep_slice_copies().await?;
+        self.sweep_after_removal().await;
         Ok(freed)
     }
 
@@ -459,13 +461,17 @@ impl ContainerRuntime for NativeRuntime {
         blocking("removing the container", move || {
             if let Ok(mut c) = Container::load(lib_root.join(&owned)) {
                 let _ = c.refresh_status();
-                let deleted = c.delete(true).or_else(|_| {
+                let created = c.status() == LcStatus::Created;
+                let deleted = c.delete(true).or_else(|e| {
                     // The delete of a created container kills its init and removes its cgroup
                     // at once; the kernel refuses while the killed init has not exited yet.
-                    if let Some(pid) = c.pid() {
-                        wait_until_exited(pid, Duration::from_secs(5));
+                    match c.pid() {
+                        Some(pid) if created => {
+                            wait_until_exited(pid, Duration::from_secs(5));
+                            c.delete(true)
+                        }
+                        _ => Err(e),
                     }
-                    c.delete(true)
                 });
                 if let Err(e) = deleted {
                     // With no process left, what libcontainer could not clean up (a cgroup

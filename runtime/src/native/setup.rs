@@ -178,7 +178,7 @@ impl NativeRuntime {
             seccomp: config.seccomp,
             notes,
         };
-        Ok(NativeRuntime {
+        let runtime = NativeRuntime {
             overlay: AtomicBool::new(overlay),
             reaping: Arc::default(),
             config,
@@ -187,9 +187,14 @@ impl NativeRuntime {
             range,
             slices: Mutex::new(None),
             creating: Mutex::new(Vec::new()),
+            spare_under_way: Arc::default(),
             caps,
             log_watch: Default::default(),
-        })
+        };
+        if let Ok(copier) = runtime.slice_copier() {
+            copier.remove_partials();
+        }
+        Ok(runtime)
     }
 }
 

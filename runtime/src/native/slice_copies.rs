@@ -5,10 +5,13 @@
 //! 30–50 ms for the 276 entries of the test busybox image on this machine's disk, with every
 //! replica of the workload waiting for it. So when a workload is given a new slice, the
 //! slice the next new workload will be given gets a copy of the same image, made at once on
-//! a thread of its own at idle priority: the next new workload of that image finds its copy
-//! ready. A guess that misses (the next workload runs another image) leaves one image's
-//! files in that slice, which a workload of that image given it later still uses; copies of
-//! images no longer in the store are removed with the image ([`NativeRuntime::sweep_slice_copies`]).
+//! a thread at idle priority (one such thread at a time): the next new workload of that
+//! image finds its copy ready. The spare copy takes no lock a create waits for: a create
+//! that comes while it is under way makes its own copy at its own priority, and whichever
+//! is renamed into place first is used. A guess that misses (the next workload runs another
+//! image) leaves one image's files in that slice, which a workload of that image given it
+//! later still uses; copies of images no longer in the store are removed with the image
+//! ([`NativeRuntime::sweep_slice_copies`]), and half-made ones when the runtime starts.
 
 use std::os::unix::fs::DirBuilderExt;
 
@@ -41,8 +44,11 @@ fn stored_ids() -> ((u32, u32), u32) {
     }
 }
 
-/// One copy at a time per slice and image: the replicas of a new workload, and the spare
-/// copy's thread, wait for the one under way instead of making their own.
+/// What marks a copy under way (`IMAGE.partial-PID-NANOS`).
+const PARTIAL: &str = ".partial-";
+
+/// One copy at a time per slice and image for creates (the replicas of a new workload wait
+/// for the one under way instead of making their own) and the sweep.
 fn copy_lock(slot: u32, hex: &str) -> String {
     format!("slot-copy:{slot}:{hex}")
 }
@@ -70,9 +76,33 @@ impl SliceCopier {
         )
     }
 
+    /// [`Self::make`] for the spare: a copy of a snapshot that was removed (its image
+    /// deleted) while it was read may be incomplete, and goes again.
+    fn make_spare(&self, hex: &str, snapshot: &Path, slot: u32) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let identity = |p: &Path| fs::symlink_metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        let before = identity(snapshot);
+        if before.is_none() || self.dest(hex, slot).is_dir() {
+            return Ok(());
+        }
+        self.make_checked(hex, snapshot, slot, || identity(snapshot) == before)
+            .map(drop)
+    }
+
     /// Makes slice `slot`'s copy of `snapshot` (image `hex`) in a temporary directory and
-    /// moves it into place. The caller holds [`copy_lock`] and saw no copy there.
+    /// moves it into place, unless a copy got there first (then that one is kept).
     fn make(&self, hex: &str, snapshot: &Path, slot: u32) -> Result<PathBuf> {
+        self.make_checked(hex, snapshot, slot, || true)
+    }
+
+    /// [`Self::make`], the copy moved into place only if `still_good` says so after it.
+    fn make_checked(
+        &self,
+        hex: &str,
+        snapshot: &Path,
+        slot: u32,
+        still_good: impl Fn() -> bool,
+    ) -> Result<PathBuf> {
         let dest = self.dest(hex, slot);
         let slice_dir = self.slots.join(slot.to_string());
         // One directory per slice, which only that slice's root may pass through: other
@@ -90,14 +120,26 @@ impl SliceCopier {
         crate::acl::searchable_by(&slice_dir, &[slice_root.0])
             .context(|| format!("setting an ACL on {}", slice_dir.display()))?;
         let tmp = dest.with_extension(format!(
-            "partial-{}-{}",
+            "{}{}-{}",
+            PARTIAL.trim_start_matches('.'),
             std::process::id(),
             SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_nanos())
                 .unwrap_or(0)
         ));
-        let made = self.shifted_copy(snapshot, &tmp, slice_root);
+        let made = self
+            .shifted_copy(snapshot, &tmp, slice_root)
+            .and_then(|()| {
+                if still_good() {
+                    Ok(())
+                } else {
+                    Err(RuntimeError::Container {
+                        context: format!("copying {} into slice {slot}", snapshot.display()),
+                        message: "the image was removed while it was copied".into(),
+                    })
+                }
+            });
         let renamed = made.and_then(|()| {
             fs::rename(&tmp, &dest).or_else(|e| {
                 if dest.is_dir() {
@@ -112,6 +154,49 @@ impl SliceCopier {
             let _ = crate::id_tool::run(&self.helper, &self.range, &IdTask::Remove { path: tmp });
         }
         renamed.map(|()| dest)
+    }
+}
+
+impl SliceCopier {
+    /// Removes the half-made copies of an agent that stopped while copying (at the
+    /// runtime's start, before any copy begins).
+    pub(super) fn remove_partials(&self) {
+        for (slot, name) in self
+            .entries()
+            .into_iter()
+            .filter(|(_, n)| n.contains(PARTIAL))
+        {
+            let path = self.dest(&name, slot);
+            if let Err(e) = crate::id_tool::run(
+                &self.helper,
+                &self.range,
+                &IdTask::Remove { path: path.clone() },
+            ) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove a half-made image copy");
+            }
+        }
+    }
+
+    /// Every `(slot, name)` under `slots/`.
+    fn entries(&self) -> Vec<(u32, String)> {
+        let mut found = Vec::new();
+        let Ok(slices) = fs::read_dir(&self.slots) else {
+            return found;
+        };
+        for slice in slices.flatten() {
+            let Ok(slot) = slice.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(entries) = fs::read_dir(slice.path()) else {
+                continue;
+            };
+            found.extend(
+                entries
+                    .flatten()
+                    .map(|e| (slot, e.file_name().to_string_lossy().into_owned())),
+            );
+        }
+        found
     }
 }
 
@@ -180,53 +265,59 @@ impl NativeRuntime {
         Ok(dest)
     }
 
-    /// Removes every slice's copy of an image the store no longer has: after an image is
+    /// [`Self::sweep_slice_copies`] after images were removed: a failure is logged, the
+    /// removal itself stands.
+    pub(super) async fn sweep_after_removal(&self) {
+        if let Err(e) = self.sweep_slice_copies().await {
+            tracing::warn!(error = %e, "cannot remove the id slices' copies of removed images (the next removal or prune tries again)");
+        }
+    }
+
+    /// Removes every slice's copy of an image the store no longer has, after an image is
     /// removed or pruned (a removed image is in no container's use, see `images_in_use`).
+    /// Skipped while a create is under way (its copy may not be in use yet); the next
+    /// removal or prune does it.
     pub(super) async fn sweep_slice_copies(&self) -> Result<()> {
         let Ok(copier) = self.slice_copier() else {
             return Ok(());
         };
-        let kept: HashSet<String> = self
-            .images
-            .list()?
-            .into_iter()
-            .map(|i| i.id.trim_start_matches("sha256:").to_string())
-            .collect();
-        let slots = copier.slots.clone();
-        let me = std::process::id();
-        let copies = blocking("listing the slices' image copies", move || {
-            let mut copies = Vec::new();
-            for slice in fs::read_dir(&slots).context(|| format!("listing {}", slots.display()))? {
-                let slice = slice.context(|| format!("listing {}", slots.display()))?;
-                let Ok(slot) = slice.file_name().to_string_lossy().parse::<u32>() else {
-                    continue;
-                };
-                let Ok(entries) = fs::read_dir(slice.path()) else {
-                    continue;
-                };
-                for entry in entries.flatten() {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    match name.split_once(".partial-") {
-                        None => copies.push((slot, name)),
-                        // Half made by an agent that stopped meanwhile (a copy under way in
-                        // this one removes its own).
-                        Some((_, made_by)) if !made_by.starts_with(&format!("{me}-")) => {
-                            copies.push((slot, name))
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
-            Ok(copies)
+        if !self
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            return Ok(());
+        }
+        let stored = || -> Result<HashSet<String>> {
+            Ok(self
+                .images
+                .list()?
+                .into_iter()
+                .map(|i| i.id.trim_start_matches("sha256:").to_string())
+                .collect())
+        };
+        let listing = copier.clone();
+        let entries = blocking("listing the slices' image copies", move || {
+            Ok(listing.entries())
         })
         .await?;
+        let kept = stored()?;
         let mut removed = 0;
-        for (slot, hex) in copies.into_iter().filter(|(_, hex)| !kept.contains(hex)) {
-            // Not while a copy of it is being made.
-            let lock = self.images.locks.get(&copy_lock(slot, &hex));
+        for (slot, name) in entries {
+            // Half-made copies belong to a copy under way (those of a stopped agent went at
+            // start).
+            if name.contains(PARTIAL) || kept.contains(&name) {
+                continue;
+            }
+            let lock = self.images.locks.get(&copy_lock(slot, &name));
             let _one_copy = lock.lock().await;
+            // Pulled again meanwhile: its copy may be in use already.
+            if stored()?.contains(&name) {
+                continue;
+            }
             self.id_task(IdTask::Remove {
-                path: copier.dest(&hex, slot),
+                path: copier.dest(&name, slot),
             })
             .await?;
             removed += 1;
@@ -241,14 +332,13 @@ impl NativeRuntime {
     }
 
     /// After a workload was given a new slice: starts making the copy of the image for the
-    /// slice a new workload would be given now, if one is free and has none (see the
-    /// module's documentation).
+    /// slice a new workload would be given now, if one is free and has none and no spare
+    /// copy is under way (see the module's documentation).
     pub(super) fn prepare_spare(&self, image_id: &str, snapshot: &Path) {
         let Ok(copier) = self.slice_copier() else {
             return;
         };
         let hex = image_id.trim_start_matches("sha256:").to_string();
-        let snapshot = snapshot.to_path_buf();
         let next = match self.slices.lock() {
             Ok(table) => table.as_ref().and_then(IdSlices::next_free),
             Err(_) => None,
@@ -256,25 +346,23 @@ impl NativeRuntime {
         let Some(slot) = next else {
             return;
         };
-        if copier.dest(&hex, slot).is_dir() {
+        if copier.dest(&hex, slot).is_dir() || self.spare_under_way.swap(true, Ordering::AcqRel) {
             return;
         }
-        let lock = self.images.locks.get(&copy_lock(slot, &hex));
+        let snapshot = snapshot.to_path_buf();
+        let under_way = self.spare_under_way.clone();
         let spawned = std::thread::Builder::new()
             .name("kat-spare-copy".into())
             .spawn(move || {
                 idle_priority();
-                // A thread of its own, outside the async runtime: it may block on the lock.
-                let _one_copy = lock.blocking_lock();
-                if copier.dest(&hex, slot).is_dir() {
-                    return;
-                }
-                match copier.make(&hex, &snapshot, slot) {
-                    Ok(dest) => tracing::debug!(slot, path = %dest.display(), "spare image copy ready for the next new workload"),
+                match copier.make_spare(&hex, &snapshot, slot) {
+                    Ok(()) => tracing::debug!(slot, "spare image copy ready for the next new workload"),
                     Err(e) => tracing::warn!(slot, error = %e, "cannot make a spare image copy for the next new workload (it will copy the image itself)"),
                 }
+                under_way.store(false, Ordering::Release);
             });
         if let Err(e) = spawned {
+            self.spare_under_way.store(false, Ordering::Release);
             tracing::warn!(error = %e, "cannot start the spare image copy's thread");
         }
     }
