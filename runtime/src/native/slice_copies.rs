@@ -5,7 +5,7 @@
 //! 30–50 ms for the 276 entries of the test busybox image on this machine's disk, with every
 //! replica of the workload waiting for it. So when a workload is given a new slice, the
 //! slice the next new workload will be given gets a copy of the same image, made at once on
-//! a thread at idle priority (one such thread at a time): the next new workload of that
+//! a thread at the lowest priority (nice 19, one such thread at a time): the next new workload of that
 //! image finds its copy ready. The spare copy takes no lock a create waits for: a create
 //! that comes while it is under way makes its own copy at its own priority, and whichever
 //! is renamed into place first is used. A guess that misses (the next workload runs another
@@ -200,12 +200,14 @@ impl SliceCopier {
     }
 }
 
-/// Lets the calling thread, and the helpers it starts, run only when a core has nothing else
-/// to do (`SCHED_IDLE`, which needs no privilege).
-fn idle_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: a system call on the calling thread (pid 0) with a valid parameter block.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+/// Lowers the calling thread, and the helpers it starts, to nice 19: about 1.5 % of a core
+/// that anything else wants, which needs no privilege. (`SCHED_IDLE`, 0.3 %, left a node
+/// under steady load without its spare for tens of seconds.)
+fn low_priority() {
+    // SAFETY: system calls about the calling thread only.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: as above; a thread id is a valid `who` for PRIO_PROCESS on Linux.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19) } != 0 {
         tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the spare copy's priority");
     }
 }
@@ -354,7 +356,7 @@ impl NativeRuntime {
         let spawned = std::thread::Builder::new()
             .name("kat-spare-copy".into())
             .spawn(move || {
-                idle_priority();
+                low_priority();
                 match copier.make_spare(&hex, &snapshot, slot) {
                     Ok(()) => tracing::debug!(slot, "spare image copy ready for the next new workload"),
                     Err(e) => tracing::warn!(slot, error = %e, "cannot make a spare image copy for the next new workload (it will copy the image itself)"),
