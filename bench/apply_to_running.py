@@ -1,5 +1,7 @@
 """The measuring half of bench/apply-to-running.sh (see there)."""
-import http.client, json, os, shutil, signal, socket, ssl, statistics, subprocess, sys, tempfile, time
+import os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+
+from workload_api import WorkloadApi
 
 BIN = os.path.abspath(os.environ.get("KAT_BENCH_BIN", "target/release"))
 REGISTRY = os.environ["KAT_TEST_REGISTRY"]
@@ -68,16 +70,8 @@ try:
             sys.exit("the node did not come up; see " + f"{work}/agent.log")
         time.sleep(0.2)
     token = open(f"{work}/data/pki/admin.token").read().strip()
-    ctx = ssl.create_default_context(cafile=f"{work}/data/pki/ca.crt")
-    conn = http.client.HTTPSConnection("127.0.0.1", api_port, context=ctx)
-
-    def instances(name):
-        conn.request("GET", f"/v1alpha1/n/default/workloads/{name}", headers={"Authorization": f"Bearer {token}"})
-        r = conn.getresponse()
-        body = r.read()
-        if r.status != 200:
-            return []
-        return json.loads(body)["status"].get("instances", [])
+    api = WorkloadApi("127.0.0.1", api_port, f"{work}/data/pki/ca.crt", token)
+    instances = api.instances
 
     def workload(name, replicas, script):
         d = f"{work}/{name}"
@@ -142,7 +136,7 @@ spec:
     katcall("apply", "-f", d)
     while sum(i["state"] == "Running" for i in instances("idle")) < 10:
         time.sleep(0.1)
-    conn.close()
+    api.close()
     time.sleep(10)
 
     def proc_cpu(pid):

@@ -7,23 +7,15 @@ a node's network namespace so that no process start or TLS handshake is in the m
 
 Prints `ready` once connected, waits for a line on stdin (the apply has begun), then prints
 `running` when REPLICAS instances run, PER_NODE on each node. Exits 1 after 60 s."""
-import http.client, json, ssl, sys, time, urllib.parse
+import sys, time, urllib.parse
+
+from workload_api import WorkloadApi
 
 endpoint, ca, token_file, name, replicas, per_node = sys.argv[1:7]
 replicas, per_node = int(replicas), int(per_node)
-token = open(token_file).read().strip()
 url = urllib.parse.urlparse(endpoint)
-conn = http.client.HTTPSConnection(url.hostname, url.port, context=ssl.create_default_context(cafile=ca))
-
-
-def instances():
-    conn.request("GET", f"/v1alpha1/n/default/workloads/{name}", headers={"Authorization": f"Bearer {token}"})
-    r = conn.getresponse()
-    body = r.read()
-    if r.status != 200:
-        return []
-    return json.loads(body)["status"].get("instances", [])
-
+api = WorkloadApi(url.hostname, url.port, ca, open(token_file).read().strip())
+instances = lambda: api.instances(name)
 
 instances()  # connected, handshake done
 print("ready", flush=True)
