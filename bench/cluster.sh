@@ -2,8 +2,9 @@
 # Cluster benchmark: 3 nodes on test hosts (network namespaces, tests/cluster/hosts.sh), the
 # time two nodes take to join as etcd peers, 5 leader failovers in a row (kill -9 of the
 # leader's agent and etcd, the killed node restarted each time), and apply-to-running of a
-# 6-replica Service across the 3 nodes (5 runs). Needs root. Last line:
-#   cluster nodes_ready=N join_s=X failover_p50_s=Y failover_max_s=Z apply_to_running_3nodes_p50_ms=W
+# 6-replica Service across the 3 nodes (5 runs looking with katcall, 5 polling one kept-alive
+# connection like bench/apply-to-running.sh). Needs root. Last line:
+#   cluster nodes_ready=N join_s=X failover_p50_s=Y failover_max_s=Z apply_to_running_3nodes_p50_ms=W apply_to_running_3nodes_polled_p50_ms=V
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh >/dev/null

@@ -31,6 +31,8 @@ fn cluster_benchmark() {
     for k in 0..5 {
         h.katcall(via, &["delete", "workload", &format!("bench{k}")]);
     }
+    // Their 30 containers drain for 5 s, then stop: not during the applies below.
+    std::thread::sleep(Duration::from_secs(8));
     let mut polled: Vec<Duration> = (0..5)
         .map(|k| {
             let name = format!("polled{k}");
