@@ -51,14 +51,22 @@ struct IndexFile {
     layer_entries: BTreeMap<String, u64>,
 }
 
-/// Async locks by name, created on first use.
+/// Async locks by name, created on first use and forgotten once nobody holds or waits for
+/// them (names are per image and per slice and image: they would pile up for the agent's life).
 #[derive(Default)]
 pub struct KeyedLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
 impl KeyedLocks {
     pub fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Only the map has it: no holder, no waiter (each has a clone of the Arc).
+        map.retain(|_, lock| Arc::strong_count(lock) > 1);
         map.entry(key.to_string()).or_default().clone()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
 
@@ -480,5 +488,27 @@ impl ImageStore {
             reclaimed += size;
         }
         Ok(reclaimed)
+    }
+}
+
+#[cfg(test)]
+mod keyed_locks_tests {
+    use super::KeyedLocks;
+
+    #[tokio::test]
+    async fn a_held_lock_is_kept_and_idle_ones_are_forgotten() {
+        let locks = KeyedLocks::default();
+        let a = locks.get("a");
+        let held = a.lock().await;
+        for n in 0..100 {
+            drop(locks.get(&format!("idle-{n}")));
+        }
+        assert_eq!(locks.len(), 2, "a, held, and the last idle one");
+        // The same lock for the same name while it is held: a second taker waits.
+        assert!(locks.get("a").try_lock().is_err());
+        drop(held);
+        drop(a);
+        drop(locks.get("b"));
+        assert_eq!(locks.len(), 1);
     }
 }
