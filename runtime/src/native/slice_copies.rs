@@ -44,7 +44,7 @@ fn stored_ids() -> ((u32, u32), u32) {
     }
 }
 
-/// What marks a copy under way (`IMAGE.partial-PID-NANOS`).
+/// What marks a copy under way (`IMAGE.partial-PID-NANOS`, see `make_checked`).
 const PARTIAL: &str = ".partial-";
 
 /// One copy at a time per slice and image for creates (the replicas of a new workload wait
@@ -119,9 +119,10 @@ impl SliceCopier {
         let slice_root = self.range.slot_root(slot);
         crate::acl::searchable_by(&slice_dir, &[slice_root.0])
             .context(|| format!("setting an ACL on {}", slice_dir.display()))?;
+        // Named like the image store's temporary trees, made unique in this process too: a
+        // create and the spare may copy for the same slice at once.
         let tmp = dest.with_extension(format!(
-            "{}{}-{}",
-            PARTIAL.trim_start_matches('.'),
+            "partial-{}-{}",
             std::process::id(),
             SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -155,9 +156,7 @@ impl SliceCopier {
         }
         renamed.map(|()| dest)
     }
-}
 
-impl SliceCopier {
     /// Removes the half-made copies of an agent that stopped while copying (at the
     /// runtime's start, before any copy begins).
     pub(super) fn remove_partials(&self) {
