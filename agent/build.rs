@@ -36,8 +36,11 @@ fn loader_accepts_packed_relocs() -> bool {
     let source = out.join("relr_probe.c");
     let program = out.join("relr_probe");
     // A pointer in writable data makes the linker emit a relative relocation to pack.
-    if std::fs::write(&source, "static int x;\nint *p = &x;\nint main(void) { return *p; }\n")
-        .is_err()
+    if std::fs::write(
+        &source,
+        "static int x;\nint *p = &x;\nint main(void) { return *p; }\n",
+    )
+    .is_err()
     {
         return false;
     }
@@ -48,5 +51,8 @@ fn loader_accepts_packed_relocs() -> bool {
         .arg(&source)
         .status()
         .is_ok_and(|status| status.success());
-    linked && Command::new(&program).status().is_ok_and(|status| status.success())
+    linked
+        && Command::new(&program)
+            .status()
+            .is_ok_and(|status| status.success())
 }

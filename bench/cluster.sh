@@ -3,7 +3,8 @@
 # time two nodes take to join as etcd peers, 5 leader failovers in a row (kill -9 of the
 # leader's agent and etcd, the killed node restarted each time), and apply-to-running of a
 # 6-replica Service across the 3 nodes (5 runs looking with katcall, 5 polling one kept-alive
-# connection like bench/apply-to-running.sh). Needs root. Last line:
+# connection like bench/apply-to-running.sh). Needs root. KAT_BENCH_KEEP=DIR keeps the agents'
+# logs there (KAT_LOG=info,kat_runtime::phases=debug adds the phases of each create). Last line:
 #   cluster nodes_ready=N join_s=X failover_p50_s=Y failover_max_s=Z apply_to_running_3nodes_p50_ms=W apply_to_running_3nodes_polled_p50_ms=V
 set -euo pipefail
 cd "$(dirname "$0")/.."

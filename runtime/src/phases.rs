@@ -47,6 +47,15 @@ impl Phases {
         self.last = now;
     }
 
+    /// The phase that ends now was `parts` run side by side (each timed on its own), so
+    /// that together they took `whole`'s time, which is recorded too.
+    pub fn mark_side_by_side(&mut self, parts: &[(&'static str, Duration)], whole: &'static str) {
+        let now = Instant::now();
+        self.marks.extend_from_slice(parts);
+        self.marks.push((whole, now - self.last));
+        self.last = now;
+    }
+
     /// Writes the event for container `id`.
     pub fn report(&self, id: &str) {
         tracing::debug!(target: TARGET, id, operation = self.what, phases = %self, "container phases");

@@ -46,6 +46,14 @@ fn cluster_benchmark() {
             took
         })
         .collect();
+    // KAT_BENCH_KEEP=DIR keeps the agents' logs (with KAT_LOG=info,kat_runtime::phases=debug,
+    // each create's phases) to see where an apply's time goes.
+    if let Some(keep) = std::env::var_os("KAT_BENCH_KEEP") {
+        for i in 1..=NODES {
+            let log = format!("n{i}.log");
+            let _ = std::fs::copy(h.path(&log), std::path::Path::new(&keep).join(&log));
+        }
+    }
     failovers.sort();
     applies.sort();
     polled.sort();
