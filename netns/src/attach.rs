@@ -5,7 +5,7 @@
 //! the node's namespaces, forks a **keeper** that unshares a user and a network namespace,
 //! maps the keeper's ids (the workload's slice, translated into node ids), adds a veth pair
 //! (the host end on `kat0`, the other as the container's `eth0`) and configures `lo`,
-//! `eth0`, its address and the default route inside. It then prints `ready PID` and holds
+//! `eth0`, its address and the default route inside, by netlink ([`crate::netlink`]). It then prints `ready PID` and holds
 //! the namespaces until its standard input closes: by then the container's own processes
 //! are in them. The veth pair goes away with the container's network namespace.
 //!
@@ -29,8 +29,8 @@ use nix::unistd::{fork, ForkResult, Pid};
 use serde::{Deserialize, Serialize};
 
 use crate::holder::{cloexec_pipe, expect, BRIDGE};
-use crate::ip::run_ip_batch;
-use crate::neighbour::{announce_repeatedly, format_mac, mac_for};
+use crate::neighbour::{announce_repeatedly, mac_for};
+use crate::netlink::{RouteSocket, VethEnd};
 use crate::NetError;
 
 /// The first argument that makes a program the attach helper.
@@ -181,33 +181,36 @@ fn run(r: &AttachRequest) -> Result<(), String> {
         expect(&ready_r, "u").map_err(|e| format!("creating the container's namespaces: {e}"))?;
         write_map(keeper, "uid_map", &uids)?;
         write_map(keeper, "gid_map", &gids)?;
-        let link = &r.host_link;
-        run_ip_batch(
-            None,
-            &[
-                // eth0's MAC follows from its address: a replacement that takes over an
-                // address keeps the neighbour entries others hold for it right.
-                format!(
-                    "link add {link} mtu {} type veth peer name eth0 mtu {} address {} netns {}",
-                    r.mtu,
-                    r.mtu,
-                    format_mac(mac_for(r.address.addr())),
-                    keeper.as_raw()
-                ),
-                format!("link set {link} master {BRIDGE}"),
-                format!("link set {link} up"),
-            ],
+        // eth0's MAC follows from its address: a replacement that takes over an address
+        // keeps the neighbour entries others hold for it right.
+        let bridge = nix::net::if_::if_nametoindex(BRIDGE)
+            .map_err(|e| format!("finding the node bridge {BRIDGE}: {e}"))?;
+        RouteSocket::open()?.add_veth(
+            &VethEnd {
+                name: &r.host_link,
+                mtu: r.mtu,
+                mac: None,
+            },
+            bridge,
+            &VethEnd {
+                name: "eth0",
+                mtu: r.mtu,
+                mac: Some(mac_for(r.address.addr())),
+            },
+            u32::try_from(keeper.as_raw()).map_err(|e| format!("the keeper's pid: {e}"))?,
         )?;
         enter(keeper, "net", CloneFlags::CLONE_NEWNET)?;
-        run_ip_batch(
-            None,
-            &[
-                "link set lo up".to_string(),
-                format!("addr add {} dev eth0", r.address),
-                "link set eth0 up".to_string(),
-                format!("route add default via {}", r.gateway),
-            ],
-        )
+        // A socket opened now talks to the container's namespace.
+        let mut inside = RouteSocket::open()?;
+        for name in ["lo", "eth0"] {
+            let index = nix::net::if_::if_nametoindex(name)
+                .map_err(|e| format!("finding {name} in the container's namespace: {e}"))?;
+            if name == "eth0" {
+                inside.add_address(index, name, r.address)?;
+            }
+            inside.set_up(index, name)?;
+        }
+        inside.add_default_route(r.gateway)
     })();
     if let Err(e) = result {
         let _ = kill(keeper, Signal::SIGKILL);

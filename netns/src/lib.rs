@@ -9,6 +9,7 @@ pub mod holder;
 pub mod host_ports;
 mod ip;
 pub mod neighbour;
+mod netlink;
 pub mod node;
 pub mod node_sockets;
 pub mod overlay;
