@@ -11,5 +11,14 @@ cd "$(dirname "$0")/.."
 source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo build --release -q -p kat-agent -p katcall
-cargo test --release -q -p kat-agent --test cluster -- --ignored --nocapture cluster_benchmark 2>&1 \
-  | grep -E "^(failover|apply to running|cluster )" | tail -n 20 | python3 bench/guard.py
+log=$(mktemp /tmp/kat-cluster-bench.XXXXXX.log)
+status=0
+cargo test --release -q -p kat-agent --test cluster -- --ignored --nocapture cluster_benchmark \
+  >"$log" 2>&1 || status=$?
+grep -E "^(failover|apply to running|cluster )" "$log" | tail -n 20 | python3 bench/guard.py
+if [ "$status" != 0 ]; then
+  echo "the benchmark failed (exit $status); the end of its output ($log):" >&2
+  grep -v -E '^ +([0-9]+: |at )' "$log" | tail -n 60 >&2
+  exit "$status"
+fi
+rm -f "$log"

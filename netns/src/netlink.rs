@@ -211,7 +211,8 @@ mod tests {
             let again = socket.add_address(lo, "lo", "10.9.8.7/8".parse().unwrap());
             let missing = socket.set_up(4242, "nothing");
             let route = socket.add_default_route(Ipv4Addr::new(192, 0, 2, 1));
-            let addresses = std::fs::read_to_string("/proc/thread-self/net/fib_trie").unwrap_or_default();
+            let addresses =
+                std::fs::read_to_string("/proc/thread-self/net/fib_trie").unwrap_or_default();
             (up, address, again, missing, route, addresses)
         }) else {
             return;

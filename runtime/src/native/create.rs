@@ -243,12 +243,10 @@ impl NativeRuntime {
             tokio::join!(rootfs_work, network_work);
         // On an error, the other half's work is undone as the caller removes the container
         // directory and `joined` is dropped.
-        let lower = lower?;
+        let (lower, mut parts) = lower?;
         let joined = joined?;
-        phases.mark_side_by_side(
-            &[("rootfs", rootfs_took), ("network", network_took)],
-            "rootfs_network",
-        );
+        parts.extend([("rootfs", rootfs_took), ("network", network_took)]);
+        phases.mark_side_by_side(&parts, "rootfs_network");
         let cgroups_path = self.cgroups.container_path(&options.id);
         let kat_limits = self.cgroups.kat_applies_limits();
         let input = SpecInput {
@@ -368,11 +366,13 @@ impl NativeRuntime {
     /// owned by the workload's root and the image's copy in the slice (returned: the
     /// overlay's lower layer); without, a shifted copy at the mount point (returned). The
     /// workload's own volumes are given to its root either way.
+    ///
+    /// Also returns how long its parts took, for the phases.
     async fn prepare_rootfs(
         &self,
         options: &CreateOptions,
         plan: RootfsPlan<'_>,
-    ) -> Result<PathBuf> {
+    ) -> Result<(PathBuf, Vec<(&'static str, Duration)>)> {
         let owned_volumes = options
             .volumes
             .iter()
@@ -389,7 +389,7 @@ impl NativeRuntime {
                 })
                 .await?;
             }
-            return Ok(plan.mountpoint.to_path_buf());
+            return Ok((plan.mountpoint.to_path_buf(), Vec::new()));
         }
         for d in [plan.mountpoint, plan.upper, plan.work] {
             fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
@@ -404,18 +404,32 @@ impl NativeRuntime {
             plan.work.to_path_buf(),
         ];
         paths.extend(owned_volumes);
-        self.id_task(IdTask::Own {
-            paths,
-            owner: plan.owner,
-        })
-        .await?;
-        let lower = self
-            .slot_rootfs(plan.image_id, plan.snapshot, plan.slot)
-            .await?;
+        // The ownership (a helper process for an unprivileged agent) and the slice's copy
+        // of the image (ready if it was made ahead) are independent too.
+        let owning = async {
+            let began = Instant::now();
+            self.id_task(IdTask::Own {
+                paths,
+                owner: plan.owner,
+            })
+            .await
+            .map(|()| began.elapsed())
+        };
+        let copying = async {
+            let began = Instant::now();
+            self.slot_rootfs(plan.image_id, plan.snapshot, plan.slot)
+                .await
+                .map(|lower| (lower, began.elapsed()))
+        };
+        let (owned, copied) = tokio::join!(owning, copying);
+        let ((lower, copy_took), own_took) = (copied?, owned?);
         if plan.new_slice {
             self.prepare_spare(plan.image_id, plan.snapshot);
         }
-        Ok(lower)
+        Ok((
+            lower,
+            vec![("rootfs_owner", own_took), ("rootfs_copy", copy_took)],
+        ))
     }
 
     /// The namespaces a container with `address` joins, from the node network.
