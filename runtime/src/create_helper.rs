@@ -47,6 +47,12 @@ pub(crate) struct Request {
     /// [`crate::network::JoinedNamespaces::parent_user`]).
     #[serde(default)]
     pub enter_user_namespace: Option<PathBuf>,
+    /// Entries to give to the workload's root (host ids) once in that user namespace,
+    /// before libcontainer runs: the overlay's directories and the workload's own volumes.
+    /// It maps the node's ids, so this spares an unprivileged agent an id helper of its own
+    /// (see [`crate::id_tool`]).
+    #[serde(default)]
+    pub own_first: Option<(Vec<PathBuf>, (u32, u32))>,
     /// When the agent spawned the helper (microseconds since the epoch): the helper says how
     /// long its own start took ([`HelperTimes`]).
     #[serde(default)]
@@ -130,11 +136,18 @@ fn helper_main(request: Option<OsString>) -> ExitCode {
 
 /// The helper's work: libcontainer's create, detached. Runs single-threaded.
 fn build(r: &Request) -> std::result::Result<(), String> {
+    if r.own_first.is_some() && r.enter_user_namespace.is_none() {
+        return Err("giving the container's directories to its root needs the node user namespace to enter, and the request names none".into());
+    }
     if let Some(path) = &r.enter_user_namespace {
         let file = fs::File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
         // Allowed: this process is single-threaded and its user owns that namespace.
         nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWUSER)
             .map_err(|e| format!("entering the node user namespace {}: {e}", path.display()))?;
+        if let Some((paths, owner)) = &r.own_first {
+            crate::id_tool::own_here(paths, *owner)
+                .map_err(|e| format!("giving the container's directories to its root: {e}"))?;
+        }
     }
     // kat-init's stdio is /dev/null: it opens its log directory inside the container and
     // replaces these with the container's own /dev/null, so it holds no host file.

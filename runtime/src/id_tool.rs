@@ -107,6 +107,39 @@ fn failed(task: &IdTask, message: String) -> RuntimeError {
     }
 }
 
+/// `Own` of `paths` for host ids `owner`, done by this process in the user namespace it is
+/// in (the create helper, once it entered the node user namespace): the ids are translated
+/// through this namespace's own maps, so an id it does not map is refused, never guessed.
+pub(crate) fn own_here(paths: &[PathBuf], owner: (u32, u32)) -> std::result::Result<(), String> {
+    let inside = |file: &str, host: u32| -> std::result::Result<u32, String> {
+        let path = format!("/proc/self/{file}");
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+        inside_id(&text, host).ok_or_else(|| {
+            format!(
+                "host id {host} is not mapped in this user namespace ({path}: {})",
+                text.trim()
+            )
+        })
+    };
+    let owner = (inside("uid_map", owner.0)?, inside("gid_map", owner.1)?);
+    perform(&IdTask::Own {
+        paths: paths.to_vec(),
+        owner,
+    })
+}
+
+/// The id inside for `host` by a `uid_map`/`gid_map` text (`inside outside count` lines).
+fn inside_id(map: &str, host: u32) -> Option<u32> {
+    map.lines().find_map(|line| {
+        let mut f = line.split_whitespace().map(|x| x.parse::<u32>().ok());
+        let (inside, outside, count) = (f.next()??, f.next()??, f.next()??);
+        let offset = host.checked_sub(outside)?;
+        (offset < count)
+            .then(|| inside.checked_add(offset))
+            .flatten()
+    })
+}
+
 /// Host ids as the helper's user namespace sees them: our own ids are 0, the node range
 /// starts at 1.
 fn translate(
@@ -153,7 +186,7 @@ fn translate(
 }
 
 /// Does the task with the ids as given (in the helper: ids of its namespace).
-fn perform(task: &IdTask) -> std::result::Result<(), String> {
+pub(crate) fn perform(task: &IdTask) -> std::result::Result<(), String> {
     match task {
         IdTask::Shift {
             path,
@@ -235,6 +268,22 @@ pub fn run_if_requested() -> Option<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_id_is_found_through_a_namespace_map_or_refused() {
+        let map = "         0       1000          1\n         1     100000      65536\n";
+        assert_eq!(super::inside_id(map, 1000), Some(0));
+        assert_eq!(super::inside_id(map, 100000), Some(1));
+        assert_eq!(super::inside_id(map, 165535), Some(65536));
+        assert_eq!(super::inside_id(map, 165536), None);
+        assert_eq!(super::inside_id(map, 999), None);
+        assert_eq!(super::inside_id(map, 0), None);
+        assert_eq!(
+            super::inside_id("0 0 4294967295\n", 4294967294),
+            Some(4294967294)
+        );
+        assert_eq!(super::inside_id("garbage\n4294967295 1 2\n", 2), None);
+    }
 
     #[test]
     fn translates_host_ids_into_the_helper_namespace() {

@@ -215,6 +215,24 @@ impl NativeRuntime {
         // The root file system and the network are independent: each waits on its own
         // helper processes and the kernel, so they are made side by side (an apply on a
         // busy node spent 10-30 ms on each, one after the other).
+        // The workload's root owns the overlay's directories and its own volumes.
+        let mut owned: Vec<PathBuf> = if use_overlay {
+            vec![rootfs.clone(), upper.clone(), work.clone()]
+        } else {
+            Vec::new()
+        };
+        owned.extend(
+            options
+                .volumes
+                .iter()
+                .filter(|v| v.owned_by_container)
+                .map(|v| v.source.clone()),
+        );
+        // An unprivileged agent's create helper enters the node user namespace, which maps
+        // the node's ids, when the container joins the node network: it gives these to the
+        // workload's root there, and the create needs no id helper (an exec and two of
+        // newuidmap/newgidmap: 25-30 ms of a busy node's create).
+        let owned_by_create_helper = options.address.is_some() && !nix::unistd::geteuid().is_root();
         let rootfs_work = async {
             let began = Instant::now();
             let plan = RootfsPlan {
@@ -223,12 +241,14 @@ impl NativeRuntime {
                 slot,
                 new_slice,
                 owner: host_root,
+                owned: &owned,
+                owned_by_create_helper,
                 overlay: use_overlay,
                 mountpoint: &rootfs,
                 upper: &upper,
                 work: &work,
             };
-            let lower = self.prepare_rootfs(options, plan).await;
+            let lower = self.prepare_rootfs(plan).await;
             (lower, began.elapsed())
         };
         let network_work = async {
@@ -302,6 +322,7 @@ impl NativeRuntime {
                 .as_ref()
                 .filter(|_| !nix::unistd::geteuid().is_root())
                 .map(|j| j.parent_user()),
+            own_first: owned_by_create_helper.then(|| (owned.clone(), host_root)),
             // Set as the helper is spawned.
             spawned_at_micros: 0,
         };
@@ -363,32 +384,30 @@ impl NativeRuntime {
     }
 
     /// The container's root file system as `plan` says: with the overlay, its directories
-    /// owned by the workload's root and the image's copy in the slice (returned: the
-    /// overlay's lower layer); without, a shifted copy at the mount point (returned). The
-    /// workload's own volumes are given to its root either way.
+    /// and the image's copy in the slice (returned: the overlay's lower layer); without, a
+    /// shifted copy at the mount point (returned). `plan.owned` goes to the workload's root
+    /// here unless the create helper does it.
     ///
     /// Also returns how long its parts took, for the phases.
     async fn prepare_rootfs(
         &self,
-        options: &CreateOptions,
         plan: RootfsPlan<'_>,
     ) -> Result<(PathBuf, Vec<(&'static str, Duration)>)> {
-        let owned_volumes = options
-            .volumes
-            .iter()
-            .filter(|v| v.owned_by_container)
-            .map(|v| v.source.clone());
-        if !plan.overlay {
-            self.shifted_copy(plan.snapshot, plan.mountpoint, plan.owner)
-                .await?;
-            let volumes: Vec<PathBuf> = owned_volumes.collect();
-            if !volumes.is_empty() {
+        let give = |paths: Vec<PathBuf>| async move {
+            let began = Instant::now();
+            if !paths.is_empty() && !plan.owned_by_create_helper {
                 self.id_task(IdTask::Own {
-                    paths: volumes,
+                    paths,
                     owner: plan.owner,
                 })
                 .await?;
             }
+            Ok::<_, RuntimeError>(began.elapsed())
+        };
+        if !plan.overlay {
+            self.shifted_copy(plan.snapshot, plan.mountpoint, plan.owner)
+                .await?;
+            give(plan.owned.to_vec()).await?;
             return Ok((plan.mountpoint.to_path_buf(), Vec::new()));
         }
         for d in [plan.mountpoint, plan.upper, plan.work] {
@@ -396,32 +415,16 @@ impl NativeRuntime {
         }
         fs::set_permissions(plan.upper, fs::Permissions::from_mode(0o755))
             .context(|| format!("chmod {}", plan.upper.display()))?;
-        // The overlay's directories and the workload's own volumes belong to its root: one
-        // task, so an unprivileged agent starts one helper per create.
-        let mut paths = vec![
-            plan.mountpoint.to_path_buf(),
-            plan.upper.to_path_buf(),
-            plan.work.to_path_buf(),
-        ];
-        paths.extend(owned_volumes);
-        // The ownership (a helper process for an unprivileged agent) and the slice's copy
-        // of the image (ready if it was made ahead) are independent too.
-        let owning = async {
-            let began = Instant::now();
-            self.id_task(IdTask::Own {
-                paths,
-                owner: plan.owner,
-            })
-            .await
-            .map(|()| began.elapsed())
-        };
+        // The ownership (a helper process for an unprivileged agent, unless the create
+        // helper does it) and the slice's copy of the image (ready if it was made ahead)
+        // are independent too.
         let copying = async {
             let began = Instant::now();
             self.slot_rootfs(plan.image_id, plan.snapshot, plan.slot)
                 .await
                 .map(|lower| (lower, began.elapsed()))
         };
-        let (owned, copied) = tokio::join!(owning, copying);
+        let (owned, copied) = tokio::join!(give(plan.owned.to_vec()), copying);
         let ((lower, copy_took), own_took) = (copied?, owned?);
         if plan.new_slice {
             self.prepare_spare(plan.image_id, plan.snapshot);
@@ -555,8 +558,11 @@ struct RootfsPlan<'a> {
     /// The workload's id slot, and whether it was just given to the workload.
     slot: u32,
     new_slice: bool,
-    /// The workload's root, as host ids.
+    /// The workload's root, as host ids, and what it owns.
     owner: (u32, u32),
+    owned: &'a [PathBuf],
+    /// The create helper gives `owned` to `owner` (see `create_in`), not this step.
+    owned_by_create_helper: bool,
     /// An overlay over the slice's copy of the image, or a copy of the image of its own.
     overlay: bool,
     /// The overlay's mount point, or where the copy goes.
