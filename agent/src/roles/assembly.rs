@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kat_api::cluster::ClusterConfiguration;
@@ -200,15 +201,46 @@ async fn first_state(
         (keys::ADMIN_TOKEN_SHA256, hash.into_bytes()),
     ];
     for (key, value) in puts {
-        let txn = Txn::new()
-            .when([Compare::absent(key)])
-            .and_then([TxnOp::put(key, value)]);
-        store
-            .txn(txn)
+        let txn = || {
+            Txn::new()
+                .when([Compare::absent(key)])
+                .and_then([TxnOp::put(key, value.clone())])
+        };
+        while_the_store_elects(key, || store.txn(txn()))
             .await
             .with_context(|| format!("writing {key}"))?;
     }
     Ok(())
+}
+
+/// How long a starting node waits for etcd to have a leader again.
+const ELECTION_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `request` until the store answers, while it reports itself unavailable (for at
+/// most [`ELECTION_PATIENCE`]): a node that starts while another member is lost and etcd
+/// elects a new leader gets "request timed out" for a few seconds, and must not give up.
+async fn while_the_store_elects<T, F, Fut>(
+    key: &str,
+    mut request: F,
+) -> Result<T, kat_store::StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kat_store::StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match request().await {
+            Err(kat_store::StoreError::Unavailable(reason))
+                if tokio::time::Instant::now() + pause < deadline =>
+            {
+                tracing::warn!(key, %reason, "the state store is unavailable (an election?); trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The admin token's SHA-256 as the store keeps it (hex).
@@ -221,4 +253,48 @@ async fn stored_token_hash(store: &dyn StateStore) -> Result<[u8; 32]> {
     hex::decode_to_slice(&kv.value, &mut out)
         .context("the stored admin token hash is malformed")?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kat_store::StoreError;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_starting_node_waits_out_an_election_and_no_other_error() {
+        let calls = AtomicU32::new(0);
+        let answer = while_the_store_elects("k", || async {
+            match calls.fetch_add(1, Ordering::SeqCst) {
+                0 | 1 => Err(StoreError::Unavailable("request timed out".into())),
+                _ => Ok(7),
+            }
+        })
+        .await;
+        assert_eq!(answer.ok(), Some(7));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+        let calls = AtomicU32::new(0);
+        let answer: Result<(), _> = while_the_store_elects("k", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(StoreError::Unavailable("no leader".into()))
+        })
+        .await;
+        assert!(matches!(answer, Err(StoreError::Unavailable(_))));
+        let tries = calls.load(Ordering::SeqCst);
+        assert!((25..=40).contains(&tries), "gave up after {tries} tries");
+
+        let calls = AtomicU32::new(0);
+        let answer: Result<(), _> = while_the_store_elects("k", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(StoreError::Backend("permission denied".into()))
+        })
+        .await;
+        assert!(answer.is_err());
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "only unavailability is waited out"
+        );
+    }
 }

@@ -16,8 +16,11 @@ fn cluster_benchmark() {
         eprintln!("failover {}: {:.2} s", round + 1, failover.as_secs_f64());
         failovers.push(failover);
         h.spawn(dead, &["run"]);
+        // The restarted node's own API answers (it is up, not only its record from before
+        // the kill, which stays Ready for a while), and all three are Ready.
         wait("3 Ready nodes again", Duration::from_secs(90), || {
-            h.ready_nodes(alive).len() == NODES
+            h.katcall(dead, &["get", "nodes"]).status.success()
+                && h.ready_nodes(alive).len() == NODES
         });
     }
     let via = (1..=NODES).find(|i| h.leader(*i).is_some()).unwrap_or(1);
