@@ -11,6 +11,10 @@ cd "$(dirname "$0")/.."
 source scripts/install-deps.sh >/dev/null
 source <(scripts/test-fixtures.sh)
 cargo build --release -q -p kat-agent -p katcall
+# Every run starts from the same kernel state: a removed container's memory cgroup lives on
+# (dying) while page cache is charged to it, and on this hybrid-cgroup host a few hundred of
+# them, left by earlier runs, made creates twice as slow (docs/benchmarks.md, three nodes).
+sync && echo 3 > /proc/sys/vm/drop_caches
 log=$(mktemp /tmp/kat-cluster-bench.XXXXXX.log)
 status=0
 cargo test --release -q -p kat-agent --test cluster -- --ignored --nocapture cluster_benchmark \
