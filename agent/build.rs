@@ -6,8 +6,10 @@
 //! read in full at every start of the agent, the network holder, its namespace keeper and
 //! the create helper (three execs per container). `DT_RELR` encodes the same relocations in a
 //! few KiB: less to read and keep resident in every process of this binary, and a faster
-//! exec. glibc has understood it since 2.36 (Debian 12) and GNU ld writes it since 2.38; on an
-//! older system the probe below fails and the binary is linked as before.
+//! exec. glibc has understood it since 2.36 (Debian 12) and GNU ld writes it since 2.38. The
+//! probe below links and runs a small program with it, with the linker rustc uses, on the
+//! machine it is built for; an older linker (which only warns that it ignores the flag), an
+//! older glibc, or a cross build links the binary as before.
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -15,8 +17,11 @@ const FLAG: &str = "-Wl,-z,pack-relative-relocs";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux")
         || std::env::var("CARGO_CFG_TARGET_ENV").as_deref() != Ok("gnu")
+        // The probe runs what it links: only where the binary will run.
+        || std::env::var("HOST").ok() != std::env::var("TARGET").ok()
     {
         return;
     }
@@ -44,13 +49,17 @@ fn loader_accepts_packed_relocs() -> bool {
     {
         return false;
     }
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
-    let linked = Command::new(cc)
+    // The linker rustc links with: the configured one (cargo passes it on), else `cc`.
+    let linker = std::env::var("RUSTC_LINKER").unwrap_or_else(|_| "cc".to_owned());
+    let linked = Command::new(linker)
         .args(["-pie", "-fPIE", FLAG, "-o"])
         .arg(&program)
         .arg(&source)
-        .status()
-        .is_ok_and(|status| status.success());
+        .output()
+        .is_ok_and(|out| {
+            // GNU ld before 2.38 warns that it ignores the flag, and succeeds.
+            out.status.success() && !String::from_utf8_lossy(&out.stderr).contains("ignored")
+        });
     linked
         && Command::new(&program)
             .status()

@@ -159,8 +159,8 @@ spec:
         return 0.0
 
     def holder_pids():
-        """The network holder and its namespace keeper: processes of the agent's binary
-        started with `__kat-netns-holder`."""
+        """This run's network holder and its namespace keeper: processes of the agent's
+        binary started with `__kat-netns-holder` for a directory under `work`."""
         found = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
@@ -168,7 +168,8 @@ spec:
                     argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
                 except OSError:
                     continue
-                if b"__kat-netns-holder" in argv:
+                # This run's: its request names the run's data directory.
+                if b"__kat-netns-holder" in argv and any(work.encode() in a for a in argv):
                     found.append(int(entry))
         return sorted(found)
 
@@ -210,11 +211,16 @@ spec:
     print(f"kat-agent RSS split: heap and stacks (RssAnon) {rss_anon:.1f} MiB, "
           f"mapped code and files (RssFile) {rss_file:.1f} MiB, {threads} threads")
     print(f"kat-agent idle working set (pages touched in the {window}s window): {wss:.1f} MiB")
-    holders = holder_pids()
+    holders = []
+    for pid in holder_pids():
+        try:
+            holders.append((rss_mib(pid), status_mib(pid, "RssAnon")))
+        except OSError:
+            pass  # gone since the listing
     print("network holder and namespace keeper RSS: "
-          + ", ".join(f"{rss_mib(pid):.1f} MiB (anon {status_mib(pid, 'RssAnon'):.1f})" for pid in holders))
+          + ", ".join(f"{rss:.1f} MiB (anon {anon:.1f})" for rss, anon in holders))
     print("for comparison, k3s documents 275 MB for an agent")
-    holder_rss = max((rss_mib(pid) for pid in holders), default=0.0)
+    holder_rss = max((rss for rss, _ in holders), default=0.0)
     print(f"apply_to_running_p50_ms={p50:.0f} agent_idle_rss_mib={rss:.1f} agent_idle_cpu_pct={cpu_pct:.2f} "
           f"agent_idle_wss_mib={wss:.1f} holder_rss_mib={holder_rss:.1f}")
 finally:

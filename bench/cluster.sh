@@ -19,7 +19,7 @@ log=$(mktemp /tmp/kat-cluster-bench.XXXXXX.log)
 status=0
 cargo test --release -q -p kat-agent --test cluster -- --ignored --nocapture cluster_benchmark \
   >"$log" 2>&1 || status=$?
-grep -E "^(failover|apply to running|cluster )" "$log" | tail -n 20 | python3 bench/guard.py
+{ grep -E "^(failover|apply to running|cluster )" "$log" || true; } | tail -n 20 | python3 bench/guard.py
 if [ "$status" != 0 ]; then
   echo "the benchmark failed (exit $status); the end of its output ($log):" >&2
   grep -v -E '^ +([0-9]+: |at )' "$log" | tail -n 60 >&2

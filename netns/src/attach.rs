@@ -5,7 +5,8 @@
 //! the node's namespaces, forks a **keeper** that unshares a user and a network namespace,
 //! maps the keeper's ids (the workload's slice, translated into node ids), adds a veth pair
 //! (the host end on `kat0`, the other as the container's `eth0`) and configures `lo`,
-//! `eth0`, its address and the default route inside, by netlink ([`crate::netlink`]). It then prints `ready PID` and holds
+//! `eth0`, its address and the default route inside, by netlink
+//! ([`crate::netlink`]). It then prints `ready PID` and holds
 //! the namespaces until its standard input closes: by then the container's own processes
 //! are in them. The veth pair goes away with the container's network namespace.
 //!

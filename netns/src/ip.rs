@@ -1,10 +1,10 @@
 //! Running `ip` (iproute2), `iptables` and friends, here or in a node's namespaces.
 //!
-//! Why commands rather than netlink from Rust: each node network operation is a handful of
-//! link and address changes made once per container, a few milliseconds of `ip -batch`;
-//! iproute2 is on every host that runs containers and its error messages are the ones
-//! operators know. The namespaces are entered with `nsenter` (util-linux) for the node
-//! namespace, and by the attach helper itself for a container's.
+//! For the node network, made once per node: a handful of link, address and firewall changes,
+//! where iproute2's and iptables' error messages are the ones operators know. The node
+//! namespace is entered with `nsenter` (util-linux). A container's links, made at every
+//! create, go by netlink from the attach helper instead ([`crate::netlink`]): two execs of
+//! `ip` were most of a container's network time.
 
 use std::io::Write;
 use std::process::{Command, Stdio};

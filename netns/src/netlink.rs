@@ -29,7 +29,7 @@ pub(crate) struct RouteSocket {
     sequence: u32,
 }
 
-/// One end of a veth pair to make: its name, and where it goes.
+/// One end of a veth pair to make: its name, MTU and, if given, hardware address.
 pub(crate) struct VethEnd<'a> {
     pub name: &'a str,
     pub mtu: u32,
@@ -176,7 +176,8 @@ impl RouteSocket {
                 if length == 0 {
                     break;
                 }
-                offset += length;
+                // Messages in a datagram start at 4-byte boundaries (NLMSG_ALIGN).
+                offset += (length + 3) & !3;
             }
         }
     }
@@ -193,12 +194,13 @@ mod tests {
             eprintln!("skipped: making a network namespace needs root here");
             return None;
         }
-        std::thread::spawn(move || {
+        let outcome = std::thread::spawn(move || {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
             f()
         })
-        .join()
-        .ok()
+        .join();
+        // A panic on that thread fails the test.
+        Some(outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     }
 
     #[test]

@@ -186,7 +186,7 @@ fn translate(
 }
 
 /// Does the task with the ids as given (in the helper: ids of its namespace).
-pub(crate) fn perform(task: &IdTask) -> std::result::Result<(), String> {
+fn perform(task: &IdTask) -> std::result::Result<(), String> {
     match task {
         IdTask::Shift {
             path,

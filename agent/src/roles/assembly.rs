@@ -17,7 +17,7 @@ use kat_leader::election::{self, Candidate};
 use kat_leader::metrics::Metrics;
 use kat_leader::{namespaces, node_admin, Clock};
 use kat_pki::NodeRole;
-use kat_store::{Compare, StateStore, Txn, TxnOp};
+use kat_store::{Compare, StateStore, StoreError, Txn, TxnOp};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -113,25 +113,25 @@ impl Assembly {
         }
         let clock = Clock::system();
         for ns in kat_api::namespace::SYSTEM_NAMESPACES {
-            namespaces::create(&*store, &clock, ns, true).await?;
+            while_the_store_elects(ns, namespace_store_unavailable, || {
+                namespaces::create(&*store, &clock, ns, true)
+            })
+            .await?;
         }
-        node_admin::register(
-            &*store,
-            &node,
-            vec![address],
-            kat_apiserver::service::node_labels(&node, role, node_type.as_deref()),
-        )
+        let labels = kat_apiserver::service::node_labels(&node, role, node_type.as_deref());
+        while_the_store_elects(&node, registration_store_unavailable, || {
+            node_admin::register(&*store, &node, vec![address.clone()], labels.clone())
+        })
         .await?;
         if let Some(subnet) = subnet {
             // Before the leader first runs, so that it keeps the node's own subnet.
             let key = keys::node_subnet(&node);
-            store
-                .txn(
-                    Txn::new()
-                        .when([Compare::absent(&key)])
-                        .and_then([TxnOp::put(&key, subnet.into_bytes())]),
-                )
-                .await?;
+            let txn = || {
+                Txn::new()
+                    .when([Compare::absent(&key)])
+                    .and_then([TxnOp::put(&key, subnet.clone().into_bytes())])
+            };
+            while_the_store_elects(&key, store_unavailable, || store.txn(txn())).await?;
         }
 
         let link = Arc::new(StoreLink::new(
@@ -206,7 +206,7 @@ async fn first_state(
                 .when([Compare::absent(key)])
                 .and_then([TxnOp::put(key, value.clone())])
         };
-        while_the_store_elects(key, || store.txn(txn()))
+        while_the_store_elects(key, store_unavailable, || store.txn(txn()))
             .await
             .with_context(|| format!("writing {key}"))?;
     }
@@ -216,25 +216,26 @@ async fn first_state(
 /// How long a starting node waits for etcd to have a leader again.
 const ELECTION_PATIENCE: Duration = Duration::from_secs(60);
 
-/// Runs `request` until the store answers, while it reports itself unavailable (for at
-/// most [`ELECTION_PATIENCE`]): a node that starts while another member is lost and etcd
-/// elects a new leader gets "request timed out" for a few seconds, and must not give up.
-async fn while_the_store_elects<T, F, Fut>(
-    key: &str,
+/// Runs `request` until the store answers, while its error says the store is unavailable
+/// (`unavailable`), for at most [`ELECTION_PATIENCE`]: a node that starts while another
+/// member is lost and etcd elects a new leader gets "request timed out" for a few seconds,
+/// and must not give up. Every start-up write is idempotent (written only where absent).
+async fn while_the_store_elects<T, E, F, Fut>(
+    what: &str,
+    unavailable: fn(&E) -> bool,
     mut request: F,
-) -> Result<T, kat_store::StoreError>
+) -> Result<T, E>
 where
+    E: std::fmt::Display,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, kat_store::StoreError>>,
+    Fut: std::future::Future<Output = Result<T, E>>,
 {
     let deadline = tokio::time::Instant::now() + ELECTION_PATIENCE;
     let mut pause = Duration::from_millis(200);
     loop {
         match request().await {
-            Err(kat_store::StoreError::Unavailable(reason))
-                if tokio::time::Instant::now() + pause < deadline =>
-            {
-                tracing::warn!(key, %reason, "the state store is unavailable (an election?); trying again");
+            Err(e) if unavailable(&e) && tokio::time::Instant::now() + pause < deadline => {
+                tracing::warn!(what, error = %e, "the state store is unavailable (an election?); trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
@@ -243,12 +244,31 @@ where
     }
 }
 
+fn store_unavailable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(_))
+}
+
+fn namespace_store_unavailable(e: &namespaces::NamespaceError) -> bool {
+    matches!(
+        e,
+        namespaces::NamespaceError::Store(StoreError::Unavailable(_))
+    )
+}
+
+fn registration_store_unavailable(e: &node_admin::NodeAdminError) -> bool {
+    matches!(
+        e,
+        node_admin::NodeAdminError::Store(StoreError::Unavailable(_))
+    )
+}
+
 /// The admin token's SHA-256 as the store keeps it (hex).
 async fn stored_token_hash(store: &dyn StateStore) -> Result<[u8; 32]> {
-    let kv = store
-        .get(keys::ADMIN_TOKEN_SHA256)
-        .await?
-        .context("the cluster has no admin token hash")?;
+    let kv = while_the_store_elects(keys::ADMIN_TOKEN_SHA256, store_unavailable, || {
+        store.get(keys::ADMIN_TOKEN_SHA256)
+    })
+    .await?
+    .context("the cluster has no admin token hash")?;
     let mut out = [0u8; 32];
     hex::decode_to_slice(&kv.value, &mut out)
         .context("the stored admin token hash is malformed")?;
@@ -258,13 +278,12 @@ async fn stored_token_hash(store: &dyn StateStore) -> Result<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kat_store::StoreError;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     #[tokio::test(start_paused = true)]
     async fn a_starting_node_waits_out_an_election_and_no_other_error() {
         let calls = AtomicU32::new(0);
-        let answer = while_the_store_elects("k", || async {
+        let answer = while_the_store_elects("k", store_unavailable, || async {
             match calls.fetch_add(1, Ordering::SeqCst) {
                 0 | 1 => Err(StoreError::Unavailable("request timed out".into())),
                 _ => Ok(7),
@@ -275,7 +294,7 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 3);
 
         let calls = AtomicU32::new(0);
-        let answer: Result<(), _> = while_the_store_elects("k", || async {
+        let answer: Result<(), _> = while_the_store_elects("k", store_unavailable, || async {
             calls.fetch_add(1, Ordering::SeqCst);
             Err(StoreError::Unavailable("no leader".into()))
         })
@@ -285,7 +304,7 @@ mod tests {
         assert!((25..=40).contains(&tries), "gave up after {tries} tries");
 
         let calls = AtomicU32::new(0);
-        let answer: Result<(), _> = while_the_store_elects("k", || async {
+        let answer: Result<(), _> = while_the_store_elects("k", store_unavailable, || async {
             calls.fetch_add(1, Ordering::SeqCst);
             Err(StoreError::Backend("permission denied".into()))
         })

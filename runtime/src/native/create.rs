@@ -262,7 +262,8 @@ impl NativeRuntime {
         let ((lower, rootfs_took), (joined, network_took)) =
             tokio::join!(rootfs_work, network_work);
         // On an error, the other half's work is undone as the caller removes the container
-        // directory and `joined` is dropped.
+        // directory and `joined` is let go.
+        let joined = joined.map(HeldNamespaces);
         let (lower, mut parts) = lower?;
         let joined = joined?;
         parts.extend([("rootfs", rootfs_took), ("network", network_took)]);
@@ -302,7 +303,7 @@ impl NativeRuntime {
                 self.cgroups.mode,
                 CgroupMode::Systemd | CgroupMode::V2Delegated | CgroupMode::V2Root
             ),
-            joined: joined.as_ref().map(|j| (j.user(), j.network())),
+            joined: joined.0.as_ref().map(|j| (j.user(), j.network())),
         };
         let config = spec::build(&input).map_err(|e| lc_error("building config.json", e))?;
         let bundle = dir.join("bundle");
@@ -319,6 +320,7 @@ impl NativeRuntime {
             bundle,
             systemd: self.cgroups.mode == CgroupMode::Systemd,
             enter_user_namespace: joined
+                .0
                 .as_ref()
                 .filter(|_| !nix::unistd::geteuid().is_root())
                 .map(|j| j.parent_user()),
@@ -339,11 +341,8 @@ impl NativeRuntime {
             ),
             None => phases.mark("helper"),
         }
-        // The container's processes hold its namespaces now: the attach helper may go (its
-        // exit is waited for on a blocking thread).
-        if let Some(joined) = joined {
-            tokio::task::spawn_blocking(move || drop(joined));
-        }
+        // The container's processes hold its namespaces now: the attach helper may go.
+        drop(joined);
         // kat-init is our child now (its helper is gone and we are a subreaper): wait for it.
         let init_pid = self.load_container(&options.id).and_then(|c| c.pid());
         if let Some(pid) = init_pid {
@@ -569,4 +568,22 @@ struct RootfsPlan<'a> {
     mountpoint: &'a Path,
     upper: &'a Path,
     work: &'a Path,
+}
+
+/// A container's namespaces from the node network while its create needs them. Letting
+/// them go waits for the attach helper to exit, so it happens on a blocking thread, however
+/// the create ends.
+struct HeldNamespaces(Option<Box<dyn crate::network::JoinedNamespaces>>);
+
+impl Drop for HeldNamespaces {
+    fn drop(&mut self) {
+        if let Some(joined) = self.0.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn_blocking(move || drop(joined));
+                }
+                Err(_) => drop(joined),
+            }
+        }
+    }
 }
