@@ -17,6 +17,7 @@ pub mod cron;
 pub mod exec_stream;
 pub mod finished;
 pub mod host_paths;
+pub mod id_map;
 pub mod job;
 pub mod keys;
 pub mod load_balancer;

@@ -9,19 +9,25 @@ use std::collections::{BTreeMap, HashMap};
 use kat_api::keys;
 use kat_api::wire::{DnsRecord, InstanceState};
 use kat_api::WorkloadKey;
-use kat_store::{StateStore, StoreError, TxnOp};
+use kat_store::{Revision, StateStore, StoreError, TxnOp};
 
 use crate::controller::{Round, WorkloadCtx};
 
 /// Every DNS record of the cluster, as stored (what a node's DNS server answers from).
 pub async fn records(store: &dyn StateStore) -> Result<Vec<DnsRecord>, StoreError> {
-    Ok(store
-        .list(keys::dns_records())
-        .await?
+    Ok(records_at(store).await?.0)
+}
+
+/// [`records`], and the store revision they were read at: a watch of
+/// [`keys::dns_records`] from the next revision sees every later change.
+pub async fn records_at(store: &dyn StateStore) -> Result<(Vec<DnsRecord>, Revision), StoreError> {
+    let listing = store.list(keys::dns_records()).await?;
+    let records = listing
         .kvs
         .iter()
         .filter_map(kat_store::decode_or_skip)
-        .collect())
+        .collect();
+    Ok((records, listing.revision))
 }
 
 pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {

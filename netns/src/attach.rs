@@ -27,6 +27,7 @@ use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::{fork, ForkResult, Pid};
+use kat_api::id_map::ProcIdMap;
 use serde::{Deserialize, Serialize};
 
 use crate::holder::{cloexec_pipe, expect, BRIDGE};
@@ -252,25 +253,17 @@ fn write_map(pid: Pid, file: &str, ranges: &[IdMapping]) -> Result<(), String> {
 fn to_node_ids(node: Pid, file: &str, ranges: &[IdMapping]) -> Result<Vec<IdMapping>, String> {
     let path = format!("/proc/{}/{file}", node.as_raw());
     let text = fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
-    let node_map: Vec<IdMapping> = text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace().map(|x| x.parse::<u32>().ok());
-            Some((f.next()??, f.next()??, f.next()??))
-        })
-        .collect();
+    let node_map = ProcIdMap::parse(&text).map_err(|e| format!("{path}: {e}"))?;
     ranges
         .iter()
         .map(|&(inside, host, count)| {
-            node_map
-                .iter()
-                .find(|&&(_, outside, n)| {
-                    host >= outside && u64::from(host) + u64::from(count) <= u64::from(outside) + u64::from(n)
-                })
-                .map(|&(node_inside, outside, _)| (inside, node_inside + (host - outside), count))
-                .ok_or_else(|| {
-                    format!("host ids {host}..+{count} are not mapped in the node user namespace ({path}: {})", text.trim())
-                })
+            let node_id = node_map.inside_range(host, count).ok_or_else(|| {
+                format!(
+                    "host ids {host}..+{count} are not mapped in the node user namespace ({path}: {})",
+                    text.trim()
+                )
+            })?;
+            Ok((inside, node_id, count))
         })
         .collect()
 }

@@ -52,11 +52,21 @@ pub(crate) struct Request {
     /// It maps the node's ids, so this spares an unprivileged agent an id helper of its own
     /// (see [`crate::id_tool`]).
     #[serde(default)]
-    pub own_first: Option<(Vec<PathBuf>, (u32, u32))>,
+    pub own_first: Option<OwnFirst>,
     /// When the agent spawned the helper (microseconds since the epoch): the helper says how
     /// long its own start took ([`HelperTimes`]).
     #[serde(default)]
     pub spawned_at_micros: u64,
+}
+
+/// What the helper gives to the workload's root before libcontainer runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnFirst {
+    pub paths: Vec<PathBuf>,
+    /// The workload root's host uid and gid.
+    pub host_uid: u32,
+    pub host_gid: u32,
 }
 
 /// How long a helper took to start (from the agent's spawn, by the wall clock, to its `main`:
@@ -144,8 +154,8 @@ fn build(r: &Request) -> std::result::Result<(), String> {
         // Allowed: this process is single-threaded and its user owns that namespace.
         nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWUSER)
             .map_err(|e| format!("entering the node user namespace {}: {e}", path.display()))?;
-        if let Some((paths, owner)) = &r.own_first {
-            crate::id_tool::own_here(paths, *owner)
+        if let Some(own) = &r.own_first {
+            crate::id_tool::own_here(&own.paths, (own.host_uid, own.host_gid))
                 .map_err(|e| format!("giving the container's directories to its root: {e}"))?;
         }
     }

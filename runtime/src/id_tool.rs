@@ -11,12 +11,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use kat_api::id_map::ProcIdMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError};
-use crate::idmap::NodeIdRange;
+use crate::idmap::{IdRange, NodeIdRange};
 use crate::tree_dir::TreeDir;
-use crate::userns_helper::{self, MapLine};
+use crate::userns_helper;
 
 /// The first argument that makes a program the id helper.
 pub const HELPER_ARG: &str = "__kat-id-task";
@@ -57,12 +58,12 @@ pub fn run(program: &Path, range: &NodeIdRange, task: &IdTask) -> Result<()> {
     command.arg(HELPER_ARG).arg(json);
     let line = |own: u32, start: u32, count: u32| {
         [
-            MapLine {
+            IdRange {
                 inside: 0,
                 outside: own,
                 count: 1,
             },
-            MapLine {
+            IdRange {
                 inside: 1,
                 outside: start,
                 count,
@@ -114,7 +115,8 @@ pub(crate) fn own_here(paths: &[PathBuf], owner: (u32, u32)) -> std::result::Res
     let inside = |file: &str, host: u32| -> std::result::Result<u32, String> {
         let path = format!("/proc/self/{file}");
         let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
-        inside_id(&text, host).ok_or_else(|| {
+        let map = ProcIdMap::parse(&text).map_err(|e| format!("{path}: {e}"))?;
+        map.inside(host).ok_or_else(|| {
             format!(
                 "host id {host} is not mapped in this user namespace ({path}: {})",
                 text.trim()
@@ -125,18 +127,6 @@ pub(crate) fn own_here(paths: &[PathBuf], owner: (u32, u32)) -> std::result::Res
     perform(&IdTask::Own {
         paths: paths.to_vec(),
         owner,
-    })
-}
-
-/// The id inside for `host` by a `uid_map`/`gid_map` text (`inside outside count` lines).
-fn inside_id(map: &str, host: u32) -> Option<u32> {
-    map.lines().find_map(|line| {
-        let mut f = line.split_whitespace().map(|x| x.parse::<u32>().ok());
-        let (inside, outside, count) = (f.next()??, f.next()??, f.next()??);
-        let offset = host.checked_sub(outside)?;
-        (offset < count)
-            .then(|| inside.checked_add(offset))
-            .flatten()
     })
 }
 
@@ -268,22 +258,6 @@ pub fn run_if_requested() -> Option<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_host_id_is_found_through_a_namespace_map_or_refused() {
-        let map = "         0       1000          1\n         1     100000      65536\n";
-        assert_eq!(super::inside_id(map, 1000), Some(0));
-        assert_eq!(super::inside_id(map, 100000), Some(1));
-        assert_eq!(super::inside_id(map, 165535), Some(65536));
-        assert_eq!(super::inside_id(map, 165536), None);
-        assert_eq!(super::inside_id(map, 999), None);
-        assert_eq!(super::inside_id(map, 0), None);
-        assert_eq!(
-            super::inside_id("0 0 4294967295\n", 4294967294),
-            Some(4294967294)
-        );
-        assert_eq!(super::inside_id("garbage\n4294967295 1 2\n", 2), None);
-    }
 
     #[test]
     fn translates_host_ids_into_the_helper_namespace() {

@@ -21,13 +21,7 @@ use serde::{Deserialize, Serialize};
 /// Ids per workload: container ids `0..65536`, enough for `nobody` (65534).
 pub const SLICE_SIZE: u32 = 65_536;
 
-/// One contiguous range: container ids `inside..inside+count` are host ids `outside..`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IdRange {
-    pub inside: u32,
-    pub outside: u32,
-    pub count: u32,
-}
+pub use kat_api::id_map::IdRange;
 
 /// uid and gid mappings of one container, in the order the kernel wants them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,20 +15,14 @@
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 
-/// One line of a `uid_map`/`gid_map`: ids `inside..inside+count` are host ids `outside..`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapLine {
-    pub inside: u32,
-    pub outside: u32,
-    pub count: u32,
-}
+use crate::idmap::IdRange;
 
 /// Starts `command` (whose program calls [`enter`]) and maps its user namespace; returns
 /// it running, with its stdout past the handshake. On an error the child is killed.
 pub fn start(
     mut command: Command,
-    uids: &[MapLine],
-    gids: &[MapLine],
+    uids: &[IdRange],
+    gids: &[IdRange],
 ) -> std::result::Result<Child, String> {
     let mut child = command
         .stdin(Stdio::piped())
@@ -74,7 +68,7 @@ pub fn start(
     }
 }
 
-fn write_map(pid: u32, kind: &str, lines: &[MapLine]) -> std::result::Result<(), String> {
+fn write_map(pid: u32, kind: &str, lines: &[IdRange]) -> std::result::Result<(), String> {
     if nix::unistd::geteuid().is_root() {
         // Root may write any mapping itself (CAP_SETUID/CAP_SETGID in the parent namespace).
         let text: String = lines

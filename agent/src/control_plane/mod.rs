@@ -48,6 +48,18 @@ pub trait ControlPlane: Send + Sync {
     /// The cluster's DNS records, for this node's DNS server.
     async fn dns_records(&self) -> Result<Vec<DnsRecord>>;
 
+    /// [`ControlPlane::dns_records`], and the store revision they were read at where this
+    /// link can wait for a change after it ([`ControlPlane::dns_records_changed`]).
+    async fn dns_records_at(&self) -> Result<(Vec<DnsRecord>, Option<i64>)> {
+        Ok((self.dns_records().await?, None))
+    }
+
+    /// Returns once the DNS records read at `revision` may have changed, or after `at_most`.
+    /// A link that cannot watch (it gave no revision) is never asked.
+    async fn dns_records_changed(&self, _revision: i64, at_most: std::time::Duration) {
+        tokio::time::sleep(at_most).await;
+    }
+
     /// Publishes this node's WireGuard public key (base64).
     async fn publish_wireguard_key(&self, key: &str) -> Result<()>;
 

@@ -9,7 +9,7 @@ use kat_api::wire::{
 };
 use kat_leader::assignments::AssignmentWatch;
 use kat_leader::events::EventLog;
-use kat_store::{StateStore, Txn};
+use kat_store::{StateStore, Txn, WatchOptions};
 use tokio::sync::mpsc;
 
 use super::{Assignments, ControlPlane};
@@ -88,6 +88,30 @@ impl ControlPlane for StoreLink {
         Ok(kat_leader::dns::records(&*self.store).await?)
     }
 
+    async fn dns_records_at(&self) -> Result<(Vec<DnsRecord>, Option<i64>)> {
+        let (records, revision) = kat_leader::dns::records_at(&*self.store).await?;
+        Ok((records, Some(revision)))
+    }
+
+    /// A watch of the records from the revision after `revision`: its first event, or its
+    /// end (a lost connection, a compacted revision), says they may have changed.
+    async fn dns_records_changed(&self, revision: i64, at_most: std::time::Duration) {
+        let waited = tokio::time::timeout(at_most, async {
+            let options = WatchOptions::prefix().from_revision(revision + 1);
+            match self.store.watch(keys::dns_records(), options).await {
+                Ok(mut watch) => {
+                    watch.next().await;
+                }
+                Err(e) => {
+                    tracing::debug!("watching the DNS records: {e}");
+                    // Read again soon (the store may be back), but not in a tight loop.
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+            }
+        });
+        let _ = waited.await;
+    }
+
     async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
         self.store
             .put(
@@ -129,5 +153,87 @@ impl ControlPlane for StoreLink {
         }
         self.store.txn(Txn::new().and_then(ops)).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use kat_api::keys;
+    use kat_store::{MemStore, StateStore};
+    use tokio::time::Instant;
+
+    use super::StoreLink;
+    use crate::control_plane::ControlPlane;
+
+    const AT_MOST: Duration = Duration::from_secs(30);
+
+    fn record(ip: &str) -> (String, Vec<u8>) {
+        let record = kat_api::wire::DnsRecord {
+            namespace: "default".into(),
+            workload: "web".into(),
+            instance_id: kat_api::wire::InstanceId::generated("web", 1),
+            ip: ip.parse().unwrap(),
+            ready: true,
+        };
+        let key = keys::dns_record("default", "web", "A", ip);
+        (key, serde_json::to_vec(&record).unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_after_the_read_wakes_the_dns_server_even_one_made_before_it_waits() {
+        let store = Arc::new(MemStore::new());
+        let link = StoreLink::new(store.clone(), "n1", 51820);
+        let (first, revision) = link.dns_records_at().await.unwrap();
+        assert!(first.is_empty());
+        let revision = revision.expect("a store link can watch");
+        // Written between the read and the wait: the watch starts at the read's revision.
+        let (key, value) = record("10.44.0.5");
+        store.put(&key, value, None).await.unwrap();
+        let start = Instant::now();
+        link.dns_records_changed(revision, AT_MOST).await;
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        let (now, _) = link.dns_records_at().await.unwrap();
+        assert_eq!(now.len(), 1);
+
+        // A change while it waits wakes it too.
+        let (_, revision) = link.dns_records_at().await.unwrap();
+        let writer = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                store.delete(&key).await.unwrap();
+            })
+        };
+        let start = Instant::now();
+        link.dns_records_changed(revision.unwrap(), AT_MOST).await;
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_secs(3) && waited < Duration::from_secs(4), "{waited:?}");
+        writer.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_change_to_the_records_it_waits_the_whole_bound() {
+        let store = Arc::new(MemStore::new());
+        let link = StoreLink::new(store.clone(), "n1", 51820);
+        let (_, revision) = link.dns_records_at().await.unwrap();
+        // Other keys change all the time (heartbeats, statuses): none of it counts.
+        let writer = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..20u32 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let _ = store
+                        .put(&keys::node_status("n1"), i.to_string().into_bytes(), None)
+                        .await;
+                }
+            })
+        };
+        let start = Instant::now();
+        link.dns_records_changed(revision.unwrap(), AT_MOST).await;
+        assert_eq!(start.elapsed(), AT_MOST);
+        writer.await.unwrap();
     }
 }

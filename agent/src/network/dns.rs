@@ -17,8 +17,15 @@ use crate::control_plane::ControlPlane;
 
 /// How long the forwarder waits for one upstream resolver.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the records are read: health changes reach answers within about this.
+/// How often the records are read where the node cannot watch them (a worker reads them
+/// through the leader's API): health changes reach answers within about this.
 const RECORDS_POLL: Duration = Duration::from_millis(500);
+/// Where it watches them (a control-plane node, from etcd), how often they are read even
+/// without a change: a watch the store dropped without telling is noticed within this.
+const RECORDS_REREAD: Duration = Duration::from_secs(30);
+/// After a change, a moment for the rest of its burst (a rollout makes several instances
+/// ready in one leader round): the records are read once for it, not once per record.
+const RECORDS_SETTLE: Duration = Duration::from_millis(20);
 
 pub(super) async fn serve(
     node: Arc<NodeNetwork>,
@@ -59,8 +66,8 @@ pub(super) async fn serve(
     let control = super::connected(&mut control).await;
     let mut last: Option<Vec<DnsRecord>> = None;
     loop {
-        match control.dns_records().await {
-            Ok(mut records) => {
+        let revision = match control.dns_records_at().await {
+            Ok((mut records, revision)) => {
                 records.sort_by(|a, b| {
                     (&a.namespace, &a.workload, &a.instance_id, a.ip).cmp(&(
                         &b.namespace,
@@ -78,10 +85,20 @@ pub(super) async fn serve(
                     }
                     last = Some(records);
                 }
+                revision
             }
-            Err(e) => tracing::debug!("reading DNS records: {e:#}"),
+            Err(e) => {
+                tracing::debug!("reading DNS records: {e:#}");
+                None
+            }
+        };
+        match revision {
+            Some(revision) => {
+                control.dns_records_changed(revision, RECORDS_REREAD).await;
+                tokio::time::sleep(RECORDS_SETTLE).await;
+            }
+            None => tokio::time::sleep(RECORDS_POLL).await,
         }
-        tokio::time::sleep(RECORDS_POLL).await;
     }
 }
 

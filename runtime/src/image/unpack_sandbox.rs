@@ -27,7 +27,7 @@ use super::limits::Budget;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::id_tool::{self, IdTask};
 use crate::idmap::{IdMap, IdRange, NodeIdRange, SLICE_SIZE};
-use crate::userns_helper::{self, MapLine};
+use crate::userns_helper;
 
 /// The first argument that makes a program the unpack helper.
 pub const HELPER_ARG: &str = "__kat-unpack-layer";
@@ -172,7 +172,7 @@ impl UnpackSandbox {
         let mut command = Command::new(&self.program);
         command.arg(HELPER_ARG).arg(json).current_dir(work);
         let slice = |outside: u32| {
-            [MapLine {
+            [IdRange {
                 inside: 0,
                 outside,
                 count: SLICE_SIZE,

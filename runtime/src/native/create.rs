@@ -324,7 +324,11 @@ impl NativeRuntime {
                 .as_ref()
                 .filter(|_| !nix::unistd::geteuid().is_root())
                 .map(|j| j.parent_user()),
-            own_first: owned_by_create_helper.then(|| (owned.clone(), host_root)),
+            own_first: owned_by_create_helper.then(|| crate::create_helper::OwnFirst {
+                paths: owned.clone(),
+                host_uid: host_root.0,
+                host_gid: host_root.1,
+            }),
             // Set as the helper is spawned.
             spawned_at_micros: 0,
         };
