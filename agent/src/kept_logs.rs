@@ -325,6 +325,12 @@ impl ContainerRuntime for KeepingRuntime {
     async fn status(&self, id: &str) -> Result<ContainerStatus> {
         self.inner.status(id).await
     }
+    fn exits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.exits()
+    }
+    fn sees_exit(&self, id: &str) -> bool {
+        self.inner.sees_exit(id)
+    }
     async fn usage(&self, id: &str) -> Result<ContainerUsage> {
         self.inner.usage(id).await
     }

@@ -77,6 +77,8 @@ struct Container {
     started: Option<Instant>,
     /// (when, exit code, signal) once it ended.
     ended: Option<(Instant, i32, Option<i32>)>,
+    /// Started by this runtime (not adopted): its end is told when exits are.
+    child: bool,
 }
 
 struct State {
@@ -94,6 +96,8 @@ pub struct FakeRuntime {
     run: Box<RunFn>,
     probe: Box<ProbeFn>,
     capabilities: NodeCapabilities,
+    /// Set by [`FakeRuntime::tell_exits`]: bumped when a container it started exits.
+    exit_notices: std::sync::OnceLock<tokio::sync::watch::Sender<u64>>,
 }
 
 impl FakeRuntime {
@@ -124,6 +128,7 @@ impl FakeRuntime {
                 seccomp: false,
                 notes: vec!["fake runtime".into()],
             },
+            exit_notices: std::sync::OnceLock::new(),
         })
     }
 
@@ -151,6 +156,12 @@ impl FakeRuntime {
         self.lock().stuck_stops.insert(workload.to_string());
     }
 
+    /// From now on, tell the exits of the containers it starts ([`ContainerRuntime::exits`]),
+    /// as the native runtime's reapers do.
+    pub fn tell_exits(&self) {
+        let _ = self.exit_notices.set(tokio::sync::watch::Sender::new(0));
+    }
+
     /// A container left running by an earlier agent (for adoption).
     pub fn add_running(&self, options: CreateOptions) {
         let run = (self.run)(&options);
@@ -162,6 +173,7 @@ impl FakeRuntime {
                 run,
                 started: Some(Instant::now()),
                 ended: None,
+                child: false,
             },
         );
     }
@@ -331,6 +343,7 @@ impl ContainerRuntime for FakeRuntime {
             run,
             started: None,
             ended: None,
+            child: true,
         };
         let status = container.status();
         let mut state = self.lock();
@@ -349,7 +362,23 @@ impl ContainerRuntime for FakeRuntime {
         let mut state = self.lock();
         let c = state.containers.get_mut(id).ok_or_else(|| not_found(id))?;
         c.started = Some(Instant::now());
+        if let (Some(notices), Some(after)) = (self.exit_notices.get(), c.run.exits_after) {
+            let notices = notices.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                notices.send_modify(|n| *n += 1);
+            });
+        }
         Ok(())
+    }
+
+    fn exits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.exit_notices.get().map(|n| n.subscribe())
+    }
+
+    fn sees_exit(&self, id: &str) -> bool {
+        self.exit_notices.get().is_some()
+            && self.lock().containers.get(id).is_some_and(|c| c.child)
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus> {

@@ -92,6 +92,17 @@ pub trait ContainerRuntime: Send + Sync {
     /// Removes the container, its cgroup, rootfs and logs. `force` stops it first.
     async fn remove(&self, id: &str, force: bool) -> Result<()>;
     async fn status(&self, id: &str) -> Result<ContainerStatus>;
+    /// Changes each time the runtime sees one of its containers' processes end (those for
+    /// which [`ContainerRuntime::sees_exit`] holds); `None`: it does not tell, so whoever
+    /// follows containers reads their status on a clock.
+    fn exits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+    /// Whether an end of `id`'s process shows in [`ContainerRuntime::exits`]. A container
+    /// an earlier agent started, adopted after a restart, is not this runtime's child: no.
+    fn sees_exit(&self, _id: &str) -> bool {
+        false
+    }
     /// What the container uses now (its cgroup); zeros where the node has no cgroups.
     async fn usage(&self, id: &str) -> Result<ContainerUsage>;
     /// Every container on this node, found from on-disk state.

@@ -8,11 +8,23 @@ use std::collections::HashSet;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-#[derive(Default)]
 pub struct Reaping {
     ids: Mutex<HashSet<String>>,
     reaped: Condvar,
     reaped_async: tokio::sync::Notify,
+    /// How many reapers are done: followers of containers wait for it to change.
+    exits: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Reaping {
+    fn default() -> Self {
+        Reaping {
+            ids: Mutex::default(),
+            reaped: Condvar::new(),
+            reaped_async: tokio::sync::Notify::new(),
+            exits: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl Reaping {
@@ -30,6 +42,17 @@ impl Reaping {
         }
         self.reaped.notify_all();
         self.reaped_async.notify_waiters();
+        self.exits.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Whether a reaper waits for `id`'s kat-init (its end will count in [`Reaping::exits`]).
+    pub fn is_reaping(&self, id: &str) -> bool {
+        self.ids.lock().is_ok_and(|ids| ids.contains(id))
+    }
+
+    /// Changes when any reaper is done.
+    pub fn exits(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.exits.subscribe()
     }
 
     /// Resolves at the next reaper's word (any container's). Enable the returned future
@@ -93,6 +116,20 @@ mod tests {
         let t0 = Instant::now();
         assert!(!reaping.wait_until_reaped("stuck", Duration::from_millis(100)));
         assert!(t0.elapsed() >= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn each_reaper_done_counts_as_an_exit_notice() {
+        let reaping = Reaping::default();
+        let mut exits = reaping.exits();
+        reaping.started("a");
+        assert!(reaping.is_reaping("a"));
+        assert!(!exits.has_changed().unwrap());
+        reaping.done("a");
+        assert!(!reaping.is_reaping("a"));
+        assert!(exits.has_changed().unwrap());
+        assert_eq!(*exits.borrow_and_update(), 1);
+        assert!(!reaping.is_reaping("never-started"));
     }
 
     /// An async waiter that enabled its wait before checking is woken by the reaper's word,

@@ -2,7 +2,8 @@
 //!
 //! One loop owns every decision about local containers, so there is no locking between
 //! them. It wakes on a new assignment snapshot, on a health-probe result, at the next due
-//! restart or probe, and once a second to notice exits. For each assigned instance it makes
+//! restart or probe, and at an exit the runtime tells (else once a second to notice exits;
+//! every 10 s when it tells every exit). For each assigned instance it makes
 //! the image and volumes ready, creates and starts the container, follows it, applies the
 //! restart policy and runs health probes; for each container no longer assigned it stops it
 //! with the grace period (SIGTERM, then SIGKILL) and removes it. Statuses go to the heartbeat.
@@ -55,8 +56,13 @@ use restart::{Decision, Exit, RestartTracker};
 /// At most this many containers are created at once: creating one is mostly waiting for
 /// its helper processes, and a burst (a Service of 10 replicas) should not take every core.
 const PARALLEL_CREATES: usize = 4;
-/// How often running containers are checked for exits.
+/// How often running containers are checked for exits the runtime does not tell (a
+/// container adopted from an earlier agent), and while stops are under way.
 const POLL: Duration = Duration::from_secs(1);
+/// How often they are checked when the runtime tells every exit
+/// ([`ContainerRuntime::exits`]): an idle node does not read every container's state each
+/// second, and a lost notice still shows within this.
+const RECHECK: Duration = Duration::from_secs(10);
 /// Wait between attempts to get an image or volume ready.
 const PREPARE_RETRY: Duration = Duration::from_secs(2);
 /// How often an instance waiting for its image looks at the pull again (its status shows
@@ -202,6 +208,16 @@ pub struct Supervisor {
     statuses: watch::Sender<Statuses>,
     source: Option<Source>,
     stop_seq: u64,
+    /// The runtime's exit notices, if it gives them.
+    exits: Option<watch::Receiver<u64>>,
+}
+
+/// Resolves at the runtime's next exit notice: true, or false once it gives none any more.
+async fn next_exit(exits: &mut Option<watch::Receiver<u64>>) -> bool {
+    match exits {
+        Some(exits) => exits.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
 }
 
 /// Stops (`grace` before SIGKILL) and removes each of `containers`; one already gone is no
@@ -226,7 +242,9 @@ impl Supervisor {
         statuses: watch::Sender<Statuses>,
     ) -> Self {
         let (probes_tx, probes_rx) = mpsc::channel(64);
+        let exits = runtime.exits();
         Supervisor {
+            exits,
             config,
             runtime,
             tracked: BTreeMap::new(),
@@ -258,6 +276,7 @@ impl Supervisor {
             tokio::select! {
                 changed = feed.changed() => if changed.is_err() { return },
                 Some((id, attempt, ok)) = self.probes_rx.recv() => self.on_probe(&id, attempt, ok),
+                told = next_exit(&mut self.exits) => if !told { self.exits = None },
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
@@ -794,7 +813,15 @@ impl Supervisor {
     }
 
     fn next_wake(&self) -> Instant {
-        let mut wake = Instant::now() + POLL;
+        // A container whose end the runtime would not tell, one being stopped for its
+        // health (the stop may need sending again) and stops under way are looked at often.
+        let polled = self.exits.is_none()
+            || !self.stopping.is_empty()
+            || self.tracked.values().any(|t| {
+                t.phase == Phase::Running
+                    && (t.unhealthy_stop.is_some() || !self.runtime.sees_exit(&t.container()))
+            });
+        let mut wake = Instant::now() + if polled { POLL } else { RECHECK };
         for t in self.tracked.values() {
             if let Phase::Start(at) = t.phase {
                 wake = wake.min(at);

@@ -207,6 +207,66 @@ async fn a_crashing_instance_restarts_with_a_doubling_backoff() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn exits_the_runtime_tells_are_seen_at_once_and_adopted_ones_within_the_poll() {
+    // Runs of 1.3 s: a 1 s poll would see each exit 0.7 s late.
+    let rt = runtime_with(|_| Run::exits(Duration::from_millis(1300), 1));
+    rt.tell_exits();
+    let node = start(
+        rt,
+        &[assignment(
+            "crash",
+            "crash-1",
+            "app:1",
+            "{condition: Always}",
+            None,
+        )],
+    );
+    node.until(Duration::from_secs(60), |n| n.creates("crash-1").len() >= 4)
+        .await;
+    let creates = node.creates("crash-1");
+    let gaps: Vec<f64> = creates
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() - 1.3)
+        .collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let backoff = 0.5 * f64::from(1u32 << i);
+        assert!(
+            (gap - backoff).abs() < 0.05,
+            "wait {i} was {gap:.2} s, expected {backoff} s: {gaps:?}"
+        );
+    }
+
+    // A container an earlier agent started is no child of this runtime: no notice comes
+    // for it, so it is still looked at every second.
+    let rt = runtime_with(|_| Run::exits(Duration::from_millis(4300), 1));
+    rt.tell_exits();
+    rt.add_running(kat_runtime::CreateOptions {
+        id: container_id("old-1", 0),
+        namespace: "default".into(),
+        workload: "old".into(),
+        image: "app:1".into(),
+        labels: BTreeMap::from([
+            (LABEL_INSTANCE.to_string(), "old-1".to_string()),
+            (LABEL_ATTEMPT.to_string(), "0".to_string()),
+        ]),
+        ..Default::default()
+    });
+    let begin = Instant::now();
+    let node = start(
+        rt,
+        &[assignment("old", "old-1", "app:1", "{condition: Always}", None)],
+    );
+    node.until(Duration::from_secs(30), |n| !n.creates("old-1").is_empty())
+        .await;
+    let restarted = node.creates("old-1")[0] - begin;
+    // Exit at 4.3 s, seen by a poll within a second, then the 0.5 s backoff.
+    assert!(
+        restarted >= Duration::from_millis(4800) && restarted <= Duration::from_millis(5900),
+        "{restarted:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn max_count_ends_failed_after_its_restarts() {
     let rt = runtime_with(|_| Run::exits(Duration::from_secs(1), 3));
     let node = start(

@@ -497,6 +497,12 @@ impl ContainerRuntime for NativeRuntime {
             Ok(self.status_of(id, meta))
         })
     }
+    fn exits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.reaping.exits())
+    }
+    fn sees_exit(&self, id: &str) -> bool {
+        self.reaping.is_reaping(id)
+    }
 
     async fn usage(&self, id: &str) -> Result<ContainerUsage> {
         check_id(id)?;
