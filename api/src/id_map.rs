@@ -72,7 +72,10 @@ mod tests {
 
     #[test]
     fn a_node_map_translates_its_own_ids_and_nothing_else() {
-        let map = ProcIdMap::parse("         0       1000          1\n         1     100000      65536\n").unwrap();
+        let map = ProcIdMap::parse(
+            "         0       1000          1\n         1     100000      65536\n",
+        )
+        .unwrap();
         assert_eq!(map.inside(1000), Some(0));
         assert_eq!(map.inside(100000), Some(1));
         assert_eq!(map.inside(165535), Some(65536));

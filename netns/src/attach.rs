@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 
 use ipnet::Ipv4Net;
+use kat_api::id_map::ProcIdMap;
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::{fork, ForkResult, Pid};
-use kat_api::id_map::ProcIdMap;
 use serde::{Deserialize, Serialize};
 
 use crate::holder::{cloexec_pipe, expect, BRIDGE};

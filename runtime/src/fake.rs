@@ -377,8 +377,7 @@ impl ContainerRuntime for FakeRuntime {
     }
 
     fn sees_exit(&self, id: &str) -> bool {
-        self.exit_notices.get().is_some()
-            && self.lock().containers.get(id).is_some_and(|c| c.child)
+        self.exit_notices.get().is_some() && self.lock().containers.get(id).is_some_and(|c| c.child)
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus> {

@@ -229,10 +229,11 @@ impl EtcdHealth {
     pub async fn is_healthy(&self) -> bool {
         let mut cached = self.client.lock().await;
         if cached.is_none() {
-            *cached = tokio::time::timeout(PROBE_TIMEOUT, connect(&self.client_url, self.tls.as_ref()))
-                .await
-                .ok()
-                .flatten();
+            *cached =
+                tokio::time::timeout(PROBE_TIMEOUT, connect(&self.client_url, self.tls.as_ref()))
+                    .await
+                    .ok()
+                    .flatten();
         }
         let Some(client) = cached.as_mut() else {
             return false;

@@ -194,7 +194,11 @@ mod tests {
         store.put(&key, value, None).await.unwrap();
         let start = Instant::now();
         link.dns_records_changed(revision, AT_MOST).await;
-        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
         let (now, _) = link.dns_records_at().await.unwrap();
         assert_eq!(now.len(), 1);
 
@@ -210,7 +214,10 @@ mod tests {
         let start = Instant::now();
         link.dns_records_changed(revision.unwrap(), AT_MOST).await;
         let waited = start.elapsed();
-        assert!(waited >= Duration::from_secs(3) && waited < Duration::from_secs(4), "{waited:?}");
+        assert!(
+            waited >= Duration::from_secs(3) && waited < Duration::from_secs(4),
+            "{waited:?}"
+        );
         writer.await.unwrap();
     }
 
