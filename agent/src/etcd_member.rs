@@ -149,6 +149,11 @@ impl Member {
     }
 }
 
+/// How soon a revocation list that could not be read or written is tried again.
+const REVOCATION_RETRY: Duration = Duration::from_secs(3);
+/// How often the removed nodes are read even without a change (a lost watch).
+const REVOCATION_REREAD: Duration = Duration::from_secs(60);
+
 /// Learners (nodes that joined the quorum) become voting members once they caught up.
 async fn promote_learners(etcd: EtcdStore) {
     loop {
@@ -215,38 +220,58 @@ async fn wait_for_promotion(
     }
 }
 
-/// Rewrite the revocation list whenever the set of removed nodes changes (checked every 3 s);
-/// etcd reads it at every new connection.
+/// Rewrite the revocation list whenever the set of removed nodes changes; etcd reads it at
+/// every new connection. The removed nodes are watched, so a removal is in the list within
+/// moments of its write; they are read again at least every [`REVOCATION_REREAD`].
 async fn keep_revocation_list(store: Arc<dyn StateStore>, ca: Arc<Authority>, path: PathBuf) {
     let mut written: Option<Vec<String>> = None;
     loop {
-        if let Ok(list) = store.list(keys::revoked_nodes()).await {
-            let mut serials: Vec<String> = list
-                .kvs
-                .iter()
-                .filter_map(kat_store::decode_or_skip::<kat_api::wire::RevokedNode>)
-                .filter_map(|r| r.serial)
-                .collect();
-            serials.sort();
-            if written.as_ref() != Some(&serials) {
-                let crl = ca.crl(&serials);
-                let path2 = path.clone();
-                let wrote = tokio::task::spawn_blocking(move || {
-                    let crl = crl.map_err(|e| std::io::Error::other(e.to_string()))?;
-                    kat_runtime::state_file::write_atomic(&path2, crl.as_bytes(), 0o644)
-                })
-                .await;
-                match wrote {
-                    Ok(Ok(())) => {
-                        tracing::info!(revoked = serials.len(), "revocation list written");
-                        written = Some(serials);
-                    }
-                    Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the revocation list"),
-                    Err(e) => tracing::warn!(error = %e, "cannot write the revocation list"),
+        let listing = match store.list(keys::revoked_nodes()).await {
+            Ok(listing) => listing,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the removed nodes");
+                tokio::time::sleep(REVOCATION_RETRY).await;
+                continue;
+            }
+        };
+        let mut serials: Vec<String> = listing
+            .kvs
+            .iter()
+            .filter_map(kat_store::decode_or_skip::<kat_api::wire::RevokedNode>)
+            .filter_map(|r| r.serial)
+            .collect();
+        serials.sort();
+        let mut up_to_date = written.as_ref() == Some(&serials);
+        if !up_to_date {
+            let crl = ca.crl(&serials);
+            let path2 = path.clone();
+            let wrote = tokio::task::spawn_blocking(move || {
+                let crl = crl.map_err(|e| std::io::Error::other(e.to_string()))?;
+                kat_runtime::state_file::write_atomic(&path2, crl.as_bytes(), 0o644)
+            })
+            .await;
+            match wrote {
+                Ok(Ok(())) => {
+                    tracing::info!(revoked = serials.len(), "revocation list written");
+                    written = Some(serials);
+                    up_to_date = true;
                 }
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot write the revocation list"),
+                Err(e) => tracing::warn!(error = %e, "cannot write the revocation list"),
             }
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        if !up_to_date {
+            // The file is behind the store: try again soon, whether or not the list changes.
+            tokio::time::sleep(REVOCATION_RETRY).await;
+            continue;
+        }
+        kat_store::changes::changed_after(
+            &*store,
+            keys::revoked_nodes(),
+            listing.revision,
+            REVOCATION_REREAD,
+        )
+        .await;
     }
 }
 

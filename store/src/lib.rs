@@ -10,6 +10,7 @@
 //! prefix, and the one with the lowest create revision leads. [`etcd_server`] starts and
 //! supervises the etcd process the agent owns; [`snapshot`] writes and checks its backups.
 
+pub mod changes;
 pub mod election;
 pub mod etcd;
 pub mod etcd_server;

@@ -9,7 +9,7 @@ use kat_api::wire::{
 };
 use kat_leader::assignments::AssignmentWatch;
 use kat_leader::events::EventLog;
-use kat_store::{StateStore, Txn, WatchOptions};
+use kat_store::{StateStore, Txn};
 use tokio::sync::mpsc;
 
 use super::{Assignments, ControlPlane};
@@ -93,23 +93,9 @@ impl ControlPlane for StoreLink {
         Ok((records, Some(revision)))
     }
 
-    /// A watch of the records from the revision after `revision`: its first event, or its
-    /// end (a lost connection, a compacted revision), says they may have changed.
     async fn dns_records_changed(&self, revision: i64, at_most: std::time::Duration) {
-        let waited = tokio::time::timeout(at_most, async {
-            let options = WatchOptions::prefix().from_revision(revision + 1);
-            match self.store.watch(keys::dns_records(), options).await {
-                Ok(mut watch) => {
-                    watch.next().await;
-                }
-                Err(e) => {
-                    tracing::debug!("watching the DNS records: {e}");
-                    // Read again soon (the store may be back), but not in a tight loop.
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                }
-            }
-        });
-        let _ = waited.await;
+        kat_store::changes::changed_after(&*self.store, keys::dns_records(), revision, at_most)
+            .await;
     }
 
     async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
