@@ -5,6 +5,7 @@
 //! that sees the instance's state change, so names follow health as fast as heartbeats do.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use kat_api::keys;
 use kat_api::wire::{DnsRecord, InstanceState};
@@ -28,6 +29,12 @@ pub async fn records_at(store: &dyn StateStore) -> Result<(Vec<DnsRecord>, Revis
         .filter_map(kat_store::decode_or_skip)
         .collect();
     Ok((records, listing.revision))
+}
+
+/// Returns once the records read at `revision` ([`records_at`]) may have changed, or after
+/// `at_most`.
+pub async fn records_changed(store: &dyn StateStore, revision: Revision, at_most: Duration) {
+    kat_store::changes::changed_after(store, keys::dns_records(), revision, at_most).await
 }
 
 pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {

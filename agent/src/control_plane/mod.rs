@@ -65,4 +65,15 @@ pub trait ControlPlane: Send + Sync {
 
     /// Every node of the overlay (this one included).
     async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>>;
+
+    /// [`ControlPlane::overlay_peers`], and a revision to wait for changes after, where this
+    /// link can ([`ControlPlane::overlay_peers_changed`]).
+    async fn overlay_peers_at(&self) -> Result<(Vec<OverlayPeer>, Option<i64>)> {
+        Ok((self.overlay_peers().await?, None))
+    }
+
+    /// Returns once the peers read at `revision` may have changed, or after `at_most`.
+    async fn overlay_peers_changed(&self, _revision: i64, at_most: std::time::Duration) {
+        tokio::time::sleep(at_most).await;
+    }
 }

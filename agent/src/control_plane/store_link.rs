@@ -94,8 +94,7 @@ impl ControlPlane for StoreLink {
     }
 
     async fn dns_records_changed(&self, revision: i64, at_most: std::time::Duration) {
-        kat_store::changes::changed_after(&*self.store, keys::dns_records(), revision, at_most)
-            .await;
+        kat_leader::dns::records_changed(&*self.store, revision, at_most).await;
     }
 
     async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
@@ -111,6 +110,16 @@ impl ControlPlane for StoreLink {
 
     async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
         Ok(kat_leader::overlay::peers(&*self.store, self.wireguard_port).await?)
+    }
+
+    async fn overlay_peers_at(&self) -> Result<(Vec<OverlayPeer>, Option<i64>)> {
+        let (peers, revision) =
+            kat_leader::overlay::peers_at(&*self.store, self.wireguard_port).await?;
+        Ok((peers, Some(revision)))
+    }
+
+    async fn overlay_peers_changed(&self, revision: i64, at_most: std::time::Duration) {
+        kat_leader::overlay::peers_changed(&*self.store, revision, at_most).await;
     }
 
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {

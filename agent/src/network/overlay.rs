@@ -12,8 +12,11 @@ use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
 
-/// How often the peer list is read: a joining node is reachable within about this.
+/// How often the peer list is read where the node cannot watch it (a worker reads it through
+/// the leader's API), and after a failed step: a joining node is reachable within about this.
 const POLL: Duration = Duration::from_secs(1);
+/// Where it watches the list (a control-plane node), how often it reads it without a change.
+const REREAD: Duration = Duration::from_secs(30);
 
 pub(super) async fn keep_peers(
     node: Arc<NodeNetwork>,
@@ -26,14 +29,18 @@ pub(super) async fn keep_peers(
     let control = super::connected(&mut control).await;
     let mut last: Option<Vec<Peer>> = None;
     loop {
-        match control.overlay_peers().await {
-            Ok(list) => {
+        // Some(revision) once everything the list asks for is done: then wait for a change.
+        let settled = match control.overlay_peers_at().await {
+            Ok((list, revision)) => {
+                let mut done = true;
                 // Our own entry is how we know the key is published (and still ours).
                 let ours = list
                     .iter()
                     .find(|p| p.node == me)
                     .map(|p| p.public_key.as_str());
                 if ours != Some(key.as_str()) {
+                    // Published, it changes the list: read again either way.
+                    done = false;
                     if let Err(e) = control.publish_wireguard_key(&key).await {
                         tracing::debug!("publishing this node's WireGuard key: {e:#}");
                     }
@@ -46,14 +53,27 @@ pub(super) async fn keep_peers(
                             tracing::info!(peers = peers.len(), "overlay peers updated");
                             last = Some(peers);
                         }
-                        Ok(Err(e)) => tracing::warn!("writing the overlay's peers: {e}"),
-                        Err(e) => tracing::warn!("writing the overlay's peers: {e}"),
+                        Ok(Err(e)) => {
+                            tracing::warn!("writing the overlay's peers: {e}");
+                            done = false;
+                        }
+                        Err(e) => {
+                            tracing::warn!("writing the overlay's peers: {e}");
+                            done = false;
+                        }
                     }
                 }
+                revision.filter(|_| done)
             }
-            Err(e) => tracing::debug!("reading the overlay's peers: {e:#}"),
+            Err(e) => {
+                tracing::debug!("reading the overlay's peers: {e:#}");
+                None
+            }
+        };
+        match settled {
+            Some(revision) => control.overlay_peers_changed(revision, REREAD).await,
+            None => tokio::time::sleep(POLL).await,
         }
-        tokio::time::sleep(POLL).await;
     }
 }
 
