@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use crate::{Revision, StateStore, WatchOptions};
 
-/// How long [`changed_after`] waits when the store refuses the watch: the caller reads again
-/// soon (the store may be back), but not in a tight loop.
-const WATCH_REFUSED_WAIT: Duration = Duration::from_millis(500);
+/// How long [`changed_after`] waits when the store refuses the watch or ends it with an
+/// error: the caller reads again soon (the store may be back), but not in a tight loop.
+const WATCH_FAILED_WAIT: Duration = Duration::from_millis(500);
 
 /// Returns once a key under `prefix` may have changed after `revision` (the revision a
 /// listing of it was read at), or after `at_most`. A watch from `revision + 1` sees every
-/// change since that listing, one made before this call included; its first event, or its
-/// end (a lost connection, a compacted revision), returns. `at_most` bounds a watch the
-/// store dropped without saying so.
+/// change since that listing, one made before this call included. Its first event returns
+/// at once; its end (a lost connection, a compacted revision) or a refused watch returns
+/// after half a second, so a caller that reads again at each return never spins. `at_most`
+/// bounds a watch the store dropped without saying so.
 pub async fn changed_after(
     store: &dyn StateStore,
     prefix: &str,
@@ -24,12 +25,17 @@ pub async fn changed_after(
     let wait = async {
         let options = WatchOptions::prefix().from_revision(revision + 1);
         match store.watch(prefix, options).await {
-            Ok(mut watch) => {
-                watch.next().await;
-            }
+            Ok(mut watch) => match watch.next().await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!("watching {prefix}: {e}");
+                    tokio::time::sleep(WATCH_FAILED_WAIT).await;
+                }
+                None => tokio::time::sleep(WATCH_FAILED_WAIT).await,
+            },
             Err(e) => {
                 tracing::debug!("watching {prefix}: {e}");
-                tokio::time::sleep(WATCH_REFUSED_WAIT).await;
+                tokio::time::sleep(WATCH_FAILED_WAIT).await;
             }
         }
     };
@@ -79,6 +85,22 @@ mod tests {
         changed_after(&*store, "/watched/", revision, AT_MOST).await;
         assert_eq!(start.elapsed(), Duration::from_secs(3));
         writer.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_cannot_go_on_returns_after_a_pause_not_at_once() {
+        let store = Arc::new(MemStore::new());
+        let old = store.list("/watched/").await.unwrap().revision;
+        for i in 0..3u8 {
+            store.put("/watched/a", vec![i], None).await.unwrap();
+        }
+        let now = store.list("/watched/").await.unwrap().revision;
+        store.compact(now).await.unwrap();
+        // The history after `old` is gone: the watch ends with an error. A caller that
+        // reads again at each return must not spin.
+        let start = Instant::now();
+        changed_after(&*store, "/watched/", old, AT_MOST).await;
+        assert_eq!(start.elapsed(), super::WATCH_FAILED_WAIT);
     }
 
     #[tokio::test(start_paused = true)]

@@ -224,8 +224,9 @@ impl EtcdHealth {
         self.shared.lock().map(|s| s.restarts).unwrap_or(0)
     }
 
-    /// Whether etcd serves a linearizable read right now (as [`health`] checks), on the
-    /// probe's kept connection.
+    /// Whether etcd serves a linearizable read right now, on the probe's kept connection
+    /// (made as [`health`] makes one, and again after a failed probe). Unlike [`health`] it
+    /// does not prove each time that a new connection with this identity is accepted.
     pub async fn is_healthy(&self) -> bool {
         let mut cached = self.client.lock().await;
         if cached.is_none() {

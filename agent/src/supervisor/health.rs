@@ -51,9 +51,11 @@ impl HealthTracker {
         true
     }
 
-    /// When the next probe is due (for the supervisor's timer).
-    pub fn next_probe(&self) -> Instant {
-        self.next_probe
+    /// When the next probe is due (for the supervisor's timer); `None` while one is in
+    /// flight: its result wakes the supervisor, and a due time in the past would wake it in a
+    /// loop until then.
+    pub fn next_probe(&self) -> Option<Instant> {
+        (!self.in_flight).then_some(self.next_probe)
     }
 
     /// Record a probe's result; returns the new health if it changed.
@@ -105,12 +107,16 @@ mod tests {
         let t0 = Instant::now();
         let mut h = HealthTracker::new(&check(5, 2, 1, 1), t0);
         assert!(!h.start_probe(t0 + Duration::from_secs(4)));
+        assert_eq!(h.next_probe(), Some(t0 + Duration::from_secs(5)));
         assert!(h.start_probe(t0 + Duration::from_secs(5)));
         assert!(
             !h.start_probe(t0 + Duration::from_secs(9)),
             "one probe at a time"
         );
+        // In flight: no due time (its result wakes the supervisor, not a timer in the past).
+        assert_eq!(h.next_probe(), None);
         h.record(t0 + Duration::from_secs(9), true);
+        assert_eq!(h.next_probe(), Some(t0 + Duration::from_secs(11)));
         assert!(!h.start_probe(t0 + Duration::from_secs(10)));
         assert!(h.start_probe(t0 + Duration::from_secs(11)));
     }

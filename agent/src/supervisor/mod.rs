@@ -826,8 +826,8 @@ impl Supervisor {
             if let Phase::Start(at) = t.phase {
                 wake = wake.min(at);
             }
-            if let Some(h) = &t.health {
-                wake = wake.min(h.next_probe());
+            if let Some(at) = t.health.as_ref().and_then(|h| h.next_probe()) {
+                wake = wake.min(at);
             }
         }
         wake.max(Instant::now() + Duration::from_millis(10))

@@ -112,19 +112,24 @@ pub(super) fn spawn_reaper(
     pid: i32,
     logs: PathBuf,
     oom_killed: impl FnOnce() -> bool + Send + 'static,
-    done: impl FnOnce() + Send + 'static,
+    done: impl Fn() + Send + Sync + 'static,
 ) {
+    let done = std::sync::Arc::new(done);
+    let reaper_done = done.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("reap-{pid}"))
         .spawn(move || {
             record_end(pid, &logs, oom_killed);
-            done();
+            reaper_done();
         });
     if spawned.is_err() {
         tracing::warn!(
             pid,
             "cannot start a reaper thread; exit codes of a killed kat-init will be approximate"
         );
+        // No reaper waits for it: nobody may wait for this one's word, or count on its
+        // notice of the exit (the container is then looked at on a clock).
+        done();
     }
 }
 
