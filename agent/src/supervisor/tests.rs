@@ -187,19 +187,15 @@ fn check_restart_waits(creates: &[Instant], run: f64, early: f64, late: f64) {
     }
 }
 
+/// `crash-1` of workload `crash` on `app:1`, restarted always.
+fn crash_1() -> Assignment {
+    assignment("crash", "crash-1", "app:1", "{condition: Always}", None)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crashing_instance_restarts_with_a_doubling_backoff() {
     let rt = runtime_with(|_| Run::exits(Duration::from_secs(1), 1));
-    let node = start(
-        rt,
-        &[assignment(
-            "crash",
-            "crash-1",
-            "app:1",
-            "{condition: Always}",
-            None,
-        )],
-    );
+    let node = start(rt, &[crash_1()]);
     node.until(Duration::from_secs(120), |n| {
         n.creates("crash-1").len() >= 6
     })
@@ -216,16 +212,7 @@ async fn exits_the_runtime_tells_are_seen_at_once_and_adopted_ones_within_the_po
     // Runs of 1.3 s: a 1 s poll would see each exit 0.7 s late.
     let rt = runtime_with(|_| Run::exits(Duration::from_millis(1300), 1));
     rt.tell_exits();
-    let node = start(
-        rt,
-        &[assignment(
-            "crash",
-            "crash-1",
-            "app:1",
-            "{condition: Always}",
-            None,
-        )],
-    );
+    let node = start(rt, &[crash_1()]);
     node.until(Duration::from_secs(60), |n| n.creates("crash-1").len() >= 4)
         .await;
     check_restart_waits(&node.creates("crash-1"), 1.3, 0.05, 0.05);
@@ -505,7 +492,7 @@ async fn a_slow_pull_delays_no_other_instance() {
         &[
             assignment("big", "big-1", "slow:1", "{condition: Always}", None),
             assignment("web", "web-1", "app:1", "{condition: Always}", None),
-            assignment("crash", "crash-1", "app:1", "{condition: Always}", None),
+            crash_1(),
         ],
     );
     node.until(
