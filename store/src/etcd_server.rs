@@ -214,9 +214,6 @@ pub struct EtcdHealth {
     shared: Arc<Mutex<Shared>>,
     client_url: String,
     tls: Option<EtcdTls>,
-    /// The probe's connection, kept between probes (a TLS handshake every few seconds was
-    /// most of an idle node's etcd traffic); dropped when a probe fails.
-    client: Arc<tokio::sync::Mutex<Option<ec::Client>>>,
 }
 
 impl EtcdHealth {
@@ -224,26 +221,9 @@ impl EtcdHealth {
         self.shared.lock().map(|s| s.restarts).unwrap_or(0)
     }
 
-    /// Whether etcd serves a linearizable read right now, on the probe's kept connection
-    /// (made as [`health`] makes one, and again after a failed probe). Unlike [`health`] it
-    /// does not prove each time that a new connection with this identity is accepted.
+    /// Whether `/health` reports healthy right now.
     pub async fn is_healthy(&self) -> bool {
-        let mut cached = self.client.lock().await;
-        if cached.is_none() {
-            *cached =
-                tokio::time::timeout(PROBE_TIMEOUT, connect(&self.client_url, self.tls.as_ref()))
-                    .await
-                    .ok()
-                    .flatten();
-        }
-        let Some(client) = cached.as_mut() else {
-            return false;
-        };
-        let healthy = answers(client).await;
-        if !healthy {
-            *cached = None;
-        }
-        healthy
+        health(&self.client_url, self.tls.as_ref()).await
     }
 }
 
@@ -314,7 +294,6 @@ impl EtcdServer {
             shared: self.shared.clone(),
             client_url: self.config.client_url.clone(),
             tls: self.config.tls.clone(),
-            client: Arc::default(),
         }
     }
 
@@ -442,37 +421,22 @@ async fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.kill().await;
 }
 
-/// How long a health probe may take, its connection included.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Whether etcd at `url` serves a linearizable read within 2 s: it is up, reachable with
 /// this identity, and part of a quorum with a leader (what `etcdctl endpoint health` checks).
 async fn health(url: &str, tls: Option<&EtcdTls>) -> bool {
     let attempt = async {
-        let mut client = connect(url, tls).await?;
-        Some(answers(&mut client).await)
+        let mut options = ec::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(2));
+        if let Some(tls) = tls {
+            options = options.with_tls(tls.client_options().ok()?);
+        }
+        let mut client = ec::Client::connect([url], Some(options)).await.ok()?;
+        client.get("/kat/health", None).await.ok().map(|_| true)
     };
-    tokio::time::timeout(PROBE_TIMEOUT, attempt)
+    tokio::time::timeout(Duration::from_secs(2), attempt)
         .await
         .ok()
         .flatten()
         .unwrap_or(false)
-}
-
-/// A client of etcd at `url` for health probes.
-async fn connect(url: &str, tls: Option<&EtcdTls>) -> Option<ec::Client> {
-    let mut options = ec::ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(1))
-        .with_timeout(PROBE_TIMEOUT);
-    if let Some(tls) = tls {
-        options = options.with_tls(tls.client_options().ok()?);
-    }
-    ec::Client::connect([url], Some(options)).await.ok()
-}
-
-/// Whether `client`'s etcd serves a linearizable read within the probe's time.
-async fn answers(client: &mut ec::Client) -> bool {
-    tokio::time::timeout(PROBE_TIMEOUT, client.get("/kat/health", None))
-        .await
-        .is_ok_and(|r| r.is_ok())
 }
