@@ -3,7 +3,7 @@
 //! workload, token or admin route; and a control-plane node that does not lead sends it to
 //! the leader.
 //!
-//! One file because its seven tests share one fixture: `Api`, the router on a `MemStore`
+//! One file because its eight tests share one fixture: `Api`, the router on a `MemStore`
 //! seeded with two workers' instances and templates, whose `send` presents a node's
 //! certificate (or none), with `heartbeat` and `pinned_bundle` to make the bodies.
 
@@ -143,6 +143,31 @@ impl Api {
             }
         }
         (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// GET `path` as `node`: the status, the `kat-revision` header, the body.
+    async fn get_at(
+        &self,
+        node: Option<(&str, NodeRole)>,
+        path: &str,
+    ) -> (StatusCode, Option<i64>, String) {
+        let mut req = Request::builder().uri(path).body(Body::empty()).unwrap();
+        req.extensions_mut()
+            .insert(ClientNode(node.map(|(n, r)| (n.to_string(), r))));
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let revision = resp
+            .headers()
+            .get(kat_api::wire::REVISION_HEADER)
+            .map(|v| v.to_str().unwrap().parse().unwrap());
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (
+            status,
+            revision,
+            String::from_utf8_lossy(&bytes).into_owned(),
+        )
     }
 
     /// POST `body` with the admin token.
@@ -550,6 +575,153 @@ async fn a_worker_publishes_its_own_wireguard_key_and_reads_the_peers() {
     assert_eq!(peers.len(), 2);
     let (status, _) = api
         .send(W1, Method::GET, "/v1alpha1/nodes/w2/peers", "")
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+/// A worker's read of the DNS records or the peers waits for a change after the revision of
+/// its last answer (a long poll), instead of reading on a clock: a change made before the wait
+/// or during it answers at once, a change elsewhere does not, no change answers after the
+/// wait; a newer wait of the same node ends the older; bad arguments are refused by name.
+#[tokio::test]
+async fn a_workers_read_waits_for_a_change_after_its_last_answer() {
+    use std::time::{Duration, Instant};
+    let api = Arc::new(Api::new(None).await);
+    let record = |ip: &str| {
+        format!(
+            r#"{{"namespace":"default","workload":"web","instanceID":"web-1","ip":"{ip}","ready":true}}"#
+        )
+    };
+    let put = |key: String, value: String| {
+        let api = api.clone();
+        async move {
+            api.store.put(&key, value.into_bytes(), None).await.unwrap();
+        }
+    };
+    let dns_key = |ip: &str| keys::dns_record("default", "web", "A", ip);
+
+    let (status, revision, text) = api.get_at(W1, "/v1alpha1/nodes/w1/dns").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let first = revision.expect("a revision header");
+    assert_eq!(text, "[]");
+
+    // Nothing changes: the answer comes after the wait, with the same records.
+    let start = Instant::now();
+    let (status, revision, text) = api
+        .get_at(W1, &format!("/v1alpha1/nodes/w1/dns?after={first}&wait=1"))
+        .await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "[]"));
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(revision, Some(first));
+
+    // A change between the answer and the wait: at once.
+    put(dns_key("10.100.0.5"), record("10.100.0.5")).await;
+    let start = Instant::now();
+    let (status, revision, text) = api
+        .get_at(W1, &format!("/v1alpha1/nodes/w1/dns?after={first}&wait=30"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("10.100.0.5"), "{text}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let second = revision.unwrap();
+    assert!(second > first);
+
+    // A change while it waits; a write elsewhere does not end the wait.
+    let waiting = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let answer = api
+                .get_at(
+                    W1,
+                    &format!("/v1alpha1/nodes/w1/dns?after={second}&wait=30"),
+                )
+                .await;
+            (answer, start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    put("/kat/elsewhere".into(), "x".into()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a write elsewhere ended the wait");
+    put(dns_key("10.100.0.6"), record("10.100.0.6")).await;
+    let ((status, _, text), took) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("10.100.0.6"), "{text}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // The peers: a node's subnet is a change to them.
+    let (_, revision, _) = api.get_at(W1, "/v1alpha1/nodes/w1/peers").await;
+    let peers_at = revision.expect("a revision header");
+    let waiting = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            api.get_at(W1, &format!("/v1alpha1/nodes/w1/peers?after={peers_at}"))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    put(keys::node_subnet("w2"), "10.100.2.0/23".into()).await;
+    let (status, revision, text) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the peers' wait ended with the change")
+        .unwrap();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(revision.unwrap() > peers_at);
+
+    // A newer wait of the same node ends the older one at once (a client that reconnected
+    // leaves no watch behind); another node's wait is its own.
+    let (_, revision, _) = api.get_at(W1, "/v1alpha1/nodes/w1/dns").await;
+    let now = revision.unwrap();
+    let wait_of = |node: Option<(&'static str, NodeRole)>, name: &'static str| {
+        let api = api.clone();
+        tokio::spawn(async move {
+            api.get_at(
+                node,
+                &format!("/v1alpha1/nodes/{name}/dns?after={now}&wait=30"),
+            )
+            .await
+        })
+    };
+    let older = wait_of(W1, "w1");
+    let other = wait_of(W2, "w2");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let newer = wait_of(W1, "w1");
+    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), older)
+        .await
+        .expect("the older wait ended")
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!newer.is_finished() && !other.is_finished());
+    newer.abort();
+    other.abort();
+
+    // Bad arguments, by name; another node's records are not this node's to wait on.
+    for (query, names) in [
+        ("after=-1", "after"),
+        ("after=x", "after"),
+        ("wait=5", "wait"),
+        ("after=1&wait=0", "wait"),
+        ("after=1&wait=31", "wait"),
+    ] {
+        let (status, _, text) = api
+            .get_at(W1, &format!("/v1alpha1/nodes/w1/dns?{query}"))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {text}");
+        assert!(text.contains(names), "{query}: {text}");
+    }
+    let (status, _, _) = api
+        .get_at(W1, &format!("/v1alpha1/nodes/w2/dns?after={now}&wait=1"))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 }

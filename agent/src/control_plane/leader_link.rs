@@ -10,6 +10,10 @@
 //! The assignment stream carries a keepalive line every 5 s: 15 s of silence means the
 //! leader (or the path to it) is gone, and the feed reconnects, resuming from the last
 //! revision it saw.
+//!
+//! The DNS records and the overlay's peers are read with a long poll: each read names the
+//! store revision of the last answer (`?after=`), and the leader answers when they change,
+//! or after 30 s. Its answer is kept for the next read, so a change costs one request.
 
 use kat_client::paths::{self, NodeCall};
 use std::collections::HashSet;
@@ -20,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use kat_api::wire::{
     AssignmentUpdate, DnsRecord, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord,
-    NodeHeartbeat, OverlayPeer, TemplateProblem, WireguardKey,
+    NodeHeartbeat, OverlayPeer, TemplateProblem, WireguardKey, REVISION_HEADER,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -30,6 +34,11 @@ use super::{Assignments, ControlPlane};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Silence on the assignment stream after which the leader counts as gone (3 keepalives).
 const STREAM_SILENCE: Duration = Duration::from_secs(15);
+/// The longest wait for a change a read asks of the leader (its cap, `CHANGE_WAIT_MAX`).
+const CHANGE_WAIT_MAX: Duration = Duration::from_secs(30);
+/// After a wait for a change failed, before the caller reads again: a leader that refuses
+/// at once does not make the caller spin.
+const CHANGE_WAIT_FAILED: Duration = Duration::from_secs(1);
 
 pub struct LeaderLink {
     node: String,
@@ -42,7 +51,14 @@ pub struct LeaderLink {
     subnet: Mutex<Option<String>>,
     /// When the leader last answered (any request); `None` before it ever did.
     contact: watch::Sender<Option<Instant>>,
+    /// The answer of the last wait for a change of the DNS records, for the next read.
+    fresh_dns: Fresh<Vec<DnsRecord>>,
+    /// The same for the overlay's peers.
+    fresh_peers: Fresh<Vec<OverlayPeer>>,
 }
+
+/// An answer a wait for a change brought (with its revision), kept for the next read.
+type Fresh<T> = Mutex<Option<(T, i64)>>;
 
 #[derive(Debug, Clone, Default)]
 struct Endpoints {
@@ -78,6 +94,8 @@ impl LeaderLink {
             revoked,
             subnet: Mutex::new(None),
             contact: watch::channel(None).0,
+            fresh_dns: Mutex::new(None),
+            fresh_peers: Mutex::new(None),
         })
     }
 
@@ -199,6 +217,64 @@ impl LeaderLink {
     fn url(&self, base: &str, call: NodeCall<'_>) -> String {
         paths::url(base, &paths::node_call(&self.node, call))
     }
+
+    /// `call`'s list and the store revision it was read at (`None` from a leader that does
+    /// not say: the caller then reads on a clock); with `after`, the leader answers once it
+    /// may have changed since that revision, or after the wait.
+    async fn read_at<T: serde::de::DeserializeOwned>(
+        &self,
+        what: &str,
+        call: NodeCall<'_>,
+        after: Option<(i64, Duration)>,
+    ) -> Result<(T, Option<i64>)> {
+        let response = self
+            .send(what, |c, base| {
+                let request = c.get(self.url(base, call.clone()));
+                match after {
+                    Some((revision, wait)) => {
+                        let wait = wait.clamp(Duration::from_secs(1), CHANGE_WAIT_MAX);
+                        request
+                            .query(&[("after", revision), ("wait", wait.as_secs() as i64)])
+                            .timeout(wait + REQUEST_TIMEOUT)
+                    }
+                    None => request.timeout(REQUEST_TIMEOUT),
+                }
+            })
+            .await?;
+        if !response.status().is_success() {
+            return Err(refusal(what, response).await);
+        }
+        let revision = response
+            .headers()
+            .get(REVISION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let list = response
+            .json()
+            .await
+            .with_context(|| format!("the {what}"))?;
+        Ok((list, revision))
+    }
+}
+
+/// Keeps a wait's answer for the next read. Without one (the wait failed, or the leader
+/// gave no revision and so did not wait) it waits a little, as the caller reads next.
+async fn keep_fresh<T>(fresh: &Fresh<T>, answer: Result<(T, Option<i64>)>, at_most: Duration) {
+    match answer {
+        Ok((list, Some(revision))) => {
+            *fresh.lock().unwrap_or_else(|p| p.into_inner()) = Some((list, revision));
+        }
+        Ok((_, None)) => tokio::time::sleep(at_most.min(CHANGE_WAIT_FAILED)).await,
+        Err(e) => {
+            tracing::debug!("waiting for a change: {e:#}");
+            tokio::time::sleep(at_most.min(CHANGE_WAIT_FAILED)).await;
+        }
+    }
+}
+
+/// What `fresh` holds, emptying it.
+fn take<T>(fresh: &Fresh<T>) -> Option<(T, i64)> {
+    fresh.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
 /// The error an API answer carries, for a message.
@@ -300,16 +376,21 @@ impl ControlPlane for LeaderLink {
     }
 
     async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
-        let response = self
-            .send("DNS records", |c, base| {
-                c.get(self.url(base, NodeCall::Dns))
-                    .timeout(REQUEST_TIMEOUT)
-            })
-            .await?;
-        if !response.status().is_success() {
-            return Err(refusal("DNS records", response).await);
+        Ok(self.dns_records_at().await?.0)
+    }
+
+    async fn dns_records_at(&self) -> Result<(Vec<DnsRecord>, Option<i64>)> {
+        if let Some((records, revision)) = take(&self.fresh_dns) {
+            return Ok((records, Some(revision)));
         }
-        response.json().await.context("the DNS records")
+        self.read_at("DNS records", NodeCall::Dns, None).await
+    }
+
+    async fn dns_records_changed(&self, revision: i64, at_most: Duration) {
+        let answer = self
+            .read_at("DNS records", NodeCall::Dns, Some((revision, at_most)))
+            .await;
+        keep_fresh(&self.fresh_dns, answer, at_most).await;
     }
 
     async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
@@ -330,16 +411,21 @@ impl ControlPlane for LeaderLink {
     }
 
     async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
-        let response = self
-            .send("overlay peers", |c, base| {
-                c.get(self.url(base, NodeCall::Peers))
-                    .timeout(REQUEST_TIMEOUT)
-            })
-            .await?;
-        if !response.status().is_success() {
-            return Err(refusal("overlay peers", response).await);
+        Ok(self.overlay_peers_at().await?.0)
+    }
+
+    async fn overlay_peers_at(&self) -> Result<(Vec<OverlayPeer>, Option<i64>)> {
+        if let Some((peers, revision)) = take(&self.fresh_peers) {
+            return Ok((peers, Some(revision)));
         }
-        response.json().await.context("the overlay peers")
+        self.read_at("overlay peers", NodeCall::Peers, None).await
+    }
+
+    async fn overlay_peers_changed(&self, revision: i64, at_most: Duration) {
+        let answer = self
+            .read_at("overlay peers", NodeCall::Peers, Some((revision, at_most)))
+            .await;
+        keep_fresh(&self.fresh_peers, answer, at_most).await;
     }
 
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {

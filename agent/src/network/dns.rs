@@ -17,11 +17,13 @@ use crate::control_plane::ControlPlane;
 
 /// How long the forwarder waits for one upstream resolver.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the records are read where the node cannot watch them (a worker reads them
-/// through the leader's API): health changes reach answers within about this.
+/// How often the records are read where the link cannot wait for a change (a detached
+/// node's; a leader of a version without long polls) or a read failed: health changes reach
+/// answers within about this.
 const RECORDS_POLL: Duration = Duration::from_millis(500);
-/// Where it watches them (a control-plane node, from etcd), how often they are read even
-/// without a change: a watch the store dropped without telling is noticed within this.
+/// Where the link waits for a change (a control-plane node watches etcd; a worker's read
+/// waits at the leader), how often the records are read even without one: a watch the store
+/// dropped without telling is noticed within this.
 const RECORDS_REREAD: Duration = Duration::from_secs(30);
 /// After a change, a moment for the rest of its burst (a rollout makes several instances
 /// ready in one leader round): the records are read once for it, not once per record.

@@ -12,10 +12,12 @@ use tokio::sync::watch;
 
 use crate::control_plane::ControlPlane;
 
-/// How often the peer list is read where the node cannot watch it (a worker reads it through
-/// the leader's API), and after a failed step: a joining node is reachable within about this.
+/// How often the peer list is read after a failed step, or where the link cannot wait for a
+/// change (a detached node's; a leader of a version without long polls): a joining node is
+/// reachable within about this.
 const POLL: Duration = Duration::from_secs(1);
-/// Where it watches the list (a control-plane node), how often it reads it without a change.
+/// Where the link waits for a change (a control-plane node watches etcd; a worker's read
+/// waits at the leader), how often it reads the list without one.
 const REREAD: Duration = Duration::from_secs(30);
 
 pub(super) async fn keep_peers(

@@ -383,6 +383,34 @@ fn three_nodes_join_spread_and_survive_the_leader() {
 /// refuses another worker's certificate, every other token (read-only, namespace, the
 /// admin's, made up, empty); the metrics token reads the leader's `/metrics` and nothing
 /// else.
+/// The worker reads the DNS records and the overlay's peers with long polls: idle, each costs
+/// the leader a request per 30 s (and one per change), where it read them twice and once a
+/// second. Counted by the leader's own metrics over an 8 s window.
+fn the_workers_reads_wait_for_changes(leader_metrics: impl Fn() -> String) {
+    let reads = || -> f64 {
+        let body = leader_metrics();
+        assert!(body.contains("kat_api_request_duration_seconds"), "{body}");
+        body.lines()
+            .filter(|l| l.starts_with("kat_api_request_duration_seconds_count"))
+            .filter(|l| l.contains("/dns\"") || l.contains("/peers\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let before = reads();
+    assert!(
+        before >= 2.0,
+        "the worker's reads are not in the metrics ({before})"
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    let answered = reads() - before;
+    // Read on a clock it was 24 (8 × (2 + 1)); a change or two may come in the window.
+    eprintln!("the worker's reads of DNS records and peers answered in 8 s idle: {answered}");
+    assert!(
+        answered <= 4.0,
+        "{answered} reads of DNS records and peers answered in 8 s"
+    );
+}
+
 fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
     let worker = format!("n{WORKER}");
     let mut text = String::new();
@@ -467,4 +495,5 @@ fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
     );
     let (code, body) = with_token(&scraper, &leader("/v1alpha1/n/default/workloads"));
     assert_eq!(code, "403", "{body}");
+    the_workers_reads_wait_for_changes(|| with_token(&scraper, &leader("/metrics")).1);
 }

@@ -280,6 +280,10 @@ impl WireguardKey {
     }
 }
 
+/// The response header with the store revision a worker's DNS records or overlay peers
+/// were read at: what it gives as `?after=` to wait for their next change.
+pub const REVISION_HEADER: &str = "kat-revision";
+
 /// One address of a workload in the cluster's DNS (`/kat/dns/{ns}/{workload}/{A|AAAA}/{ip}`),
 /// written by the leader for every running instance that has an address. The workload's name
 /// answers with the `ready` ones (healthy, or running where there is no health check); the

@@ -10,11 +10,14 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kat_api::wire::{AssignmentUpdate, NodeHeartbeat, Taint, TemplateProblem, WireguardKey};
+use kat_api::wire::{
+    AssignmentUpdate, NodeHeartbeat, Taint, TemplateProblem, WireguardKey, REVISION_HEADER,
+};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::{json_body, ndjson_body, ApiError, ApiState};
+use crate::service::CHANGE_WAIT_MAX;
 
 const MAX_BODY: u64 = 1 << 20;
 /// A heartbeat with hundreds of instances is tens of KiB.
@@ -130,15 +133,22 @@ pub async fn set_wireguard_key(
         get,
         path = "/v1alpha1/nodes/{name}/peers",
         tag = "node-agent",
-        params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "The overlay's peers", body = [kat_api::wire::OverlayPeer]), super::openapi::Errors)
+        params(
+            ("name" = String, Path, description = "Node name"),
+            ("after" = Option<i64>, Query, description = "The `kat-revision` of an earlier answer: answer once the peers may have changed since"),
+            ("wait" = Option<u64>, Query, description = "With `after`: seconds to wait at most (1 to 30, default 30)"),
+        ),
+        responses((status = 200, description = "The overlay's peers; the header `kat-revision` says the store revision they were read at", body = [kat_api::wire::OverlayPeer]), super::openapi::Errors)
     )
 )]
 pub async fn overlay_peers(
     State(state): State<Arc<ApiState>>,
-    Path(_name): Path<String>,
+    Path(name): Path<String>,
+    query: Result<Query<ChangeQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(state.service.overlay_peers().await?))
+    let after = change_wait(query)?;
+    let (peers, revision) = state.service.overlay_peers(&name, after).await?;
+    Ok(([(REVISION_HEADER, revision.to_string())], Json(peers)))
 }
 
 /// The cluster's DNS records, for a worker's DNS server.
@@ -148,15 +158,67 @@ pub async fn overlay_peers(
         get,
         path = "/v1alpha1/nodes/{name}/dns",
         tag = "node-agent",
-        params(("name" = String, Path, description = "Node name")),
-        responses((status = 200, description = "Every DNS record", body = [kat_api::wire::DnsRecord]), super::openapi::Errors)
+        params(
+            ("name" = String, Path, description = "Node name"),
+            ("after" = Option<i64>, Query, description = "The `kat-revision` of an earlier answer: answer once the records may have changed since"),
+            ("wait" = Option<u64>, Query, description = "With `after`: seconds to wait at most (1 to 30, default 30)"),
+        ),
+        responses((status = 200, description = "Every DNS record; the header `kat-revision` says the store revision they were read at", body = [kat_api::wire::DnsRecord]), super::openapi::Errors)
     )
 )]
 pub async fn dns_records(
     State(state): State<Arc<ApiState>>,
-    Path(_name): Path<String>,
+    Path(name): Path<String>,
+    query: Result<Query<ChangeQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(state.service.dns_records().await?))
+    let after = change_wait(query)?;
+    let (records, revision) = state.service.dns_records(&name, after).await?;
+    Ok(([(REVISION_HEADER, revision.to_string())], Json(records)))
+}
+
+/// A worker's read that waits for a change (a long poll), instead of reading on a clock.
+/// Kept as text so that a bad value is refused naming its parameter.
+#[derive(Debug, Deserialize)]
+pub struct ChangeQuery {
+    /// The store revision of the node's last answer (its `kat-revision` header).
+    after: Option<String>,
+    /// Seconds to wait at most for a change after it.
+    wait: Option<String>,
+}
+
+/// The revision to wait for a change after, and for how long, from a [`ChangeQuery`].
+fn change_wait(
+    query: Result<Query<ChangeQuery>, QueryRejection>,
+) -> Result<Option<(i64, Duration)>, ApiError> {
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_request(format!("query: {}", e.body_text())))?;
+    let max = CHANGE_WAIT_MAX.as_secs();
+    let Some(after) = query.after else {
+        return match query.wait {
+            None => Ok(None),
+            Some(_) => Err(ApiError::bad_request(
+                "wait: only with after=REVISION (the kat-revision header of an earlier answer)",
+            )),
+        };
+    };
+    let after = after.parse::<i64>().ok().filter(|r| *r >= 0).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "after: a store revision (0 or more: the kat-revision header of an earlier answer), not {after:?}"
+        ))
+    })?;
+    let wait = match query.wait {
+        None => max,
+        Some(wait) => wait
+            .parse::<u64>()
+            .ok()
+            .filter(|w| (1..=max).contains(w))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "wait: seconds to wait for a change, 1 to {max}, not {wait:?}"
+                ))
+            })?,
+    };
+    Ok(Some((after, Duration::from_secs(wait))))
 }
 
 #[derive(Debug, Deserialize)]

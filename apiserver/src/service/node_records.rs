@@ -9,6 +9,7 @@
 //! finds the new leader after a failover.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use kat_api::wire::{
     OverlayPeer, RevokedNode, TemplateProblem, WireguardKey,
 };
 use kat_leader::assignments::AssignmentWatch;
-use kat_store::Txn;
+use kat_store::{Revision, Txn};
 
 use crate::rate_limit::{Client, RateLimiter};
 
@@ -39,11 +40,28 @@ pub const HEARTBEAT_BURST: u32 = 5;
 /// See [`HEARTBEAT_BURST`].
 pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The longest a node's read of the DNS records or the overlay's peers waits for a change
+/// (`?after=REVISION`): with no change, a worker reads them again this often.
+pub const CHANGE_WAIT_MAX: Duration = Duration::from_secs(30);
+/// After a change a read waited for, a moment for the rest of its burst (a rollout makes
+/// several instances ready in one leader round): one answer for it, not one per record.
+const CHANGE_SETTLE: Duration = Duration::from_millis(20);
+
+/// What a node may wait on for a change ([`NodeLimits::wait_for_change`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeRead {
+    Dns,
+    Peers,
+}
+
 /// Per-node limits on what the leader takes from nodes: heartbeats (see
-/// [`HEARTBEAT_BURST`]), and one assignment stream per node (a new one ends the old).
+/// [`HEARTBEAT_BURST`]), one assignment stream per node (a new one ends the old), and one
+/// read waiting for a change per node and [`ChangeRead`] (a new one ends the old's wait):
+/// each holds a watch on etcd, and a node cannot pile them up.
 pub struct NodeLimits {
     heartbeats: RateLimiter,
     streams: Mutex<HashMap<String, u64>>,
+    waiting: Mutex<HashMap<(String, ChangeRead), Arc<tokio::sync::Notify>>>,
 }
 
 impl Default for NodeLimits {
@@ -55,6 +73,7 @@ impl Default for NodeLimits {
                 Duration::from_secs(300),
             ),
             streams: Mutex::default(),
+            waiting: Mutex::default(),
         }
     }
 }
@@ -78,6 +97,58 @@ impl NodeLimits {
     pub fn stream_current(&self, node: &str, number: u64) -> bool {
         let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.get(node) == Some(&number)
+    }
+
+    /// Waits for `change` (a watch for a change after the node's last reading) as `node`'s
+    /// only waiting `read`: a newer wait of the same node and kind ends this one at once (a
+    /// client that reconnected does not leave a watch behind it), then the settle moment.
+    async fn wait_for_change(
+        &self,
+        node: &str,
+        read: ChangeRead,
+        change: impl Future<Output = ()>,
+    ) {
+        let key = (node.to_string(), read);
+        let mine = Arc::new(tokio::sync::Notify::new());
+        if let Some(older) = self.lock_waiting().insert(key.clone(), mine.clone()) {
+            // Stored as a permit if the older one has not started waiting yet.
+            older.notify_one();
+        }
+        let _ends = WaitEnds {
+            limits: self,
+            key: &key,
+            mine: &mine,
+        };
+        tokio::select! {
+            () = change => tokio::time::sleep(CHANGE_SETTLE).await,
+            () = mine.notified() => {}
+        }
+    }
+
+    fn lock_waiting(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, ChangeRead), Arc<tokio::sync::Notify>>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Removes a wait from [`NodeLimits`]'s table when it ends (or its request is dropped),
+/// unless a newer one took its place.
+struct WaitEnds<'a> {
+    limits: &'a NodeLimits,
+    key: &'a (String, ChangeRead),
+    mine: &'a Arc<tokio::sync::Notify>,
+}
+
+impl Drop for WaitEnds<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.limits.lock_waiting();
+        if waiting
+            .get(self.key)
+            .is_some_and(|w| Arc::ptr_eq(w, self.mine))
+        {
+            waiting.remove(self.key);
+        }
     }
 }
 
@@ -200,17 +271,42 @@ impl Service {
         Ok(())
     }
 
-    /// The overlay's peers, for a worker.
-    pub async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
+    /// The overlay's peers for worker `node`, and the store revision they were read at;
+    /// with `after` (a revision of an earlier reading, and how long to wait at most), read
+    /// once they may have changed since.
+    pub async fn overlay_peers(
+        &self,
+        node: &str,
+        after: Option<(Revision, Duration)>,
+    ) -> Result<(Vec<OverlayPeer>, Revision)> {
         self.require_leader().await?;
-        Ok(kat_leader::overlay::peers(&*self.store, self.cluster.spec.wireguard_port).await?)
+        if let Some((revision, wait)) = after {
+            let change = kat_leader::overlay::peers_changed(&*self.store, revision, wait);
+            self.node_limits
+                .wait_for_change(node, ChangeRead::Peers, change)
+                .await;
+            self.require_leader().await?;
+        }
+        Ok(kat_leader::overlay::peers_at(&*self.store, self.cluster.spec.wireguard_port).await?)
     }
 
-    /// The cluster's DNS records, for a worker's DNS server (a control-plane node reads them
-    /// from etcd).
-    pub async fn dns_records(&self) -> Result<Vec<DnsRecord>> {
+    /// The cluster's DNS records for worker `node`'s DNS server (a control-plane node reads
+    /// them from etcd), and the revision they were read at; `after` as for
+    /// [`Service::overlay_peers`].
+    pub async fn dns_records(
+        &self,
+        node: &str,
+        after: Option<(Revision, Duration)>,
+    ) -> Result<(Vec<DnsRecord>, Revision)> {
         self.require_leader().await?;
-        Ok(kat_leader::dns::records(&*self.store).await?)
+        if let Some((revision, wait)) = after {
+            let change = kat_leader::dns::records_changed(&*self.store, revision, wait);
+            self.node_limits
+                .wait_for_change(node, ChangeRead::Dns, change)
+                .await;
+            self.require_leader().await?;
+        }
+        Ok(kat_leader::dns::records_at(&*self.store).await?)
     }
 
     /// Node `name`'s assignment stream, resuming after revision `resume` if given.
