@@ -143,6 +143,21 @@ spec:
         fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def wakeups_by_thread(pid):
+        """Each thread of `pid`'s voluntary context switches: the times it slept and was woken,
+        which a poll on a clock adds to whatever the machine's speed."""
+        counts = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                for line in open(f"/proc/{pid}/task/{tid}/status"):
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        counts[tid] = int(line.split()[1])
+            except OSError:
+                pass  # gone since the listing
+        if not counts:
+            raise RuntimeError(f"no thread of {pid} has a voluntary_ctxt_switches count")
+        return counts
+
     def status_mib(pid, field):
         for line in open(f"/proc/{pid}/status"):
             if line.startswith(field + ":"):
@@ -180,12 +195,18 @@ spec:
     # (start-up, the applies above) and stays mapped until the kernel needs the memory.
     with open(f"/proc/{agent.pid}/clear_refs", "w") as f:
         f.write("1")
-    c0, e0, t0 = proc_cpu(agent.pid), proc_cpu(etcd_pid), time.time()
+    c0, e0, r0, t0 = proc_cpu(agent.pid), proc_cpu(etcd_pid), wakeups_by_thread(agent.pid), time.time()
     time.sleep(window)
     wss = referenced_mib(agent.pid)
-    c1, e1, t1 = proc_cpu(agent.pid), proc_cpu(etcd_pid), time.time()
+    c1, e1, r1, t1 = proc_cpu(agent.pid), proc_cpu(etcd_pid), wakeups_by_thread(agent.pid), time.time()
     cpu_pct = (c1 - c0) / (t1 - t0) * 100
     etcd_pct = (e1 - e0) / (t1 - t0) * 100
+    # A thread that ended in the window loses its count; one that started counts from 0.
+    wakeups = sum(n - r0.get(tid, 0) for tid, n in r1.items()) / (t1 - t0)
+    # This machine moves idle CPU by 3x between runs (docs/benchmarks.md, 2026-11-28); etcd,
+    # idle beside the agent in the same window, moves with it: the ratio is the steadier
+    # figure. Not an independent one: part of etcd's idle CPU answers the agent's requests.
+    cpu_per_etcd = cpu_pct / etcd_pct if etcd_pct > 0 else float("nan")
     rss = rss_mib(agent.pid)
     rss_anon, rss_file = status_mib(agent.pid, "RssAnon"), status_mib(agent.pid, "RssFile")
     threads = len(os.listdir(f"/proc/{agent.pid}/task"))
@@ -211,6 +232,7 @@ spec:
     print(f"kat-agent RSS split: heap and stacks (RssAnon) {rss_anon:.1f} MiB, "
           f"mapped code and files (RssFile) {rss_file:.1f} MiB, {threads} threads")
     print(f"kat-agent idle working set (pages touched in the {window}s window): {wss:.1f} MiB")
+    print(f"kat-agent idle: {wakeups:.1f} thread wake-ups per second; CPU {cpu_per_etcd:.2f}x etcd's")
     holders = []
     for pid in holder_pids():
         try:
@@ -222,6 +244,7 @@ spec:
     print("for comparison, k3s documents 275 MB for an agent")
     holder_rss = max((rss for rss, _ in holders), default=0.0)
     print(f"apply_to_running_p50_ms={p50:.0f} agent_idle_rss_mib={rss:.1f} agent_idle_cpu_pct={cpu_pct:.2f} "
-          f"agent_idle_wss_mib={wss:.1f} holder_rss_mib={holder_rss:.1f}")
+          f"agent_idle_wss_mib={wss:.1f} holder_rss_mib={holder_rss:.1f} "
+          f"agent_idle_cpu/etcd={cpu_per_etcd:.2f} agent_idle_wakeups_per_s={wakeups:.1f}")
 finally:
     cleanup()

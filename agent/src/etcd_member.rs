@@ -163,17 +163,51 @@ const REVOCATION_RETRY: Duration = Duration::from_secs(3);
 /// How often the removed nodes are read even without a change (a lost watch).
 const REVOCATION_REREAD: Duration = Duration::from_secs(60);
 
-/// Learners (nodes that joined the quorum) become voting members once they caught up.
+/// How often the members are listed while a learner catches up (or after a failed listing).
+const LEARNER_POLL: Duration = Duration::from_secs(2);
+/// With no learner, how often they are listed anyway: a learner added some other way than
+/// `join` (`etcdctl member add`), or a lost watch.
+const LEARNER_REREAD: Duration = Duration::from_secs(60);
+
+/// Learners (nodes that joined the quorum) become voting members once they caught up. With
+/// none, the loop waits for `join` to record one ([`keys::etcd_learners`]) instead of
+/// listing the members every two seconds.
 async fn promote_learners(etcd: EtcdStore) {
     loop {
-        match etcd.promote_learners().await {
-            Ok(names) if !names.is_empty() => {
-                tracing::info!(?names, "promoted etcd learners to voting members")
+        // Read before the member list: a learner recorded after this revision wakes the
+        // wait below; one recorded before is in the list.
+        let revision = match etcd.list(keys::etcd_learners()).await {
+            Ok(listing) => Some(listing.revision),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the etcd learners");
+                None
             }
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "promoting etcd learners"),
+        };
+        let waiting = match etcd.promote_learners().await {
+            Ok(promotion) => {
+                if !promotion.promoted.is_empty() {
+                    let names = &promotion.promoted;
+                    tracing::info!(?names, "promoted etcd learners to voting members");
+                }
+                promotion.waiting
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "promoting etcd learners");
+                1
+            }
+        };
+        match revision {
+            Some(revision) if waiting == 0 => {
+                kat_store::changes::changed_after(
+                    &etcd,
+                    keys::etcd_learners(),
+                    revision,
+                    LEARNER_REREAD,
+                )
+                .await
+            }
+            _ => tokio::time::sleep(LEARNER_POLL).await,
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 

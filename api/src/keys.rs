@@ -98,6 +98,15 @@ pub fn workload_status(ns: &str, name: &str) -> String {
 pub fn workload_statuses(ns: &str) -> String {
     format!("/kat/workloads/status/{ns}/")
 }
+/// An etcd learner the cluster added (its peer URL), until it is promoted: what the members'
+/// promotion loops watch for, instead of listing the members on a clock.
+pub fn etcd_learner(name: &str) -> String {
+    format!("/kat/etcd-learners/{name}")
+}
+pub fn etcd_learners() -> &'static str {
+    "/kat/etcd-learners/"
+}
+
 /// A backup (etcd snapshot) some node took: where, when, its size and checksum.
 pub fn backup(name: &str) -> String {
     format!("/kat/backups/{name}")

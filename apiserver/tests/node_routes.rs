@@ -582,7 +582,8 @@ async fn a_worker_publishes_its_own_wireguard_key_and_reads_the_peers() {
 /// A worker's read of the DNS records or the peers waits for a change after the revision of
 /// its last answer (a long poll), instead of reading on a clock: a change made before the wait
 /// or during it answers at once, a change elsewhere does not, no change answers after the
-/// wait; a newer wait of the same node ends the older; bad arguments are refused by name.
+/// wait; a newer wait of the same node ends the older (a conflict); a revision the store has
+/// not reached answers at once; bad arguments are refused by name.
 #[tokio::test]
 async fn a_workers_read_waits_for_a_change_after_its_last_answer() {
     use std::time::{Duration, Instant};
@@ -696,15 +697,34 @@ async fn a_workers_read_waits_for_a_change_after_its_last_answer() {
     let other = wait_of(W2, "w2");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let newer = wait_of(W1, "w1");
-    let (status, _, _) = tokio::time::timeout(Duration::from_secs(5), older)
+    let (status, _, text) = tokio::time::timeout(Duration::from_secs(5), older)
         .await
         .expect("the older wait ended")
         .unwrap();
-    assert_eq!(status, StatusCode::OK);
+    // Not an answer to use: its client backs off before it reads again.
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert!(text.contains("newer read"), "{text}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!newer.is_finished() && !other.is_finished());
     newer.abort();
     other.abort();
+
+    // A revision the store has not reached (the worker's, from before a restore): the answer
+    // at once, with the store's revision to wait from next.
+    let start = Instant::now();
+    let (status, revision, _) = api
+        .get_at(
+            W1,
+            "/v1alpha1/nodes/w1/dns?after=9223372036854775807&wait=30",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(revision, Some(now));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
 
     // Bad arguments, by name; another node's records are not this node's to wait on.
     for (query, names) in [

@@ -23,7 +23,7 @@ pub async fn changed_after(
     at_most: Duration,
 ) {
     let wait = async {
-        let options = WatchOptions::prefix().from_revision(revision + 1);
+        let options = WatchOptions::prefix().from_revision(revision.saturating_add(1));
         match store.watch(prefix, options).await {
             Ok(mut watch) => match watch.next().await {
                 Some(Ok(_)) => {}

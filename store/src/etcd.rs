@@ -11,8 +11,17 @@ use async_trait::async_trait;
 use etcd_client as ec;
 use tokio::sync::mpsc;
 
+use kat_api::keys;
+
 use crate::types::*;
 use crate::{EtcdTls, StateStore};
+
+/// What [`EtcdStore::promote_learners`] did: the learners promoted, and how many are left.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Promotion {
+    pub promoted: Vec<String>,
+    pub waiting: usize,
+}
 
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -61,7 +70,8 @@ impl EtcdStore {
     /// quorum until it is promoted, so a node that never starts its etcd cannot stall the
     /// cluster). Returns the `--initial-cluster` the new member starts with: every member, as
     /// etcd checks it (by peer URL; a member that has not started yet has no name and gets its
-    /// id). Idempotent: a retried join for the same peer URL gets the same answer.
+    /// id). Idempotent: a retried join for the same peer URL gets the same answer. Records
+    /// the learner under [`keys::etcd_learners`], which wakes the members' promotion loops.
     pub async fn add_learner(&self, name: &str, peer_url: &str) -> Result<String> {
         let mut c = self.client.clone();
         let list = c.member_list().await.map_err(map_err)?;
@@ -81,6 +91,12 @@ impl EtcdStore {
             })
             .await?;
         }
+        self.put(
+            &keys::etcd_learner(name),
+            peer_url.as_bytes().to_vec(),
+            None,
+        )
+        .await?;
         let list = c.member_list().await.map_err(map_err)?;
         let mut parts = Vec::new();
         for m in list.members() {
@@ -97,25 +113,33 @@ impl EtcdStore {
         Ok(parts.join(","))
     }
 
-    /// Promote every learner that has caught up; returns the names promoted. A learner still
-    /// catching up is left for the next call.
-    pub async fn promote_learners(&self) -> Result<Vec<String>> {
+    /// Promote every learner that has caught up. A learner still catching up (or not started
+    /// yet: it has no name) is left for the next call, and counted in
+    /// [`Promotion::waiting`].
+    pub async fn promote_learners(&self) -> Result<Promotion> {
         let mut c = self.client.clone();
         let list = c.member_list().await.map_err(map_err)?;
-        let mut promoted = Vec::new();
-        for m in list
-            .members()
-            .iter()
-            .filter(|m| m.is_learner() && !m.name().is_empty())
-        {
+        let mut promotion = Promotion::default();
+        for m in list.members().iter().filter(|m| m.is_learner()) {
+            if m.name().is_empty() {
+                promotion.waiting += 1;
+                continue;
+            }
             match c.member_promote(m.id()).await {
-                Ok(_) => promoted.push(m.name().to_string()),
+                Ok(_) => {
+                    // Only a wake-up for the loops: a key left behind costs nothing.
+                    if let Err(e) = self.delete(&keys::etcd_learner(m.name())).await {
+                        tracing::debug!(member = m.name(), error = %e, "forgetting a promoted learner");
+                    }
+                    promotion.promoted.push(m.name().to_string());
+                }
                 Err(e) => {
+                    promotion.waiting += 1;
                     tracing::debug!(member = m.name(), error = %e, "learner not promoted yet")
                 }
             }
         }
-        Ok(promoted)
+        Ok(promotion)
     }
 
     /// Remove the member named `name` from the quorum; `false` if there is none. Refuses to

@@ -1,7 +1,9 @@
 //! What a detachable worker's node network talks to: its parent's leader and, while the node
 //! is detached, its local cluster as well, so that the node's DNS answers for the workloads
 //! created there too. While detached the parent is asked briefly (2 s; it is usually out of
-//! reach) and its last records are served beside the local cluster's.
+//! reach) and its last records are served beside the local cluster's. While attached, the
+//! reads wait for changes at the leader as a plain worker's do (long polls), and a wait
+//! ends when the node detaches.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,11 +81,44 @@ impl ControlPlane for Uplink {
         Ok(records)
     }
 
+    async fn dns_records_at(&self) -> Result<(Vec<DnsRecord>, Option<i64>)> {
+        if self.local.borrow().is_some() {
+            // Two sources: read on a clock while detached.
+            return Ok((self.dns_records().await?, None));
+        }
+        let (records, revision) = self.parent.dns_records_at().await?;
+        *self
+            .parent_records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = records.clone();
+        Ok((records, revision))
+    }
+
+    async fn dns_records_changed(&self, revision: i64, at_most: Duration) {
+        // Cloned before the check: a detach after it is a change this receiver sees.
+        let mut local = self.local.clone();
+        if local.borrow_and_update().is_some() {
+            return;
+        }
+        tokio::select! {
+            () = self.parent.dns_records_changed(revision, at_most) => {}
+            _ = local.changed() => {}
+        }
+    }
+
     async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
         self.parent.publish_wireguard_key(key).await
     }
 
     async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
         self.parent.overlay_peers().await
+    }
+
+    async fn overlay_peers_at(&self) -> Result<(Vec<OverlayPeer>, Option<i64>)> {
+        self.parent.overlay_peers_at().await
+    }
+
+    async fn overlay_peers_changed(&self, revision: i64, at_most: Duration) {
+        self.parent.overlay_peers_changed(revision, at_most).await
     }
 }

@@ -377,12 +377,6 @@ fn three_nodes_join_spread_and_survive_the_leader() {
         .success());
 }
 
-/// Heartbeats carry each peer's last overlay handshake and each instance's container and
-/// image digest (`describe node` shows them); the worker serves its own `/metrics` to a
-/// control-plane certificate and to a metrics token (the leader says what it is), and
-/// refuses another worker's certificate, every other token (read-only, namespace, the
-/// admin's, made up, empty); the metrics token reads the leader's `/metrics` and nothing
-/// else.
 /// The worker reads the DNS records and the overlay's peers with long polls: idle, each costs
 /// the leader a request per 30 s (and one per change), where it read them twice and once a
 /// second. Counted by the leader's own metrics over an 8 s window.
@@ -411,6 +405,12 @@ fn the_workers_reads_wait_for_changes(leader_metrics: impl Fn() -> String) {
     );
 }
 
+/// Heartbeats carry each peer's last overlay handshake and each instance's container and
+/// image digest (`describe node` shows them); the worker serves its own `/metrics` to a
+/// control-plane certificate and to a metrics token (the leader says what it is), and
+/// refuses another worker's certificate, every other token (read-only, namespace, the
+/// admin's, made up, empty); the metrics token reads the leader's `/metrics` and nothing
+/// else.
 fn every_node_reports_its_overlay_and_metrics(h: &Hosts) {
     let worker = format!("n{WORKER}");
     let mut text = String::new();

@@ -100,14 +100,16 @@ impl NodeLimits {
     }
 
     /// Waits for `change` (a watch for a change after the node's last reading) as `node`'s
-    /// only waiting `read`: a newer wait of the same node and kind ends this one at once (a
-    /// client that reconnected does not leave a watch behind it), then the settle moment.
+    /// only waiting `read`, then the settle moment. A newer wait of the same node and kind
+    /// ends this one at once (a client that reconnected does not leave a watch behind it):
+    /// then the answer is a conflict, which its client backs off from, so two clients
+    /// sharing a certificate cannot end each other's waits in a tight loop.
     async fn wait_for_change(
         &self,
         node: &str,
         read: ChangeRead,
         change: impl Future<Output = ()>,
-    ) {
+    ) -> Result<()> {
         let key = (node.to_string(), read);
         let mine = Arc::new(tokio::sync::Notify::new());
         if let Some(older) = self.lock_waiting().insert(key.clone(), mine.clone()) {
@@ -120,8 +122,14 @@ impl NodeLimits {
             mine: &mine,
         };
         tokio::select! {
-            () = change => tokio::time::sleep(CHANGE_SETTLE).await,
-            () = mine.notified() => {}
+            () = change => {
+                tokio::time::sleep(CHANGE_SETTLE).await;
+                Ok(())
+            }
+            () = mine.notified() => Err(Error::new(
+                ErrorCode::Conflict,
+                format!("a newer read of node {node}'s {read:?} waits for the change: this one ended"),
+            )),
         }
     }
 
@@ -280,14 +288,19 @@ impl Service {
         after: Option<(Revision, Duration)>,
     ) -> Result<(Vec<OverlayPeer>, Revision)> {
         self.require_leader().await?;
-        if let Some((revision, wait)) = after {
-            let change = kat_leader::overlay::peers_changed(&*self.store, revision, wait);
-            self.node_limits
-                .wait_for_change(node, ChangeRead::Peers, change)
-                .await;
-            self.require_leader().await?;
-        }
-        Ok(kat_leader::overlay::peers_at(&*self.store, self.cluster.spec.wireguard_port).await?)
+        let port = self.cluster.spec.wireguard_port;
+        let now = kat_leader::overlay::peers_at(&*self.store, port).await?;
+        let Some((revision, wait)) = after.filter(|(after, _)| *after <= now.1) else {
+            // No wait asked, or a revision the store has not reached (one from before a
+            // restore): the answer now, whose revision the next wait starts from.
+            return Ok(now);
+        };
+        let change = kat_leader::overlay::peers_changed(&*self.store, revision, wait);
+        self.node_limits
+            .wait_for_change(node, ChangeRead::Peers, change)
+            .await?;
+        self.require_leader().await?;
+        Ok(kat_leader::overlay::peers_at(&*self.store, port).await?)
     }
 
     /// The cluster's DNS records for worker `node`'s DNS server (a control-plane node reads
@@ -299,13 +312,15 @@ impl Service {
         after: Option<(Revision, Duration)>,
     ) -> Result<(Vec<DnsRecord>, Revision)> {
         self.require_leader().await?;
-        if let Some((revision, wait)) = after {
-            let change = kat_leader::dns::records_changed(&*self.store, revision, wait);
-            self.node_limits
-                .wait_for_change(node, ChangeRead::Dns, change)
-                .await;
-            self.require_leader().await?;
-        }
+        let now = kat_leader::dns::records_at(&*self.store).await?;
+        let Some((revision, wait)) = after.filter(|(after, _)| *after <= now.1) else {
+            return Ok(now); // as in `overlay_peers`
+        };
+        let change = kat_leader::dns::records_changed(&*self.store, revision, wait);
+        self.node_limits
+            .wait_for_change(node, ChangeRead::Dns, change)
+            .await?;
+        self.require_leader().await?;
         Ok(kat_leader::dns::records_at(&*self.store).await?)
     }
 
