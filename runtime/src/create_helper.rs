@@ -11,7 +11,10 @@
 //! image of the agent's binary that builds the container and exits. The container's init
 //! (kat-init) is then reparented to the agent, which is a child subreaper
 //! ([`become_subreaper`]) and waits for it as before. The helper's own cost is an `exec` of
-//! the binary: a few milliseconds per create.
+//! the binary: about 2 ms per create. After a create, the next helper is started ahead
+//! ([`Spares`]): it waits for its request on its standard input, so a burst of creates (a
+//! workload's replicas, a rollout's steps, restarts) does not wait for that exec. A spare
+//! unused for [`SPARE_KEEP`] is ended: an idle node keeps no extra process.
 //!
 //! A binary that embeds [`crate::NativeRuntime`] calls [`run_if_requested`] first thing in
 //! `main`. Test binaries, whose `main` is the test harness, use the small
@@ -21,7 +24,12 @@ use std::ffi::OsString;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
 
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::syscall::syscall::SyscallType;
@@ -31,6 +39,10 @@ use crate::error::{IoContext, Result, RuntimeError};
 
 /// The first argument that makes a program the create helper.
 pub const HELPER_ARG: &str = "__kat-create-container";
+/// The request argument of a spare helper: it reads its request from its standard input.
+const REQUEST_ON_STDIN: &str = "-";
+/// How long a spare helper waits for a create before it is ended.
+pub const SPARE_KEEP: Duration = Duration::from_secs(20);
 
 /// What the helper is asked to create.
 #[derive(Debug, Serialize, Deserialize)]
@@ -110,6 +122,16 @@ pub fn run_if_requested() -> Option<ExitCode> {
 }
 
 fn helper_main(request: Option<OsString>) -> ExitCode {
+    let request = match request {
+        Some(r) if r == REQUEST_ON_STDIN => match request_from_stdin() {
+            Ok(text) => Some(OsString::from(text)),
+            Err(e) => {
+                eprintln!("{HELPER_ARG}: reading the request: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        other => other,
+    };
     let request: Request = match request
         .and_then(|r| r.into_string().ok())
         .map(|r| serde_json::from_str(&r))
@@ -142,6 +164,15 @@ fn helper_main(request: Option<OsString>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A spare's request: its standard input to the end (the agent closes it after the request),
+/// which is then replaced by `/dev/null` so that nothing holds the agent's pipe.
+fn request_from_stdin() -> std::io::Result<String> {
+    let text = std::io::read_to_string(std::io::stdin())?;
+    let null = fs::File::open("/dev/null")?;
+    nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 0)?;
+    Ok(text)
 }
 
 /// The helper's work: libcontainer's create, detached. Runs single-threaded.
@@ -185,6 +216,149 @@ fn build(r: &Request) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The create helper started ahead of the next create (at most one), and what starting one
+/// takes. See the module's documentation.
+pub(crate) struct Spares {
+    program: PathBuf,
+    /// Where a spare's error output goes until its create takes it.
+    dir: PathBuf,
+    spare: Mutex<Option<Spare>>,
+    /// Numbers the spares: the one an expiry timer was set for may have been used since.
+    made: AtomicU64,
+    keep: Duration,
+}
+
+struct Spare {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    err_file: PathBuf,
+    number: u64,
+}
+
+impl Spares {
+    /// Spares of helper `program`, their error output in `dir` (which must exist).
+    pub(crate) fn new(program: PathBuf, dir: PathBuf, keep: Duration) -> Arc<Spares> {
+        Arc::new(Spares {
+            program,
+            dir,
+            spare: Mutex::new(None),
+            made: AtomicU64::new(0),
+            keep,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Spare>> {
+        self.spare.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self) -> Option<Spare> {
+        self.lock().take()
+    }
+
+    fn has_spare(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// Starts a spare if there is none, and a timer that ends it if still unused after
+    /// `keep`. A spare that cannot start is no error: the next create starts its own helper.
+    fn refill(self: &Arc<Self>) {
+        if self.has_spare() {
+            return;
+        }
+        let number = self.made.fetch_add(1, Ordering::Relaxed) + 1;
+        let err_file = self.dir.join(format!("create-helper-spare-{number}.err"));
+        let started = fs::File::create(&err_file).and_then(|err| {
+            tokio::process::Command::new(&self.program)
+                .arg(HELPER_ARG)
+                .arg(REQUEST_ON_STDIN)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(err)
+                .kill_on_drop(true)
+                .spawn()
+        });
+        let mut child = match started {
+            Ok(child) => child,
+            Err(e) => {
+                tracing::debug!("starting a spare create helper: {e}");
+                let _ = fs::remove_file(&err_file);
+                return;
+            }
+        };
+        let Some(stdin) = child.stdin.take() else {
+            return; // piped above: always there
+        };
+        let spare = Spare {
+            child,
+            stdin,
+            err_file,
+            number,
+        };
+        let mut slot = self.lock();
+        if slot.is_some() {
+            // Another create's refill came first: this one is dropped (and killed).
+            drop(slot);
+            spare.end();
+            return;
+        }
+        *slot = Some(spare);
+        drop(slot);
+        let spares = Arc::downgrade(self);
+        let keep = self.keep;
+        tokio::spawn(async move {
+            tokio::time::sleep(keep).await;
+            let Some(spares) = spares.upgrade() else {
+                return;
+            };
+            let mut slot = spares.lock();
+            if slot.as_ref().is_some_and(|s| s.number == number) {
+                if let Some(unused) = slot.take() {
+                    drop(slot);
+                    unused.end();
+                }
+            }
+        });
+    }
+}
+
+impl Spare {
+    /// Gives the spare `request`: its exit status and error output, or `None` if it is gone
+    /// (then the caller starts a helper of its own; a spare has done nothing yet).
+    async fn hand(mut self, request: &str) -> Option<(ExitStatus, PathBuf)> {
+        let written = async {
+            self.stdin.write_all(request.as_bytes()).await?;
+            self.stdin.shutdown().await
+        }
+        .await;
+        drop(self.stdin);
+        if let Err(e) = written {
+            tracing::debug!("a spare create helper took no request ({e}): starting another");
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+            let _ = fs::remove_file(&self.err_file);
+            return None;
+        }
+        match self.child.wait().await {
+            Ok(status) => Some((status, self.err_file)),
+            Err(e) => {
+                // Unreachable in practice: the child is ours and not yet waited for.
+                tracing::warn!("waiting for a create helper: {e}");
+                let _ = fs::remove_file(&self.err_file);
+                None
+            }
+        }
+    }
+
+    /// Ends an unused spare: killed, waited for (in the background), its file removed.
+    fn end(mut self) {
+        let _ = self.child.start_kill();
+        tokio::spawn(async move {
+            let _ = self.child.wait().await;
+            let _ = fs::remove_file(&self.err_file);
+        });
+    }
+}
+
 /// Makes this process the reaper of orphaned descendants: a container's init, orphaned when
 /// its helper exits, becomes our child, so we can wait for it and record how it ended.
 pub(crate) fn become_subreaper() -> Result<()> {
@@ -194,29 +368,52 @@ pub(crate) fn become_subreaper() -> Result<()> {
     })
 }
 
-/// Runs the helper `program` for `request`; its error output (kept in `err_file`, not a
-/// pipe the container could inherit) becomes the error.
+/// Runs a helper for `request`, the spare of `spares` if there is one, else a new one; its
+/// error output (kept in a file, not a pipe the container could inherit) becomes the error.
 /// A helper that does not say how long it took (an older binary) gives `None`.
 pub(crate) async fn create(
-    program: &Path,
+    spares: &Arc<Spares>,
     mut request: Request,
     err_file: &Path,
 ) -> Result<Option<HelperTimes>> {
+    let encode = |request: &Request| {
+        serde_json::to_string(request).map_err(|e| RuntimeError::Container {
+            context: format!("creating container {}", request.id),
+            message: e.to_string(),
+        })
+    };
+    let spare = spares.take();
     request.spawned_at_micros = micros_now();
-    let json = serde_json::to_string(&request).map_err(|e| RuntimeError::Container {
-        context: format!("creating container {}", request.id),
-        message: e.to_string(),
-    })?;
-    let err = fs::File::create(err_file).context(|| format!("creating {}", err_file.display()))?;
-    let status = tokio::process::Command::new(program)
-        .arg(HELPER_ARG)
-        .arg(json)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(err)
-        .status()
-        .await
-        .context(|| format!("running the create helper {}", program.display()))?;
+    let json = encode(&request)?;
+    let handed = match spare {
+        Some(spare) => spare.hand(&json).await,
+        None => None,
+    };
+    let (status, err_file) = match handed {
+        Some(done) => done,
+        None => {
+            request.spawned_at_micros = micros_now();
+            let json = encode(&request)?;
+            let program = &spares.program;
+            let err = fs::File::create(err_file)
+                .context(|| format!("creating {}", err_file.display()))?;
+            let status = tokio::process::Command::new(program)
+                .arg(HELPER_ARG)
+                .arg(json)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(err)
+                .status()
+                .await
+                .context(|| format!("running the create helper {}", program.display()))?;
+            (status, err_file.to_path_buf())
+        }
+    };
+    // The next create's helper, started off this create's path.
+    let next = spares.clone();
+    tokio::spawn(async move { next.refill() });
+    let program = &spares.program;
+    let err_file = err_file.as_path();
     let output = fs::read_to_string(err_file).unwrap_or_default();
     let _ = fs::remove_file(err_file);
     if status.success() {

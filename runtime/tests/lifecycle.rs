@@ -87,6 +87,112 @@ async fn create_runs_in_a_helper_and_kat_init_is_reaped_by_us() {
     assert!(!broken.container_dir("nohelper").exists());
 }
 
+/// After a create, the next create's helper is started ahead (a spare that reads its request
+/// from its standard input): the next create uses it and its container runs; a spare killed
+/// meanwhile is replaced by a helper of the create's own; an unused spare is ended after its
+/// keep time, so an idle runtime keeps no extra process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_create_uses_a_spare_helper_started_ahead() {
+    let f = fixtures();
+    let dir = runtime_dir("spare");
+    let mut config = config_in(&f, dir.path());
+    config.spare_helper_keep = Duration::from_secs(2);
+    let rt = kat_runtime::NativeRuntime::new(config).unwrap();
+    rt.pull_image(&image(&f), None).await.unwrap();
+    let root = dir.path().join("root");
+    assert_eq!(
+        spare_helpers(&root),
+        Vec::<i32>::new(),
+        "a spare before any create"
+    );
+
+    rt.create(&options("first", &image(&f), "echo first"))
+        .await
+        .unwrap();
+    let first_spare = wait_spare(&root, |s| s.len() == 1).await[0];
+    rt.create(&options("second", &image(&f), "echo second"))
+        .await
+        .unwrap();
+    let second_spare = wait_spare(&root, |s| s.len() == 1 && s[0] != first_spare).await[0];
+    rt.start("second").await.unwrap();
+    wait_log(&rt, "second", "second").await;
+
+    // A spare killed before its create: the create starts a helper of its own.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second_spare),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    rt.create(&options("third", &image(&f), "echo third"))
+        .await
+        .unwrap();
+    rt.start("third").await.unwrap();
+    wait_log(&rt, "third", "third").await;
+
+    // Unused for its keep time (2 s here), the last spare is ended.
+    wait_spare(&root, |s| s.len() == 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_spare(&root, |s| s.is_empty()).await;
+    for id in ["first", "second", "third"] {
+        rt.remove(id, true).await.unwrap();
+    }
+}
+
+/// Spare create helpers of the runtime in `root`: children of this process running
+/// `HELPER __kat-create-container -`, not yet ended, whose error output goes to the runtime's
+/// `helpers/` (other tests' runtimes have spares too).
+fn spare_helpers(root: &Path) -> Vec<i32> {
+    let helpers = root.join("helpers");
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let (Ok(status), Ok(cmdline)) = (
+            std::fs::read_to_string(format!("/proc/{pid}/status")),
+            std::fs::read(format!("/proc/{pid}/cmdline")),
+        ) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        let zombie = field("State:").is_some_and(|s| s.starts_with('Z'));
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let ours = std::fs::read_link(format!("/proc/{pid}/fd/2"))
+            .is_ok_and(|err| err.starts_with(&helpers));
+        if field("PPid:").as_deref() == Some(me.as_str())
+            && !zombie
+            && ours
+            && args.get(1) == Some(&b"__kat-create-container".as_slice())
+            && args.get(2) == Some(&b"-".as_slice())
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// The spare helpers of the runtime in `root` once `ready` holds for them (within 5 s).
+async fn wait_spare(root: &Path, ready: impl Fn(&[i32]) -> bool) -> Vec<i32> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let spares = spare_helpers(root);
+        if ready(&spares) {
+            return spares;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "spare helpers now: {spares:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_cmd_env_and_generated_files() {
     let (rt, _dir, f) = ready_runtime().await;

@@ -332,12 +332,8 @@ impl NativeRuntime {
             // Set as the helper is spawned.
             spawned_at_micros: 0,
         };
-        let helper = crate::create_helper::create(
-            &self.config.create_helper,
-            request,
-            &dir.join("create.err"),
-        )
-        .await?;
+        let helper =
+            crate::create_helper::create(&self.helpers, request, &dir.join("create.err")).await?;
         match helper {
             Some(times) => phases.mark_parts(
                 &[("helper_start", times.start), ("helper_build", times.build)],

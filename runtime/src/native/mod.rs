@@ -96,6 +96,8 @@ pub struct NativeRuntime {
     creating: Mutex<Vec<WorkloadKey>>,
     /// A spare image copy is being made (one at a time; see `slice_copies`).
     spare_under_way: Arc<AtomicBool>,
+    /// The create helper started ahead of the next create.
+    helpers: Arc<crate::create_helper::Spares>,
     caps: NodeCapabilities,
     overlay: AtomicBool,
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if

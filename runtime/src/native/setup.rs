@@ -31,6 +31,9 @@ pub struct NativeConfig {
     /// ([`crate::create_helper`]). Default: this very binary (`/proc/self/exe`), which must
     /// then call [`crate::create_helper::run_if_requested`] first in `main`.
     pub create_helper: PathBuf,
+    /// How long a create helper started ahead of the next create waits for it before it is
+    /// ended (default [`crate::create_helper::SPARE_KEEP`]).
+    pub spare_helper_keep: std::time::Duration,
     /// The node network; containers with an address join namespaces it makes.
     pub network: Option<Arc<dyn crate::network::NetworkNamespaces>>,
 }
@@ -49,6 +52,7 @@ impl NativeConfig {
             image_limits: image::UnpackLimits::default(),
             pull_timeouts: image::PullTimeouts::default(),
             create_helper: PathBuf::from("/proc/self/exe"),
+            spare_helper_keep: crate::create_helper::SPARE_KEEP,
             network: None,
         }
     }
@@ -99,6 +103,7 @@ impl NativeRuntime {
             ("containers", 0o711),
             ("libcontainer", 0o711),
             ("images", 0o700),
+            ("helpers", 0o700),
         ] {
             let dir = config.root.join(sub);
             fs::create_dir_all(&dir).context(|| format!("creating {}", dir.display()))?;
@@ -178,6 +183,11 @@ impl NativeRuntime {
             seccomp: config.seccomp,
             notes,
         };
+        let helpers = crate::create_helper::Spares::new(
+            config.create_helper.clone(),
+            config.root.join("helpers"),
+            config.spare_helper_keep,
+        );
         let runtime = NativeRuntime {
             overlay: AtomicBool::new(overlay),
             reaping: Arc::default(),
@@ -188,6 +198,7 @@ impl NativeRuntime {
             slices: Mutex::new(None),
             creating: Mutex::new(Vec::new()),
             spare_under_way: Arc::default(),
+            helpers,
             caps,
             log_watch: Default::default(),
         };
