@@ -279,6 +279,10 @@ async fn bench() {
     let init_pid = status.pid.expect("pid");
     let outside: Vec<u32> = helper_processes(init_pid as u32);
     let kat_helper_kib: u64 = outside.iter().map(|p| rss_kib(*p)).sum();
+    // Not per container: the one create helper started ahead of the next create, until 20 s
+    // after the last one (`kat_runtime::create_helper`).
+    let spares = spare_helpers();
+    let spare_kib: u64 = spares.iter().map(|p| rss_kib(*p)).sum();
     rt.remove("bench-mem", true).await.expect("remove");
     let out = podman_args(&["-d", "--rm"])
         .args([image.as_str(), "sleep", "30"])
@@ -323,6 +327,10 @@ async fn bench() {
     println!(
         "helper_rss_kib kat={kat_helper_kib} ({} helper processes outside the container) podman_conmon={podman_helper_kib}",
         outside.len()
+    );
+    println!(
+        "spare create helper: {} process, RSS {spare_kib} KiB (one per node, ended 20 s after the last create)",
+        spares.len()
     );
     println!(
         "start_p50_ms kat={k:.2} crun={c:.2} podman={p:.2} kat/crun={:.2} kat/podman={:.2}",
@@ -374,6 +382,31 @@ fn shift_owners(root: &Path, base: u32) {
 
 /// Processes that exist for this container but live outside it: any process whose parent
 /// is the container's init's parent and that is not the init (a shim), excluding ourselves.
+/// Our children that are spare create helpers (`… __kat-create-container -`).
+fn spare_helpers() -> Vec<u32> {
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let parent = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .map(str::trim);
+        if parent == Some(me.as_str())
+            && args.get(1) == Some(&b"__kat-create-container".as_slice())
+            && args.get(2) == Some(&b"-".as_slice())
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
 fn helper_processes(init_pid: u32) -> Vec<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{init_pid}/stat")).unwrap_or_default();
     let ppid: u32 = stat

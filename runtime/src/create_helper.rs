@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::io::{Read, Seek};
+
 use tokio::io::AsyncWriteExt;
 
 use libcontainer::container::builder::ContainerBuilder;
@@ -81,9 +83,10 @@ pub struct OwnFirst {
     pub host_gid: u32,
 }
 
-/// How long a helper took to start (from the agent's spawn, by the wall clock, to its `main`:
-/// the exec, Rust's start and reading the request) and to build the container; the rest of
-/// its time is its exit and the agent seeing it.
+/// How long a helper took to start (from the agent's spawn, by the wall clock, to having its
+/// request: the exec, Rust's start and reading the request; for a spare, started ahead, only
+/// the hand-over) and to build the container; the rest of its time is its exit and the agent
+/// seeing it.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct HelperTimes {
     pub start: std::time::Duration,
@@ -220,18 +223,24 @@ fn build(r: &Request) -> std::result::Result<(), String> {
 /// takes. See the module's documentation.
 pub(crate) struct Spares {
     program: PathBuf,
-    /// Where a spare's error output goes until its create takes it.
+    /// Where a spare's error output is made (and at once unlinked: see [`Spare::err`]).
     dir: PathBuf,
     spare: Mutex<Option<Spare>>,
-    /// Numbers the spares: the one an expiry timer was set for may have been used since.
-    made: AtomicU64,
     keep: Duration,
+    /// Creates that used a spare.
+    used: AtomicU64,
 }
+
+/// Numbers the spares of this process (every runtime's): the one an expiry timer was set for
+/// may have been used since, and their error files must not share a name.
+static SPARES_MADE: AtomicU64 = AtomicU64::new(0);
 
 struct Spare {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
-    err_file: PathBuf,
+    /// The spare's error output: a file unlinked as soon as it was made, which this handle
+    /// (and the spare's standard error) keep open: nothing is left behind, even by a crash.
+    err: fs::File,
     number: u64,
 }
 
@@ -242,9 +251,14 @@ impl Spares {
             program,
             dir,
             spare: Mutex::new(None),
-            made: AtomicU64::new(0),
             keep,
+            used: AtomicU64::new(0),
         })
+    }
+
+    /// How many creates used a spare.
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Spare>> {
@@ -265,23 +279,34 @@ impl Spares {
         if self.has_spare() {
             return;
         }
-        let number = self.made.fetch_add(1, Ordering::Relaxed) + 1;
-        let err_file = self.dir.join(format!("create-helper-spare-{number}.err"));
-        let started = fs::File::create(&err_file).and_then(|err| {
-            tokio::process::Command::new(&self.program)
-                .arg(HELPER_ARG)
-                .arg(REQUEST_ON_STDIN)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(err)
-                .kill_on_drop(true)
-                .spawn()
-        });
-        let mut child = match started {
-            Ok(child) => child,
+        let number = SPARES_MADE.fetch_add(1, Ordering::Relaxed) + 1;
+        let path = self.dir.join(format!(
+            "create-helper-spare-{}-{number}.err",
+            std::process::id()
+        ));
+        let started = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|err| {
+                let for_helper = err.try_clone();
+                fs::remove_file(&path)?;
+                let child = tokio::process::Command::new(&self.program)
+                    .arg(HELPER_ARG)
+                    .arg(REQUEST_ON_STDIN)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::null())
+                    .stderr(for_helper?)
+                    .kill_on_drop(true)
+                    .spawn()?;
+                Ok((child, err))
+            });
+        let (mut child, err) = match started {
+            Ok(started) => started,
             Err(e) => {
                 tracing::debug!("starting a spare create helper: {e}");
-                let _ = fs::remove_file(&err_file);
+                let _ = fs::remove_file(&path);
                 return;
             }
         };
@@ -291,7 +316,7 @@ impl Spares {
         let spare = Spare {
             child,
             stdin,
-            err_file,
+            err,
             number,
         };
         let mut slot = self.lock();
@@ -322,9 +347,10 @@ impl Spares {
 }
 
 impl Spare {
-    /// Gives the spare `request`: its exit status and error output, or `None` if it is gone
-    /// (then the caller starts a helper of its own; a spare has done nothing yet).
-    async fn hand(mut self, request: &str) -> Option<(ExitStatus, PathBuf)> {
+    /// Gives the spare `request`: its exit status and error output; `None` if it was gone
+    /// before it took the request (then the caller starts a helper of its own: a spare that
+    /// took no request has done nothing).
+    async fn hand(mut self, request: &str) -> Result<Option<(ExitStatus, String)>> {
         let written = async {
             self.stdin.write_all(request.as_bytes()).await?;
             self.stdin.shutdown().await
@@ -335,26 +361,29 @@ impl Spare {
             tracing::debug!("a spare create helper took no request ({e}): starting another");
             let _ = self.child.start_kill();
             let _ = self.child.wait().await;
-            let _ = fs::remove_file(&self.err_file);
-            return None;
+            return Ok(None);
         }
-        match self.child.wait().await {
-            Ok(status) => Some((status, self.err_file)),
-            Err(e) => {
-                // Unreachable in practice: the child is ours and not yet waited for.
-                tracing::warn!("waiting for a create helper: {e}");
-                let _ = fs::remove_file(&self.err_file);
-                None
-            }
-        }
+        // Waited for in a task of its own: a caller that stops waiting (a cancelled create)
+        // does not kill a helper halfway through libcontainer's create.
+        let mut child = self.child;
+        let status = tokio::spawn(async move { child.wait().await })
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|waited| waited)
+            .context(|| "waiting for the create helper".to_string())?;
+        let mut err = self.err;
+        let mut output = String::new();
+        let _ = err
+            .seek(std::io::SeekFrom::Start(0))
+            .and_then(|_| err.read_to_string(&mut output));
+        Ok(Some((status, output)))
     }
 
-    /// Ends an unused spare: killed, waited for (in the background), its file removed.
+    /// Ends an unused spare: killed and waited for, in the background.
     fn end(mut self) {
         let _ = self.child.start_kill();
         tokio::spawn(async move {
             let _ = self.child.wait().await;
-            let _ = fs::remove_file(&self.err_file);
         });
     }
 }
@@ -386,11 +415,14 @@ pub(crate) async fn create(
     request.spawned_at_micros = micros_now();
     let json = encode(&request)?;
     let handed = match spare {
-        Some(spare) => spare.hand(&json).await,
+        Some(spare) => spare.hand(&json).await?,
         None => None,
     };
-    let (status, err_file) = match handed {
-        Some(done) => done,
+    let (status, output) = match handed {
+        Some(done) => {
+            spares.used.fetch_add(1, Ordering::Relaxed);
+            done
+        }
         None => {
             request.spawned_at_micros = micros_now();
             let json = encode(&request)?;
@@ -406,16 +438,16 @@ pub(crate) async fn create(
                 .status()
                 .await
                 .context(|| format!("running the create helper {}", program.display()))?;
-            (status, err_file.to_path_buf())
+            let output = fs::read_to_string(err_file).unwrap_or_default();
+            let _ = fs::remove_file(err_file);
+            (status, output)
         }
     };
-    // The next create's helper, started off this create's path.
+    // The next create's helper, started off this create's path (its spawn waits for the
+    // exec: a blocking thread's time, not a worker's).
     let next = spares.clone();
-    tokio::spawn(async move { next.refill() });
+    tokio::task::spawn_blocking(move || next.refill());
     let program = &spares.program;
-    let err_file = err_file.as_path();
-    let output = fs::read_to_string(err_file).unwrap_or_default();
-    let _ = fs::remove_file(err_file);
     if status.success() {
         let times = output
             .lines()

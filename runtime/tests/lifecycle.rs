@@ -114,6 +114,11 @@ async fn the_next_create_uses_a_spare_helper_started_ahead() {
         .await
         .unwrap();
     let second_spare = wait_spare(&root, |s| s.len() == 1 && s[0] != first_spare).await[0];
+    assert_eq!(
+        rt.spare_helpers_used(),
+        1,
+        "the second create used the spare"
+    );
     rt.start("second").await.unwrap();
     wait_log(&rt, "second", "second").await;
 
@@ -126,8 +131,29 @@ async fn the_next_create_uses_a_spare_helper_started_ahead() {
     rt.create(&options("third", &image(&f), "echo third"))
         .await
         .unwrap();
+    assert_eq!(rt.spare_helpers_used(), 1, "a dead spare was not used");
     rt.start("third").await.unwrap();
     wait_log(&rt, "third", "third").await;
+
+    // A create that fails in a spare says why, as one in a helper of its own does.
+    wait_spare(&root, |s| s.len() == 1).await;
+    // libcontainer's state root is a file for a moment: only the helper finds out.
+    let lib = root.join("libcontainer");
+    std::fs::rename(&lib, root.join("libcontainer.moved")).unwrap();
+    std::fs::write(&lib, b"").unwrap();
+    let err = rt
+        .create(&options("fourth", &image(&f), "true"))
+        .await
+        .unwrap_err()
+        .to_string();
+    std::fs::remove_file(&lib).unwrap();
+    std::fs::rename(root.join("libcontainer.moved"), &lib).unwrap();
+    assert_eq!(rt.spare_helpers_used(), 2, "{err}");
+    // libcontainer's own words ("io error"), as the spare wrote them.
+    assert!(
+        err.starts_with("creating container fourth: io error"),
+        "{err}"
+    );
 
     // Unused for its keep time (2 s here), the last spare is ended.
     wait_spare(&root, |s| s.len() == 1).await;

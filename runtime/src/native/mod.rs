@@ -200,6 +200,12 @@ fn check_id(id: &str) -> Result<()> {
 }
 
 impl NativeRuntime {
+    /// How many creates used a create helper started ahead of them (see
+    /// [`crate::create_helper`]).
+    pub fn spare_helpers_used(&self) -> u64 {
+        self.helpers.used()
+    }
+
     /// Builds run as root of the last id slice, which no workload is given (layers are
     /// unpacked as the one before it: [`UnpackSandbox`]).
     pub fn builder(&self) -> Result<crate::build::Builder> {
