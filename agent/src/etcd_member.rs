@@ -163,15 +163,16 @@ const REVOCATION_RETRY: Duration = Duration::from_secs(3);
 /// How often the removed nodes are read even without a change (a lost watch).
 const REVOCATION_REREAD: Duration = Duration::from_secs(60);
 
-/// How often the members are listed while a learner catches up (or after a failed listing).
-const LEARNER_POLL: Duration = Duration::from_secs(2);
+/// How often the members are listed while a learner catches up (or after a failed listing):
+/// a join waits for its promotion, and learners exist only while nodes join.
+const LEARNER_POLL: Duration = Duration::from_millis(500);
 /// With no learner, how often they are listed anyway: a learner added some other way than
 /// `join` (`etcdctl member add`), or a lost watch.
 const LEARNER_REREAD: Duration = Duration::from_secs(60);
 
 /// Learners (nodes that joined the quorum) become voting members once they caught up. With
 /// none, the loop waits for `join` to record one ([`keys::etcd_learners`]) instead of
-/// listing the members every two seconds.
+/// listing the members on a clock.
 async fn promote_learners(etcd: EtcdStore) {
     loop {
         // Read before the member list: a learner recorded after this revision wakes the
