@@ -1,5 +1,16 @@
 //! Links the agent's binaries with packed relative relocations (`DT_RELR`) where the
-//! toolchain and the C library support them.
+//! toolchain and the C library support them, and with the functions a node runs side by side
+//! (`link-order.txt`) where the linker is lld.
+//!
+//! **Link order.** The kernel maps a binary's code 64 KiB around each page a process runs
+//! (fault-around), so functions that run once here and once there, spread over 17 MB of text,
+//! keep most of it resident in the agent and in each of its helper processes.
+//! `link-order.txt` (written by `scripts/link-order.sh` from an instrumented run of a node)
+//! names the functions that ran; lld's `--symbol-ordering-file` places them first, the
+//! network holder's ahead of the rest. A name the linker does not find (code changed since
+//! the list was made, or a debug build, whose names differ) is skipped: a stale list places
+//! less code and breaks nothing. GNU ld has no such option; the probe below links a small
+//! program with the flags, with the linker rustc uses, and leaves them out if it fails.
 //!
 //! The agent is a position-independent executable (ASLR), so the loader relocates ~33,000
 //! pointers at every exec. As classic `RELA` entries (24 bytes each) their table is ~0.8 MB,
@@ -17,7 +28,9 @@ const FLAG: &str = "-Wl,-z,pack-relative-relocs";
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=link-order.txt");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
+    link_order();
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux")
         || std::env::var("CARGO_CFG_TARGET_ENV").as_deref() != Ok("gnu")
         // The probe runs what it links: only where the binary will run.
@@ -64,4 +77,52 @@ fn loader_accepts_packed_relocs() -> bool {
         && Command::new(&program)
             .status()
             .is_ok_and(|status| status.success())
+}
+
+/// Lays out the functions `link-order.txt` names first, if the linker is lld.
+fn link_order() {
+    let Some(list) = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(|dir| PathBuf::from(dir).join("link-order.txt"))
+        .filter(|list| list.is_file())
+    else {
+        return;
+    };
+    let Some(list) = list.to_str() else {
+        println!("cargo:warning=linking without the link order: its path is not UTF-8");
+        return;
+    };
+    let flags = [
+        format!("-Wl,--symbol-ordering-file={list}"),
+        "-Wl,--no-warn-symbol-ordering".to_owned(),
+    ];
+    if rustc_links_with(&flags) {
+        for flag in flags {
+            println!("cargo:rustc-link-arg-bins={flag}");
+        }
+    } else {
+        println!("cargo:warning=linking without the link order: the linker is not lld");
+    }
+}
+
+/// Links an empty Rust program with these linker flags, the way this build links.
+fn rustc_links_with(flags: &[String]) -> bool {
+    let (Some(out), Some(rustc)) = (
+        std::env::var_os("OUT_DIR").map(PathBuf::from),
+        std::env::var_os("RUSTC"),
+    ) else {
+        return false;
+    };
+    let source = out.join("order_probe.rs");
+    if std::fs::write(&source, "fn main() {}\n").is_err() {
+        return false;
+    }
+    let mut command = Command::new(rustc);
+    command.arg("--crate-type=bin").arg("-o").arg(out.join("order_probe")).arg(&source);
+    if let Ok(linker) = std::env::var("RUSTC_LINKER") {
+        command.arg(format!("-Clinker={linker}"));
+    }
+    for flag in flags {
+        command.arg(format!("-Clink-arg={flag}"));
+    }
+    command.output().is_ok_and(|out| out.status.success())
 }
