@@ -117,7 +117,11 @@ fn rustc_links_with(flags: &[String]) -> bool {
         return false;
     }
     let mut command = Command::new(rustc);
-    command.arg("--crate-type=bin").arg("-o").arg(out.join("order_probe")).arg(&source);
+    command
+        .arg("--crate-type=bin")
+        .arg("-o")
+        .arg(out.join("order_probe"))
+        .arg(&source);
     if let Ok(linker) = std::env::var("RUSTC_LINKER") {
         command.arg(format!("-Clinker={linker}"));
     }
