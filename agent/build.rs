@@ -30,14 +30,14 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=link-order.txt");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
-    link_order();
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux")
         || std::env::var("CARGO_CFG_TARGET_ENV").as_deref() != Ok("gnu")
-        // The probe runs what it links: only where the binary will run.
+        // The probes link (and run) for this machine: only where the binary will run.
         || std::env::var("HOST").ok() != std::env::var("TARGET").ok()
     {
         return;
     }
+    link_order();
     if loader_accepts_packed_relocs() {
         println!("cargo:rustc-link-arg-bins={FLAG}");
     } else {
@@ -87,8 +87,11 @@ fn link_order() {
     else {
         return;
     };
-    let Some(list) = list.to_str() else {
-        println!("cargo:warning=linking without the link order: its path is not UTF-8");
+    // The path goes inside a `-Wl,` argument, which the compiler driver splits at commas.
+    let Some(list) = list.to_str().filter(|list| !list.contains(',')) else {
+        println!(
+            "cargo:warning=linking without the link order: its path is not UTF-8 or has a comma"
+        );
         return;
     };
     let flags = [
