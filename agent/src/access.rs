@@ -346,14 +346,20 @@ impl InstanceAccess for LocalAccess {
             }
         };
         // Output: a task per stream on the reactor, ending at EOF (a terminal's master
-        // reads EIO once the process is gone: the end too).
+        // reads EIO once the process is gone: the end too, once confirmed).
+        let tty = pty.is_some();
         let mut readers = Vec::new();
         for (pipe, is_stderr) in outputs {
             let tx = out_tx.clone();
             readers.push(tokio::spawn(async move {
                 let mut buf = vec![0u8; 16 * 1024];
                 loop {
-                    match pipe.read(&mut buf).await {
+                    let read = if tty {
+                        pipe.read_terminal(&mut buf).await
+                    } else {
+                        pipe.read(&mut buf).await
+                    };
+                    match read {
                         Ok(0) | Err(_) => return,
                         Ok(n) => {
                             let chunk = buf[..n].to_vec();
@@ -371,7 +377,6 @@ impl InstanceAccess for LocalAccess {
             }));
         }
         // Input: stdin bytes, close and resize.
-        let tty = pty.is_some();
         // A write to a process that never reads its stdin waits once the pipe is full: a
         // task waiting for the descriptor to be writable, never a blocked thread.
         tokio::spawn(async move {

@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use kat_runtime::async_pipe::AsyncPipe;
 use kat_runtime::{ContainerRuntime, ContainerState, ExecOptions, LogOptions, NativeRuntime};
 use support::*;
 
@@ -270,19 +271,21 @@ async fn exec_with_pipes_env_exit_code_and_tty() {
         )
         .await
         .unwrap();
-    let mut pty = h.pty.as_ref().unwrap().try_clone().unwrap();
+    // Read as the agent reads it: the end of a terminal confirmed, not taken from its first
+    // EIO (which once came here before the last line did).
+    let pty = AsyncPipe::new(h.pty.as_ref().unwrap().try_clone().unwrap()).unwrap();
     let mut seen = String::new();
     let mut buf = [0u8; 256];
     while !seen.contains("30 100") {
-        let n = pty.read(&mut buf).unwrap();
-        assert!(n > 0);
+        let n = pty.read_terminal(&mut buf).await.unwrap();
+        assert!(n > 0, "{seen:?}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
     assert!(seen.contains("/dev/pts/"), "{seen:?}");
     h.resize(40, 120).unwrap();
-    pty.write_all(b"go\n").unwrap();
+    pty.write_all(b"go\n").await.unwrap();
     while !seen.contains("40 120") {
-        let n = pty.read(&mut buf).unwrap_or(0);
+        let n = pty.read_terminal(&mut buf).await.unwrap();
         assert!(n > 0, "{seen:?}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
