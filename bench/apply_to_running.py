@@ -211,17 +211,29 @@ spec:
     rss_anon, rss_file = status_mib(agent.pid, "RssAnon"), status_mib(agent.pid, "RssFile")
     threads = len(os.listdir(f"/proc/{agent.pid}/task"))
     if os.environ.get("KAT_BENCH_SMAPS") == "1":
-        # Where the resident memory is: the largest mappings by Rss.
+        # Where the resident memory is: the largest mappings by Rss (and how much of each
+        # is anonymous: heap, stacks, pages the loader's relocations copied).
         maps, current = [], None
         for line in open(f"/proc/{agent.pid}/smaps"):
             parts = line.split()
             if "-" in parts[0] and not parts[0].endswith(":"):
-                current = [0, parts[0], parts[5] if len(parts) > 5 else "[anon]"]
+                current = [0, 0, parts[0], parts[1], parts[5] if len(parts) > 5 else "[anon]"]
                 maps.append(current)
             elif parts[0] == "Rss:":
                 current[0] = int(parts[1])
-        for rss_kib, addr, name in sorted(maps, reverse=True)[:12]:
-            print(f"  {rss_kib:>7} KiB  {addr}  {name}")
+            elif parts[0] == "Anonymous:":
+                current[1] = int(parts[1])
+        for rss_kib, anon_kib, addr, perms, name in sorted(maps, reverse=True)[:20]:
+            print(f"  {rss_kib:>7} KiB (anon {anon_kib:>6})  {perms}  {addr}  {name}")
+        names = {}
+        for task in os.listdir(f"/proc/{agent.pid}/task"):
+            try:
+                comm = open(f"/proc/{agent.pid}/task/{task}/comm").read().strip()
+            except OSError:
+                continue
+            key = comm.rstrip("0123456789")
+            names[key] = names.get(key, 0) + 1
+        print("  threads: " + ", ".join(f"{k}x{v}" for k, v in sorted(names.items())))
     samples.sort()
     p50 = statistics.median(samples)
     p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]

@@ -1,4 +1,4 @@
-//! Which containers' kat-init the runtime's reaper threads still wait for, with a way to
+//! Which containers' kat-init the runtime's reapers still wait for, with a way to
 //! wait until one is reaped. A kat-init that died without writing its exit record gets one
 //! from its reaper a moment after the process is gone; a status read in that moment waits
 //! for the reaper's word (a condition variable) instead of polling; an async stop waits on

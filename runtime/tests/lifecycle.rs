@@ -31,7 +31,8 @@ async fn runs_a_container_and_collects_output_and_exit_code() {
 }
 
 /// libcontainer's create runs in a helper process; kat-init ends up our child (we are a
-/// subreaper) so a SIGKILL of it is still recorded precisely; a missing helper is explained.
+/// subreaper) so a SIGKILL of it is still recorded precisely, by a reaper that is no thread;
+/// a missing helper is explained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_runs_in_a_helper_and_kat_init_is_reaped_by_us() {
     let (rt, dir, f) = ready_runtime().await;
@@ -54,6 +55,14 @@ async fn create_runs_in_a_helper_and_kat_init_is_reaped_by_us() {
         .find_map(|l| l.strip_prefix("PPid:"))
         .map(|v| v.trim().to_string());
     assert_eq!(ppid, Some(std::process::id().to_string()), "{status}");
+    // The reaper is a task waiting on a process descriptor: a running container keeps no
+    // thread of ours.
+    let reaper_threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("reap-"))
+        .collect();
+    assert!(reaper_threads.is_empty(), "{reaper_threads:?}");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
     let s = wait_state(
         &rt,

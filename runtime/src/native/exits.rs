@@ -2,6 +2,7 @@
 //! signals to PID 1, and the reaper that records an exit.
 
 use super::*;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// How often a stop reads the state of a container no reaper of ours waits for.
 const ADOPTED_POLL: Duration = Duration::from_millis(100);
@@ -108,6 +109,12 @@ pub(super) fn signal_init(c: &mut Container, signal: i32) {
 /// (SIGKILL, OOM kill of PID 1).
 /// `oom_killed` is asked at once, while the cgroup most likely still exists; `done` runs
 /// when the record is written, or when there is none to write.
+///
+/// A running container costs no thread: a task waits for its process descriptor (`pidfd`)
+/// to turn readable, which it does the moment kat-init exits, and only then a blocking
+/// thread reaps and writes the record. Where there is no pidfd (Linux before 5.3) or no
+/// runtime, a thread waits in `waitpid` instead, as all of them did: ten running containers
+/// kept ten threads, their stacks and their allocator caches.
 pub(super) fn spawn_reaper(
     pid: i32,
     logs: PathBuf,
@@ -115,13 +122,33 @@ pub(super) fn spawn_reaper(
     done: impl Fn() + Send + Sync + 'static,
 ) {
     let done = std::sync::Arc::new(done);
-    let reaper_done = done.clone();
-    let spawned = std::thread::Builder::new()
-        .name(format!("reap-{pid}"))
-        .spawn(move || {
+    let reap = {
+        let done = done.clone();
+        move || {
             record_end(pid, &logs, oom_killed);
-            reaper_done();
-        });
+            done();
+        }
+    };
+    let exited = match (tokio::runtime::Handle::try_current(), process_exit(pid)) {
+        (Ok(runtime), Ok(exited)) => Some((runtime, exited)),
+        _ => None,
+    };
+    let spawned = match exited {
+        Some((runtime, exited)) => {
+            runtime.spawn(async move {
+                // Readable once the process has exited; an error of the reactor (none is
+                // expected) leaves the wait to waitpid, on the blocking thread.
+                let _ = exited.readable().await;
+                drop(exited);
+                let _ = tokio::task::spawn_blocking(reap).await;
+            });
+            Ok(())
+        }
+        None => std::thread::Builder::new()
+            .name(format!("reap-{pid}"))
+            .spawn(reap)
+            .map(drop),
+    };
     if spawned.is_err() {
         tracing::warn!(
             pid,
@@ -131,6 +158,22 @@ pub(super) fn spawn_reaper(
         // notice of the exit (the container is then looked at on a clock).
         done();
     }
+}
+
+/// A descriptor of process `pid` on the reactor, readable once the process has exited.
+fn process_exit(pid: i32) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    // SAFETY: the `OwnedFd` is owned by the `AsyncFd` and closes only when it drops.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    Ok(registered?)
 }
 
 pub(super) fn record_end(pid: i32, logs: &Path, oom_killed: impl FnOnce() -> bool) {
