@@ -30,16 +30,22 @@ def covered(profdata, raw):
     return {line.strip().rsplit(";", 1)[-1] for line in out.splitlines() if line.strip()}
 
 
-def text_symbols(binary):
-    """The release binary's functions: address by name, and names by name without the hash."""
-    out = subprocess.run(["nm", "--defined-only", binary], capture_output=True, text=True,
-                         check=True).stdout
-    exact, loose = {}, {}
+def nm_functions(binary):
+    """The binary's functions in address order: (address, name), every name of each."""
+    out = subprocess.run(["nm", "-n", "--defined-only", binary], capture_output=True,
+                         text=True, check=True).stdout
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[1] in "tTW":
-            exact.setdefault(parts[2], int(parts[0], 16))
-            loose.setdefault(unhashed(parts[2]), []).append(parts[2])
+            yield int(parts[0], 16), parts[2]
+
+
+def text_symbols(binary):
+    """The release binary's functions: address by name, and names by name without the hash."""
+    exact, loose = {}, {}
+    for address, name in nm_functions(binary):
+        exact.setdefault(name, address)
+        loose.setdefault(unhashed(name), []).append(name)
     return exact, loose
 
 

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from link_order import nm_functions  # this directory is on the path
+
 GROUP = "kat_order"
 EVENT = "katorder"  # uprobe_profile names an event without its group
 
@@ -42,14 +44,11 @@ def functions(binary):
     segment = next(parts for parts in (line.split() for line in load.splitlines())
                    if parts[:1] == ["LOAD"] and "E" in parts[6:-1])
     shift = int(segment[2], 16) - int(segment[1], 16)
-    out = subprocess.run(["nm", "-n", "--defined-only", binary], capture_output=True,
-                         text=True, check=True).stdout
     found, seen = [], set()
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1] in "tTW" and parts[0] not in seen:
-            seen.add(parts[0])
-            found.append((int(parts[0], 16) - shift, parts[2]))
+    for address, name in nm_functions(binary):
+        if address not in seen:
+            seen.add(address)
+            found.append((address - shift, name))
     return found
 
 
