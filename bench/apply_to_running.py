@@ -3,9 +3,59 @@ import os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
 from workload_api import WorkloadApi
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from link_order import nm_functions  # noqa: E402
+
 BIN = os.path.abspath(os.environ.get("KAT_BENCH_BIN", "target/release"))
 REGISTRY = os.environ["KAT_TEST_REGISTRY"]
 RUNS = int(os.environ.get("RUNS", "20"))
+
+
+def code_residency(pid, binary, listing="agent/link-order.txt"):
+    """Where the agent's resident code is, against the link order (agent/build.rs):
+    (listed functions this binary defines, listed functions, resident MiB of code inside the
+    span the list's functions occupy, resident MiB outside it). The list names functions
+    exactly, so a change to code a node runs drops names from it and adds functions it never
+    named; each such function that runs at idle keeps up to 64 KiB around it resident
+    (fault-around), and the second figure grows. None where something cannot be read."""
+    try:
+        listed = [l for l in open(listing).read().splitlines() if l and not l.startswith("#")]
+        where = {name: address for address, name in nm_functions(binary)}
+        # A position-independent binary: its addresses are offsets from where it is loaded,
+        # the start of its mapping at file offset 0.
+        base, text = None, []
+        real = os.path.realpath(binary)
+        for line in open(f"/proc/{pid}/maps"):
+            parts = line.split()
+            if len(parts) < 6 or os.path.realpath(parts[5]) != real:
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            if int(parts[2], 16) == 0 and base is None:
+                base = start
+            if "x" in parts[1]:
+                text.append((start, end))
+        addresses = [where[name] for name in listed if name in where]
+        if base is None or not text or not addresses:
+            return None
+        low, high = base + min(addresses), base + max(addresses)
+        page = os.sysconf("SC_PAGE_SIZE")
+        inside = outside = 0
+        # /proc/PID/pagemap: 8 bytes per virtual page, bit 63 set where the page is present.
+        with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+            for start, end in text:
+                pagemap.seek(start // page * 8)
+                entries = pagemap.read((end - start) // page * 8)
+                for i in range(0, len(entries), 8):
+                    if entries[i + 7] & 0x80:
+                        address = start + i // 8 * page
+                        if low - page < address <= high:
+                            inside += 1
+                        else:
+                            outside += 1
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        return None
+    mib = page / 2**20
+    return len(addresses), len(listed), inside * mib, outside * mib
 
 
 def free_port():
@@ -225,15 +275,17 @@ spec:
                 current[1] = int(parts[1])
         for rss_kib, anon_kib, addr, perms, name in sorted(maps, reverse=True)[:20]:
             print(f"  {rss_kib:>7} KiB (anon {anon_kib:>6})  {perms}  {addr}  {name}")
-        names = {}
+        # Not `names`: that is the list of workloads cleanup() deletes (reusing it left the
+        # idle workload's 10 containers running after each run with KAT_BENCH_SMAPS=1).
+        by_name = {}
         for task in os.listdir(f"/proc/{agent.pid}/task"):
             try:
                 comm = open(f"/proc/{agent.pid}/task/{task}/comm").read().strip()
             except OSError:
                 continue
             key = comm.rstrip("0123456789")
-            names[key] = names.get(key, 0) + 1
-        print("  threads: " + ", ".join(f"{k}x{v}" for k, v in sorted(names.items())))
+            by_name[key] = by_name.get(key, 0) + 1
+        print("  threads: " + ", ".join(f"{k}x{v}" for k, v in sorted(by_name.items())))
     samples.sort()
     p50 = statistics.median(samples)
     p95 = samples[min(len(samples) - 1, int(len(samples) * 0.95))]
@@ -255,8 +307,16 @@ spec:
           + ", ".join(f"{rss:.1f} MiB (anon {anon:.1f})" for rss, anon in holders))
     print("for comparison, k3s documents 275 MB for an agent")
     holder_rss = max((rss for rss, _ in holders), default=0.0)
+    residency = code_residency(agent.pid, f"{BIN}/kat-agent")
+    outside = float("nan")
+    if residency:
+        found, listed, inside, outside = residency
+        print(f"kat-agent resident code: {inside:.1f} MiB in the link order's span, {outside:.1f} MiB "
+              f"outside it; {found} of the {listed} functions agent/link-order.txt lists are in "
+              "this binary (when the code outside grows, regenerate it: sudo scripts/link-order.sh)")
     print(f"apply_to_running_p50_ms={p50:.0f} agent_idle_rss_mib={rss:.1f} agent_idle_cpu_pct={cpu_pct:.2f} "
           f"agent_idle_wss_mib={wss:.1f} holder_rss_mib={holder_rss:.1f} "
-          f"agent_idle_cpu/etcd={cpu_per_etcd:.2f} agent_idle_wakeups_per_s={wakeups:.1f}")
+          f"agent_idle_cpu/etcd={cpu_per_etcd:.2f} agent_idle_wakeups_per_s={wakeups:.1f} "
+          f"agent_code_outside_order_mib={outside:.1f}")
 finally:
     cleanup()
