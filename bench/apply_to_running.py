@@ -1,5 +1,5 @@
 """The measuring half of bench/apply-to-running.sh (see there)."""
-import os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import bisect, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
 from workload_api import WorkloadApi
 
@@ -13,14 +13,28 @@ RUNS = int(os.environ.get("RUNS", "20"))
 
 def code_residency(pid, binary, listing="agent/link-order.txt"):
     """Where the agent's resident code is, against the link order (agent/build.rs):
-    (listed functions this binary defines, listed functions, resident MiB of code inside the
-    span the list's functions occupy, resident MiB outside it). The list names functions
+    (listed functions this binary defines, listed functions, resident MiB of code on the
+    pages the listed functions occupy, resident MiB elsewhere). The list names functions
     exactly, so a change to code a node runs drops names from it and adds functions it never
-    named; each such function that runs at idle keeps up to 64 KiB around it resident
-    (fault-around), and the second figure grows. None where something cannot be read."""
+    named; each such function that runs keeps up to 64 KiB around it resident (fault-around),
+    and the second figure grows. None where something cannot be read."""
     try:
         listed = [l for l in open(listing).read().splitlines() if l and not l.startswith("#")]
-        where = {name: address for address, name in nm_functions(binary)}
+        where, starts = {}, set()
+        for address, name in nm_functions(binary):
+            where.setdefault(name, address)
+            starts.add(address)
+        starts = sorted(starts)
+        page = os.sysconf("SC_PAGE_SIZE")
+        # A listed function runs to the next function's start.
+        listed_pages, found = set(), 0
+        for name in listed:
+            if name not in where:
+                continue
+            found += 1
+            start = where[name]
+            end = starts[bisect.bisect_right(starts, start)] if start < starts[-1] else start + 1
+            listed_pages.update(range(start // page, (end - 1) // page + 1))
         # A position-independent binary: its addresses are offsets from where it is loaded,
         # the start of its mapping at file offset 0.
         base, text = None, []
@@ -34,11 +48,8 @@ def code_residency(pid, binary, listing="agent/link-order.txt"):
                 base = start
             if "x" in parts[1]:
                 text.append((start, end))
-        addresses = [where[name] for name in listed if name in where]
-        if base is None or not text or not addresses:
+        if base is None or not text or not found:
             return None
-        low, high = base + min(addresses), base + max(addresses)
-        page = os.sysconf("SC_PAGE_SIZE")
         inside = outside = 0
         # /proc/PID/pagemap: 8 bytes per virtual page, bit 63 set where the page is present.
         with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
@@ -47,15 +58,14 @@ def code_residency(pid, binary, listing="agent/link-order.txt"):
                 entries = pagemap.read((end - start) // page * 8)
                 for i in range(0, len(entries), 8):
                     if entries[i + 7] & 0x80:
-                        address = start + i // 8 * page
-                        if low - page < address <= high:
+                        if (start - base) // page + i // 8 in listed_pages:
                             inside += 1
                         else:
                             outside += 1
     except (OSError, ValueError, subprocess.CalledProcessError):
         return None
     mib = page / 2**20
-    return len(addresses), len(listed), inside * mib, outside * mib
+    return found, len(listed), inside * mib, outside * mib
 
 
 def free_port():
@@ -311,8 +321,8 @@ spec:
     outside = float("nan")
     if residency:
         found, listed, inside, outside = residency
-        print(f"kat-agent resident code: {inside:.1f} MiB in the link order's span, {outside:.1f} MiB "
-              f"outside it; {found} of the {listed} functions agent/link-order.txt lists are in "
+        print(f"kat-agent resident code: {inside:.1f} MiB on the listed functions' pages, {outside:.1f} MiB "
+              f"elsewhere; {found} of the {listed} functions agent/link-order.txt lists are in "
               "this binary (when the code outside grows, regenerate it: sudo scripts/link-order.sh)")
     print(f"apply_to_running_p50_ms={p50:.0f} agent_idle_rss_mib={rss:.1f} agent_idle_cpu_pct={cpu_pct:.2f} "
           f"agent_idle_wss_mib={wss:.1f} holder_rss_mib={holder_rss:.1f} "

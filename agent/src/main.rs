@@ -263,6 +263,17 @@ fn main() -> ExitCode {
     if let Some(code) = kat_runtime::create_helper::run_if_requested() {
         return code;
     }
+    // The processes that run a node live long and idle: they start once more, without
+    // glibc's thread caches (malloc.rs). Other commands run briefly and as they are.
+    if matches!(
+        std::env::args_os()
+            .nth(1)
+            .as_deref()
+            .and_then(|a| a.to_str()),
+        Some("init" | "join" | "run" | "rejoin")
+    ) {
+        malloc::without_thread_caches();
+    }
     malloc::limit_arenas();
     // A join token in the environment is read once, here, and taken out of it before any
     // thread starts: no child (etcd, container helpers) inherits it, and nothing later can

@@ -211,6 +211,9 @@ spec:
             .args(["--api-bind", "127.0.0.1"])
             .args(["--dns-upstream", &self.upstream.to_string()])
             .env("KAT_INIT", &self.init)
+            // A caller's own tunables (harmless ones): the node's children get them back
+            // (the_node_runs_without_thread_caches).
+            .env("GLIBC_TUNABLES", CALLERS_TUNABLES)
             .env("KAT_GPU_ROOT", self.path("gpu-root"))
             .stdout(Stdio::from(log.try_clone().expect("log")))
             .stderr(Stdio::from(log));
@@ -339,6 +342,11 @@ spec:
         std::fs::read_to_string(self.path("data/pki/admin.token")).expect("token")
     }
 
+    /// The running agent's pid.
+    pub(crate) fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(|a| a.id())
+    }
+
     pub(crate) fn kill_agent(&mut self) {
         if let Some(mut a) = self.agent.take() {
             let _ = nix::sys::signal::kill(
@@ -377,6 +385,19 @@ impl Drop for Cluster {
             );
         }
     }
+}
+
+/// The `GLIBC_TUNABLES` the tests start the agent with.
+pub(crate) const CALLERS_TUNABLES: &str = "glibc.malloc.perturb=0";
+
+/// A process's initial environment: `NAME=value` entries.
+pub(crate) fn environment_of(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect()
 }
 
 /// Host pids of workload processes (their environment names the instance), for one

@@ -101,6 +101,10 @@ const STEPS: &[(&str, Step)] = &[
         "usage_shows_in_top_and_metrics",
         usage_shows_in_top_and_metrics,
     ),
+    (
+        "the_node_runs_without_thread_caches",
+        the_node_runs_without_thread_caches,
+    ),
     ("the_node_never_stalls", the_node_never_stalls),
     (
         "an_agent_killed_and_restarted_duplicates_nothing",

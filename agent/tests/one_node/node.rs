@@ -17,6 +17,69 @@ use kat_api::wire::{BackupRecord, Event, Node, NodeState, Timestamp};
 use kat_testkit::katcall::{all_running_healthy, ids};
 use kat_testkit::{bin, holds_for};
 
+pub(crate) fn the_node_runs_without_thread_caches(r: &mut Run) {
+    let c = &r.c;
+    // The agent runs again at its start with glibc's thread caches off (agent/src/malloc.rs):
+    // its own image was given the tunable after the caller's. (glibc's loader ends each
+    // value it reads with a NUL in place, so the initial environment shows the tunables as
+    // entries of their own.)
+    let agent = c.agent_pid().expect("the agent runs");
+    let tunables = |pid: u32| {
+        environment_of(pid)
+            .into_iter()
+            .filter(|v| v.starts_with("GLIBC_TUNABLES=") || v.starts_with("KAT_CALLERS_"))
+            .collect::<Vec<_>>()
+    };
+    let own = environment_of(agent);
+    assert!(
+        own.contains(&format!("GLIBC_TUNABLES={CALLERS_TUNABLES}"))
+            && own
+                .iter()
+                .any(|v| v.ends_with("glibc.malloc.tcache_count=0")),
+        "the agent's environment: {own:?}"
+    );
+    // What it starts (etcd, the network holder) gets the caller's tunables back, unchanged,
+    // and no trace of the re-execution.
+    let children: Vec<(u32, String)> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:"))?;
+            (ppid.trim() == agent.to_string()).then_some(())?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.contains("etcd") || cmdline.contains("__kat-netns-holder"))
+                .then_some((pid, cmdline))
+        })
+        .collect();
+    assert!(
+        children.iter().any(|(_, c)| c.contains("etcd"))
+            && children
+                .iter()
+                .any(|(_, c)| c.contains("__kat-netns-holder")),
+        "the agent's etcd and network holder: {children:?}"
+    );
+    for (child, cmdline) in children {
+        assert_eq!(
+            tunables(child),
+            vec![format!("GLIBC_TUNABLES={CALLERS_TUNABLES}")],
+            "the environment of the agent's child {child} ({cmdline})"
+        );
+    }
+    // Containers get their spec's environment: none of the agent's.
+    let workloads = workload_pids(None);
+    assert!(!workloads.is_empty(), "no workload runs");
+    for pid in workloads {
+        assert_eq!(
+            tunables(pid as u32),
+            Vec::<String>::new(),
+            "workload process {pid}"
+        );
+    }
+}
+
 pub(crate) fn the_node_never_stalls(r: &mut Run) {
     let Run {
         c, id: _, second, ..
