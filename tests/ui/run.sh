@@ -70,8 +70,13 @@ cleanup() {
     if [ -n "$agent_pid" ]; then
         "$BIN/katcall" --config "$dir/katcall.yaml" delete workload hello >/dev/null 2>&1 || true
         # Containers outlive their agent: let it stop them before it goes.
-        for _ in $(seq 1 40); do
-            "$BIN/katcall" --config "$dir/katcall.yaml" get instances -o json 2>/dev/null | grep -q '"hello"' || break
+        # The instance leaves the API before its container has stopped: wait for the node's
+        # container records too (a stressed run once left the example's container running).
+        for _ in $(seq 1 60); do
+            if ! "$BIN/katcall" --config "$dir/katcall.yaml" get instances -o json 2>/dev/null | grep -q '"hello"' \
+                && [ -z "$(ls -A "$dir/data/runtime/containers" 2>/dev/null)" ]; then
+                break
+            fi
             sleep 0.5
         done
         kill -TERM "$agent_pid" 2>/dev/null || true
