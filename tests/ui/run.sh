@@ -71,7 +71,8 @@ cleanup() {
         "$BIN/katcall" --config "$dir/katcall.yaml" delete workload hello >/dev/null 2>&1 || true
         # Containers outlive their agent: let it stop them before it goes.
         # The instance leaves the API before its container has stopped: wait for the node's
-        # container records too (a stressed run once left the example's container running).
+        # container records too (stopping the agent at once left the example's container
+        # running after every run).
         for _ in $(seq 1 60); do
             if ! "$BIN/katcall" --config "$dir/katcall.yaml" get instances -o json 2>/dev/null | grep -q '"hello"' \
                 && [ -z "$(ls -A "$dir/data/runtime/containers" 2>/dev/null)" ]; then
