@@ -30,6 +30,7 @@ pub mod log_watch;
 pub mod logs;
 pub mod native;
 pub mod network;
+mod orphans;
 pub mod phases;
 pub mod reaping;
 pub mod rootfs;

@@ -757,3 +757,80 @@ async fn wait_log(rt: &dyn ContainerRuntime, id: &str, text: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The runtime is a child subreaper: a process of an exec whose kat-init dies first (an OOM
+/// kill, a `kill` from the host) becomes our child, though it lives in the container's PID
+/// namespace. When the container's PID 1 then dies, the kernel does not let it finish
+/// exiting until every process of its namespace is reaped, so an orphan nobody waits for
+/// left the container "running" for ever: no exit seen, no restart (the one-node test's
+/// killed instance that never restarted). Orphans of a container are reaped by the runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_whose_exec_lost_its_kat_init_still_ends() {
+    let (rt, _dir, f) = ready_runtime().await;
+    rt.create(&options("orphaned", &image(&f), "sleep 300"))
+        .await
+        .unwrap();
+    rt.start("orphaned").await.unwrap();
+    let init = wait_state(
+        &rt,
+        "orphaned",
+        ContainerState::Running,
+        Duration::from_secs(10),
+    )
+    .await
+    .pid
+    .unwrap();
+    let mut exec = rt
+        .exec(
+            "orphaned",
+            kat_runtime::ExecOptions {
+                command: vec!["sleep".into(), "301".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    // The exec's kat-init (our child, in our PID namespace) has started its command (its
+    // child, in the container's).
+    let children = format!("/proc/{}/task/{}/children", exec.pid, exec.pid);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let command = loop {
+        let listed = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(pid) = listed.split_whitespace().next() {
+            break pid.parse::<i32>().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the exec never started its command"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let kill = |pid: i32| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap()
+    };
+    kill(exec.pid);
+    assert_eq!(exec.wait().await.unwrap(), 137);
+    let parent = std::fs::read_to_string(format!("/proc/{command}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:").map(|p| p.trim().to_string()));
+    assert_eq!(
+        parent,
+        Some(std::process::id().to_string()),
+        "the exec's command was adopted by us"
+    );
+    kill(init);
+    let s = wait_state(
+        &rt,
+        "orphaned",
+        ContainerState::Exited,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!((s.exit_code, s.signal), (Some(137), Some(9)));
+    assert!(
+        !std::path::Path::new(&format!("/proc/{command}")).exists(),
+        "the orphan was reaped"
+    );
+    rt.remove("orphaned", true).await.unwrap();
+}

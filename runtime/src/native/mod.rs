@@ -103,6 +103,8 @@ pub struct NativeRuntime {
     /// Containers whose kat-init our reaper thread waits for; it writes `exit.json` if
     /// kat-init could not, a moment after the process is gone.
     reaping: Arc<crate::reaping::Reaping>,
+    /// Reaps the containers' processes we adopt as a subreaper (orphans.rs).
+    _orphans: crate::orphans::OrphanReaper,
     /// Change notices for followed logs, made at the first `logs -f` (on the agent's
     /// runtime); `None` if inotify is unavailable (followers then read every 50 ms).
     log_watch: std::sync::OnceLock<Option<crate::log_watch::LogWatcher>>,

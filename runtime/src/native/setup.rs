@@ -191,6 +191,7 @@ impl NativeRuntime {
         let runtime = NativeRuntime {
             overlay: AtomicBool::new(overlay),
             reaping: Arc::default(),
+            _orphans: crate::orphans::OrphanReaper::start(),
             config,
             images,
             cgroups,
