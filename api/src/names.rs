@@ -101,6 +101,19 @@ pub fn absolute_path_problem(s: &str) -> Option<String> {
     path_components_problem(s)
 }
 
+/// The directory every container reserves for KAT: kat-init is bound at `/.kat/init` and the
+/// container's log directory at `/.kat/log`, under a read-only mount of its own. Nothing a
+/// workload declares may be mounted there: a volume at `/.kat` would hide kat-init from the
+/// runtime and let the workload's own program start as PID 1 without its sandbox.
+pub const RESERVED_CONTAINER_DIR: &str = "/.kat";
+
+/// Whether an absolute container path is [`RESERVED_CONTAINER_DIR`] or below it, judged by
+/// its components, so `//.kat/`, `/./.kat/x` and `/.kat/log` count.
+pub fn is_reserved_container_path(s: &str) -> bool {
+    let reserved = RESERVED_CONTAINER_DIR.trim_start_matches('/');
+    s.split('/').find(|c| !c.is_empty() && *c != ".") == Some(reserved)
+}
+
 /// A relative path that stays below its base: no leading `/`, no `..`.
 pub fn relative_path_problem(s: &str) -> Option<String> {
     if s.starts_with('/') {

@@ -883,6 +883,15 @@ impl Container {
                     "mountPath",
                     "\"/\" cannot be a mount point (expected a directory such as /data)",
                 );
+            } else if crate::names::is_reserved_container_path(&m.mount_path) {
+                ms.error(
+                    "mountPath",
+                    format!(
+                        "{:?} is at or under {}, which KAT reserves for kat-init and the container's logs (mount the volume elsewhere, such as /data)",
+                        m.mount_path,
+                        crate::names::RESERVED_CONTAINER_DIR
+                    ),
+                );
             } else if !mount_paths.insert(m.mount_path.trim_end_matches('/')) {
                 ms.error(
                     "mountPath",

@@ -14,9 +14,14 @@
 //!    (read from its PID 1), and sets `no_new_privs`;
 //! 5. with a TTY, opens the terminal in the container's own `/dev/pts` (so `tty` works there),
 //!    sends its master end to the agent over a socket, and makes it its controlling terminal;
-//! 6. executes the container's own `/.kat/init` with the command: joining a PID namespace
-//!    only applies to children, so kat-init starts the command as its child inside the
-//!    namespace, forwards signals to it, and exits with its code (128+signal when killed).
+//! 6. executes kat-init with the command, from a descriptor of the host's binary opened
+//!    before the fork (`execveat(fd, "", AT_EMPTY_PATH)`), never by a path: every path is
+//!    resolved in the container's root by now, and a workload that could put its own program
+//!    where kat-init is expected would run it unfiltered in the agent's PID namespace, with
+//!    the admin's terminal. Joining a PID namespace only applies to children, so kat-init
+//!    starts the command as its child inside the namespace, forwards signals to it, installs
+//!    the container's seccomp filter, and exits with the command's code (128+signal when
+//!    killed).
 //!
 //! The child runs only async-signal-safe system calls between fork and exec: everything it
 //! needs (namespace fds, paths, ids) is prepared before the fork. It reports the step it is
@@ -41,6 +46,67 @@ use nix::libc;
 
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::spec::INIT_PATH;
+
+/// kat-init's argv and environment as the NULL-terminated pointer arrays `execveat` takes,
+/// built before the fork: the child may not allocate.
+struct ExecArgs {
+    fd: File,
+    _strings: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into `_strings`' heap buffers, which live as long as `self` and
+// are never written; the arrays are only read, in the forked child.
+unsafe impl Send for ExecArgs {}
+unsafe impl Sync for ExecArgs {}
+
+impl ExecArgs {
+    fn new(fd: File, argv: &[String], env: &[String]) -> Result<ExecArgs> {
+        let nul = |what: &str| RuntimeError::InvalidOption {
+            field: what.to_string(),
+            reason: "contains a NUL byte".into(),
+        };
+        let mut strings = Vec::with_capacity(argv.len() + env.len());
+        for a in argv {
+            strings.push(CString::new(a.as_str()).map_err(|_| nul("command"))?);
+        }
+        for e in env {
+            strings.push(CString::new(e.as_str()).map_err(|_| nul("env"))?);
+        }
+        let pointers = |from: &[CString]| -> Vec<*const libc::c_char> {
+            from.iter()
+                .map(|c| c.as_ptr())
+                .chain([std::ptr::null()])
+                .collect()
+        };
+        let (a, e) = strings.split_at(argv.len());
+        let (argv, envp) = (pointers(a), pointers(e));
+        Ok(ExecArgs {
+            fd,
+            _strings: strings,
+            argv,
+            envp,
+        })
+    }
+
+    /// In the forked child: replaces it with kat-init; returns only on failure.
+    fn exec(&self) -> std::io::Error {
+        // SAFETY: a valid descriptor, an empty path with AT_EMPTY_PATH, and NULL-terminated
+        // arrays of pointers to NUL-terminated strings that outlive the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_execveat,
+                self.fd.as_raw_fd(),
+                c"".as_ptr(),
+                self.argv.as_ptr(),
+                self.envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
+        }
+        std::io::Error::last_os_error()
+    }
+}
 
 /// A running exec'd process.
 pub struct ExecHandle {
@@ -136,7 +202,7 @@ fn set_size(fd: i32, rows: u16, cols: u16) -> Result<()> {
 
 /// What the forked child does, in order; it writes each step's index to a pipe before the
 /// step, so a failure names the step.
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 11] = [
     "joining the container's cgroups",
     "joining the container's user namespace",
     "joining the container's other namespaces",
@@ -147,6 +213,7 @@ const STEPS: [&str; 10] = [
     "setting the container's capabilities",
     "setting no_new_privs",
     "attaching the terminal",
+    "executing kat-init from the host's binary",
 ];
 
 /// Capability sets as in `/proc/PID/status`.
@@ -520,6 +587,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<
 /// `cgroup.procs` files of its cgroups.
 pub async fn exec(
     lib_root: PathBuf,
+    init_binary: &Path,
     id: String,
     cgroup_procs: Vec<PathBuf>,
     options: crate::types::ExecOptions,
@@ -592,24 +660,34 @@ pub async fn exec(
         (None, None)
     };
     let entry = prepare(&id, pid, &process, &cgroup_procs, &cwd, terminal, steps_w)?;
-
-    let mut command = Command::new(INIT_PATH);
+    // The host's kat-init, opened here, on the host: the container cannot replace it.
+    let init = File::open(init_binary)
+        .context(|| format!("opening kat-init at {}", init_binary.display()))?;
+    let mut argv: Vec<String> = vec![INIT_PATH.into()];
     if seccomp {
-        command.args(["--seccomp", "default"]);
+        argv.extend(["--seccomp".into(), "default".into()]);
     }
-    command.arg("--").args(&options.command).env_clear();
-    for pair in &env {
-        if let Some((k, v)) = pair.split_once('=') {
-            command.env(k, v);
-        }
-    }
+    argv.push("--".into());
+    argv.extend(options.command.iter().cloned());
+    let init = ExecArgs::new(init, &argv, &env)?;
+
+    // `Command` forks, sets the stdio up and reports a failure of the child; the child never
+    // reaches its own exec of `program`: the pre-exec step execs kat-init by descriptor, or
+    // fails. The program named here is never looked up.
+    let mut command = Command::new(INIT_PATH);
     let stdio = |piped: bool| if piped { Stdio::piped() } else { Stdio::null() };
     command
         .stdin(stdio(!options.tty))
         .stdout(stdio(!options.tty))
         .stderr(stdio(!options.tty));
-    // SAFETY: `enter` makes only async-signal-safe system calls and does not allocate.
-    unsafe { command.pre_exec(move || entry.enter()) };
+    // SAFETY: `enter` and `exec` make only async-signal-safe system calls and do not allocate.
+    unsafe {
+        command.pre_exec(move || {
+            entry.enter()?;
+            entry.step(10);
+            Err(init.exec())
+        })
+    };
 
     let waited_id = id.clone();
     tokio::task::spawn_blocking(move || {
@@ -625,7 +703,7 @@ pub async fn exec(
                     .last()
                     .and_then(|i| STEPS.get(*i as usize))
                     .copied()
-                    .unwrap_or("starting /.kat/init in the container");
+                    .unwrap_or("starting kat-init in the container");
                 return Err(container_error(&id, format!("{step}: {e}")));
             }
         };

@@ -42,6 +42,118 @@ pub fn find_executable(root: &TreeDir, program: &str, env: &[String]) -> Result<
     )))
 }
 
+/// Where the container path `path` lands in the image `root` once the kernel (and
+/// libcontainer, which resolves mount destinations the same way) follows the image's
+/// symbolic links inside the root: `..` stops at `/`, an absolute target starts again from
+/// the root, and a part that does not exist yet (libcontainer makes it) ends the walk.
+/// `None` for a chain of more than 40 links (the kernel's `ELOOP`).
+pub fn resolve_in_image(root: &TreeDir, path: &str) -> std::io::Result<Option<String>> {
+    use std::collections::VecDeque;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let mut todo: VecDeque<Vec<u8>> = parts(path.as_bytes()).collect();
+    let mut resolved: Vec<Vec<u8>> = Vec::new();
+    let mut links = 0;
+    while let Some(part) = todo.pop_front() {
+        if part == b".." {
+            resolved.pop();
+            continue;
+        }
+        let at = resolved.iter().fold(std::path::PathBuf::new(), |p, c| {
+            p.join(OsStr::from_bytes(c))
+        });
+        let entry = match root.walk(&at) {
+            Ok(dir) => dir.stat(OsStr::from_bytes(&part))?.map(|e| (dir, e)),
+            // Below a part that does not exist (libcontainer makes it: no link there), or a
+            // file where a directory is needed (the mount fails and lands nowhere).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(nix::libc::ENOENT | nix::libc::ENOTDIR)
+                ) =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        match entry {
+            Some((dir, e)) if e.kind == crate::tree_dir::Kind::Symlink => {
+                links += 1;
+                if links > 40 {
+                    return Ok(None);
+                }
+                let target = dir.read_link(OsStr::from_bytes(&part))?;
+                let target = target.as_os_str().as_bytes();
+                if target.starts_with(b"/") {
+                    resolved.clear();
+                }
+                for (i, p) in parts(target).enumerate() {
+                    todo.insert(i, p);
+                }
+            }
+            Some(_) | None => resolved.push(part),
+        }
+    }
+    let mut out = String::new();
+    for part in &resolved {
+        out.push('/');
+        out.push_str(&String::from_utf8_lossy(part));
+    }
+    Ok(Some(if out.is_empty() { "/".into() } else { out }))
+}
+
+fn parts(path: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    path.split(|b| *b == b'/')
+        .filter(|p| !p.is_empty() && *p != b".")
+        .map(<[u8]>::to_vec)
+}
+
+/// Refuses an image whose `/.kat` is not a directory (a symbolic link there would move
+/// kat-init's mounts elsewhere) and a volume whose destination leads to `/.kat` through
+/// the image's symbolic links. `destinations` are (volume name, destination).
+pub fn check_reserved_paths(root: &TreeDir, destinations: &[(&str, &str)]) -> Result<()> {
+    use crate::spec::KAT_DIR_PATH;
+    let name = std::ffi::OsStr::new(KAT_DIR_PATH.trim_start_matches('/'));
+    let refused = |field: String, reason: String| RuntimeError::InvalidOption { field, reason };
+    let io = |e: std::io::Error| {
+        refused(
+            "image".into(),
+            format!("cannot look up {KAT_DIR_PATH} in the image: {e}"),
+        )
+    };
+    if let Some(entry) = root.stat(name).map_err(io)? {
+        if entry.kind != crate::tree_dir::Kind::Dir {
+            return Err(refused(
+                "image".into(),
+                format!(
+                    "the image's {KAT_DIR_PATH} is a symbolic link or a file; KAT reserves {KAT_DIR_PATH} for kat-init (rebuild the image without it)"
+                ),
+            ));
+        }
+    }
+    for (volume, destination) in destinations {
+        let field = format!("volume {volume} destination");
+        match resolve_in_image(root, destination).map_err(io)? {
+            None => {
+                return Err(refused(
+                    field,
+                    format!("{destination:?} goes through more than 40 symbolic links in the image"),
+                ))
+            }
+            Some(real) if kat_api::names::is_reserved_container_path(&real) => {
+                return Err(refused(
+                    field,
+                    format!(
+                        "{destination:?} is a symbolic link in the image that leads to {real}; KAT reserves {KAT_DIR_PATH} for kat-init, so mount the volume at another path"
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// An image's `/etc/passwd` or `/etc/group` is input from the image: a FIFO there must not
 /// block the agent, nor an 8 GiB file fill its memory.
 const MAX_ACCOUNT_FILE: u64 = 1 << 20;
@@ -154,6 +266,31 @@ mod tests {
         std::os::unix::fs::symlink("../../../../../../etc/passwd", root.join("etc/passwd"))
             .unwrap();
         assert!(resolve_user(root, "root").is_err());
+    }
+
+    #[test]
+    fn mount_destinations_resolve_through_the_images_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir_all(r.join("srv/app")).unwrap();
+        std::os::unix::fs::symlink("/.kat", r.join("data")).unwrap();
+        std::os::unix::fs::symlink("../../.kat/log", r.join("srv/app/logs")).unwrap();
+        std::os::unix::fs::symlink("srv", r.join("rel")).unwrap();
+        std::os::unix::fs::symlink("loop", r.join("loop")).unwrap();
+        let root = TreeDir::open(r).unwrap();
+        let resolve = |p: &str| resolve_in_image(&root, p).unwrap();
+        assert_eq!(resolve("/data").as_deref(), Some("/.kat"));
+        assert_eq!(resolve("/data/x/y").as_deref(), Some("/.kat/x/y"));
+        assert_eq!(resolve("/srv/app/logs").as_deref(), Some("/.kat/log"));
+        assert_eq!(resolve("/rel/app/../../../etc").as_deref(), Some("/etc"));
+        assert_eq!(resolve("/missing/../srv/x").as_deref(), Some("/srv/x"));
+        assert_eq!(resolve("/loop"), None);
+        let err = check_reserved_paths(&root, &[("v", "/srv/app/logs")]).unwrap_err();
+        assert!(err.to_string().contains("leads to /.kat/log"), "{err}");
+        assert!(check_reserved_paths(&root, &[("v", "/rel/app")]).is_ok());
+        std::os::unix::fs::symlink("/tmp", r.join(".kat")).unwrap();
+        let err = check_reserved_paths(&root, &[]).unwrap_err();
+        assert!(err.to_string().contains("is a symbolic link"), "{err}");
     }
 
     #[test]

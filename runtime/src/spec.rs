@@ -34,7 +34,17 @@ use crate::idmap::IdMap;
 use crate::image::config::RunConfig;
 use crate::types::{CreateOptions, Resources};
 
-/// Where kat-init lives inside every container.
+/// The container's reserved directory: a read-only bind mount of a directory of the agent's
+/// that holds only the mount points of kat-init and the log directory. Being a mount point,
+/// it cannot be renamed or removed from inside the container (`EBUSY`), and a workload
+/// holds no `CAP_SYS_ADMIN` to unmount it; it is mounted after every volume, device and
+/// host path, so nothing declared (or an image's symbolic link that leads a volume there)
+/// can hide it.
+pub const KAT_DIR_PATH: &str = kat_api::names::RESERVED_CONTAINER_DIR;
+
+/// Where kat-init lives inside every container: libcontainer starts PID 1 from this path
+/// (nothing of the workload runs yet). An exec never does: it starts kat-init from a
+/// descriptor of the host's binary (see `exec`).
 pub const INIT_PATH: &str = "/.kat/init";
 
 /// Where the container's log directory is bind-mounted for kat-init. kat-init opens it by
@@ -142,6 +152,10 @@ pub struct SpecInput<'a> {
     pub ids: &'a IdMap,
     pub rootfs: Rootfs<'a>,
     pub init_binary: &'a Path,
+    /// The container's reserved directory on the host, mounted read-only at
+    /// [`KAT_DIR_PATH`]: it holds only the empty mount points `init` and `log`
+    /// ([`make_kat_dir`]).
+    pub kat_dir: &'a Path,
     /// Generated files: `/etc/hosts`, `/etc/hostname`, `/etc/resolv.conf`.
     pub etc_dir: &'a Path,
     /// The container's log directory (`stdio.log`, `exit.json`), mounted at [`LOG_DIR_PATH`].
@@ -254,6 +268,39 @@ fn device_rules(devices: &[crate::types::DeviceNode]) -> Vec<LinuxDeviceCgroup> 
     std::iter::once(deny_all).chain(rules).collect()
 }
 
+/// Makes the host side of a container's [`KAT_DIR_PATH`] in `dir`: a directory others may
+/// only search and read, holding an empty file `init` and an empty directory `log` as the
+/// mount points of kat-init and the log directory (libcontainer cannot make them on a
+/// read-only mount).
+pub fn make_kat_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new().mode(0o755).create(dir)?;
+    std::fs::DirBuilder::new()
+        .mode(0o555)
+        .create(dir.join("log"))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(dir.join("init"))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555))
+}
+
+/// Refuses a destination at or under [`KAT_DIR_PATH`]: validation refuses such a
+/// `mountPath` at apply, and the runtime again for anything that reaches it another way (a
+/// record stored before the rule, a caller other than the supervisor).
+pub fn check_destination(destination: &str, field: &str) -> Result<(), crate::RuntimeError> {
+    if kat_api::names::is_reserved_container_path(destination) {
+        return Err(crate::RuntimeError::InvalidOption {
+            field: field.to_string(),
+            reason: format!(
+                "{destination:?} is at or under {KAT_DIR_PATH}, which KAT reserves for kat-init and the container's logs; mount it elsewhere"
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn bind(source: &Path, destination: &str, read_only: bool) -> Mount {
     let mut options = vec!["rbind", "nosuid", "nodev"];
     if read_only {
@@ -363,13 +410,6 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
             "sysfs",
             &["nosuid", "noexec", "nodev", "ro"],
         ),
-        bind(input.init_binary, INIT_PATH, true),
-        mount(
-            LOG_DIR_PATH,
-            "bind",
-            input.log_dir,
-            &["rbind", "nosuid", "nodev", "noexec"],
-        ),
         bind(&input.etc_dir.join("hosts"), "/etc/hosts", false),
         bind(&input.etc_dir.join("hostname"), "/etc/hostname", false),
         bind(
@@ -397,6 +437,17 @@ pub fn build(input: &SpecInput<'_>) -> Result<Spec, OciSpecError> {
             .iter()
             .map(|b| bind(&b.host_path, &b.container_path, b.read_only)),
     );
+    // Last, so that no mount above can cover them (see `KAT_DIR_PATH`).
+    mounts.extend([
+        bind(input.kat_dir, KAT_DIR_PATH, true),
+        bind(input.init_binary, INIT_PATH, true),
+        mount(
+            LOG_DIR_PATH,
+            "bind",
+            input.log_dir,
+            &["rbind", "nosuid", "nodev", "noexec"],
+        ),
+    ]);
 
     let r = &input.options.resources;
     let mut resources = LinuxResources::default();

@@ -176,6 +176,31 @@ pub fn verify_mounted(pid: i32, destination: &str, source: &OpenedSource) -> Res
     }
 }
 
+/// Before the container starts: the mounts at or under `/.kat` in the container of `pid`
+/// are the runtime's three, in the order it made them (`/.kat`, `/.kat/init`, `/.kat/log`).
+/// Anything else there came through a symbolic link of the image: a volume whose destination
+/// leads to `/.kat` (then covered, as the runtime mounts its own last, but refused all the
+/// same), or an image whose `/.kat` is itself a link, which moved kat-init's mounts elsewhere.
+pub fn verify_reserved_dir(pid: i32) -> Result<(), String> {
+    use crate::spec::{INIT_PATH, KAT_DIR_PATH, LOG_DIR_PATH};
+    let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .map_err(|e| format!("cannot read the container's mountinfo: {e}"))?;
+    let reserved = Path::new(KAT_DIR_PATH);
+    let found: Vec<PathBuf> = theirs
+        .lines()
+        .filter_map(MountLine::parse)
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(reserved))
+        .collect();
+    let want = [KAT_DIR_PATH, INIT_PATH, LOG_DIR_PATH].map(PathBuf::from);
+    if found == want {
+        return Ok(());
+    }
+    Err(format!(
+        "{KAT_DIR_PATH} in the container holds mounts {found:?}, expected {want:?}: a symbolic link in the image leads a volume to {KAT_DIR_PATH} (or {KAT_DIR_PATH} itself is one); KAT reserves it for kat-init, so mount the volume at a path that is not a link to it"
+    ))
+}
+
 /// One line of `mountinfo`: device, root of the mount within its filesystem, mount point.
 struct MountLine {
     dev: u64,

@@ -551,6 +551,19 @@ fn volume_rules() {
         &service_with("spec.container.volumeMounts.0.mountPath", Some("/")),
         "mountPath: \"/\" cannot be a mount point",
     );
+    for reserved in ["/.kat", "/.kat/", "//.kat/init", "/./.kat/log/x"] {
+        assert_finding(
+            &service_with("spec.container.volumeMounts.0.mountPath", Some(reserved)),
+            &format!(
+                "spec.container.volumeMounts[0].mountPath: {reserved:?} is at or under /.kat, which KAT reserves"
+            ),
+        );
+    }
+    // A name that only begins like the reserved directory is the workload's own.
+    assert_valid(&service_with(
+        "spec.container.volumeMounts.0.mountPath",
+        Some("/.katalog"),
+    ));
     assert_finding(
         &service_with("spec.container.volumeMounts.0.subPath", Some("../etc")),
         "spec.container.volumeMounts[0].subPath: \"../etc\" must not contain '..'",

@@ -81,6 +81,7 @@ impl NativeRuntime {
                     v.destination
                 )));
             }
+            spec::check_destination(&v.destination, &format!("volume {} destination", v.name))?;
             if let Some(sub) = &v.sub_path {
                 if sub.starts_with('/') || sub.split('/').any(|c| c == "..") {
                     return Err(bad(&format!(
@@ -107,6 +108,12 @@ impl NativeRuntime {
         pid: i32,
         sources: &[OpenedSource],
     ) -> Result<()> {
+        crate::volume_paths::verify_reserved_dir(pid).map_err(|message| {
+            RuntimeError::Container {
+                context: format!("creating {}", options.id),
+                message,
+            }
+        })?;
         for (v, source) in options.volumes.iter().zip(sources) {
             crate::volume_paths::verify_mounted(pid, &v.destination, source).map_err(|reason| {
                 RuntimeError::BadMount {
@@ -152,6 +159,12 @@ impl NativeRuntime {
         let image_root = crate::tree_dir::TreeDir::open(&snapshot)
             .context(|| format!("opening {}", snapshot.display()))?;
         crate::rootfs::find_executable(&image_root, &argv[0], &env)?;
+        let destinations: Vec<(&str, &str)> = options
+            .volumes
+            .iter()
+            .map(|v| (v.name.as_str(), v.destination.as_str()))
+            .collect();
+        crate::rootfs::check_reserved_paths(&image_root, &destinations)?;
         let cwd = if record.config.working_dir.is_empty() {
             "/".to_string()
         } else {
@@ -178,9 +191,11 @@ impl NativeRuntime {
         let logs = dir.join("logs");
         let etc = dir.join("etc");
         let rootfs = dir.join("rootfs");
+        let kat_dir = dir.join("kat");
         for d in [&logs, &etc, &dir.join("bundle")] {
             fs::create_dir_all(d).context(|| format!("creating {}", d.display()))?;
         }
+        spec::make_kat_dir(&kat_dir).context(|| format!("creating {}", kat_dir.display()))?;
         // config.json holds the workload's environment (secrets, often): ours alone.
         fs::set_permissions(dir.join("bundle"), fs::Permissions::from_mode(0o700))
             .context(|| "chmod bundle".to_string())?;
@@ -290,6 +305,7 @@ impl NativeRuntime {
                 Rootfs::Copy(&rootfs)
             },
             init_binary: &self.config.init_binary,
+            kat_dir: &kat_dir,
             etc_dir: &etc,
             log_dir: &logs,
             volume_sources: volume_sources.iter().map(|o| o.path.clone()).collect(),

@@ -573,6 +573,7 @@ impl ContainerRuntime for NativeRuntime {
         }
         crate::exec::exec(
             self.lib_root(),
+            &self.config.init_binary,
             id.to_string(),
             self.cgroups.procs_files(id),
             options,

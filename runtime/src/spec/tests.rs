@@ -115,6 +115,7 @@ fn config_json_matches_the_golden_files() {
             }
         },
         init_binary: Path::new("/usr/lib/kat/kat-init"),
+        kat_dir: Path::new("/var/lib/kat/containers/web-1a/kat"),
         etc_dir: &etc,
         log_dir: &logs,
         volume_sources: vec!["/srv/data".into(), "/srv/conf/sub".into()],

@@ -176,3 +176,117 @@ pub async fn run(
     let s = wait_state(rt, id, ContainerState::Exited, Duration::from_secs(20)).await;
     (s.exit_code.expect("exit code"), texts(rt, id).await)
 }
+
+// ---- hostile images, pushed to the loopback registry as an attacker would ----
+
+/// Pushes an image of one layer (`tar`, gzipped here) whose config runs `cmd`, as
+/// `{registry}/{repo}:latest`; returns that reference.
+pub fn push_image(registry: &str, repo: &str, tar: &[u8], cmd: &[&str]) -> String {
+    let gz = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(tar).unwrap();
+        e.finish().unwrap()
+    };
+    let diff_id = {
+        use sha2::Digest;
+        format!("sha256:{}", hex::encode(sha2::Sha256::digest(tar)))
+    };
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "config": {"Cmd": cmd},
+    })
+    .to_string();
+    let layer_digest = push_blob(registry, repo, &gz);
+    let config_digest = push_blob(registry, repo, config.as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": layer_digest, "size": gz.len()}],
+    })
+    .to_string();
+    let (status, headers) = http(
+        registry,
+        "PUT",
+        &format!("/v2/{repo}/manifests/latest"),
+        "application/vnd.oci.image.manifest.v1+json",
+        manifest.as_bytes(),
+    );
+    assert_eq!(status, 201, "pushing the manifest: {headers}");
+    format!("{registry}/{repo}:latest")
+}
+
+/// One blob pushed to the loopback registry (distribution's monolithic upload: POST, then
+/// PUT with the digest), over a plain HTTP/1.1 connection.
+pub fn push_blob(registry: &str, repo: &str, bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)));
+    let (status, headers) = http(
+        registry,
+        "POST",
+        &format!("/v2/{repo}/blobs/uploads/"),
+        "",
+        &[],
+    );
+    assert_eq!(status, 202, "starting an upload to {registry}: {headers}");
+    let location = headers
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("location")
+                .then(|| v.trim().to_string())
+        })
+        .expect("the upload's location");
+    let path = location
+        .strip_prefix(&format!("http://{registry}"))
+        .unwrap_or(&location)
+        .to_string();
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let (status, headers) = http(
+        registry,
+        "PUT",
+        &format!("{path}{sep}digest={digest}"),
+        "application/octet-stream",
+        bytes,
+    );
+    assert_eq!(status, 201, "uploading {digest}: {headers}");
+    digest
+}
+
+/// A request with `Connection: close`; the status and the response's header block.
+pub fn http(
+    registry: &str,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(registry).expect("the test registry");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {registry}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !content_type.is_empty() {
+        request.push_str(&format!("Content-Type: {content_type}\r\n"));
+    }
+    request.push_str("\r\n");
+    conn.write_all(request.as_bytes()).unwrap();
+    conn.write_all(body).unwrap();
+    let mut response = Vec::new();
+    conn.read_to_end(&mut response).unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head)
+}
