@@ -851,6 +851,107 @@ async fn a_rejoining_node_submits_only_workloads_pinned_to_itself() {
     assert!(body.contains("at most 64"), "{body}");
 }
 
+/// A node's hand-back cannot carry routes: no ingress rule (the reported takeover: a
+/// workload `0` pinned to the node, claiming `hello.example.com`, which `hello` serves) and
+/// no hostPort another workload publishes. Its own free port is its business.
+#[tokio::test]
+async fn a_node_certificate_cannot_take_an_ingress_host_or_a_published_port() {
+    let api = Api::new(None).await;
+    kat_leader::namespaces::create(&*api.store, &Clock::system(), "default", true)
+        .await
+        .unwrap();
+    let lb = |ingress: &str, host_port: u32| {
+        format!("apiVersion: kat.dws.rip/v1alpha1\nkind: VirtualLoadBalancer\nspec:\n  ports: [{{name: http, containerPort: 80, hostPort: {host_port}}}]\n{ingress}")
+    };
+    let workload = |name: &str, node: Option<&str>| {
+        let selector = node
+            .map(|n| format!("  nodeSelector: {{kat.dws.rip/nodeName: {n}}}\n"))
+            .unwrap_or_default();
+        format!("apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  type: Service\n  replicas: 1\n{selector}  source: {{image: busybox:1}}\n  restartPolicy: {{condition: Always}}\n  container: {{command: [httpd]}}\n")
+    };
+    let files = |name: &str, node: Option<&str>, lb: String| {
+        std::collections::BTreeMap::from([
+            (
+                "workload.kat".to_string(),
+                workload(name, node).into_bytes(),
+            ),
+            ("VirtualLoadBalancer.kat".to_string(), lb.into_bytes()),
+        ])
+    };
+    let hello = kat_api::WorkloadBundle::parse(files(
+        "hello",
+        None,
+        lb(
+            "  ingress: [{host: hello.example.com, servicePortName: http}]\n",
+            8080,
+        ),
+    ))
+    .unwrap();
+    kat_leader::workloads::apply(
+        &*api.store,
+        &kat_leader::events::EventLog::new(10),
+        &Clock::system(),
+        &hello,
+    )
+    .await
+    .unwrap();
+    let before = api.dump().await;
+    let path = "/v1alpha1/nodes/w1/workloads/default";
+    let gz = "application/gzip";
+    for (what, bundle, expected) in [
+        (
+            "an ingress host another workload serves",
+            files(
+                "0",
+                Some("w1"),
+                lb(
+                    "  ingress: [{host: hello.example.com, servicePortName: http}]\n",
+                    9090,
+                ),
+            ),
+            "may not submit ingress rules",
+        ),
+        (
+            "a free ingress host",
+            files(
+                "1",
+                Some("w1"),
+                lb(
+                    "  ingress: [{host: mine.example.com, servicePortName: http}]\n",
+                    9090,
+                ),
+            ),
+            "may not submit ingress rules",
+        ),
+        (
+            "a published port another workload holds",
+            files("2", Some("w1"), lb("", 8080)),
+            "hostPort 8080/TCP is published by workload default/hello",
+        ),
+    ] {
+        let (status, body) = api
+            .send_bytes(W1, Method::POST, path, gz, kat_api::bundle::pack(&bundle))
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{what}: {body}");
+        assert!(body.contains(expected), "{what}: {body}");
+    }
+    assert_eq!(
+        api.dump().await,
+        before,
+        "a refused hand-back writes nothing"
+    );
+    let (status, body) = api
+        .send_bytes(
+            W1,
+            Method::POST,
+            path,
+            gz,
+            kat_api::bundle::pack(&files("own", Some("w1"), lb("", 9090))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "its own free port: {body}");
+}
+
 /// On a detached node's local API no node certificate opens anything, its own records
 /// included: only the local admin token does (the cluster test applies with it).
 #[tokio::test]

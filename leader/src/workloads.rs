@@ -47,6 +47,12 @@ pub enum WorkloadError {
     NamespaceNotFound(String),
     #[error("workload {0}/{1} was changed concurrently; retry")]
     Conflict(String, String),
+    #[error("VirtualLoadBalancer.kat: spec.ingress: host {host} path {path} is routed to workload {owner} already; choose another host or path, or remove the rule from {owner} first")]
+    IngressTaken {
+        host: String,
+        path: String,
+        owner: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -112,6 +118,55 @@ pub async fn plan(store: &dyn StateStore, bundle: &WorkloadBundle) -> Result<Pla
     })
 }
 
+/// Refuses an ingress rule whose host and path another workload routes already: a route
+/// has one owner, the workload that claimed it first (see
+/// [`kat_api::wire::route_owners`], which also settles two applies that pass this check at
+/// once).
+async fn check_ingress_free(
+    store: &dyn StateStore,
+    bundle: &WorkloadBundle,
+) -> Result<(), WorkloadError> {
+    let Some(lb) = bundle
+        .load_balancer
+        .as_ref()
+        .filter(|lb| !lb.spec.ingress.is_empty())
+    else {
+        return Ok(());
+    };
+    let (ns, name) = (
+        &bundle.workload.metadata.namespace,
+        &bundle.workload.metadata.name,
+    );
+    let listing = store.list(keys::all_workloads_desired()).await?;
+    for meta in listing
+        .kvs
+        .iter()
+        .filter(|kv| kv.key.ends_with("/meta"))
+        .filter_map(kat_store::decode_or_skip::<WorkloadMeta>)
+    {
+        // The domain only shapes upstreams, which this compares not.
+        for claim in kat_api::wire::claims_of(&meta, "") {
+            let held = claim.route;
+            if (&held.namespace, &held.workload) == (ns, name) {
+                continue;
+            }
+            if let Some(rule) = lb
+                .spec
+                .ingress
+                .iter()
+                .find(|r| r.host == held.host && r.path == held.path)
+            {
+                return Err(WorkloadError::IngressTaken {
+                    host: rule.host.clone(),
+                    path: rule.path.clone(),
+                    owner: format!("{}/{}", held.namespace, held.workload),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether an apply of `bundle` creates its namespace when it is missing: with a
 /// namespace.kat, or for the system namespaces, which always exist.
 fn brings_namespace(bundle: &WorkloadBundle) -> bool {
@@ -159,6 +214,7 @@ async fn write(
             });
         }
     }
+    check_ingress_free(store, bundle).await?;
     let generation = previous.as_ref().map_or(1, |p| p.metadata.generation + 1);
     // Parsed and validated once, here: everything downstream reads these typed records.
     let desired = bundle.template();

@@ -20,3 +20,137 @@ pub struct IngressRoute {
     /// otherwise).
     pub tls: bool,
 }
+
+/// A workload's claim on one of its routes: since when the workload has existed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteClaim {
+    pub route: IngressRoute,
+    /// The workload's creation time; `None` (a record from before it was kept) counts as
+    /// the oldest.
+    pub since: Option<crate::timestamp::Timestamp>,
+}
+
+/// The routes a stored workload claims (its desired VirtualLoadBalancer's `spec.ingress`,
+/// rules whose port resolves), upstreams in the cluster domain `domain`.
+pub fn claims_of(meta: &super::WorkloadMeta, domain: &str) -> Vec<RouteClaim> {
+    let Some(desired) = &meta.desired else {
+        return Vec::new();
+    };
+    let Some(lb) = &desired.load_balancer else {
+        return Vec::new();
+    };
+    let workload = &desired.workload.metadata;
+    lb.spec
+        .ingress
+        .iter()
+        .filter_map(|rule| {
+            let port = rule.container_port(&lb.spec.ports)?;
+            Some(RouteClaim {
+                route: IngressRoute {
+                    host: rule.host.clone(),
+                    path: rule.path.clone(),
+                    namespace: workload.namespace.clone(),
+                    workload: workload.name.clone(),
+                    upstream: format!("{}.{}.{domain}:{port}", workload.name, workload.namespace),
+                    tls: rule.tls,
+                },
+                since: meta.metadata.creation_timestamp,
+            })
+        })
+        .collect()
+}
+
+/// The routes as the ingress serves them: one owner per host and path, the workload that
+/// has claimed it longest (the oldest creation time, then the lower namespace and name).
+/// A later workload, or one whose name sorts first, never takes over a route: applying a
+/// route another workload holds is refused, and a conflict stored anyway (two applies at
+/// once, a record from before the rule) leaves the owner in place. Returns the routes
+/// served, sorted, and each shadowed route with its owner's.
+pub fn route_owners(
+    mut claims: Vec<RouteClaim>,
+) -> (Vec<IngressRoute>, Vec<(IngressRoute, IngressRoute)>) {
+    claims.sort_by(|a, b| {
+        (
+            &a.route.host,
+            &a.route.path,
+            a.since,
+            &a.route.namespace,
+            &a.route.workload,
+        )
+            .cmp(&(
+                &b.route.host,
+                &b.route.path,
+                b.since,
+                &b.route.namespace,
+                &b.route.workload,
+            ))
+    });
+    let mut served: Vec<IngressRoute> = Vec::new();
+    let mut shadowed = Vec::new();
+    for claim in claims {
+        match served.last() {
+            Some(owner) if owner.host == claim.route.host && owner.path == claim.route.path => {
+                if owner.namespace != claim.route.namespace
+                    || owner.workload != claim.route.workload
+                {
+                    shadowed.push((claim.route, owner.clone()));
+                }
+            }
+            _ => served.push(claim.route),
+        }
+    }
+    served.sort();
+    (served, shadowed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn claim(ns: &str, name: &str, host: &str, at_secs: Option<u64>) -> RouteClaim {
+        RouteClaim {
+            route: IngressRoute {
+                host: host.into(),
+                path: "/".into(),
+                namespace: ns.into(),
+                workload: name.into(),
+                upstream: format!("{name}.{ns}.kat.cluster.local:80"),
+                tls: false,
+            },
+            since: at_secs
+                .map(|s| crate::timestamp::Timestamp::from(UNIX_EPOCH + Duration::from_secs(s))),
+        }
+    }
+
+    #[test]
+    fn the_oldest_claim_owns_a_route_whatever_the_names() {
+        let (served, shadowed) = route_owners(vec![
+            claim("default", "hello", "hello.example.com", Some(100)),
+            // The reported takeover: a later workload named to sort first.
+            claim("attacker", "0", "hello.example.com", Some(200)),
+            claim("default", "other", "other.example.com", Some(300)),
+        ]);
+        assert_eq!(
+            served
+                .iter()
+                .map(|r| r.workload.as_str())
+                .collect::<Vec<_>>(),
+            ["hello", "other"]
+        );
+        assert_eq!(shadowed.len(), 1);
+        assert_eq!(
+            (
+                shadowed[0].0.workload.as_str(),
+                shadowed[0].1.workload.as_str()
+            ),
+            ("0", "hello")
+        );
+        // Same age: the lower namespace and name, whatever the input order.
+        let (served, _) = route_owners(vec![
+            claim("b", "web", "x.example.com", Some(5)),
+            claim("a", "web", "x.example.com", Some(5)),
+        ]);
+        assert_eq!(served[0].namespace, "a");
+    }
+}

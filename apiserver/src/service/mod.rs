@@ -156,9 +156,9 @@ impl From<WorkloadError> for Error {
             WorkloadError::NotFound(..) | WorkloadError::NamespaceNotFound(..) => {
                 ErrorCode::NotFound
             }
-            WorkloadError::NoPreviousGeneration { .. } | WorkloadError::Conflict(..) => {
-                ErrorCode::Conflict
-            }
+            WorkloadError::NoPreviousGeneration { .. }
+            | WorkloadError::Conflict(..)
+            | WorkloadError::IngressTaken { .. } => ErrorCode::Conflict,
             WorkloadError::CorruptArchive { .. } => ErrorCode::Internal,
             WorkloadError::Store(s) => return store_message(s),
         };

@@ -140,6 +140,23 @@ impl Service {
                 "workload.kat: spec.nodeSelector.{NODE_NAME_LABEL}: node {node} may submit only workloads pinned to itself"
             )));
         }
+        // A node speaks for its own node only: routes and published ports are the cluster's
+        // business, so what it hands back carries none the cluster could lose to it.
+        if let Some(lb) = &bundle.load_balancer {
+            if !lb.spec.ingress.is_empty() {
+                return Err(Error::forbidden(format!(
+                    "VirtualLoadBalancer.kat: spec.ingress: node {node} may not submit ingress rules (an admin applies them with `katcall apply`)"
+                )));
+            }
+            let wanted = lb.spec.host_ports();
+            if !wanted.is_empty() {
+                if let Some((port, owner)) = self.host_port_holder(&wanted, ns, &name).await? {
+                    return Err(Error::forbidden(format!(
+                        "VirtualLoadBalancer.kat: spec.ports: hostPort {port} is published by workload {owner} already; node {node} may not take it"
+                    )));
+                }
+            }
+        }
         if self.store.get(&keys::namespace(ns)).await?.is_none() {
             return Err(Error::not_found(format!(
                 "namespace {ns} does not exist in this cluster (create it with `katcall create namespace {ns}`, then the node submits again)"
@@ -201,6 +218,37 @@ impl Service {
             workload: key.to_string(),
             created: true,
         })
+    }
+
+    /// A stored workload other than `ns/name` that publishes one of `ports`, and that port.
+    async fn host_port_holder(
+        &self,
+        ports: &[kat_api::load_balancer::HostPort],
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<(kat_api::load_balancer::HostPort, String)>> {
+        let listing = self.store.list(keys::all_workloads_desired()).await?;
+        for meta in listing
+            .kvs
+            .iter()
+            .filter(|kv| kv.key.ends_with("/meta"))
+            .filter_map(kat_store::decode_or_skip::<kat_api::wire::WorkloadMeta>)
+        {
+            let Some(desired) = &meta.desired else {
+                continue;
+            };
+            let Some(lb) = &desired.load_balancer else {
+                continue;
+            };
+            let w = &desired.workload.metadata;
+            if (w.namespace.as_str(), w.name.as_str()) == (ns, name) {
+                continue;
+            }
+            if let Some(port) = lb.spec.host_ports().into_iter().find(|p| ports.contains(p)) {
+                return Ok(Some((port, format!("{}/{}", w.namespace, w.name))));
+            }
+        }
+        Ok(None)
     }
 
     /// How many workloads are pinned to `node` (`kat.dws.rip/nodeName` in their workload.kat).
