@@ -126,12 +126,12 @@ examples/ingress/build-image.sh 127.0.0.1:5000 "$BIN/kat-ingress" --tls-verify=f
 read -r node_name node_addr < <("$BIN/katcall" get nodes -o json \
     | python3 -c 'import json, sys; n = json.load(sys.stdin)[0]; print(n["metadata"]["name"], n["addresses"][0])')
 "$BIN/katcall" label "$node_name" kat.dws.rip/role=ingress >/dev/null
-# The updater reads the API from inside its container, at the node's address, with a
-# read-only token (made once; it can read what `katcall get` shows, nothing else).
+# The updater reads the API from inside its container, at the node's address, with an
+# ingress token (made once; it reads the route table and the event stream, nothing else).
 # A config from an earlier cluster (its token unknown here) is made again.
-if ! "$BIN/katcall" --config /srv/kat-ingress/client.yaml get workloads >/dev/null 2>&1; then
+if ! "$BIN/katcall" --config /srv/kat-ingress/client.yaml get ingress -o json >/dev/null 2>if ! "$BIN/katcall" --config /srv/kat-ingress/client.yaml get ingress >/dev/null 2>&1; then1; then
     ingress_dir=$(mktemp -d)
-    "$BIN/katcall" create token --read-only --description "ingress updater" \
+    "$BIN/katcall" create token --ingress --description "ingress updater" \
         --client-config "$ingress_dir/client.yaml" --endpoint "https://$node_addr:9115" -o json >/dev/null
     need_root mkdir -p /srv/kat-ingress
     need_root install -m 0644 "$ingress_dir/client.yaml" /srv/kat-ingress/client.yaml

@@ -257,6 +257,11 @@ impl Client {
             .map(drop)
     }
 
+    /// The routes the cluster's ingress serves: one owner per host and path.
+    pub async fn ingress_routes(&self) -> Result<Vec<kat_api::wire::IngressRoute>> {
+        self.get_json(&paths::ingress()).await
+    }
+
     pub async fn api_tokens(&self) -> Result<Vec<kat_api::wire::ApiTokenInfo>> {
         self.get_json(&paths::api_tokens()).await
     }

@@ -78,6 +78,9 @@ fn scope_text(scope: &TokenScope) -> String {
     if scope.metrics {
         return "/metrics only, every node".into();
     }
+    if scope.ingress {
+        return "ingress routes and events only".into();
+    }
     match (scope.read_only, &scope.namespace) {
         (true, Some(ns)) => format!("read-only, namespace {ns}"),
         (true, None) => "read-only, every namespace".into(),

@@ -12,6 +12,7 @@ mod backups;
 mod client;
 mod diff;
 mod events;
+mod ingress;
 mod join_tokens;
 mod nodes;
 mod output;
@@ -69,9 +70,10 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
         output: Format,
     },
-    /// List workloads, instances, nodes, namespaces, join tokens, API tokens or backups.
+    /// List workloads, instances, nodes, namespaces, join tokens, API tokens, backups or the
+    /// ingress routes (one owner per host and path).
     Get {
-        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns", "join-tokens", "join-token", "tokens", "token", "backups", "backup"])]
+        #[arg(value_parser = ["workloads", "workload", "wl", "instances", "instance", "inst", "nodes", "node", "namespaces", "namespace", "ns", "join-tokens", "join-token", "tokens", "token", "backups", "backup", "ingress"])]
         what: String,
         #[arg(short = 'n', long, default_value = "default")]
         namespace: String,
@@ -161,6 +163,10 @@ enum Command {
         /// takes: give it to Prometheus).
         #[arg(long, conflicts_with = "token_namespace")]
         metrics: bool,
+        /// An API token for an ingress updater: it reads the route table and the event
+        /// stream, nothing else (no workload files, no logs).
+        #[arg(long, conflicts_with_all = ["token_namespace", "metrics"])]
+        ingress: bool,
         /// What an API token is for (listed by `katcall get tokens`).
         #[arg(long, value_name = "TEXT")]
         description: Option<String>,
@@ -348,7 +354,7 @@ fn main() -> ExitCode {
         what, watch: true, ..
     } = &cli.command
     {
-        if ["join-token", "token", "backup"]
+        if ["join-token", "token", "backup", "ingress"]
             .iter()
             .any(|k| what.starts_with(k))
         {
@@ -365,6 +371,7 @@ fn main() -> ExitCode {
         read_only,
         token_namespace,
         metrics,
+        ingress,
         description,
         client_config,
         ..
@@ -379,15 +386,16 @@ fn main() -> ExitCode {
         if kind != "token"
             && (*read_only
                 || *metrics
+                || *ingress
                 || token_namespace.is_some()
                 || description.is_some()
                 || client_config.is_some())
         {
-            eprintln!("error: --read-only, --metrics, --namespace, --description and --client-config apply to `katcall create token` only");
+            eprintln!("error: --read-only, --metrics, --ingress, --namespace, --description and --client-config apply to `katcall create token` only");
             return ExitCode::FAILURE;
         }
-        if kind == "token" && !*read_only && !*metrics && token_namespace.is_none() {
-            eprintln!("error: a token needs --read-only, --metrics, --namespace NS or --read-only with --namespace NS (without any it would be the admin token again)");
+        if kind == "token" && !*read_only && !*metrics && !*ingress && token_namespace.is_none() {
+            eprintln!("error: a token needs --read-only, --metrics, --ingress, --namespace NS or --read-only with --namespace NS (without any it would be the admin token again)");
             return ExitCode::FAILURE;
         }
     }
@@ -430,6 +438,9 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         }
         Command::Get { what, output, .. } if what.starts_with("token") => {
             api_tokens::list(&client, output).await?
+        }
+        Command::Get { what, output, .. } if what == "ingress" => {
+            ingress::list(&client, output).await?
         }
         Command::Get { what, output, .. } if what.starts_with("backup") => {
             backups::list(&client, output).await?
@@ -507,6 +518,7 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
             read_only,
             token_namespace,
             metrics,
+            ingress,
             description,
             client_config,
             endpoint,
@@ -516,6 +528,7 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
                     read_only,
                     namespace: token_namespace,
                     metrics,
+                    ingress,
                     description,
                 };
                 let write = client_config.map(|file| api_tokens::ConfigFile {

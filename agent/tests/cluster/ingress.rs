@@ -1,6 +1,6 @@
 //! The ingress recipe (`examples/ingress/`) on a real node: its image built with buildah from
 //! Debian's Caddy and kat-ingress, run as the DaemonService on the node labelled
-//! `kat.dws.rip/role=ingress`, reading the API with a read-only token. Routes by host and
+//! `kat.dws.rip/role=ingress`, reading the API with an ingress token. Routes by host and
 //! path, a rolling update of the backing workload and a change of Caddy's configuration under
 //! traffic through the ingress without a failed request, `tls: true` served over HTTPS by
 //! Caddy's own CA (`tls internal`, the host has no public name), a rule removed and a
@@ -88,7 +88,7 @@ fn ingress_routes_by_host_and_path_through_updates() {
         String::from_utf8_lossy(&build.stderr)
     );
 
-    // The updater's client config: n1's API on its address, a read-only token, written by
+    // The updater's client config: n1's API on its address, an ingress token, written by
     // `katcall create token --client-config` (0600; the container's user reads it: 0644).
     let dir = PathBuf::from(format!("/srv/kat-ingress-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -100,7 +100,7 @@ fn ingress_routes_by_host_and_path_through_updates() {
         .json(&[
             "create",
             "token",
-            "--read-only",
+            "--ingress",
             "--description",
             "ingress",
             "--client-config",
@@ -110,7 +110,7 @@ fn ingress_routes_by_host_and_path_through_updates() {
             "-o",
             "json",
         ])
-        .expect("a read-only token");
+        .expect("an ingress token");
     let written = kat_api::client_config::ClientConfig::load(&file).unwrap();
     // Never over an existing file.
     let again = h.katcall(
@@ -318,12 +318,16 @@ while True:
         .1
         .starts_with("web"));
 
-    // The updater's token reads and does nothing else.
+    // The updater's token reads the routes and does nothing else: no workload files (their
+    // environment), no logs, no writes.
     let token_config = dir.join("client.yaml");
     let k = h.katcall_as(1, &token_config);
-    assert!(k.run(&["get", "workloads"]).status.success(), "it reads");
+    assert!(k.run(&["get", "ingress"]).status.success(), "it reads the routes");
     for args in [
-        &["delete", "workload", "web"][..],
+        &["get", "workloads"][..],
+        &["describe", "workload", "web"],
+        &["logs", "web"],
+        &["delete", "workload", "web"],
         &["create", "namespace", "evil"],
         &["create", "token", "--read-only"],
         &["get", "join-tokens"],
@@ -334,6 +338,7 @@ while True:
         assert!(
             !out.status.success()
                 && (err.contains("403")
+                    || err.contains("ingress token")
                     || err.contains("read-only")
                     || err.contains("admin token")),
             "{args:?}: {err}"

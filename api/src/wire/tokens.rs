@@ -7,7 +7,7 @@ use super::Timestamp;
 
 /// What a scoped token may do: read only (GET, no exec), only one namespace's workloads, or
 /// both; or only read `/metrics` (`metrics`, with `readOnly`), on any node, the one token a
-/// worker node takes. A token restricted by none would be the admin token again, so none is
+/// worker node takes; or only the ingress routes (`ingress`, with `readOnly`). A token restricted by none would be the admin token again, so none is
 /// made.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -19,6 +19,11 @@ pub struct TokenScope {
     pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub metrics: bool,
+    /// The ingress updater's token (with `readOnly`): the route table
+    /// (`GET /v1alpha1/ingress`) and the event stream that says when to read it again;
+    /// no workload files, no logs, no nodes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ingress: bool,
 }
 
 /// `GET /v1alpha1/whoami`: who the bearer token of the request is.
@@ -46,6 +51,10 @@ pub struct CreateApiToken {
     /// `/metrics` only (implies `readOnly`; not with `namespace`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub metrics: bool,
+    /// The ingress routes and the event stream only (implies `readOnly`; not with
+    /// `namespace` or `metrics`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ingress: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }

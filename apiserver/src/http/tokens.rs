@@ -132,11 +132,14 @@ const ADMIN_ONLY: [&str; 4] = [
     "/v1alpha1/join",
 ];
 
+/// What an ingress token reads: the routes, and the events that say when they changed.
+const INGRESS_READS: [&str; 2] = ["/v1alpha1/ingress", "/v1alpha1/events"];
+
 /// Whether a token of `scope` may send `method path`; if not, why (the 403's message).
 /// Read-only: GET and HEAD only, and no exec (a command in a container is no read). No
 /// scoped token reaches a node's own routes (`/nodes/{name}/…`).
 /// Namespace: that namespace's workloads and instances, and the namespace itself.
-/// Metrics: `/metrics` only. Every token may ask [`WHOAMI`].
+/// Metrics: `/metrics` only. Ingress: [`INGRESS_READS`] only. Every token may ask [`WHOAMI`].
 pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(), String> {
     let reading = matches!(*method, Method::GET | Method::HEAD);
     if reading && path == WHOAMI {
@@ -148,6 +151,16 @@ pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(
         } else {
             Err(format!(
                 "a metrics token reads /metrics only, not {method} {path}"
+            ))
+        };
+    }
+    if scope.ingress {
+        return if reading && INGRESS_READS.contains(&path) {
+            Ok(())
+        } else {
+            Err(format!(
+                "an ingress token reads {} only, not {method} {path}",
+                INGRESS_READS.join(" and ")
             ))
         };
     }
@@ -190,7 +203,7 @@ mod tests {
         TokenScope {
             read_only,
             namespace: namespace.map(String::from),
-            metrics: false,
+            ..Default::default()
         }
     }
 
@@ -198,8 +211,8 @@ mod tests {
     fn a_metrics_token_reads_metrics_only_and_every_token_asks_who_it_is() {
         let metrics = TokenScope {
             read_only: true,
-            namespace: None,
             metrics: true,
+            ..Default::default()
         };
         assert_eq!(scope_allows(&metrics, &Method::GET, "/metrics"), Ok(()));
         assert_eq!(scope_allows(&metrics, &Method::HEAD, "/metrics"), Ok(()));
@@ -220,6 +233,31 @@ mod tests {
             assert_eq!(scope_allows(&s, &Method::GET, WHOAMI), Ok(()), "{s:?}");
             assert!(scope_allows(&s, &Method::POST, WHOAMI).is_err(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn an_ingress_token_reads_the_routes_and_events_only() {
+        let ingress = TokenScope {
+            read_only: true,
+            ingress: true,
+            ..Default::default()
+        };
+        for path in ["/v1alpha1/ingress", "/v1alpha1/events", WHOAMI] {
+            assert_eq!(scope_allows(&ingress, &Method::GET, path), Ok(()), "{path}");
+        }
+        for path in [
+            "/v1alpha1/n/default/workloads",
+            "/v1alpha1/n/default/workloads/web/files/workload.kat",
+            "/v1alpha1/n/default/workloads/web/instances/web-1/logs",
+            "/v1alpha1/nodes",
+            "/v1alpha1/namespaces",
+            "/metrics",
+            "/v1alpha1/tokens",
+        ] {
+            let refused = scope_allows(&ingress, &Method::GET, path);
+            assert!(refused.is_err(), "{path}");
+        }
+        assert!(scope_allows(&ingress, &Method::POST, "/v1alpha1/ingress").is_err());
     }
 
     #[test]

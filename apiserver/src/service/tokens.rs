@@ -22,9 +22,15 @@ impl Service {
                 "metrics: a metrics token reads /metrics of every node, which no namespace limits: leave out namespace",
             ));
         }
-        if !request.read_only && request.namespace.is_none() && !request.metrics {
+        if request.ingress && (request.namespace.is_some() || request.metrics) {
             return Err(Error::bad_request(
-                "a token that is neither read-only, nor limited to a namespace, nor a metrics token would be the admin token again: set readOnly, namespace, both, or metrics (katcall create token --read-only [--namespace NS] | --metrics)",
+                "ingress: an ingress token reads the cluster's routes, which no namespace limits, and is no metrics token: leave out namespace and metrics",
+            ));
+        }
+        if !request.read_only && request.namespace.is_none() && !request.metrics && !request.ingress
+        {
+            return Err(Error::bad_request(
+                "a token that is neither read-only, nor limited to a namespace, nor a metrics token would be the admin token again: set readOnly, namespace, both, metrics or ingress (katcall create token --read-only [--namespace NS] | --metrics | --ingress)",
             ));
         }
         if let Some(ns) = &request.namespace {
@@ -57,9 +63,10 @@ impl Service {
         let info = ApiTokenInfo {
             id: id.clone(),
             scope: TokenScope {
-                read_only: request.read_only || request.metrics,
+                read_only: request.read_only || request.metrics || request.ingress,
                 namespace: request.namespace.clone(),
                 metrics: request.metrics,
+                ingress: request.ingress,
             },
             description: request.description.clone(),
             created_at: self.clock.timestamp(),
