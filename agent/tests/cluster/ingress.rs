@@ -322,7 +322,10 @@ while True:
     // environment), no logs, no writes.
     let token_config = dir.join("client.yaml");
     let k = h.katcall_as(1, &token_config);
-    assert!(k.run(&["get", "ingress"]).status.success(), "it reads the routes");
+    assert!(
+        k.run(&["get", "ingress"]).status.success(),
+        "it reads the routes"
+    );
     for args in [
         &["get", "workloads"][..],
         &["describe", "workload", "web"],

@@ -262,9 +262,15 @@ pub async fn delete_webhook(
 }
 
 /// The most a push notification may carry: read before it is authenticated, so small (a
-/// push's payload is a few KiB; one of very many commits is cut short by the git server,
-/// and what KAT reads of it is one field).
-const HOOK_BODY_LIMIT: u64 = 5 << 20;
+/// push's payload is a few KiB; GitHub lists at most 20 commits, and what KAT reads of it
+/// is two fields).
+const HOOK_BODY_LIMIT: u64 = 1 << 20;
+
+/// Push notifications read at once, none authenticated yet: with [`HOOK_BODY_LIMIT`], at
+/// most 8 MiB held for clients nobody knows, however many connections they open. One more
+/// gets a 503 at once, which git servers retry.
+const HOOK_READS_AT_ONCE: usize = 8;
+static HOOK_READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HOOK_READS_AT_ONCE);
 
 /// A git server's push notification for a `source.git` workload, signed with its webhook secret.
 #[cfg_attr(
@@ -305,7 +311,14 @@ pub async fn push_hook(
     .find_map(|h| req.headers().get(*h))
     .and_then(|v| v.to_str().ok())
     .map(|v| v.chars().take(100).collect::<String>());
+    let reading = HOOK_READS.try_acquire().map_err(|_| {
+        ApiError::new(
+            kat_api::wire::ErrorCode::Unavailable,
+            format!("{HOOK_READS_AT_ONCE} push notifications are being received already; send it again shortly"),
+        )
+    })?;
     let body = read_body(req, HOOK_BODY_LIMIT).await?;
+    drop(reading);
     Ok(Json(
         state
             .service

@@ -1,4 +1,5 @@
-//! Serving the API router over HTTPS (rustls), HTTP/1.1 with upgrades for exec.
+//! Serving the API router over HTTPS (rustls), HTTP/1.1 only (one request at a time per
+//! connection, so the connection bounds below bound requests too), with upgrades for exec.
 //!
 //! A node must never stall because of its clients, so every connection is bounded in time
 //! and the connections are bounded in number:
@@ -45,7 +46,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -67,7 +68,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most bodies are small JSON (a heartbeat is a few KiB, at most 256 KiB), sent at once.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The slowest pace (bytes per second) at which a body's declared `Content-Length` earns
-/// more time. The largest bodies the API takes are git push hooks (at most 5 MiB: 160 s
+/// more time. The largest bodies the API takes are git push hooks (at most 1 MiB: 32 s
 /// more) and workload bundles (at most 1 MiB compressed: 32 s more); backups are made on
 /// the leader and upload nothing. A body without a length (chunked) has [`BODY_TIMEOUT`].
 pub const BODY_MIN_RATE: u64 = 32 << 10;
@@ -370,9 +371,14 @@ async fn connection(
         .layer(axum::Extension(ClientAddr(peer.ip())))
         .layer(axum::Extension(ClientNode(node)))
         .layer(axum::Extension(ClientSerial(serial)));
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // HTTP/1.1 only, whatever the client sends: HTTP/2 would multiplex up to hundreds of
+    // streams (each a request in flight, with its body) over one counted connection, past
+    // every bound above. ALPN offers `http/1.1` alone; a prior-knowledge HTTP/2 preface is
+    // a malformed HTTP/1.1 request and the connection is closed.
+    // (hyper-util's auto builder ignores `http1_only` when it serves upgrades: hence hyper's
+    // own HTTP/1 builder.)
+    let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.idle_timeout);
     let io = TokioIo::new(Counted {
@@ -381,7 +387,9 @@ async fn connection(
         _slot: slot,
         _address: address,
     });
-    let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(app));
+    let conn = builder
+        .serve_connection(io, TowerToHyperService::new(app))
+        .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {
         ended = conn.as_mut() => {

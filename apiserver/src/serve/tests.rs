@@ -150,6 +150,34 @@ async fn a_switchable_server_takes_each_request_to_the_router_of_the_moment() {
     );
 }
 
+/// An HTTP/2 client (prior knowledge, after TLS) gets no HTTP/2 connection: hyper answers
+/// its preface as a malformed HTTP/1.1 request and closes, where the auto-detecting server
+/// used to answer with HTTP/2 SETTINGS and take 200 streams on the one counted connection.
+#[tokio::test]
+async fn an_http2_client_gets_no_http2_connection() {
+    let server = server(limits(2_000, 5_000)).await;
+    let mut stream = server.connect().await.unwrap();
+    // The client preface, then an empty SETTINGS frame (RFC 9113 §3.4).
+    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    stream.write_all(&preface).await.unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the connection is closed, not held open");
+    // An HTTP/2 server's first frame is SETTINGS: a 3-byte length, then type 4.
+    let settings = got.len() >= 4 && got[3] == 4 && !got.starts_with(b"HTTP/1.1");
+    assert!(
+        !settings,
+        "the server spoke HTTP/2: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        got.is_empty() || got.starts_with(b"HTTP/1.1 4"),
+        "an HTTP/1.1 error or nothing: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+}
+
 #[tokio::test]
 async fn silent_and_partial_clients_are_dropped_after_the_header_timeout() {
     let s = server(limits(300, 5000)).await;
