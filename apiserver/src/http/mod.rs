@@ -301,6 +301,18 @@ const PUBLIC_PATHS: [&str; 3] = ["/v1alpha1/join", "/v1alpha1/ca", "/openapi.jso
 /// (a signature of the body), not by the admin token.
 const HOOK_PREFIX: &str = "/v1alpha1/hooks/git/";
 
+/// A streamed response (one whose size is not known: `events --watch`, `logs -f`) ends when
+/// the scoped token that opened it is deleted; a whole one is left as it is.
+fn until_revoked(response: Response, life: crate::service::TokenLife) -> Response {
+    use axum::body::HttpBody;
+    if response.body().size_hint().exact().is_some() {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let stream = futures_util::StreamExt::take_until(body.into_data_stream(), life.revoked());
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
+}
+
 /// Rate limit, authentication, metrics and audit for every request.
 async fn guard(State(state): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -336,11 +348,20 @@ async fn guard(State(state): State<Arc<ApiState>>, mut req: Request, next: Next)
         req.extensions_mut().insert(tokens::Caller::Admin);
         next.run(req).await
     } else if let Some(token) = bearer(&req).filter(|t| Service::looks_like_api_token(t)) {
+        // Followed before it is checked: a deletion from here on ends what it opens.
+        let life = Service::api_token_id(token).map(|id| state.service.revocations.follow(&id));
         match state.service.api_token_scope(token).await {
             Ok(Some(scope)) => match tokens::scope_allows(&scope, &method, &path) {
                 Ok(()) => {
                     req.extensions_mut().insert(tokens::Caller::Scoped(scope));
-                    next.run(req).await
+                    if let Some(life) = &life {
+                        req.extensions_mut().insert(life.clone());
+                    }
+                    let response = next.run(req).await;
+                    match life {
+                        Some(life) => until_revoked(response, life),
+                        None => response,
+                    }
                 }
                 Err(why) => ApiError::forbidden(why).into_response(),
             },

@@ -249,11 +249,23 @@ pub async fn exec<S: StreamSource>(
     let record = state.instance(&WorkloadKey::new(ns, name), &id).await?;
     let on_upgrade = hyper::upgrade::on(&mut req);
     let access = state.access();
+    // A session opened with a scoped token ends when the token is deleted.
+    let life = req.extensions().get::<crate::service::TokenLife>().cloned();
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
-                if let Err(e) = bridge(TokioIo::new(upgraded), access, record).await {
-                    tracing::debug!(error = %e, "exec session ended with an error");
+                let session = bridge(TokioIo::new(upgraded), access, record);
+                let revoked = async move {
+                    match life {
+                        Some(life) => life.revoked().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    ended = session => if let Err(e) = ended {
+                        tracing::debug!(error = %e, "exec session ended with an error");
+                    },
+                    () = revoked => tracing::info!("exec session ended: its API token was deleted"),
                 }
             }
             Err(e) => tracing::warn!(error = %e, "exec upgrade failed"),

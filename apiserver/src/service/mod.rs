@@ -16,10 +16,12 @@ mod join;
 mod namespaces;
 mod node_records;
 mod nodes;
+mod token_revocations;
 mod tokens;
 mod workloads;
 
 pub use join::node_labels;
+pub use token_revocations::{TokenLife, TokenRevocations};
 
 use std::sync::Arc;
 
@@ -64,6 +66,8 @@ pub struct Service {
     /// (MAX_PINNED_PER_NODE) holds under parallel submissions. Only the leader's API (or a
     /// detached node's own) writes them, so one process-wide lock is enough.
     pub pinned_writes: tokio::sync::Mutex<()>,
+    /// Ends what a scoped token opened when the token is deleted, on every API server.
+    pub revocations: TokenRevocations,
 }
 
 impl Service {
@@ -74,6 +78,7 @@ impl Service {
         cluster: ClusterConfiguration,
     ) -> Self {
         Service {
+            revocations: TokenRevocations::new(store.clone()),
             store,
             events,
             clock,

@@ -138,6 +138,14 @@ impl Service {
         Ok((matches && record.info.scope.metrics == metrics).then_some(record.info.scope))
     }
 
+    /// The id of the scoped token `text` (not checked: see [`Service::api_token_scope`]).
+    pub fn api_token_id(text: &str) -> Option<String> {
+        ApiToken::parse(text)
+            .map(|t| t.id)
+            .or_else(|_| MetricsToken::parse(text).map(|t| t.id))
+            .ok()
+    }
+
     /// Whether `text` looks like a scoped token of any kind (before it is looked up).
     pub fn looks_like_api_token(text: &str) -> bool {
         text.starts_with("katapi.") || text.starts_with("katmetrics.")
