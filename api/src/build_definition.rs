@@ -160,6 +160,17 @@ impl BuildDefinition {
     }
 }
 
+/// Whether `image` names an image a node built from git (`kat-local/…`, also written with
+/// Docker Hub's names before it): such an image is its own workload's alone, so a workload
+/// may not name one in `source.image` (another namespace would run a build it never made).
+pub fn is_local_image(image: &str) -> bool {
+    let path = ["docker.io/", "index.docker.io/", "registry-1.docker.io/"]
+        .iter()
+        .find_map(|registry| image.strip_prefix(registry))
+        .unwrap_or(image);
+    path.starts_with("kat-local/")
+}
+
 /// The image reference a workload's build of `commit` is kept under on a node:
 /// `kat-local/{namespace}_{workload}:{sha7}`.
 pub fn local_reference(namespace: &str, workload: &str, commit: &str) -> String {

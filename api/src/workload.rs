@@ -693,6 +693,11 @@ fn validate_source(source: &Source, s: &mut Scope<'_>) {
     if let Some(image) = &source.image {
         if let Some(p) = image_reference_problem(image) {
             s.error("image", p);
+        } else if crate::build_definition::is_local_image(image) {
+            s.error(
+                "image",
+                format!("{image:?} is an image a node built for a workload's git source (kat-local/…), which only that workload uses; name an image in a registry, or build from git with source.git"),
+            );
         }
     }
     if let Some(cache) = &source.cache_image {

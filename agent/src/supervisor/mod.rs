@@ -620,6 +620,13 @@ impl Supervisor {
     async fn ensure_image(&self, image: &str) -> Result<(), StartError> {
         let normalized = kat_runtime::image::normalize_reference(image)
             .map_err(|e| StartError::Failed(format!("source.image: {e}")))?;
+        // A build's image is its own workload's (a record stored before validation refused
+        // these names gets this reason, and nothing of another namespace's build).
+        if kat_api::build_definition::is_local_image(&normalized) {
+            return Err(StartError::Failed(format!(
+                "source.image: {image} is an image a node built for another workload's git source; name an image in a registry (katcall apply again with it)"
+            )));
+        }
         if self.images.contains(&normalized) {
             return Ok(());
         }

@@ -722,3 +722,25 @@ async fn replicas_are_created_side_by_side() {
         "all three begun at once: {begun:?}"
     );
 }
+
+/// A workload stored before validation refused the name (or written around it) that names
+/// another workload's git build, `kat-local/team_app:…`, present in the node's store: it is
+/// never created, and its reason says what to change.
+#[tokio::test(start_paused = true)]
+async fn another_workloads_local_build_is_never_run() {
+    let rt = runtime_with(|_| Run::forever());
+    let stolen = "kat-local/team_app:abc1234";
+    rt.add_image(stolen);
+    let mut a = assignment("thief", "thief-1", "app:1", "{condition: Never}", None);
+    let mut template = (**a.template.as_ref().unwrap()).clone();
+    template.workload.spec.source.image = Some(stolen.into());
+    a.template = Ok(Arc::new(template));
+    let node = start(rt.clone(), &[a]);
+    node.until(Duration::from_secs(10), |n| {
+        n.status("thief-1")
+            .and_then(|s| s.reason)
+            .is_some_and(|r| r.contains("built for another workload"))
+    })
+    .await;
+    assert!(node.creates("thief-1").is_empty(), "nothing was created");
+}

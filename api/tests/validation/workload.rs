@@ -559,6 +559,15 @@ fn volume_rules() {
             ),
         );
     }
+    for local in [
+        "kat-local/team_app:abc1234",
+        "docker.io/kat-local/team_app:abc1234",
+    ] {
+        assert_finding(
+            &service_with("spec.source.image", Some(local)),
+            &format!("spec.source.image: {local:?} is an image a node built"),
+        );
+    }
     // A name that only begins like the reserved directory is the workload's own.
     assert_valid(&service_with(
         "spec.container.volumeMounts.0.mountPath",
