@@ -866,3 +866,79 @@ async fn build_benchmark() {
         cold / hand
     );
 }
+
+/// The node's registry credentials never reach a RUN step: the workspace's copy of the auth
+/// file is there for the base image pulls and gone before `bud` starts. The step escapes its
+/// chroot (it keeps `CAP_SYS_CHROOT`) into the workspace, where the copy was, and tries to
+/// read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_step_cannot_read_the_nodes_registry_credentials() {
+    let f = fixtures();
+    let probe = std::path::PathBuf::from(
+        std::env::var("KAT_TEST_PROBE_DIR")
+            .expect("KAT_TEST_PROBE_DIR: run `source <(scripts/test-fixtures.sh)` first"),
+    )
+    .join("kat-escape-probe");
+    let dir = runtime_dir("kat-rt-");
+    let marker = format!("secret-{}", std::process::id());
+    let auth = dir.path().join("auth.json");
+    {
+        use base64::Engine;
+        let creds = base64::engine::general_purpose::STANDARD.encode(format!("kat:{marker}"));
+        std::fs::write(
+            &auth,
+            format!(
+                "{{\"auths\": {{\"{}\": {{\"auth\": \"{creds}\"}}}}}}",
+                f.registry
+            ),
+        )
+        .unwrap();
+    }
+    let mut config = config_in(&f, dir.path());
+    config.registries.auth_files = vec![auth];
+    let rt = kat_runtime::NativeRuntime::new(config).expect("runtime");
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    std::fs::create_dir_all(r.work.join("app")).unwrap();
+    std::fs::copy(&probe, r.work.join("app/probe")).expect("the escape probe");
+    let builds = dir
+        .path()
+        .join("root/builds")
+        .canonicalize()
+        .unwrap_or_else(|_| dir.path().join("root/builds"));
+    let reads = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            &format!(
+                "FROM {}\nARG BUILDS\nCOPY probe /probe\n\
+                 RUN /probe --chroot-escape \"$BUILDS\" \"$BUILDS/{{entry}}/conf/auth.json\" > /escape 2>&1\n",
+                image(&f)
+            ),
+        )],
+        "reads credentials",
+    );
+    let mut req = request(&r, &reads, "kat-local/default_app:creds");
+    req.build_args = [("BUILDS".to_string(), builds.display().to_string())].into();
+    let (result, _) = build(&rt, &req).await;
+    result.expect("the build");
+    let (code, out) = run(&rt, "creds", "kat-local/default_app:creds", "cat /escape").await;
+    assert_eq!(code, 0, "{out:?}");
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with("escaped: ") && l.ends_with(" exists")),
+        "the chroot escape did not work, so proves nothing: {out:?}"
+    );
+    assert!(
+        out.iter().any(|l| l.starts_with("entry: ")),
+        "the step sees its own workspace: {out:?}"
+    );
+    assert!(
+        !out.iter().any(|l| l.starts_with("other: READ")),
+        "a RUN step read the node's registry credentials: {out:?}"
+    );
+    assert!(
+        out.iter().any(|l| l.starts_with("other: denied")),
+        "{out:?}"
+    );
+}

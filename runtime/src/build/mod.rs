@@ -3,7 +3,8 @@
 //!
 //! Each build has a workspace `{root}/builds/{random}` (0700, the agent's; an ACL lets the
 //! build slice's root in): `src/` the checkout, `conf/` buildah's registry configuration
-//! and a copy of the auth file, `state/` buildah's storage and the layout it writes (owned
+//! and, only while buildah pulls the base images or pushes the cache image (never while the
+//! Dockerfile's RUN steps run, as the same user), a copy of the auth file; `state/` buildah's storage and the layout it writes (owned
 //! by the build slice). Everything goes when the build ends, whatever the outcome: the
 //! storage is removed from inside the build's namespace (its files are not the agent's),
 //! then the workspace. Images are therefore not cached between builds; the image store
@@ -416,6 +417,9 @@ impl Builder {
                 });
             }
         }
+        // The credentials were for those pulls: `bud` pulls nothing (`--pull=never`), and its
+        // RUN steps run as the same user, so the copy goes before any of them runs.
+        self.remove_auth(ws).await?;
         let iid = ws.sandbox.state.join("iid");
         let mut args = ws.sandbox.global_args();
         args.extend(buildah::bud_args(&buildah::BudOptions {
@@ -425,7 +429,7 @@ impl Builder {
             target: request.target.clone(),
             platform: request.platform.clone(),
             iid_file: iid.clone(),
-            auth_file: auth.clone(),
+            auth_file: None,
         }));
         let run = self
             .run_limited(
@@ -448,8 +452,14 @@ impl Builder {
         let id = id.trim().to_string();
         let cache = match &request.cache {
             Some(cache) => {
-                self.push_to_cache(ws, &id, &cache_reference(cache, request))
-                    .await
+                // `bud` has ended, and every process of its pid namespace with it: the
+                // credentials may come back for the push.
+                self.write_auth(ws).await?;
+                let pushed = self
+                    .push_to_cache(ws, &id, &cache_reference(cache, request))
+                    .await;
+                self.remove_auth(ws).await?;
+                pushed
             }
             None => CacheOutcome::Unused,
         };
@@ -513,8 +523,6 @@ impl Builder {
         let conf = ws.sandbox.conf.clone();
         let state = ws.sandbox.state.clone();
         let insecure = self.insecure.clone();
-        let auth = self.auth_file.clone();
-        let uid = self.slice.0;
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             std::fs::write(
                 conf.join("registries.conf"),
@@ -532,19 +540,46 @@ impl Builder {
             ] {
                 std::fs::set_permissions(conf.join(f), std::fs::Permissions::from_mode(0o644))?;
             }
-            if let Some(auth) = auth {
-                // Readable by the build's root only (and the agent): other local users
-                // never see the credentials.
-                let copy = conf.join("auth.json");
-                std::fs::copy(&auth, &copy)?;
-                std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600))?;
-                crate::acl::open_file_to(&copy, uid)?;
-            }
             Ok(())
         })
         .await
         .map_err(|e| BuildError::Io(e.to_string()))?
-        .map_err(|e| BuildError::Io(format!("writing buildah's configuration: {e}")))
+        .map_err(|e| BuildError::Io(format!("writing buildah's configuration: {e}")))?;
+        self.write_auth(ws).await
+    }
+
+    /// A copy of the node's auth file in the workspace, for buildah's pulls and pushes:
+    /// readable by the build's root only (and the agent), and there only while no code from
+    /// the repository runs (see [`Self::remove_auth`]).
+    async fn write_auth(&self, ws: &Workspace) -> Result<(), BuildError> {
+        let Some(auth) = self.auth_file.clone() else {
+            return Ok(());
+        };
+        let copy = ws.sandbox.conf.join("auth.json");
+        let uid = self.slice.0;
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            std::fs::copy(&auth, &copy)?;
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o600))?;
+            crate::acl::open_file_to(&copy, uid)
+        })
+        .await
+        .map_err(|e| BuildError::Io(e.to_string()))?
+        .map_err(|e| BuildError::Io(format!("copying the auth file for buildah: {e}")))
+    }
+
+    /// Removes the workspace's copy of the auth file before `bud`: its RUN steps run as the
+    /// build's root, which may read the copy, by a chroot escape into the workspace if
+    /// nothing else.
+    async fn remove_auth(&self, ws: &Workspace) -> Result<(), BuildError> {
+        let copy = ws.sandbox.conf.join("auth.json");
+        match tokio::fs::remove_file(&copy).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(BuildError::Io(format!(
+                "removing {} before the build runs: {e}",
+                copy.display()
+            ))),
+        }
     }
 
     /// Runs buildah in the build's cgroup until it ends or the deadline passes; progress

@@ -39,7 +39,8 @@ fn write_file(path: &str, text: &str) -> Result<(), nix::errno::Errno> {
 /// process with `CAP_SYS_CHROOT` (a build's `RUN` step under chroot isolation): chroot into
 /// a subdirectory while the working directory stays outside it, climb, chroot to where the
 /// climb ended. Then looks at DIR and tries to read OTHER: `escaped: DIR exists|DIR missing`,
-/// `entry: NAME` per entry (or `list: denied`), `other: READ` or `other: denied (ERROR)`.
+/// `entry: NAME` per entry (or `list: denied`), `other: READ` (a directory), `other: READ
+/// TEXT` (a file) or `other: denied (ERROR)`. `{entry}` in OTHER is DIR's first entry.
 fn chroot_escape(dir: &str, other: &str) {
     let _ = std::fs::create_dir("/.kat-chroot-escape");
     if let Err(e) = nix::unistd::chroot("/.kat-chroot-escape") {
@@ -57,17 +58,24 @@ fn chroot_escape(dir: &str, other: &str) {
         Ok(_) => println!("escaped: {dir} exists"),
         Err(e) => println!("escaped: {dir} missing ({e})"),
     }
+    let mut first = None;
     match std::fs::read_dir(dir) {
         Ok(entries) => {
             for e in entries.flatten() {
-                println!("entry: {}", e.file_name().to_string_lossy());
+                let name = e.file_name().to_string_lossy().to_string();
+                println!("entry: {name}");
+                first.get_or_insert(name);
             }
         }
         Err(e) => println!("list: denied ({e})"),
     }
-    match std::fs::read_dir(other) {
-        Ok(_) => println!("other: READ"),
-        Err(e) => println!("other: denied ({e})"),
+    let other = other.replace("{entry}", first.as_deref().unwrap_or(""));
+    match std::fs::read_to_string(&other) {
+        Ok(text) => println!("other: READ {}", text.trim()),
+        Err(_) => match std::fs::read_dir(&other) {
+            Ok(_) => println!("other: READ"),
+            Err(e) => println!("other: denied ({e})"),
+        },
     }
 }
 
