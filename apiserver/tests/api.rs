@@ -530,6 +530,7 @@ async fn nodes_mark_the_leader_from_its_record() {
             labels: BTreeMap::new(),
             taints: vec![],
             draining: false,
+            capacity: None,
         };
         api.store
             .put(
@@ -640,6 +641,7 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
         labels: BTreeMap::new(),
         taints: vec![],
         draining: false,
+        capacity: None,
     };
     api.store
         .put(

@@ -1058,3 +1058,89 @@ async fn parallel_pinned_submissions_stop_at_the_cap() {
         "every 201 is a stored workload, and only those"
     );
 }
+
+/// A worker's heartbeat cannot raise what the scheduler gives it: the first one after it
+/// joined is recorded as its approved capacity; a later claim of 100 times the CPU and a GPU
+/// is stored as its report, with one Warning event (not one per heartbeat), and changes
+/// nothing approved; its own certificate cannot approve it; an administrator can.
+#[tokio::test]
+async fn a_heartbeat_cannot_raise_a_nodes_approved_capacity() {
+    let api = Api::new(None).await;
+    kat_leader::node_admin::register(&*api.store, "w1", vec![], Default::default())
+        .await
+        .unwrap();
+    let claim = |cpu: u64, gpus: usize| {
+        let mut hb: NodeHeartbeat = serde_json::from_str(&heartbeat("w1")).unwrap();
+        hb.allocatable.cpu_millis = cpu;
+        hb.allocatable.memory_bytes = 1 << 30;
+        hb.gpus = (0..gpus)
+            .map(|i| kat_api::wire::GpuInfo {
+                driver: kat_api::workload::GpuDriver::Nvidia,
+                vram_mb: 81920,
+                model: "H100".into(),
+                device: format!("nvidia.com/gpu={i}"),
+            })
+            .collect();
+        serde_json::to_string(&hb).unwrap()
+    };
+    let approved = |api: &Api| {
+        let store = api.store.clone();
+        async move {
+            let kv = store
+                .get(&keys::node_registration("w1"))
+                .await
+                .unwrap()
+                .unwrap();
+            serde_json::from_slice::<kat_api::wire::NodeRegistration>(&kv.value)
+                .unwrap()
+                .capacity
+        }
+    };
+    let warnings = |api: &Api| {
+        let store = api.store.clone();
+        async move {
+            kat_leader::events::list(&*store, &Default::default(), 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.reason == "NodeCapacityNotApproved")
+                .count()
+        }
+    };
+    let status = "/v1alpha1/nodes/w1/status";
+    let (code, body) = api.send(W1, Method::POST, status, &claim(2000, 0)).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let first = approved(&api)
+        .await
+        .expect("recorded from the first heartbeat");
+    assert_eq!(first.allocatable.cpu_millis, 2000);
+    for _ in 0..3 {
+        let (code, body) = api.send(W1, Method::POST, status, &claim(200_000, 1)).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+    }
+    assert_eq!(
+        approved(&api).await,
+        Some(first.clone()),
+        "a claim approves nothing"
+    );
+    assert_eq!(warnings(&api).await, 1, "one warning for the new claim");
+    let (code, body) = api
+        .send(W1, Method::POST, "/v1alpha1/nodes/w1/approve-capacity", "")
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(
+        approved(&api).await,
+        Some(first),
+        "its own approval is refused"
+    );
+    kat_leader::node_admin::approve_capacity(
+        &*api.store,
+        &kat_leader::events::EventLog::new(10),
+        &Clock::system(),
+        "w1",
+    )
+    .await
+    .unwrap();
+    let now = approved(&api).await.unwrap();
+    assert_eq!((now.allocatable.cpu_millis, now.gpus.len()), (200_000, 1));
+}

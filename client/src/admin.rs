@@ -200,6 +200,12 @@ impl Client {
             .map(drop)
     }
 
+    /// Approve what a node's last heartbeat claims as the capacity the scheduler may use.
+    pub async fn approve_capacity(&self, name: &str) -> Result<NodeRegistration> {
+        let path = paths::node_admin(name, NodeAdmin::ApproveCapacity);
+        self.json_of(self.request(Method::POST, &path), &path).await
+    }
+
     /// Replace a node's taints.
     pub async fn set_taints(&self, name: &str, taints: &[Taint]) -> Result<NodeRegistration> {
         let path = paths::node_admin(name, NodeAdmin::Taints);

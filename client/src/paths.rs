@@ -89,6 +89,7 @@ pub enum NodeAdmin {
     Uncordon,
     Taints,
     Labels,
+    ApproveCapacity,
 }
 
 pub fn node_admin(name: &str, what: NodeAdmin) -> String {
@@ -97,6 +98,7 @@ pub fn node_admin(name: &str, what: NodeAdmin) -> String {
         NodeAdmin::Uncordon => "uncordon",
         NodeAdmin::Taints => "taints",
         NodeAdmin::Labels => "labels",
+        NodeAdmin::ApproveCapacity => "approve-capacity",
     };
     format!("{}/{segment}", node(name))
 }

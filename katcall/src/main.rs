@@ -272,6 +272,17 @@ enum Command {
     Drain { node: String },
     /// Allow scheduling onto a drained node again.
     Uncordon { node: String },
+    /// Approve what a node says it has: `approve node NAME --capacity` lets the scheduler use
+    /// the CPU, memory and GPUs of its last heartbeat (a node's claim beyond what was
+    /// recorded at its first heartbeat is not used until then).
+    Approve {
+        #[arg(value_parser = ["node"])]
+        kind: String,
+        name: String,
+        /// Approve its capacity (CPU, memory, pids, GPUs) as its last heartbeat reports it.
+        #[arg(long, required = true)]
+        capacity: bool,
+    },
     /// Add (key[=value]:Effect) or remove (key-) node taints.
     Taint {
         node: String,
@@ -606,6 +617,7 @@ async fn remote(command: Command, config: &std::path::Path) -> anyhow::Result<Ex
         },
         Command::Drain { node } => nodes::drain(&client, &node, false).await?,
         Command::Uncordon { node } => nodes::drain(&client, &node, true).await?,
+        Command::Approve { name, .. } => nodes::approve_capacity(&client, &name).await?,
         Command::Taint { node, taints } => nodes::taint(&client, &node, &taints).await?,
         Command::Label { node, labels } => nodes::label(&client, &node, &labels).await?,
         Command::Validate { .. } | Command::Completion { .. } => unreachable!("handled offline"),

@@ -159,6 +159,22 @@ fn describe_text(node: &Node, instances: &[InstanceStatus], events: &[Event]) ->
     );
     line("Capacity", resources(&node.capacity));
     line("Allocatable", resources(&node.allocatable));
+    if let Some(approved) = &node.approved_capacity {
+        let more = approved.clamp(node.allocatable) != node.allocatable
+            || approved.approved_gpus(&node.gpus).len() < node.gpus.len();
+        line(
+            "Approved",
+            if more {
+                format!(
+                    "{} (it reports more: `katcall approve node {} --capacity` lets the scheduler use it)",
+                    resources(&approved.allocatable),
+                    node.metadata.name
+                )
+            } else {
+                resources(&approved.allocatable)
+            },
+        );
+    }
     if let Some(u) = &node.usage {
         let disk = match (u.disk_bytes, u.disk_total_bytes) {
             (Some(used), Some(total)) => {
@@ -298,6 +314,21 @@ pub async fn drain(client: &Client, node: &str, undo: bool) -> Result<()> {
             "draining: no new instances; Service instances move elsewhere"
         }
     );
+    Ok(())
+}
+
+/// `katcall approve node NAME --capacity`.
+pub async fn approve_capacity(client: &Client, node: &str) -> Result<()> {
+    let reg = client.approve_capacity(node).await?;
+    if let Some(c) = reg.capacity {
+        println!(
+            "node {node}: cpu {}m, memory {} MiB, pids {}, {} GPUs approved",
+            c.allocatable.cpu_millis,
+            c.allocatable.memory_bytes >> 20,
+            c.allocatable.pids,
+            c.gpus.len()
+        );
+    }
     Ok(())
 }
 

@@ -891,8 +891,15 @@ fn sched_nodes(
                 schedulable: ready.get(name.as_str()).copied().unwrap_or(false) && !reg.draining,
                 labels: reg.labels.clone(),
                 taints: reg.taints.clone(),
-                allocatable: hb.allocatable,
-                gpus: hb.gpus.clone(),
+                // Never more than approved: a heartbeat's claim alone raises nothing.
+                allocatable: reg
+                    .capacity
+                    .as_ref()
+                    .map_or(hb.allocatable, |c| c.clamp(hb.allocatable)),
+                gpus: reg
+                    .capacity
+                    .as_ref()
+                    .map_or_else(|| hb.gpus.clone(), |c| c.approved_gpus(&hb.gpus)),
                 free_ips: match (config.addresses, view.subnets.get(name.as_str())) {
                     // Without an address plan instances get no address: nothing to run out of.
                     (None, _) => u64::MAX,

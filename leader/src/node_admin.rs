@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use kat_api::keys;
 use kat_api::wire::{
-    EventType, NodeRegistration, RevokedNode, Taint, CLUSTER_ROLE_LABEL, DRAIN_TAINT_KEY,
-    ROLE_LABEL, SYSTEM_LABELS,
+    ApprovedCapacity, EventType, NodeHeartbeat, NodeRegistration, RevokedNode, Taint,
+    CLUSTER_ROLE_LABEL, DRAIN_TAINT_KEY, ROLE_LABEL, SYSTEM_LABELS,
 };
 use kat_api::workload::TaintEffect;
 use kat_store::{Compare, EtcdStore, StateStore, StoreError, Txn, TxnOp};
@@ -25,6 +25,8 @@ pub enum NodeAdminError {
     Corrupt(String, String),
     #[error("label {0} is set by the node's agent and cannot be changed (set kat.dws.rip/role or a label of your own)")]
     SystemLabel(String),
+    #[error("node {0} has sent no heartbeat yet: there is no capacity to approve")]
+    NoHeartbeat(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -48,6 +50,7 @@ pub async fn register(
                 labels: BTreeMap::new(),
                 taints: vec![],
                 draining: false,
+                capacity: None,
             },
         };
         reg.addresses = addresses.clone();
@@ -116,6 +119,101 @@ async fn modify(
             return Ok(reg);
         }
     }
+}
+
+/// A worker's heartbeat against its approved capacity, before the heartbeat is stored:
+/// the first one after the node joined is recorded as approved; one that claims more than
+/// approved gets a Warning event (once per new claim: `previous` is the heartbeat stored
+/// before this one). The scheduler never uses more than approved (`ApprovedCapacity::clamp`).
+pub async fn check_capacity(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    hb: &NodeHeartbeat,
+    previous: Option<&NodeHeartbeat>,
+) -> Result<(), NodeAdminError> {
+    let name = hb.node.as_str();
+    let key = keys::node_registration(name);
+    let Some(kv) = store.get(&key).await? else {
+        return Ok(());
+    };
+    let mut reg: NodeRegistration = serde_json::from_slice(&kv.value)
+        .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?;
+    let (ops, guard) = match &reg.capacity {
+        None => {
+            reg.capacity = Some(ApprovedCapacity::claimed_by(hb));
+            let mut ops = vec![TxnOp::put_json(&key, &reg)?];
+            ops.extend(events.ops(&event(
+                clock.timestamp(),
+                EventType::Normal,
+                "NodeCapacityRecorded",
+                node_ref(name),
+                format!(
+                    "node {name}: cpu {}m, memory {} MiB, {} GPUs, as its first heartbeat said; more takes `katcall approve node {name} --capacity`",
+                    hb.allocatable.cpu_millis,
+                    hb.allocatable.memory_bytes >> 20,
+                    hb.gpus.len()
+                ),
+            )));
+            (ops, Some(Compare::mod_revision_is(&key, kv.mod_revision)))
+        }
+        Some(approved) => {
+            let Some(more) = approved.exceeded_by(hb) else {
+                return Ok(());
+            };
+            let same_claim =
+                previous.is_some_and(|p| p.allocatable == hb.allocatable && p.gpus == hb.gpus);
+            if same_claim {
+                return Ok(());
+            }
+            let ops = events.ops(&event(
+                clock.timestamp(),
+                EventType::Warning,
+                "NodeCapacityNotApproved",
+                node_ref(name),
+                format!(
+                    "node {name} reports {more}: the scheduler keeps to the approved capacity until an administrator runs `katcall approve node {name} --capacity`"
+                ),
+            ));
+            (ops, None)
+        }
+    };
+    // A registration changed meanwhile (an admin's label) is left as it is: the next
+    // heartbeat records the capacity.
+    let txn = Txn::new().when(guard).and_then(ops);
+    store.txn(txn).await?;
+    Ok(())
+}
+
+/// `katcall approve node NAME --capacity`: what the node's last heartbeat claims becomes its
+/// approved capacity.
+pub async fn approve_capacity(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    name: &str,
+) -> Result<NodeRegistration, NodeAdminError> {
+    let hb: NodeHeartbeat = match store.get(&keys::node_status(name)).await? {
+        Some(kv) => serde_json::from_slice(&kv.value)
+            .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?,
+        None => return Err(NodeAdminError::NoHeartbeat(name.into())),
+    };
+    let approved = ApprovedCapacity::claimed_by(&hb);
+    modify(
+        store,
+        events,
+        clock,
+        name,
+        "NodeCapacityApproved",
+        format!(
+            "node {name}: cpu {}m, memory {} MiB, {} GPUs approved by an administrator",
+            hb.allocatable.cpu_millis,
+            hb.allocatable.memory_bytes >> 20,
+            hb.gpus.len()
+        ),
+        |reg| reg.capacity = Some(approved.clone()),
+    )
+    .await
 }
 
 /// `katcall drain`: a NoSchedule taint and the Draining state.

@@ -243,6 +243,7 @@ impl SimNode {
             labels: self.labels.clone(),
             taints: self.taints.clone(),
             draining: false,
+            capacity: None,
         }
     }
 }

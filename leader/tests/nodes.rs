@@ -556,3 +556,31 @@ async fn the_cluster_role_and_the_admins_role_are_separate_labels() {
         assert!(err.to_string().contains("set by the node's agent"), "{err}");
     }
 }
+
+/// A node whose heartbeat claims 100 cores, approved for 1: the scheduler places on it only
+/// what the approved core holds (500m requests: two instances), the rest stays unplaced.
+#[tokio::test(start_paused = true)]
+async fn the_scheduler_uses_the_approved_capacity_not_the_claim() {
+    let mut liar = kat_leader::sim::SimNode::new("liar", 100_000, 64 * GI);
+    liar.labels.insert("pool".into(), "x".into());
+    let mut c = cluster_with(vec![liar]).await;
+    let key = kat_api::keys::node_registration("liar");
+    let kv = c.store.get(&key).await.unwrap().unwrap();
+    let mut reg: kat_api::wire::NodeRegistration = serde_json::from_slice(&kv.value).unwrap();
+    reg.capacity = Some(kat_api::wire::ApprovedCapacity {
+        allocatable: kat_api::wire::ResourceList {
+            cpu_millis: 1000,
+            memory_bytes: 8 * GI,
+            pids: 4096,
+        },
+        gpus: vec![],
+    });
+    c.store
+        .put(&key, serde_json::to_vec(&reg).unwrap(), None)
+        .await
+        .unwrap();
+    c.apply(&[("workload.kat", &service("web", 5, "web:1", ""))])
+        .await;
+    c.run_until(10, |_| false).await.unwrap();
+    assert_eq!(c.live_of("web").len(), 2, "{:?}", c.live_of("web"));
+}

@@ -87,6 +87,10 @@ pub struct Node {
     pub allocatable: ResourceList,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuInfo>,
+    /// What the scheduler may use of it: `allocatable` and `gpus` beyond this are the
+    /// node's claim, not approved (`katcall approve node NAME --capacity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_capacity: Option<ApprovedCapacity>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -316,6 +320,83 @@ pub struct NodeRegistration {
     /// Set by `katcall drain`: no new instances, Service instances move elsewhere.
     #[serde(default)]
     pub draining: bool,
+    /// What the scheduler may place on the node: recorded from its first heartbeat, raised
+    /// only by an administrator. `None` until that heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<ApprovedCapacity>,
+}
+
+/// The capacity the scheduler uses for a node: recorded from its first heartbeat after it
+/// joined, changed only by an administrator (`katcall approve node NAME --capacity`). A
+/// heartbeat that claims more is not believed: a worker's certificate cannot draw other
+/// tenants' instances (with their environment) to itself by overstating what it has.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovedCapacity {
+    pub allocatable: ResourceList,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl ApprovedCapacity {
+    /// What a heartbeat claims, to be approved as it is.
+    pub fn claimed_by(hb: &NodeHeartbeat) -> Self {
+        ApprovedCapacity {
+            allocatable: hb.allocatable,
+            gpus: hb.gpus.clone(),
+        }
+    }
+
+    /// `allocatable` no larger than approved, resource by resource.
+    pub fn clamp(&self, allocatable: ResourceList) -> ResourceList {
+        ResourceList {
+            cpu_millis: allocatable.cpu_millis.min(self.allocatable.cpu_millis),
+            memory_bytes: allocatable.memory_bytes.min(self.allocatable.memory_bytes),
+            pids: allocatable.pids.min(self.allocatable.pids),
+        }
+    }
+
+    /// The GPUs of `gpus` that were approved as they are (same device, driver, memory).
+    pub fn approved_gpus(&self, gpus: &[GpuInfo]) -> Vec<GpuInfo> {
+        gpus.iter()
+            .filter(|g| self.gpus.contains(g))
+            .cloned()
+            .collect()
+    }
+
+    /// What `hb` claims beyond this, in words; `None` when it claims nothing more.
+    pub fn exceeded_by(&self, hb: &NodeHeartbeat) -> Option<String> {
+        let a = &self.allocatable;
+        let h = &hb.allocatable;
+        let mut more = Vec::new();
+        if h.cpu_millis > a.cpu_millis {
+            more.push(format!(
+                "cpu {}m (approved {}m)",
+                h.cpu_millis, a.cpu_millis
+            ));
+        }
+        if h.memory_bytes > a.memory_bytes {
+            more.push(format!(
+                "memory {} MiB (approved {} MiB)",
+                h.memory_bytes >> 20,
+                a.memory_bytes >> 20
+            ));
+        }
+        if h.pids > a.pids {
+            more.push(format!("pids {} (approved {})", h.pids, a.pids));
+        }
+        let new_gpus: Vec<&str> = hb
+            .gpus
+            .iter()
+            .filter(|g| !self.gpus.contains(g))
+            .map(|g| g.device.as_str())
+            .collect();
+        if !new_gpus.is_empty() {
+            more.push(format!("GPUs {}", new_gpus.join(", ")));
+        }
+        (!more.is_empty()).then(|| more.join(", "))
+    }
 }
 
 /// The label that names a node's host (set at registration; a `nodeSelector` can use it).

@@ -203,6 +203,10 @@ pub fn router_with_ui(state: Arc<ApiState>, ui: Option<Router<Arc<ApiState>>>) -
         .route("/nodes/:name/taints", put(nodes::set_taints))
         .route("/nodes/:name/labels", put(nodes::set_labels))
         .route("/nodes/:name/drain", post(nodes::drain))
+        .route(
+            "/nodes/:name/approve-capacity",
+            post(nodes::approve_capacity),
+        )
         .route("/nodes/:name/uncordon", post(nodes::uncordon))
         .route("/events", get(events::list))
         .route("/backups", get(events::backups).post(events::create_backup))

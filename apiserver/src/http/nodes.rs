@@ -404,6 +404,25 @@ pub async fn drain(
     Ok(Json(state.service.drain_node(&name).await?))
 }
 
+/// Approve what the node's last heartbeat claims as the capacity the scheduler may use
+/// (`katcall approve node NAME --capacity`).
+#[cfg_attr(
+    feature = "openapi",
+    utoipa::path(
+        post,
+        path = "/v1alpha1/nodes/{name}/approve-capacity",
+        tag = "nodes",
+        params(("name" = String, Path, description = "Node name")),
+        responses((status = 200, description = "The node's registration, with its approved capacity", body = kat_api::wire::NodeRegistration), super::openapi::Errors)
+    )
+)]
+pub async fn approve_capacity(
+    State(state): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    Ok(Json(state.service.approve_node_capacity(&name).await?))
+}
+
 /// Let a drained node take instances again (`katcall uncordon`).
 #[cfg_attr(
     feature = "openapi",

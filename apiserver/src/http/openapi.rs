@@ -66,6 +66,7 @@ use super::{events, join, namespaces, nodes, streams, tokens, workloads};
         nodes::set_taints,
         nodes::set_labels,
         nodes::drain,
+        nodes::approve_capacity,
         nodes::uncordon,
         events::list,
         events::backups,

@@ -230,6 +230,21 @@ impl Service {
                 ),
             ));
         }
+        let previous: Option<NodeHeartbeat> = self
+            .store
+            .get(&keys::node_status(name))
+            .await?
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+        if hb.node == name {
+            kat_leader::node_admin::check_capacity(
+                &*self.store,
+                &self.events,
+                &self.clock,
+                &hb,
+                previous.as_ref(),
+            )
+            .await?;
+        }
         self.record_heartbeat(name, hb).await?;
         let revoked_serials = self
             .store

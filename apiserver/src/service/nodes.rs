@@ -34,6 +34,7 @@ pub fn node_object(
         labels: BTreeMap::new(),
         taints: vec![],
         draining: false,
+        capacity: None,
     });
     Node {
         metadata: ObjectMeta {
@@ -46,6 +47,7 @@ pub fn node_object(
         capacity: hb.as_ref().map(|h| h.capacity).unwrap_or_default(),
         allocatable: hb.as_ref().map(|h| h.allocatable).unwrap_or_default(),
         gpus: hb.as_ref().map(|h| h.gpus.clone()).unwrap_or_default(),
+        approved_capacity: reg.capacity,
         taints: reg.taints,
         usage: hb.as_ref().and_then(|h| h.usage),
         detached: hb.as_ref().and_then(|h| h.detached.clone()),
@@ -153,6 +155,11 @@ impl Service {
         changes: BTreeMap<String, Option<String>>,
     ) -> Result<NodeRegistration> {
         Ok(node_admin::set_labels(&*self.store, &self.events, &self.clock, name, changes).await?)
+    }
+
+    /// `katcall approve node NAME --capacity`: the capacity its last heartbeat claims.
+    pub async fn approve_node_capacity(&self, name: &str) -> Result<NodeRegistration> {
+        Ok(node_admin::approve_capacity(&*self.store, &self.events, &self.clock, name).await?)
     }
 
     pub async fn drain_node(&self, name: &str) -> Result<NodeRegistration> {
