@@ -29,7 +29,7 @@ STAGE=
 trap '[ -z "$STAGE" ] || rm -rf "$STAGE"; [ -z "${KAT_TEST_REGISTRY_PIDS:-}" ] || kill $KAT_TEST_REGISTRY_PIDS 2>/dev/null || true' EXIT
 echo "==> release build"
 cargo build --release --locked -q -p kat-agent -p katcall
-echo "==> the runtime's lifecycle, escape and layer confinement tests, to run on cgroup v2 in the guest"
+echo "==> the runtime's lifecycle, escape, reserved directory and layer confinement tests, to run on cgroup v2 in the guest"
 test_binary() {
   cargo test -q -p kat-runtime --test "$1" --no-run --locked --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
@@ -40,8 +40,9 @@ for l in sys.stdin:
 }
 LIFECYCLE=$(test_binary lifecycle)
 ESCAPE=$(test_binary escape)
+RESERVED=$(test_binary reserved_dir)
 LAYERS=$(test_binary layer_confinement)
-for b in "$LIFECYCLE" "$ESCAPE" "$LAYERS"; do
+for b in "$LIFECYCLE" "$ESCAPE" "$RESERVED" "$LAYERS"; do
   [ -x "$b" ] || { echo "tests/vm/run.sh: a runtime test binary was not built" >&2; exit 1; }
 done
 
@@ -49,6 +50,7 @@ STAGE=$(mktemp -d /tmp/kat-vm-stage.XXXXXX)
 mkdir -p "$STAGE/kat-vm/bin" "$STAGE/kat-vm/registry" "$STAGE/kat-vm/tests"
 cp "$LIFECYCLE" "$STAGE/kat-vm/tests/lifecycle"
 cp "$ESCAPE" "$STAGE/kat-vm/tests/escape"
+cp "$RESERVED" "$STAGE/kat-vm/tests/reserved_dir"
 cp "$LAYERS" "$STAGE/kat-vm/tests/layer_confinement"
 cp -a "$KAT_TEST_PROBE_DIR" "$STAGE/kat-vm/probe"
 cp target/debug/kat-runtime-helper "$STAGE/kat-vm/tests/"

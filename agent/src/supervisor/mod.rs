@@ -526,6 +526,21 @@ impl Supervisor {
             .as_ref()
             .map_err(|e| StartError::Failed(e.clone()))?;
         let spec = &template.workload.spec;
+        // A record stored before validation refused it stays Pending, with what to change:
+        // never created, never dropped.
+        if let Some(m) = spec
+            .container
+            .volume_mounts
+            .iter()
+            .find(|m| kat_api::names::is_reserved_container_path(&m.mount_path))
+        {
+            return Err(StartError::NotReady(format!(
+                "volumeMounts {}: mountPath {} is at or under {}, which KAT reserves for kat-init; apply the workload again with another mountPath",
+                m.name,
+                m.mount_path,
+                kat_api::names::RESERVED_CONTAINER_DIR
+            )));
+        }
         let image = match (&spec.source.image, &spec.source.git) {
             (Some(image), _) => {
                 self.ensure_image(image).await?;

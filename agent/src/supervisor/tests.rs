@@ -744,3 +744,34 @@ async fn another_workloads_local_build_is_never_run() {
     .await;
     assert!(node.creates("thief-1").is_empty(), "nothing was created");
 }
+
+/// A workload stored before `mountPath: /.kat` was refused at apply is kept Pending with a
+/// reason that says what to change, and never created.
+#[tokio::test(start_paused = true)]
+async fn a_stored_mount_at_the_kat_directory_stays_pending() {
+    let rt = runtime_with(|_| Run::forever());
+    let mut a = assignment("old", "old-1", "app:1", "{condition: Always}", None);
+    let mut template = (**a.template.as_ref().unwrap()).clone();
+    let spec = &mut template.workload.spec;
+    spec.volumes.push(
+        serde_json::from_value(serde_json::json!({"name": "hide", "simpleClusterStorage": {}}))
+            .unwrap(),
+    );
+    spec.container.volume_mounts.push(
+        serde_json::from_value(serde_json::json!({"name": "hide", "mountPath": "/.kat"})).unwrap(),
+    );
+    a.template = Ok(Arc::new(template));
+    let node = start(rt.clone(), &[a]);
+    node.until(Duration::from_secs(10), |n| {
+        n.status("old-1").is_some_and(|s| {
+            s.state == InstanceState::Pending
+                && s.reason.as_deref().is_some_and(|r| {
+                    r.contains("mountPath /.kat") && r.contains("another mountPath")
+                })
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(node.creates("old-1").is_empty(), "never created");
+    assert_eq!(node.status("old-1").unwrap().state, InstanceState::Pending);
+}
