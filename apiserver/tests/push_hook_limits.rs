@@ -1,7 +1,7 @@
 //! What an unauthenticated sender can make the API hold through the push-hook route: a body
-//! past 1 MiB is refused before it is read (413), and no more than 8 bodies are read at once
+//! past 4 MiB is refused before it is read (413), and no more than 8 bodies are read at once
 //! (the ninth gets a 503 at once), so a flood of slow notifications from many connections
-//! holds at most 8 MiB. Its own test binary: the bound is one per process.
+//! holds at most 32 MiB. Its own test binary: the bound is one per process.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -51,14 +51,14 @@ async fn a_hook_body_is_small_and_few_are_read_at_once() {
     // Declared too large: refused before a byte of it is read.
     let resp = router
         .clone()
-        .oneshot(hook(Body::empty(), Some((1 << 20) + 1)))
+        .oneshot(hook(Body::empty(), Some((4 << 20) + 1)))
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
     // Sent too large without a length: cut off at the limit.
     let resp = router
         .clone()
-        .oneshot(hook(Body::from(vec![b' '; (1 << 20) + 1]), None))
+        .oneshot(hook(Body::from(vec![b' '; (4 << 20) + 1]), None))
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);

@@ -102,6 +102,7 @@ pub async fn plan(store: &dyn StateStore, bundle: &WorkloadBundle) -> Result<Pla
         None if brings_namespace(bundle) => false,
         None => return Err(WorkloadError::NamespaceNotFound(ns.clone())),
     };
+    check_ingress_free(store, bundle).await?;
     let changed = previous
         .as_ref()
         .is_none_or(|p| p.spec_hash != bundle.spec_hash());
@@ -118,14 +119,16 @@ pub async fn plan(store: &dyn StateStore, bundle: &WorkloadBundle) -> Result<Pla
     })
 }
 
-/// Refuses an ingress rule whose host and path another workload routes already: a route
-/// has one owner, the workload that claimed it first (see
+/// Refuses an ingress rule on a host another namespace routes, or on a host and path another
+/// workload routes, compared as a proxy matches them (`kat_api::wire::canonical_route`): a
+/// route has one owner, the workload that claimed it first (see
 /// [`kat_api::wire::route_owners`], which also settles two applies that pass this check at
 /// once).
 async fn check_ingress_free(
     store: &dyn StateStore,
     bundle: &WorkloadBundle,
 ) -> Result<(), WorkloadError> {
+    use kat_api::wire::canonical_route;
     let Some(lb) = bundle
         .load_balancer
         .as_ref()
@@ -137,6 +140,12 @@ async fn check_ingress_free(
         &bundle.workload.metadata.namespace,
         &bundle.workload.metadata.name,
     );
+    let wanted: Vec<(String, String)> = lb
+        .spec
+        .ingress
+        .iter()
+        .map(|r| canonical_route(&r.host, &r.path))
+        .collect();
     let listing = store.list(keys::all_workloads_desired()).await?;
     for meta in listing
         .kvs
@@ -150,15 +159,19 @@ async fn check_ingress_free(
             if (&held.namespace, &held.workload) == (ns, name) {
                 continue;
             }
-            if let Some(rule) = lb
-                .spec
-                .ingress
+            let (host, path) = canonical_route(&held.host, &held.path);
+            let other_namespace = &held.namespace != ns;
+            if let Some((h, p)) = wanted
                 .iter()
-                .find(|r| r.host == held.host && r.path == held.path)
+                .find(|(h, p)| *h == host && (other_namespace || *p == path))
             {
                 return Err(WorkloadError::IngressTaken {
-                    host: rule.host.clone(),
-                    path: rule.path.clone(),
+                    host: h.clone(),
+                    path: if other_namespace {
+                        "(any)".into()
+                    } else {
+                        p.clone()
+                    },
                     owner: format!("{}/{}", held.namespace, held.workload),
                 });
             }

@@ -694,6 +694,7 @@ async fn a_sandbox_behind_a_prefix_is_contained_too() {
         count: b.slice.2,
         workspace: ws.clone(),
         state: ws.join("state"),
+        private: None,
         conf: ws.join("conf"),
         prefix: ["sh", "-c", "\"$@\"; exit $?", "sh"]
             .map(String::from)
@@ -940,5 +941,73 @@ async fn a_run_step_cannot_read_the_nodes_registry_credentials() {
     assert!(
         out.iter().any(|l| l.starts_with("other: denied")),
         "{out:?}"
+    );
+}
+
+/// A RUN step that escapes its chroot swaps its workspace's `conf/` for links to a host
+/// file; the cache push after the build, which needs the node's credentials, writes none of
+/// them through those links: the host file keeps its content and mode, and the push still
+/// works from a directory the agent made after the build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_cannot_aim_the_cache_push_at_a_host_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixtures();
+    let probe = std::path::PathBuf::from(
+        std::env::var("KAT_TEST_PROBE_DIR")
+            .expect("KAT_TEST_PROBE_DIR: run `source <(scripts/test-fixtures.sh)` first"),
+    )
+    .join("kat-escape-probe");
+    let dir = runtime_dir("kat-rt-");
+    let auth = dir.path().join("auth.json");
+    std::fs::write(&auth, "{\"auths\": {}}").unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "the host's").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut config = config_in(&f, dir.path());
+    config.registries.auth_files = vec![auth];
+    let rt = kat_runtime::NativeRuntime::new(config).expect("runtime");
+    let src = tempfile::tempdir_in(test_root()).unwrap();
+    let r = repo(src.path());
+    std::fs::create_dir_all(r.work.join("app")).unwrap();
+    std::fs::copy(&probe, r.work.join("app/probe")).expect("the escape probe");
+    let builds = dir.path().join("root/builds");
+    let plants = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            &format!(
+                "FROM {}\nARG BUILDS\nARG VICTIM\nCOPY probe /probe\n\
+                 RUN /probe --chroot-escape-plant \"$BUILDS\" \"$VICTIM\" > /escape 2>&1\n",
+                image(&f)
+            ),
+        )],
+        "plants links",
+    );
+    let mut req = request(&r, &plants, "kat-local/default_app:plants");
+    req.build_args = [
+        ("BUILDS".to_string(), builds.display().to_string()),
+        ("VICTIM".to_string(), victim.display().to_string()),
+    ]
+    .into();
+    req.cache = Some(format!(
+        "{}/kat-cache/plants-{}",
+        f.registry,
+        std::process::id()
+    ));
+    let (result, _) = build(&rt, &req).await;
+    let outcome = result.expect("the build");
+    let (code, out) = run(&rt, "plants", "kat-local/default_app:plants", "cat /escape").await;
+    assert_eq!(code, 0, "{out:?}");
+    assert!(
+        out.iter().any(|l| l == "planted"),
+        "the links were not planted, so this proves nothing: {out:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the host's");
+    let mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the host file's mode changed");
+    assert!(
+        matches!(outcome.cache, CacheOutcome::Pushed(_)),
+        "the push works from the agent's own directory: {:?}",
+        outcome.cache
     );
 }

@@ -60,43 +60,74 @@ pub fn claims_of(meta: &super::WorkloadMeta, domain: &str) -> Vec<RouteClaim> {
         .collect()
 }
 
-/// The routes as the ingress serves them: one owner per host and path, the workload that
-/// has claimed it longest (the oldest creation time, then the lower namespace and name).
-/// A later workload, or one whose name sorts first, never takes over a route: applying a
-/// route another workload holds is refused, and a conflict stored anyway (two applies at
-/// once, a record from before the rule) leaves the owner in place. Returns the routes
-/// served, sorted, and each shadowed route with its owner's.
+/// A host and path as a proxy matches them: the host in lower case without a final dot, the
+/// path with repeated slashes collapsed and no trailing slash (`/` for the whole host).
+/// Ownership compares these, so `HELLO.example.com` or `//` is no new route.
+pub fn canonical_route(host: &str, path: &str) -> (String, String) {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let mut canonical = String::with_capacity(path.len());
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        canonical.push('/');
+        canonical.push_str(part);
+    }
+    if canonical.is_empty() {
+        canonical.push('/');
+    }
+    (host, canonical)
+}
+
+/// The routes as the ingress serves them, in their canonical form ([`canonical_route`]).
+/// A host belongs to one namespace, the one whose workload claimed it first (the oldest
+/// creation time, then the lower namespace and name); within it each path belongs to the
+/// workload that claimed it first. A later workload, or one whose name sorts first, never
+/// takes over a host or a path: applying one that another holds is refused, and a conflict
+/// stored anyway (two applies at once, a record from before the rule) leaves the owner in
+/// place. Returns the routes served, sorted, and each shadowed route with its owner's.
 pub fn route_owners(
     mut claims: Vec<RouteClaim>,
 ) -> (Vec<IngressRoute>, Vec<(IngressRoute, IngressRoute)>) {
+    for c in &mut claims {
+        (c.route.host, c.route.path) = canonical_route(&c.route.host, &c.route.path);
+    }
     claims.sort_by(|a, b| {
         (
-            &a.route.host,
-            &a.route.path,
             a.since,
             &a.route.namespace,
             &a.route.workload,
+            &a.route.host,
+            &a.route.path,
         )
             .cmp(&(
-                &b.route.host,
-                &b.route.path,
                 b.since,
                 &b.route.namespace,
                 &b.route.workload,
+                &b.route.host,
+                &b.route.path,
             ))
     });
-    let mut served: Vec<IngressRoute> = Vec::new();
+    let mut hosts: std::collections::HashMap<String, IngressRoute> = Default::default();
+    let mut paths: std::collections::HashMap<(String, String), IngressRoute> = Default::default();
+    let mut served = Vec::new();
     let mut shadowed = Vec::new();
-    for claim in claims {
-        match served.last() {
-            Some(owner) if owner.host == claim.route.host && owner.path == claim.route.path => {
-                if owner.namespace != claim.route.namespace
-                    || owner.workload != claim.route.workload
-                {
-                    shadowed.push((claim.route, owner.clone()));
-                }
+    for RouteClaim { route, .. } in claims {
+        if let Some(owner) = hosts.get(&route.host) {
+            if owner.namespace != route.namespace {
+                shadowed.push((route, owner.clone()));
+                continue;
             }
-            _ => served.push(claim.route),
+        }
+        let key = (route.host.clone(), route.path.clone());
+        match paths.get(&key) {
+            // The same workload naming a route twice: one route.
+            Some(owner) if owner.workload == route.workload => continue,
+            Some(owner) => shadowed.push((route, owner.clone())),
+            None => {
+                hosts
+                    .entry(route.host.clone())
+                    .or_insert_with(|| route.clone());
+                paths.insert(key, route.clone());
+                served.push(route);
+            }
         }
     }
     served.sort();
@@ -145,6 +176,31 @@ mod tests {
                 shadowed[0].1.workload.as_str()
             ),
             ("0", "hello")
+        );
+        // Other spellings of the same route, and a path on a host another namespace holds.
+        let mut spelled = claim("attacker", "0", "HELLO.example.com.", Some(200));
+        spelled.route.path = "//".into();
+        let mut sub = claim("attacker", "1", "hello.example.com", Some(200));
+        sub.route.path = "/login".into();
+        let mut own = claim("default", "login", "hello.example.com", Some(300));
+        own.route.path = "/login/".into();
+        let (served, shadowed) = route_owners(vec![
+            spelled,
+            sub,
+            own,
+            claim("default", "hello", "hello.example.com", Some(100)),
+        ]);
+        assert_eq!(
+            served
+                .iter()
+                .map(|r| (r.workload.as_str(), r.path.as_str()))
+                .collect::<Vec<_>>(),
+            [("hello", "/"), ("login", "/login")]
+        );
+        assert_eq!(shadowed.len(), 2);
+        assert_eq!(
+            canonical_route("A.b.", "/x//y/"),
+            ("a.b".into(), "/x/y".into())
         );
         // Same age: the lower namespace and name, whatever the input order.
         let (served, _) = route_owners(vec![

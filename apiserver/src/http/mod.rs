@@ -305,15 +305,30 @@ const PUBLIC_PATHS: [&str; 3] = ["/v1alpha1/join", "/v1alpha1/ca", "/openapi.jso
 /// (a signature of the body), not by the admin token.
 const HOOK_PREFIX: &str = "/v1alpha1/hooks/git/";
 
-/// A streamed response (one whose size is not known: `events --watch`, `logs -f`) ends when
-/// the scoped token that opened it is deleted; a whole one is left as it is.
+/// A streamed response (one whose size is not known: `events --watch`, `logs -f`) is cut
+/// when the scoped token that opened it is deleted: it ends with an error, so the
+/// connection is aborted and the client cannot take it for a stream that ended. A whole
+/// response is left as it is.
 fn until_revoked(response: Response, life: crate::service::TokenLife) -> Response {
     use axum::body::HttpBody;
+    use futures_util::StreamExt;
     if response.body().size_hint().exact().is_some() {
         return response;
     }
     let (parts, body) = response.into_parts();
-    let stream = futures_util::StreamExt::take_until(body.into_data_stream(), life.revoked());
+    let state = (Some(body.into_data_stream()), Box::pin(life.revoked()));
+    let stream = futures_util::stream::unfold(state, |(body, mut revoked)| async move {
+        let mut body = body?;
+        tokio::select! {
+            item = body.next() => item.map(|item| (item, (Some(body), revoked))),
+            () = &mut revoked => Some((
+                Err(axum::Error::new(std::io::Error::other(
+                    "the API token that opened this stream was deleted",
+                ))),
+                (None, revoked),
+            )),
+        }
+    });
     Response::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 

@@ -254,18 +254,14 @@ pub async fn exec<S: StreamSource>(
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(upgraded) => {
-                let session = bridge(TokioIo::new(upgraded), access, record);
                 let revoked = async move {
                     match life {
                         Some(life) => life.revoked().await,
                         None => std::future::pending().await,
                     }
                 };
-                tokio::select! {
-                    ended = session => if let Err(e) = ended {
-                        tracing::debug!(error = %e, "exec session ended with an error");
-                    },
-                    () = revoked => tracing::info!("exec session ended: its API token was deleted"),
+                if let Err(e) = bridge(TokioIo::new(upgraded), access, record, revoked).await {
+                    tracing::debug!(error = %e, "exec session ended with an error");
                 }
             }
             Err(e) => tracing::warn!(error = %e, "exec upgrade failed"),
@@ -279,14 +275,18 @@ pub async fn exec<S: StreamSource>(
 }
 
 /// Carry frames between the client's connection and the exec session.
+/// `revoked` resolves when the API token that opened the session is deleted: the client
+/// then gets an Error frame, its connection is closed and the process killed.
 async fn bridge<S>(
     stream: S,
     access: Arc<dyn super::InstanceAccess>,
     record: InstanceRecord,
+    revoked: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    tokio::pin!(revoked);
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut decoder = Decoder::default();
     let mut buf = vec![0u8; 16 * 1024];
@@ -367,6 +367,14 @@ where
     loop {
         let out = tokio::select! {
             out = output.recv() => out,
+            () = &mut revoked => {
+                tracing::info!("exec session ended: its API token was deleted");
+                pump_in.abort();
+                let msg = "the API token that opened this session was deleted".to_string();
+                let _ = writer.write_all(&Frame::Error(msg).encode()).await;
+                let _ = writer.shutdown().await;
+                return Ok(());
+            }
             gone = &mut pump_in, if listening => {
                 listening = false;
                 if gone.unwrap_or(true) {

@@ -261,14 +261,14 @@ pub async fn delete_webhook(
     ))
 }
 
-/// The most a push notification may carry: read before it is authenticated, so small (a
-/// push's payload is a few KiB; GitHub lists at most 20 commits, and what KAT reads of it
-/// is two fields).
-const HOOK_BODY_LIMIT: u64 = 1 << 20;
+/// The most a push notification may carry: read before it is authenticated, so bounded (a
+/// push's payload is a few KiB; one listing GitHub's most, 2,048 commits, about 2 MiB; what
+/// KAT reads of it is two fields).
+const HOOK_BODY_LIMIT: u64 = 4 << 20;
 
 /// Push notifications read at once, none authenticated yet: with [`HOOK_BODY_LIMIT`], at
-/// most 8 MiB held for clients nobody knows, however many connections they open. One more
-/// gets a 503 at once, which git servers retry.
+/// most 32 MiB held for senders nobody knows, however many connections they open. One more
+/// gets a 503 at once (the git server shows the failed delivery, to be sent again).
 const HOOK_READS_AT_ONCE: usize = 8;
 static HOOK_READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HOOK_READS_AT_ONCE);
 

@@ -68,7 +68,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most bodies are small JSON (a heartbeat is a few KiB, at most 256 KiB), sent at once.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The slowest pace (bytes per second) at which a body's declared `Content-Length` earns
-/// more time. The largest bodies the API takes are git push hooks (at most 1 MiB: 32 s
+/// more time. The largest bodies the API takes are git push hooks (at most 4 MiB: 128 s
 /// more) and workload bundles (at most 1 MiB compressed: 32 s more); backups are made on
 /// the leader and upload nothing. A body without a length (chunked) has [`BODY_TIMEOUT`].
 pub const BODY_MIN_RATE: u64 = 32 << 10;

@@ -53,8 +53,13 @@ pub struct Sandbox {
     /// The build's workspace (absolute, no symbolic links): the one directory of its
     /// parent that a contained build sees.
     pub workspace: PathBuf,
-    /// `{workspace}/state`: buildah's storage, home and temporary files.
+    /// `{workspace}/state`: buildah's storage (and, unless `private` says otherwise, its
+    /// home and temporary files).
     pub state: PathBuf,
+    /// Where buildah's `HOME`, `TMPDIR` and `XDG_RUNTIME_DIR` are made: `state` for the
+    /// build; a directory the build never saw for the cache push, which holds credentials
+    /// (a `containers.conf` the build planted in its home would otherwise be read).
+    pub private: Option<PathBuf>,
     /// `{workspace}/conf`: registries configuration (and the auth file), the agent's.
     pub conf: PathBuf,
     /// A command that runs the rest in a limited scope (`systemd-run …`), if any.
@@ -429,9 +434,9 @@ impl Sandbox {
                 "PATH",
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             )
-            .env("KAT_BUILD_HOME", self.state.join("home"))
-            .env("KAT_BUILD_TMP", self.state.join("tmp"))
-            .env("KAT_BUILD_RUN", self.state.join("run-user"))
+            .env("KAT_BUILD_HOME", self.private().join("home"))
+            .env("KAT_BUILD_TMP", self.private().join("tmp"))
+            .env("KAT_BUILD_RUN", self.private().join("run-user"))
             .env("BUILDAH_ISOLATION", "chroot");
         // systemd-run finds the agent's systemd instance through these.
         for var in ["XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"] {
@@ -560,6 +565,10 @@ impl Sandbox {
     }
 
     /// buildah's global options: storage and configuration inside the workspace.
+    fn private(&self) -> &Path {
+        self.private.as_deref().unwrap_or(&self.state)
+    }
+
     pub fn global_args(&self) -> Vec<String> {
         let s = |p: &str| self.state.join(p).display().to_string();
         let c = |p: &str| self.conf.join(p).display().to_string();

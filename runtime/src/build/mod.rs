@@ -3,8 +3,9 @@
 //!
 //! Each build has a workspace `{root}/builds/{random}` (0700, the agent's; an ACL lets the
 //! build slice's root in): `src/` the checkout, `conf/` buildah's registry configuration
-//! and, only while buildah pulls the base images or pushes the cache image (never while the
-//! Dockerfile's RUN steps run, as the same user), a copy of the auth file; `state/` buildah's storage and the layout it writes (owned
+//! and, only while buildah pulls the base images (before any of the Dockerfile's RUN steps
+//! runs, as the same user), a copy of the auth file; `push-*/` what the cache push reads
+//! (made after the build, see `push_to_cache`); `state/` buildah's storage and the layout it writes (owned
 //! by the build slice). Everything goes when the build ends, whatever the outcome: the
 //! storage is removed from inside the build's namespace (its files are not the agent's),
 //! then the workspace. Images are therefore not cached between builds; the image store
@@ -318,6 +319,7 @@ impl Builder {
                 count,
                 workspace: dir.clone(),
                 state: dir.join("state"),
+                private: None,
                 conf: dir.join("conf"),
                 prefix: Vec::new(),
                 helper: self.helper.clone(),
@@ -452,14 +454,8 @@ impl Builder {
         let id = id.trim().to_string();
         let cache = match &request.cache {
             Some(cache) => {
-                // `bud` has ended, and every process of its pid namespace with it: the
-                // credentials may come back for the push.
-                self.write_auth(ws).await?;
-                let pushed = self
-                    .push_to_cache(ws, &id, &cache_reference(cache, request))
-                    .await;
-                self.remove_auth(ws).await?;
-                pushed
+                self.push_to_cache(ws, &id, &cache_reference(cache, request))
+                    .await
             }
             None => CacheOutcome::Unused,
         };
@@ -485,18 +481,35 @@ impl Builder {
     }
 
     /// Pushes the built image to the cache repository; a failure is reported, not fatal.
+    ///
+    /// The push needs the node's credentials, after `bud` let RUN steps write the workspace
+    /// (its root is open to the build's user, so `conf/` may have been swapped for a tree
+    /// of links, and `state/home` may hold a `containers.conf`). Every process of the build
+    /// is gone by now (its pid namespace ended with `bud`), so a directory made now, by the
+    /// agent, under a fresh name, holds only what the agent writes: the push takes its
+    /// registry configuration, its copy of the auth file and its home from there.
     async fn push_to_cache(&self, ws: &Workspace, id: &str, reference: &str) -> CacheOutcome {
-        let mut push = ws.sandbox.global_args();
+        let failed = |error: String| CacheOutcome::PushFailed {
+            reference: reference.to_string(),
+            error,
+        };
+        let fresh = match self.push_dir(ws).await {
+            Ok(dir) => dir,
+            Err(e) => return failed(e.to_string()),
+        };
+        let mut sandbox = ws.sandbox.clone();
+        sandbox.conf = fresh.clone();
+        sandbox.private = Some(fresh.clone());
+        let mut push = sandbox.global_args();
         push.push("push".into());
-        if let Some(auth) = self
-            .auth_file
-            .as_ref()
-            .map(|_| ws.sandbox.conf.join("auth.json"))
-        {
-            push.extend(["--authfile".into(), auth.display().to_string()]);
+        if self.auth_file.is_some() {
+            push.extend([
+                "--authfile".into(),
+                fresh.join("auth.json").display().to_string(),
+            ]);
         }
         push.extend([id.to_string(), format!("docker://{reference}")]);
-        let pushed = tokio::time::timeout(CACHE_PUSH_TIMEOUT, ws.sandbox.output("buildah", &push));
+        let pushed = tokio::time::timeout(CACHE_PUSH_TIMEOUT, sandbox.output("buildah", &push));
         match pushed.await.unwrap_or_else(|_| {
             Err(std::io::Error::other(format!(
                 "no answer within {CACHE_PUSH_TIMEOUT:?}"
@@ -548,9 +561,61 @@ impl Builder {
         self.write_auth(ws).await
     }
 
-    /// A copy of the node's auth file in the workspace, for buildah's pulls and pushes:
-    /// readable by the build's root only (and the agent), and there only while no code from
-    /// the repository runs (see [`Self::remove_auth`]).
+    /// The cache push's configuration, in `{workspace}/push-{random}`, made by the agent
+    /// after `bud` (see [`Self::push_to_cache`]): registries, the auth file's copy (created
+    /// exclusively, never through a link) and an empty home, open to the build's root only.
+    async fn push_dir(&self, ws: &Workspace) -> Result<PathBuf, BuildError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = ws.dir.join(format!("push-{:016x}", rand_u64()));
+        let (insecure, auth, uid) = (self.insecure.clone(), self.auth_file.clone(), self.slice.0);
+        let state = ws.sandbox.state.clone();
+        let made = dir.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            // `create_dir` fails on anything already there, a link included.
+            std::fs::create_dir(&made)?;
+            std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o700))?;
+            crate::acl::open_dir_to(&made, uid)?;
+            std::fs::create_dir(made.join("registries.d"))?;
+            let write = |name: &str, bytes: &[u8], mode: u32| -> std::io::Result<()> {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW)
+                    .mode(mode)
+                    .open(made.join(name))?;
+                f.write_all(bytes)
+            };
+            write(
+                "registries.conf",
+                buildah::registries_conf(&insecure).as_bytes(),
+                0o644,
+            )?;
+            write(
+                "registries.d/default.yaml",
+                buildah::registries_d(&state).as_bytes(),
+                0o644,
+            )?;
+            if let Some(auth) = auth {
+                write("auth.json", &std::fs::read(&auth)?, 0o600)?;
+                crate::acl::open_file_to(&made.join("auth.json"), uid)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| BuildError::Io(e.to_string()))?
+        .map_err(|e| {
+            BuildError::Io(format!(
+                "preparing the cache push in {}: {e}",
+                dir.display()
+            ))
+        })?;
+        Ok(dir)
+    }
+
+    /// A copy of the node's auth file in the workspace, for buildah's pulls of the base
+    /// images: readable by the build's root only (and the agent), and there only before any
+    /// code from the repository runs (see [`Self::remove_auth`]).
     async fn write_auth(&self, ws: &Workspace) -> Result<(), BuildError> {
         let Some(auth) = self.auth_file.clone() else {
             return Ok(());

