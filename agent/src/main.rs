@@ -151,6 +151,12 @@ struct NodeArgs {
     /// A registry (host:port) reached over plain HTTP; repeat for several.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     insecure_registries: Vec<String>,
+    /// A network (CIDR) or address the node may fetch registries and git repositories from
+    /// although it is loopback, link-local or the node's own (refused by default: a
+    /// workload's image or repository URL must not aim the node at its own services);
+    /// repeat for several. A registry named by --insecure-registry is allowed as it is.
+    #[arg(long = "allow-fetch-from", value_name = "CIDR|IP", value_parser = parse_network)]
+    allow_fetch_from: Vec<ipnet::IpNet>,
     /// Where to write the katcall config (default ~/.config/kat/config.yaml).
     #[arg(long, value_name = "FILE")]
     client_config: Option<PathBuf>,
@@ -232,6 +238,7 @@ impl NodeArgs {
             api_bind: self.api_bind,
             init_binary: self.init_binary,
             insecure_registries: self.insecure_registries,
+            allow_fetch_from: self.allow_fetch_from,
             client_config: self.client_config,
             stop_grace: Duration::from_secs(self.stop_grace_seconds),
             etcd_binary: self.etcd_binary,
@@ -365,4 +372,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--allow-fetch-from`: a network, or one address (a /32 or /128).
+fn parse_network(text: &str) -> Result<ipnet::IpNet, String> {
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{text:?} is not a network (e.g. 127.0.0.0/8) or an IP address"))
 }

@@ -29,6 +29,8 @@ pub struct NodeOptions {
     pub api_bind: IpAddr,
     pub init_binary: Option<PathBuf>,
     pub insecure_registries: Vec<String>,
+    /// `--allow-fetch-from`: networks the outbound policy lets through.
+    pub allow_fetch_from: Vec<ipnet::IpNet>,
     pub client_config: Option<PathBuf>,
     pub stop_grace: Duration,
     pub etcd_binary: Option<PathBuf>,
@@ -45,6 +47,15 @@ pub struct NodeOptions {
     pub parent_cluster: Option<String>,
     /// `--node-type`: the node's `kat.dws.rip/nodeType` label.
     pub node_type: Option<String>,
+}
+
+impl NodeOptions {
+    /// Where the node connects on a workload's behalf (`kat_outbound`): the allowed networks,
+    /// and the registries the admin named.
+    pub fn outbound(&self) -> kat_outbound::OutboundPolicy {
+        kat_outbound::OutboundPolicy::allow(self.allow_fetch_from.iter().copied())
+            .trust_endpoints(self.insecure_registries.iter().cloned())
+    }
 }
 
 pub(crate) fn read_cluster(path: &Path) -> Result<ClusterConfiguration> {

@@ -1,7 +1,8 @@
 //! Push hooks against replays, in process on `MemStore`, with a real repository served by
 //! `git daemon` on loopback (the hook resolves the branch there): a signed delivery is
 //! accepted once; the same delivery again is refused with 409 and triggers nothing, even
-//! when the branch has moved meanwhile (a replay would deploy it); a new push deploys.
+//! when the branch has moved meanwhile (a replay would deploy it); a new push deploys. A
+//! service that does not allow loopback never connects to the repository there.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -103,15 +104,25 @@ struct Api {
 }
 
 impl Api {
+    /// The tests' repositories are on loopback: allowed, as `--allow-fetch-from` does.
     fn new() -> Api {
+        Api::with(kat_git::OutboundPolicy::allow(["127.0.0.0/8"
+            .parse()
+            .unwrap()]))
+    }
+
+    fn with(outbound: kat_git::OutboundPolicy) -> Api {
         let store: Arc<dyn StateStore> = Arc::new(MemStore::new());
         let state = Arc::new(ApiState {
-            service: Service::new(
-                store.clone(),
-                kat_leader::events::EventLog::new(1000),
-                Clock::system(),
-                kat_api::parse_cluster("cluster.kat", CLUSTER.as_bytes()).unwrap(),
-            ),
+            service: Service {
+                outbound,
+                ..Service::new(
+                    store.clone(),
+                    kat_leader::events::EventLog::new(1000),
+                    Clock::system(),
+                    kat_api::parse_cluster("cluster.kat", CLUSTER.as_bytes()).unwrap(),
+                )
+            },
             token_sha256: http::token_sha256(TOKEN),
             access: Arc::new(NoInstanceAccess),
             metrics: Default::default(),
@@ -206,21 +217,57 @@ async fn push(api: &Api, headers: &[(String, String)], body: &str) -> (StatusCod
     .await
 }
 
+fn git_workload(url: &str) -> Vec<u8> {
+    let workload = format!(
+        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: app, namespace: default}}\nspec:\n  type: Service\n  source:\n    git: {{repository: \"{url}\", branch: main}}\n  replicas: 1\n  restartPolicy: {{condition: Always}}\n  container: {{command: [/bin/true]}}\n"
+    );
+    let build = "apiVersion: kat.dws.rip/v1alpha1\nkind: BuildDefinition\nspec:\n  buildContext: app\n  dockerfilePath: Dockerfile\n".to_string();
+    bundle(&[("workload.kat", workload), ("build.kat", build)])
+}
+
+/// A namespace token cannot aim the leader at its own loopback services through
+/// `source.git`: the apply is refused with what to allow, nothing is stored, and the
+/// repository never sees a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_on_loopback_is_not_resolved_unless_allowed() {
+    let base = tempfile::tempdir().unwrap();
+    let (_daemon, url) = serve_repository(base.path());
+    let api = Api::with(kat_git::OutboundPolicy::default());
+    for url in [
+        url.clone(),
+        url.replace("127.0.0.1", "localhost"),
+        "https://169.254.169.254/x".into(),
+    ] {
+        let (status, body) = api
+            .admin(
+                Method::POST,
+                "/v1alpha1/n/default/workloads",
+                git_workload(&url),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{url}: {body}");
+        assert!(
+            body.contains("spec.source.git") && body.contains("--allow-fetch-from"),
+            "{url}: {body}"
+        );
+    }
+    let (status, _) = api
+        .admin(Method::GET, "/v1alpha1/n/default/workloads/app", Vec::new())
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_push_notification_is_refused_and_triggers_nothing() {
     let base = tempfile::tempdir().unwrap();
     let (_daemon, url) = serve_repository(base.path());
     let work = base.path().join("app");
     let api = Api::new();
-    let workload = format!(
-        "apiVersion: kat.dws.rip/v1alpha1\nkind: Workload\nmetadata: {{name: app, namespace: default}}\nspec:\n  type: Service\n  source:\n    git: {{repository: \"{url}\", branch: main}}\n  replicas: 1\n  restartPolicy: {{condition: Always}}\n  container: {{command: [/bin/true]}}\n"
-    );
-    let build = "apiVersion: kat.dws.rip/v1alpha1\nkind: BuildDefinition\nspec:\n  buildContext: app\n  dockerfilePath: Dockerfile\n".to_string();
     let (status, body) = api
         .admin(
             Method::POST,
             "/v1alpha1/n/default/workloads",
-            bundle(&[("workload.kat", workload), ("build.kat", build)]),
+            git_workload(&url),
         )
         .await;
     assert!(status.is_success(), "{status} {body}");

@@ -16,14 +16,18 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use git2::{
-    build::CheckoutBuilder, Direction, FetchOptions, Oid, Remote, RemoteCallbacks, Repository,
+    build::CheckoutBuilder, Direction, FetchOptions, Oid, ProxyOptions, RemoteCallbacks, Repository,
 };
+pub use kat_outbound::OutboundPolicy;
+use kat_outbound::{pin_url, OutboundError, PinnedProxy};
 
 /// What went wrong with a repository, in words a user can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {
     #[error("{url}: {what} (expected an https://, http:// or git:// repository URL)")]
     BadUrl { url: String, what: String },
+    #[error("{url}: {reason}")]
+    Refused { url: String, reason: OutboundError },
     #[error("cannot reach {url}: {message}")]
     Unreachable { url: String, message: String },
     #[error("{url} has no {what}")]
@@ -84,16 +88,104 @@ pub fn check_url(url: &str) -> Result<(), GitError> {
     Ok(())
 }
 
+/// How libgit2 reaches a repository under the outbound policy (`kat_outbound`). libgit2
+/// resolves names itself and has no hook for it, so it is never handed a name it could
+/// resolve differently from the check:
+///
+/// - `https://` goes through a checking proxy that lives as long as this (libgit2 tunnels
+///   with `CONNECT`, TLS stays end to end under the repository's own name, and a redirect
+///   comes back through the proxy to be checked again);
+/// - `git://` and `http://` are pinned: the host is replaced by a checked address (libgit2
+///   1.9 connects straight to the server for plain HTTP even with a proxy set), and plain
+///   HTTP follows no redirect (a redirect would be resolved by libgit2 alone).
+struct Route {
+    url: String,
+    given: String,
+    proxy: Option<PinnedProxy>,
+}
+
+impl Route {
+    fn new(url: &str, policy: &OutboundPolicy) -> Result<Route, GitError> {
+        check_url(url)?;
+        set_timeouts();
+        let refused = |reason| GitError::Refused {
+            url: url.to_string(),
+            reason,
+        };
+        let lower = url.to_ascii_lowercase();
+        if let Some(scheme) = ["git", "http"]
+            .into_iter()
+            .find(|s| lower.starts_with(&format!("{s}://")))
+        {
+            let pinned = pin_url(scheme, &url[scheme.len() + 3..], policy).map_err(refused)?;
+            return Ok(Route {
+                url: pinned,
+                given: url.to_string(),
+                proxy: None,
+            });
+        }
+        let proxy = PinnedProxy::start(policy.clone()).map_err(|e| GitError::Unreachable {
+            url: url.to_string(),
+            message: format!("starting the connection proxy: {e}"),
+        })?;
+        Ok(Route {
+            url: url.to_string(),
+            given: url.to_string(),
+            proxy: Some(proxy),
+        })
+    }
+
+    /// Plain HTTP follows no redirect (see [`Route`]).
+    fn configure(&self, repo: &Repository) -> Result<(), git2::Error> {
+        if self.url.starts_with("http://") {
+            repo.config()?.set_str("http.followRedirects", "false")?;
+        }
+        Ok(())
+    }
+
+    fn proxy_options(&self) -> Option<ProxyOptions<'static>> {
+        let proxy = self.proxy.as_ref()?;
+        let mut options = ProxyOptions::new();
+        options.url(&proxy.url());
+        Some(options)
+    }
+
+    /// The policy's refusal when there was one (libgit2 only saw a 403), else libgit2's error.
+    fn unreachable(&self, e: &git2::Error) -> GitError {
+        match self.proxy.as_ref().and_then(PinnedProxy::refusal) {
+            Some(reason) => GitError::Refused {
+                url: self.given.clone(),
+                reason,
+            },
+            None => unreachable(&self.given, e),
+        }
+    }
+}
+
 /// The commit `branch` or `tag` of `url` names now (the remote's HEAD when both are
 /// `None`), as 40 hexadecimal digits. An annotated tag is peeled to its commit.
-pub fn resolve(url: &str, branch: Option<&str>, tag: Option<&str>) -> Result<String, GitError> {
-    check_url(url)?;
-    set_timeouts();
-    let mut remote = Remote::create_detached(url).map_err(|e| unreachable(url, &e))?;
-    let connection = remote
-        .connect_auth(Direction::Fetch, None, None)
+pub fn resolve(
+    url: &str,
+    branch: Option<&str>,
+    tag: Option<&str>,
+    policy: &OutboundPolicy,
+) -> Result<String, GitError> {
+    let route = Route::new(url, policy)?;
+    // A repository of no use but its configuration (`Route::configure`), so the remote is not
+    // detached from one.
+    let scratch = tempfile::tempdir().map_err(|e| GitError::Unreachable {
+        url: url.to_string(),
+        message: format!("making a scratch directory: {e}"),
+    })?;
+    let repo = Repository::init_bare(scratch.path()).map_err(|e| unreachable(url, &e))?;
+    route.configure(&repo).map_err(|e| unreachable(url, &e))?;
+    let mut remote = repo
+        .remote_anonymous(&route.url)
         .map_err(|e| unreachable(url, &e))?;
-    let heads = connection.list().map_err(|e| unreachable(url, &e))?;
+    let connection = remote
+        .connect_auth(Direction::Fetch, None, route.proxy_options())
+        .map_err(|e| route.unreachable(&e))?;
+    let heads = connection.list().map_err(|e| route.unreachable(&e))?;
     let (wanted, what): (Vec<String>, String) = match (branch, tag) {
         (Some(b), _) => (vec![format!("refs/heads/{b}")], format!("branch {b:?}")),
         (None, Some(t)) => (
@@ -138,23 +230,26 @@ pub fn checkout(
     commit: &str,
     dir: &Path,
     limits: CheckoutLimits,
+    policy: &OutboundPolicy,
 ) -> Result<(), GitError> {
-    check_url(url)?;
-    set_timeouts();
+    let route = Route::new(url, policy)?;
     let fetch_error = |message: String| GitError::Fetch {
         url: url.to_string(),
         commit: commit.to_string(),
         message,
     };
     let repo = Repository::init(dir).map_err(|e| fetch_error(e.message().to_string()))?;
+    route
+        .configure(&repo)
+        .map_err(|e| fetch_error(e.message().to_string()))?;
     let mut remote = repo
-        .remote_anonymous(url)
+        .remote_anonymous(&route.url)
         .map_err(|e| unreachable(url, &e))?;
     let advertised: Vec<String> = {
         let connection = remote
-            .connect_auth(Direction::Fetch, None, None)
-            .map_err(|e| unreachable(url, &e))?;
-        let heads = connection.list().map_err(|e| unreachable(url, &e))?;
+            .connect_auth(Direction::Fetch, None, route.proxy_options())
+            .map_err(|e| route.unreachable(&e))?;
+        let heads = connection.list().map_err(|e| route.unreachable(&e))?;
         heads
             .iter()
             .filter(|h| h.oid().to_string().starts_with(commit))
@@ -184,6 +279,9 @@ pub fn checkout(
         let mut options = FetchOptions::new();
         options.remote_callbacks(callbacks);
         options.download_tags(git2::AutotagOption::None);
+        if let Some(proxy) = route.proxy_options() {
+            options.proxy_options(proxy);
+        }
         if depth > 0 {
             options.depth(depth);
         }
@@ -220,6 +318,12 @@ pub fn checkout(
             Err(e) => {
                 if let Some(limit) = exceeded.take() {
                     return Err(limit);
+                }
+                if let Some(reason) = route.proxy.as_ref().and_then(PinnedProxy::refusal) {
+                    return Err(GitError::Refused {
+                        url: url.to_string(),
+                        reason,
+                    });
                 }
                 errors.push(e.message().to_string());
             }

@@ -161,10 +161,12 @@ async fn builds_a_commit_with_its_options_and_runs_it() {
     );
     // The leader's question: which commit is `main` now?
     let url = r.url.clone();
-    let resolved = tokio::task::spawn_blocking(move || kat_git::resolve(&url, Some("main"), None))
-        .await
-        .unwrap()
-        .expect("resolve main");
+    let resolved = tokio::task::spawn_blocking(move || {
+        kat_git::resolve(&url, Some("main"), None, &support::loopback())
+    })
+    .await
+    .unwrap()
+    .expect("resolve main");
     assert_eq!(resolved, first);
     let reference = kat_runtime::build::local_reference("default", "app", &first);
     let mut req = request(&r, &first, &reference);

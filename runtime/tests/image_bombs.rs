@@ -553,6 +553,16 @@ enum Blob {
     Trickle,
 }
 
+/// What stands in front of the image: nothing, a bearer-token challenge, or a flood where a
+/// manifest or a token should be.
+#[derive(Clone, Copy, PartialEq)]
+enum Front {
+    Open,
+    Bearer,
+    ManifestFlood,
+    TokenFlood,
+}
+
 struct Registry {
     host: String,
     /// Layer bytes written before the client went away.
@@ -562,6 +572,10 @@ struct Registry {
 /// A registry of one image, `HOST/evil/img:latest`, on 127.0.0.1. Each connection gets
 /// one answer and is closed.
 fn registry(layer_digest: &str, layer_size: usize, blob: Blob) -> Registry {
+    registry_behind(Front::Open, layer_digest, layer_size, blob)
+}
+
+fn registry_behind(front: Front, layer_digest: &str, layer_size: usize, blob: Blob) -> Registry {
     let config = br#"{"architecture":"amd64","os":"linux","config":{}}"#.to_vec();
     let config_digest = sha256(&config);
     let manifest = serde_json::json!({
@@ -575,6 +589,7 @@ fn registry(layer_digest: &str, layer_size: usize, blob: Blob) -> Registry {
     let host = listener.local_addr().unwrap().to_string();
     let sent = Arc::new(AtomicU64::new(0));
     let counter = sent.clone();
+    let served = host.clone();
     let layer_path = format!("/v2/evil/img/blobs/{layer_digest}");
     let config_path = format!("/v2/evil/img/blobs/{config_digest}");
     std::thread::spawn(move || {
@@ -587,11 +602,31 @@ fn registry(layer_digest: &str, layer_size: usize, blob: Blob) -> Registry {
                 counter.clone(),
             );
             let (layer_path, config_path) = (layer_path.clone(), config_path.clone());
+            let host = host.clone();
             std::thread::spawn(move || {
-                let Some(path) = request_path(&mut conn) else {
+                let Some((path, head)) = request_path(&mut conn) else {
                     return;
                 };
-                let _ = if path == "/v2/" {
+                let token = "Bearer the-token";
+                let challenged = matches!(front, Front::Bearer | Front::TokenFlood)
+                    && path.starts_with("/v2/")
+                    && !head.contains(&format!("authorization: {}", token.to_ascii_lowercase()));
+                let _ = if challenged {
+                    write!(
+                        conn,
+                        "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://{host}/token\",service=\"test\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                } else if path.starts_with("/token?") {
+                    if front == Front::TokenFlood {
+                        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"token\": \"")
+                            .and_then(|()| flood(&mut conn, &counter))
+                    } else {
+                        answer(&mut conn, "application/json", br#"{"token": "the-token"}"#)
+                    }
+                } else if front == Front::ManifestFlood && path.contains("/manifests/") {
+                    conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nConnection: close\r\n\r\n")
+                        .and_then(|()| flood(&mut conn, &counter))
+                } else if path == "/v2/" {
                     answer(&mut conn, "application/json", b"{}")
                 } else if path == "/v2/evil/img/manifests/latest" {
                     answer(
@@ -611,10 +646,11 @@ fn registry(layer_digest: &str, layer_size: usize, blob: Blob) -> Registry {
             });
         }
     });
-    Registry { host, sent }
+    Registry { host: served, sent }
 }
 
-fn request_path(conn: &mut TcpStream) -> Option<String> {
+/// The request's path and its head in lower case.
+fn request_path(conn: &mut TcpStream) -> Option<(String, String)> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -624,7 +660,10 @@ fn request_path(conn: &mut TcpStream) -> Option<String> {
         head.push(byte[0]);
     }
     let text = String::from_utf8_lossy(&head);
-    Some(text.split_whitespace().nth(1)?.to_string())
+    Some((
+        text.split_whitespace().nth(1)?.to_string(),
+        text.to_ascii_lowercase(),
+    ))
 }
 
 fn answer(conn: &mut TcpStream, content_type: &str, body: &[u8]) -> std::io::Result<()> {
@@ -695,7 +734,7 @@ async fn pull_from(
         auth_files: vec![dir.path().join("no-auth.json")],
     };
     let reference = format!("{}/evil/img:latest", reg.host);
-    let result = image::pull::pull(&store, &config, &reference, None)
+    let result = image::pull::pull(&store, &config, &Default::default(), &reference, None)
         .await
         .map(|_| ());
     (result, store, dir)
@@ -794,4 +833,125 @@ async fn a_stalled_or_trickling_registry_times_out() {
         assert!(started.elapsed() < Duration::from_secs(10), "{case}: slow");
         assert_store_empty(dir.path(), &store);
     }
+}
+
+/// This process's resident memory now, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// A pull while the highest resident memory is sampled; the result and the peak growth.
+async fn pull_measured(reg: &Registry) -> (kat_runtime::Result<()>, u64) {
+    let before = rss();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(Ordering::Relaxed) {
+                peak = peak.max(rss());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak
+        })
+    };
+    let timeouts = PullTimeouts {
+        blob: Duration::from_secs(30),
+        ..PullTimeouts::default()
+    };
+    let (result, _store, _dir) = pull_from(reg, timeouts).await;
+    done.store(true, Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    (result, peak.saturating_sub(before))
+}
+
+/// A manifest or a token response of gigabytes: the pull stops at the cap (4 MiB for a
+/// manifest, 1 MiB for a token) and the process's memory grows by a few megabytes, not by
+/// what the registry sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_in_place_of_a_manifest_or_a_token_is_cut_off() {
+    let layer = gzip(&tar_of(&[("hello", R, "")]));
+    for (case, front) in [
+        ("manifest", Front::ManifestFlood),
+        ("token", Front::TokenFlood),
+    ] {
+        let reg = registry_behind(
+            front,
+            &sha256(&layer),
+            layer.len(),
+            Blob::Exact(layer.clone()),
+        );
+        let started = Instant::now();
+        let (result, grew) = pull_measured(&reg).await;
+        let err = result.expect_err(case).to_string();
+        assert!(err.contains("larger than the"), "{case}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{case}: slow");
+        std::thread::sleep(Duration::from_millis(200));
+        let sent = reg.sent.load(Ordering::Relaxed);
+        eprintln!(
+            "{case} flood: the registry wrote {} KiB, memory grew {} KiB",
+            sent >> 10,
+            grew >> 10
+        );
+        assert!(
+            sent < 64 << 20,
+            "{case}: read on after the cap ({sent} bytes)"
+        );
+        assert!(grew < 48 << 20, "{case}: memory grew by {grew} bytes");
+    }
+}
+
+/// The bearer-token dance as registries do it: challenged, a token from the realm, then
+/// the manifest and blobs with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_behind_a_token_service_is_pulled_from() {
+    let layer = gzip(&tar_of(&[("hello", R, "")]));
+    let reg = registry_behind(
+        Front::Bearer,
+        &sha256(&layer),
+        layer.len(),
+        Blob::Exact(layer),
+    );
+    let (result, store, _dir) = pull_from(&reg, quick()).await;
+    result.unwrap();
+    assert_eq!(store.list().unwrap().len(), 1);
+}
+
+/// A registry on loopback that the admin did not name is not contacted: the image
+/// reference of a workload cannot aim the node at its own services.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_on_loopback_is_refused_unless_the_admin_named_it() {
+    let layer = gzip(&tar_of(&[("hello", R, "")]));
+    let reg = registry(&sha256(&layer), layer.len(), Blob::Exact(layer));
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_in(dir.path(), UnpackLimits::default(), quick());
+    let config = RegistryConfig {
+        insecure: vec![],
+        auth_files: vec![dir.path().join("no-auth.json")],
+    };
+    for reference in [
+        format!("{}/evil/img:latest", reg.host),
+        format!(
+            "localhost:{}/evil/img:latest",
+            reg.host.rsplit(':').next().unwrap()
+        ),
+    ] {
+        let err = image::pull::pull(&store, &config, &Default::default(), &reference, None)
+            .await
+            .expect_err(&reference)
+            .to_string();
+        assert!(
+            err.contains("a loopback address") && err.contains("--allow-fetch-from"),
+            "{reference}: {err}"
+        );
+    }
+    assert_eq!(reg.sent.load(Ordering::Relaxed), 0);
+    assert_store_empty(dir.path(), &store);
 }

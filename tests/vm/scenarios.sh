@@ -135,6 +135,7 @@ s_setup() {
   id kat >/dev/null 2>&1 && { log "dry run created the user"; return 1; }
   sudo "$BIN/kat-agent" setup --init-binary "$BIN/kat-init" --etcd-binary "$BIN/etcd" \
     --agent-arg=--insecure-registry --agent-arg=127.0.0.1:5000 \
+    --agent-arg=--allow-fetch-from --agent-arg=127.0.0.1 \
     --agent-arg=--container-pids-limit --agent-arg=64 || return 1
   ku is-active kat-agent
 }

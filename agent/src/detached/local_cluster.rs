@@ -70,6 +70,8 @@ pub struct NodeParts {
     /// Towards the parent's leader when rejoining: a control-plane certificate only, so a
     /// node that offers itself as the leader with a worker's key gets no workload.
     pub parent_client: reqwest::Client,
+    /// Where resolving a git branch may connect (`kat-agent --allow-fetch-from`).
+    pub outbound: kat_outbound::OutboundPolicy,
 }
 
 /// A workload created on the node while it was detached.
@@ -170,6 +172,7 @@ impl LocalCluster {
         );
         let node = &parts.node;
         let mut tasks = tokio::task::JoinSet::new();
+        let outbound = parts.outbound.clone();
         let Assembled { link, api } = Assembly {
             store: store.clone(),
             cluster: parts.cluster.clone(),
@@ -207,6 +210,7 @@ impl LocalCluster {
             |_| {},
             |service| Service {
                 pin_to_node: Some(node.to_string()),
+                outbound: outbound.clone(),
                 ..service
             },
         )

@@ -125,6 +125,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         config: backup_config(cluster, &node),
     };
     let api_endpoint = endpoint.clone();
+    let outbound = options.outbound();
     let Assembled { api, .. } = Assembly {
         store: store.clone(),
         cluster: cluster.clone(),
@@ -146,6 +147,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
     }
     .start(&mut base.tasks, duties, move |service| Service {
         admission,
+        outbound,
         api_endpoint: Some(api_endpoint),
         backups: Some(backup_target),
         ..service

@@ -126,6 +126,7 @@ impl NodeBase {
             insecure: options.insecure_registries.clone(),
             auth_files: vec![],
         };
+        native.outbound = options.outbound();
         native.cgroup_parent = options.cgroup_parent.clone();
         native.cgroup_manager = options.cgroup_manager;
         native.seccomp = options.seccomp;

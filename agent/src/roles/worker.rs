@@ -137,6 +137,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
                 tick: work.tick,
                 client: node_client(&base.pki)?,
                 parent_client: control_plane_client(&base.pki)?,
+                outbound: options.outbound(),
             },
             parent_cluster: parent.clone(),
             link,

@@ -207,6 +207,8 @@ spec:
             .args(["--node-name", "e2e-node"])
             .args(["--client-config", &self.path("katcall.yaml")])
             .args(["--insecure-registry", &self.registry])
+            // The tests' git daemons are on loopback.
+            .args(["--allow-fetch-from", "127.0.0.0/8"])
             .args(["--stop-grace-seconds", "2"])
             .args(["--api-bind", "127.0.0.1"])
             .args(["--dns-upstream", &self.upstream.to_string()])

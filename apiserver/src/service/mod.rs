@@ -68,6 +68,8 @@ pub struct Service {
     pub pinned_writes: tokio::sync::Mutex<()>,
     /// Ends what a scoped token opened when the token is deleted, on every API server.
     pub revocations: TokenRevocations,
+    /// Where resolving a `source.git` branch may connect (`kat-agent --allow-fetch-from`).
+    pub outbound: kat_git::OutboundPolicy,
 }
 
 impl Service {
@@ -90,6 +92,7 @@ impl Service {
             backups: None,
             pin_to_node: None,
             pinned_writes: tokio::sync::Mutex::new(()),
+            outbound: Default::default(),
         }
     }
 }

@@ -460,7 +460,7 @@ impl Service {
             }
         }
         let mut parsed = parsed;
-        resolve_git(&mut parsed, false).await?;
+        resolve_git(&mut parsed, false, &self.outbound).await?;
         Ok(parsed)
     }
 
@@ -478,7 +478,7 @@ impl Service {
         key: &WorkloadKey,
         mut bundle: WorkloadBundle,
     ) -> Result<WorkloadObject> {
-        resolve_git(&mut bundle, true).await?;
+        resolve_git(&mut bundle, true, &self.outbound).await?;
         workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
         self.workload(key).await
     }
@@ -754,7 +754,11 @@ pub struct HookOutcome {
 /// Records which commit a `source.git` branch or tag names now, so that every replica on
 /// every node builds and runs that one commit. A commit given in the file is kept unless
 /// `again` (redeploy) and a branch or tag is named too.
-async fn resolve_git(bundle: &mut WorkloadBundle, again: bool) -> Result<()> {
+async fn resolve_git(
+    bundle: &mut WorkloadBundle,
+    again: bool,
+    outbound: &kat_git::OutboundPolicy,
+) -> Result<()> {
     let Some(git) = bundle.workload.spec.source.git.as_mut() else {
         return Ok(());
     };
@@ -763,8 +767,9 @@ async fn resolve_git(bundle: &mut WorkloadBundle, again: bool) -> Result<()> {
         return Ok(());
     }
     let (url, branch, tag) = (git.repository.clone(), git.branch.clone(), git.tag.clone());
+    let outbound = outbound.clone();
     let commit = tokio::task::spawn_blocking(move || {
-        kat_git::resolve(&url, branch.as_deref(), tag.as_deref())
+        kat_git::resolve(&url, branch.as_deref(), tag.as_deref(), &outbound)
     })
     .await
     .map_err(|e| Error::new(ErrorCode::Internal, format!("resolving source.git: {e}")))?

@@ -194,6 +194,8 @@ pub struct Builder {
     pub insecure: Vec<String>,
     /// The auth file buildah may read (a copy goes into the workspace), if any.
     pub auth_file: Option<PathBuf>,
+    /// Where a build's git fetch may connect.
+    pub outbound: kat_outbound::OutboundPolicy,
     pub cgroups: crate::cgroups::Cgroups,
     /// The sandbox program (the runtime's create helper, i.e. the agent).
     pub helper: PathBuf,
@@ -345,6 +347,7 @@ impl Builder {
             src.clone(),
         );
         let cap = limits.workspace_bytes;
+        let outbound = self.outbound.clone();
         tokio::task::spawn_blocking(move || {
             kat_git::checkout(
                 &url,
@@ -354,6 +357,7 @@ impl Builder {
                     max_bytes: cap,
                     deadline,
                 },
+                &outbound,
             )?;
             open_tree(&dir);
             Ok::<(), BuildError>(())
@@ -832,7 +836,7 @@ fn open_tree(dir: &Path) {
 }
 
 /// This machine's architecture as OCI platforms name it.
-fn go_arch() -> &'static str {
+pub(crate) fn go_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",

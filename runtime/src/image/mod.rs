@@ -6,6 +6,7 @@ pub mod layout;
 pub mod limits;
 pub mod pull;
 pub mod reference;
+pub mod registry;
 pub mod snapshot;
 pub mod store;
 pub mod unpack_sandbox;

@@ -1,4 +1,4 @@
-//! Pulling images from OCI registries with `oci-client`.
+//! Pulling images from OCI registries (the protocol in [`super::registry`]).
 //!
 //! OCI and Docker v2 schema 2 manifests are accepted; an index is resolved to this node's
 //! platform. Credentials come from the usual auth files (`auth.json` of containers-auth, or
@@ -6,23 +6,25 @@
 //! node lists as insecure. Every blob is hashed while it is written and checked against its
 //! digest before it is unpacked.
 //!
-//! A registry is untrusted: reading a blob stops as soon as it sends more than the size its
-//! descriptor declares (a config is also capped at [`MAX_JSON_BLOB`]); the client gives up
+//! A registry is untrusted: reading a manifest or a token stops at its cap, reading a blob
+//! as soon as it sends more than the size its descriptor declares (a config is also capped
+//! at [`MAX_JSON_BLOB`]); connections go only where the node's outbound policy allows
+//! (`kat_outbound`: not loopback, link-local or the node's own addresses, unless the
+//! registry is one the admin named with `--insecure-registry`); the client gives up
 //! on a connection after [`PullTimeouts::connect`], on a silent response after
 //! [`PullTimeouts::read`], and on any one manifest or blob after [`PullTimeouts::blob`]
 //! even while bytes still trickle in.
 
 use std::path::{Path, PathBuf};
 
-use futures_util::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use kat_outbound::OutboundPolicy;
+use oci_client::Reference;
 use sha2::Digest;
 use tokio::io::AsyncWriteExt;
 
 use super::config::{digest_hex, ConfigFile};
 use super::limits::{Budget, PullTimeouts, MAX_JSON_BLOB};
+use super::registry::{describe, Credentials, Registry};
 use super::store::ImageStore;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::types::{ImageSummary, PullProgress};
@@ -60,17 +62,17 @@ impl RegistryConfig {
     }
 
     /// Basic credentials for `registry` from the first auth file that has them.
-    pub fn auth_for(&self, registry: &str) -> RegistryAuth {
+    pub fn credentials_for(&self, registry: &str) -> Credentials {
         for file in self.auth_files() {
-            if let Some(auth) = read_auth_file(&file, registry) {
-                return auth;
+            if let Some(credentials) = read_auth_file(&file, registry) {
+                return credentials;
             }
         }
-        RegistryAuth::Anonymous
+        Credentials::Anonymous
     }
 }
 
-fn read_auth_file(path: &Path, registry: &str) -> Option<RegistryAuth> {
+fn read_auth_file(path: &Path, registry: &str) -> Option<Credentials> {
     use base64::Engine;
     let text = std::fs::read_to_string(path).ok()?;
     let doc: serde_json::Value = serde_json::from_str(&text).ok()?;
@@ -87,71 +89,17 @@ fn read_auth_file(path: &Path, registry: &str) -> Option<RegistryAuth> {
         .ok()?;
     let decoded = String::from_utf8(decoded).ok()?;
     let (user, pass) = decoded.split_once(':')?;
-    Some(RegistryAuth::Basic(user.to_string(), pass.to_string()))
-}
-
-fn client(config: &RegistryConfig, timeouts: PullTimeouts) -> Client {
-    Client::new(ClientConfig {
-        protocol: ClientProtocol::HttpsExcept(config.insecure.clone()),
-        connect_timeout: Some(timeouts.connect),
-        read_timeout: Some(timeouts.read),
-        ..Default::default()
+    Some(Credentials::Basic {
+        user: user.to_string(),
+        password: pass.to_string(),
     })
-}
-
-fn pull_error(
-    reference: &Reference,
-    auth: &RegistryAuth,
-    e: oci_client::errors::OciDistributionError,
-) -> RuntimeError {
-    let text = e.to_string();
-    let lowered = text.to_ascii_lowercase();
-    let refused = [
-        "unauthorized",
-        "not authorized",
-        "401",
-        "authentication required",
-        "denied",
-    ];
-    if refused.iter().any(|r| lowered.contains(r)) {
-        let registry = reference.resolve_registry();
-        let what_next = match auth {
-            RegistryAuth::Anonymous => format!(
-                "no credentials for {registry} were found: log in with `podman login {registry}` or add them to $XDG_RUNTIME_DIR/containers/auth.json, ~/.config/containers/auth.json or ~/.docker/config.json of the agent's user"
-            ),
-            _ => format!(
-                "the credentials for {registry} in the agent's auth file were refused: check the user name and password"
-            ),
-        };
-        return RuntimeError::Pull {
-            reference: reference.whole(),
-            message: format!("the registry refused access ({what_next}): {text}"),
-        };
-    }
-    let unknown = [
-        "manifest_unknown",
-        "manifest unknown",
-        "name_unknown",
-        "name unknown",
-        "not found",
-        "404",
-    ];
-    if unknown.iter().any(|u| lowered.contains(u)) {
-        return RuntimeError::ImageNotFound {
-            reference: reference.whole(),
-            registry: reference.resolve_registry().to_string(),
-        };
-    }
-    RuntimeError::Pull {
-        reference: reference.whole(),
-        message: text,
-    }
 }
 
 /// Pulls `reference` into `store`. Concurrent pulls of one reference do the work once.
 pub async fn pull(
     store: &ImageStore,
     config: &RegistryConfig,
+    outbound: &OutboundPolicy,
     reference: &str,
     progress: Option<&ProgressSender>,
 ) -> Result<ImageSummary> {
@@ -161,10 +109,9 @@ pub async fn pull(
     let _guard = lock.lock().await;
 
     let timeouts = store.timeouts();
-    let client = client(config, timeouts);
-    let auth = config.auth_for(parsed.resolve_registry());
+    let registry = Registry::new(&parsed, config, outbound, timeouts)?;
     let (manifest, manifest_digest) =
-        tokio::time::timeout(timeouts.blob, client.pull_image_manifest(&parsed, &auth))
+        tokio::time::timeout(timeouts.blob, registry.image_manifest())
             .await
             .map_err(|_| RuntimeError::Pull {
                 reference: whole.clone(),
@@ -173,14 +120,12 @@ pub async fn pull(
                     parsed.resolve_registry(),
                     timeouts.blob
                 ),
-            })?
-            .map_err(|e| pull_error(&parsed, &auth, e))?;
+            })??;
     let config_digest = manifest.config.digest.clone();
     let mut config_text = Vec::new();
     let fetch = Fetch {
-        client: &client,
+        registry: &registry,
         reference: &parsed,
-        auth: &auth,
         timeouts,
     };
     fetch
@@ -289,9 +234,8 @@ async fn download(
 
 /// Where blobs come from, and how long one may take.
 struct Fetch<'a> {
-    client: &'a Client,
+    registry: &'a Registry,
     reference: &'a Reference,
-    auth: &'a RegistryAuth,
     timeouts: PullTimeouts,
 }
 
@@ -339,20 +283,19 @@ impl Fetch<'_> {
                 format!("the descriptor says {size} bytes, more than the {max} allowed"),
             ));
         }
-        let mut stream = self
-            .client
-            .pull_blob_stream(self.reference, desc)
-            .await
-            .map_err(|e| pull_error(self.reference, self.auth, e))?;
+        let mut response = self.registry.blob(&desc.digest).await?;
         let too_much =
             || format!("the registry sends more than the {size} bytes its descriptor declares");
-        if stream.content_length.is_some_and(|len| len > size) {
+        if response.content_length().is_some_and(|len| len > size) {
             return Err(self.error(desc, too_much()));
         }
         let mut hasher = sha2::Sha256::new();
         let mut received = 0u64;
-        while let Some(chunk) = stream.stream.next().await {
-            let chunk = chunk.map_err(|e| self.error(desc, self.failure(&e)))?;
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| self.error(desc, self.failure(&e)))?
+        {
             received += chunk.len() as u64;
             // Nothing past the declared size is kept: the stream is dropped right here.
             if received > size {
@@ -387,19 +330,9 @@ impl Fetch<'_> {
 
     /// Why a download broke off, all of it: reqwest's own text ("error decoding response
     /// body") hides a timeout in its sources.
-    fn failure(&self, e: &std::io::Error) -> String {
-        let mut text = format!("download failed: {e}");
-        let mut source = std::error::Error::source(e);
-        let mut timed_out = false;
-        while let Some(s) = source {
-            let line = s.to_string();
-            timed_out |= line.contains("timed out");
-            if !text.ends_with(&line) {
-                text.push_str(&format!(": {line}"));
-            }
-            source = s.source();
-        }
-        if timed_out {
+    fn failure(&self, e: &reqwest::Error) -> String {
+        let mut text = format!("download failed: {}", describe(e));
+        if e.is_timeout() || text.contains("timed out") {
             text.push_str(&format!(
                 " (nothing received for {:?}, the read timeout)",
                 self.timeouts.read

@@ -226,6 +226,7 @@ impl NativeRuntime {
             slice: (uid, gid, SLICE_SIZE),
             insecure: self.config.registries.insecure.clone(),
             auth_file: self.config.registries.auth_file(),
+            outbound: self.config.outbound.clone(),
             cgroups: self.cgroups.clone(),
             helper: self.config.create_helper.clone(),
         })
@@ -292,6 +293,7 @@ impl ContainerRuntime for NativeRuntime {
         image::pull::pull(
             &self.images,
             &self.config.registries,
+            &self.config.outbound,
             reference,
             progress.as_ref(),
         )
@@ -312,7 +314,15 @@ impl ContainerRuntime for NativeRuntime {
         if let Some(cache) = &request.cache {
             let cached = crate::build::cache_reference(cache, request);
             progress.send_replace(BuildPhase::CheckingCache);
-            match image::pull::pull(&self.images, &self.config.registries, &cached, None).await {
+            match image::pull::pull(
+                &self.images,
+                &self.config.registries,
+                &self.config.outbound,
+                &cached,
+                None,
+            )
+            .await
+            {
                 Ok(pulled) => {
                     // A small index update, as `list_images` reads it.
                     let image = self

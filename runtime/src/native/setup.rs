@@ -11,6 +11,8 @@ pub struct NativeConfig {
     /// The static kat-init binary to place in every container.
     pub init_binary: PathBuf,
     pub registries: RegistryConfig,
+    /// Where pulls and builds may connect on a workload's behalf (registries, git).
+    pub outbound: kat_outbound::OutboundPolicy,
     /// The node's subordinate id range; defaults to the current user's from `/etc/subuid`
     /// and `/etc/subgid`. Without one, containers are refused.
     pub id_range: Option<NodeIdRange>,
@@ -44,6 +46,7 @@ impl NativeConfig {
             root: root.into(),
             init_binary: init_binary.into(),
             registries: RegistryConfig::default(),
+            outbound: Default::default(),
             id_range: None,
             cgroup_parent: None,
             cgroup_manager: CgroupManager::Auto,

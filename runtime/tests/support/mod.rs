@@ -67,10 +67,17 @@ pub fn runtime_in(f: &Fixtures, dir: &std::path::Path) -> NativeRuntime {
     NativeRuntime::new(config_in(f, dir)).expect("runtime")
 }
 
+/// Loopback allowed, as an admin allows it with `--allow-fetch-from 127.0.0.0/8`.
+pub fn loopback() -> kat_outbound::OutboundPolicy {
+    kat_outbound::OutboundPolicy::allow(["127.0.0.0/8".parse().expect("a network")])
+}
+
 /// The test configuration of a runtime whose root is `DIR/root`.
 pub fn config_in(f: &Fixtures, dir: &std::path::Path) -> NativeConfig {
     let mut config = NativeConfig::new(dir.join("root"), &f.init);
     config.registries.insecure = vec![f.registry.clone()];
+    // The tests' git daemons are on loopback, which a node refuses unless allowed.
+    config.outbound = loopback();
     config.cgroup_parent = std::env::var("KAT_TEST_CGROUP_PARENT").ok();
     // The VM stage copies the test binaries elsewhere and says where the helper went.
     config.create_helper = std::env::var("KAT_TEST_CREATE_HELPER")

@@ -1,15 +1,25 @@
-//! The checkout's size cap against compression: repositories made here with the git CLI and
-//! served by `git daemon` on loopback (the only kind of URL `checkout` accepts besides
-//! HTTP). A file of 50 MB of zeros travels as a pack of some kilobytes; with a cap of 10 MB
-//! the checkout is refused before anything of it is written, and the error names the cap
-//! and the repository. So is one small blob listed many times (a "git bomb" in breadth).
+//! Checkouts on real repositories, made here with the git CLI and served by `git daemon` on
+//! loopback.
+//!
+//! The size cap against compression: a file of 50 MB of zeros travels as a pack of some
+//! kilobytes; with a cap of 10 MB the checkout is refused before anything of it is written,
+//! and the error names the cap and the repository. So is one small blob listed many times
+//! (a "git bomb" in breadth).
+//!
+//! The outbound policy: a repository on loopback is reached only where an admin allowed it,
+//! over `git://` (pinned address) as over HTTP and HTTPS (through the checking proxy).
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use kat_git::{checkout, CheckoutLimits, GitError};
+use kat_git::{checkout, CheckoutLimits, GitError, OutboundPolicy};
+
+/// The test's git daemon is on loopback, which the node refuses unless allowed.
+fn loopback() -> OutboundPolicy {
+    OutboundPolicy::allow(["127.0.0.0/8".parse().unwrap()])
+}
 
 const MB: u64 = 1024 * 1024;
 const CAP: u64 = 10 * MB;
@@ -117,7 +127,7 @@ fn fifty_megabytes_of_zeros_stop_at_the_cap_before_writing() {
     let dest = tempfile::tempdir().unwrap();
     let dir = dest.path().join("src");
 
-    let e = checkout(&url, &commit, &dir, limits()).expect_err("over the cap");
+    let e = checkout(&url, &commit, &dir, limits(), &loopback()).expect_err("over the cap");
     assert!(matches!(e, GitError::TreeTooLarge { .. }), "{e:?}");
     let message = e.to_string();
     assert!(message.contains(&CAP.to_string()), "{message}");
@@ -142,7 +152,7 @@ fn one_blob_listed_many_times_is_counted_each_time() {
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("src");
 
-    let e = checkout(&url, &commit, &dest, limits()).expect_err("over the cap");
+    let e = checkout(&url, &commit, &dest, limits(), &loopback()).expect_err("over the cap");
     assert!(matches!(e, GitError::TreeTooLarge { .. }), "{e:?}");
     assert!(written(&dest).0 < MB);
 }
@@ -159,10 +169,44 @@ fn a_checkout_under_the_cap_is_written_whole() {
     let url = format!("git://127.0.0.1:{port}/small");
     let dest = tempfile::tempdir().unwrap();
     let dir = dest.path().join("src");
-    checkout(&url, &commit, &dir, limits()).expect("under the cap");
+    checkout(&url, &commit, &dir, limits(), &loopback()).expect("under the cap");
     assert_eq!(
         std::fs::metadata(dir.join("data/zeros.bin")).unwrap().len(),
         5 * MB
     );
     assert_eq!(written(&dir).0, 5 * MB + 6);
+}
+
+/// Loopback is the node's own: without an allowance, neither the leader's question (which
+/// commit is `main`?) nor a build's checkout connects there, whatever the scheme; the error
+/// says how to allow it and nothing is written.
+#[test]
+fn a_repository_on_loopback_is_refused_unless_allowed() {
+    let base = tempfile::tempdir().unwrap();
+    let commit = repository(base.path(), "small", &[("README", 6)]);
+    let (_daemon, port) = serve(base.path());
+    let strict = OutboundPolicy::default();
+    for url in [
+        format!("git://127.0.0.1:{port}/small"),
+        format!("git://localhost:{port}/small"),
+        format!("http://127.0.0.1:{port}/small"),
+        format!("https://localhost:{port}/small"),
+        "https://169.254.169.254/latest/meta-data".to_string(),
+    ] {
+        let e = kat_git::resolve(&url, Some("main"), None, &strict).expect_err(&url);
+        assert!(matches!(e, GitError::Refused { .. }), "{url}: {e:?}");
+        let message = e.to_string();
+        assert!(message.contains("--allow-fetch-from"), "{url}: {message}");
+        let dest = tempfile::tempdir().unwrap();
+        let dir = dest.path().join("src");
+        let e = checkout(&url, &commit, &dir, limits(), &strict).expect_err(&url);
+        assert!(matches!(e, GitError::Refused { .. }), "{url}: {e:?}");
+        assert!(!dir.join("README").exists());
+    }
+    // Allowed, the same repository is read.
+    let url = format!("git://localhost:{port}/small");
+    assert_eq!(
+        kat_git::resolve(&url, Some("main"), None, &loopback()).unwrap(),
+        commit
+    );
 }
