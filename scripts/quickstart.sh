@@ -129,7 +129,7 @@ read -r node_name node_addr < <("$BIN/katcall" get nodes -o json \
 # The updater reads the API from inside its container, at the node's address, with an
 # ingress token (made once; it reads the route table and the event stream, nothing else).
 # A config from an earlier cluster (its token unknown here) is made again.
-if ! "$BIN/katcall" --config /srv/kat-ingress/client.yaml get ingress -o json >/dev/null 2>if ! "$BIN/katcall" --config /srv/kat-ingress/client.yaml get ingress >/dev/null 2>&1; then1; then
+if ! "$BIN/katcall" --config /srv/kat-ingress/client.yaml get ingress >/dev/null 2>&1; then
     ingress_dir=$(mktemp -d)
     "$BIN/katcall" create token --ingress --description "ingress updater" \
         --client-config "$ingress_dir/client.yaml" --endpoint "https://$node_addr:9115" -o json >/dev/null
