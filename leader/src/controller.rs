@@ -147,6 +147,8 @@ pub struct Memory {
     pub health: crate::health_events::HealthMemory,
     /// Replacements of ended instances in a row, per workload ([`crate::replacement`]).
     pub replacements: HashMap<WorkloadKey, crate::replacement::Streak>,
+    /// Refused stored generations already told ([`crate::stored_rules`]).
+    pub refused_stored: HashMap<WorkloadKey, u64>,
 }
 
 /// What the controllers need to know about a workload, extracted once per round.
@@ -592,6 +594,7 @@ impl Leader {
             view.workloads.values().filter_map(workload_ctx).collect();
         let live: HashSet<&WorkloadKey> = workloads.iter().map(|w| &w.key).collect();
         dns::reconcile(&mut round, &workloads);
+        crate::stored_rules::reconcile(&mut round, &mut memory.refused_stored, &workloads);
         let builds = crate::builds::reported(&round);
         crate::builds::reconcile(&mut round, memory, &builds);
         for w in &workloads {

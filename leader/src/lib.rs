@@ -4,7 +4,8 @@
 //! - [`controller`]: the reconcile loop over an in-memory [`view`] of the store, committing
 //!   batched, leadership-fenced transactions;
 //! - [`services`], [`daemons`], [`jobs`], [`nodes`]: the per-kind controllers; [`builds`]:
-//!   events and status of the builds nodes report;
+//!   events and status of the builds nodes report; [`stored_rules`]: stored workloads a
+//!   newer rule refuses, told as events;
 //! - [`workloads`], [`node_admin`]: the desired-state writes the API makes;
 //! - [`events`]: the capped event log; [`backups`]: the leader's etcd snapshots;
 //! - [`election`]: campaigning and leading, forever, on a control-plane node;
@@ -40,6 +41,7 @@ pub mod scheduler;
 pub mod services;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod stored_rules;
 pub mod view;
 pub mod workloads;
 
