@@ -177,8 +177,19 @@ impl Api {
         content_type: &str,
         body: Vec<u8>,
     ) -> (StatusCode, String) {
+        self.as_admin(Method::POST, path, content_type, body).await
+    }
+
+    /// A request with the admin token.
+    async fn as_admin(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, String) {
         let req = Request::builder()
-            .method(Method::POST)
+            .method(method)
             .uri(path)
             .header("content-type", content_type)
             .header("authorization", "Bearer admin-token")
@@ -1062,7 +1073,8 @@ async fn parallel_pinned_submissions_stop_at_the_cap() {
 /// A worker's heartbeat cannot raise what the scheduler gives it: the first one after it
 /// joined is recorded as its approved capacity; a later claim of 100 times the CPU and a GPU
 /// is stored as its report, with one Warning event (not one per heartbeat), and changes
-/// nothing approved; its own certificate cannot approve it; an administrator can.
+/// nothing approved; its own certificate cannot approve it; an administrator can, and
+/// approves what they saw, not a claim raised since.
 #[tokio::test]
 async fn a_heartbeat_cannot_raise_a_nodes_approved_capacity() {
     let api = Api::new(None).await;
@@ -1124,23 +1136,44 @@ async fn a_heartbeat_cannot_raise_a_nodes_approved_capacity() {
         "a claim approves nothing"
     );
     assert_eq!(warnings(&api).await, 1, "one warning for the new claim");
+    let approve = "/v1alpha1/nodes/w1/approve-capacity";
+    // What the administrator sees the node claim (as `katcall approve` reads it).
     let (code, body) = api
-        .send(W1, Method::POST, "/v1alpha1/nodes/w1/approve-capacity", "")
+        .as_admin(
+            Method::GET,
+            "/v1alpha1/nodes/w1",
+            "application/json",
+            vec![],
+        )
         .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let seen: kat_api::wire::Node = serde_json::from_str(&body).unwrap();
+    let looked_at = serde_json::to_string(&kat_api::wire::ApprovedCapacity {
+        allocatable: seen.allocatable,
+        gpus: seen.gpus,
+    })
+    .unwrap();
+    let (code, body) = api.send(W1, Method::POST, approve, &looked_at).await;
     assert_eq!(code, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(
         approved(&api).await,
         Some(first),
         "its own approval is refused"
     );
-    kat_leader::node_admin::approve_capacity(
-        &*api.store,
-        &kat_leader::events::EventLog::new(10),
-        &Clock::system(),
-        "w1",
-    )
-    .await
-    .unwrap();
+    // The node raises its claim again between the look and the approval: the approval is
+    // of what was looked at.
+    let (code, body) = api.send(W1, Method::POST, status, &claim(400_000, 2)).await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = api
+        .post_as_admin(approve, "application/json", looked_at.into_bytes())
+        .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
     let now = approved(&api).await.unwrap();
     assert_eq!((now.allocatable.cpu_millis, now.gpus.len()), (200_000, 1));
+    // A body that is not a capacity is refused with what is expected.
+    let (code, body) = api
+        .post_as_admin(approve, "application/json", b"{}".to_vec())
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("approved capacity"), "{body}");
 }

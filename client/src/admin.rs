@@ -200,10 +200,15 @@ impl Client {
             .map(drop)
     }
 
-    /// Approve what a node's last heartbeat claims as the capacity the scheduler may use.
-    pub async fn approve_capacity(&self, name: &str) -> Result<NodeRegistration> {
+    /// Approve `approved` as the capacity the scheduler may use on node `name`.
+    pub async fn approve_capacity(
+        &self,
+        name: &str,
+        approved: &kat_api::wire::ApprovedCapacity,
+    ) -> Result<NodeRegistration> {
         let path = paths::node_admin(name, NodeAdmin::ApproveCapacity);
-        self.json_of(self.request(Method::POST, &path), &path).await
+        self.json_of(self.request(Method::POST, &path).json(approved), &path)
+            .await
     }
 
     /// Replace a node's taints.

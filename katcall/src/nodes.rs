@@ -317,9 +317,18 @@ pub async fn drain(client: &Client, node: &str, undo: bool) -> Result<()> {
     Ok(())
 }
 
-/// `katcall approve node NAME --capacity`.
+/// `katcall approve node NAME --capacity`: approves what the node claims as this reads it
+/// (a claim raised after this look is not approved with it).
 pub async fn approve_capacity(client: &Client, node: &str) -> Result<()> {
-    let reg = client.approve_capacity(node).await?;
+    let seen = client.node(node).await?;
+    if seen.last_heartbeat.is_none() {
+        bail!("node {node} has sent no heartbeat yet: there is no capacity to approve; wait for it to report (katcall describe node {node})");
+    }
+    let approved = kat_api::wire::ApprovedCapacity {
+        allocatable: seen.allocatable,
+        gpus: seen.gpus,
+    };
+    let reg = client.approve_capacity(node, &approved).await?;
     if let Some(c) = reg.capacity {
         println!(
             "node {node}: cpu {}m, memory {} MiB, pids {}, {} GPUs approved",

@@ -25,8 +25,6 @@ pub enum NodeAdminError {
     Corrupt(String, String),
     #[error("label {0} is set by the node's agent and cannot be changed (set kat.dws.rip/role or a label of your own)")]
     SystemLabel(String),
-    #[error("node {0} has sent no heartbeat yet: there is no capacity to approve")]
-    NoHeartbeat(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -185,20 +183,17 @@ pub async fn check_capacity(
     Ok(())
 }
 
-/// `katcall approve node NAME --capacity`: what the node's last heartbeat claims becomes its
-/// approved capacity.
+/// `katcall approve node NAME --capacity`: `approved` (what the administrator saw the node
+/// claim) becomes its approved capacity. Exactly that, not the node's latest heartbeat: a
+/// node that raises its claim between the administrator's look and the approval gets only
+/// what was looked at (the scheduler uses the smaller of claim and approval).
 pub async fn approve_capacity(
     store: &dyn StateStore,
     events: &EventLog,
     clock: &Clock,
     name: &str,
+    approved: ApprovedCapacity,
 ) -> Result<NodeRegistration, NodeAdminError> {
-    let hb: NodeHeartbeat = match store.get(&keys::node_status(name)).await? {
-        Some(kv) => serde_json::from_slice(&kv.value)
-            .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?,
-        None => return Err(NodeAdminError::NoHeartbeat(name.into())),
-    };
-    let approved = ApprovedCapacity::claimed_by(&hb);
     modify(
         store,
         events,
@@ -207,9 +202,9 @@ pub async fn approve_capacity(
         "NodeCapacityApproved",
         format!(
             "node {name}: cpu {}m, memory {} MiB, {} GPUs approved by an administrator",
-            hb.allocatable.cpu_millis,
-            hb.allocatable.memory_bytes >> 20,
-            hb.gpus.len()
+            approved.allocatable.cpu_millis,
+            approved.allocatable.memory_bytes >> 20,
+            approved.gpus.len()
         ),
         |reg| reg.capacity = Some(approved.clone()),
     )

@@ -65,7 +65,7 @@ impl OutboundPolicy {
         }
         let reason = if addr.is_loopback() {
             Some("a loopback address")
-        } else if addr.is_unspecified() {
+        } else if addr.is_unspecified() || is_this_network(addr) {
             Some("the unspecified address")
         } else if addr.is_multicast() || addr == IpAddr::from([255, 255, 255, 255]) {
             Some("a multicast or broadcast address")
@@ -133,6 +133,11 @@ impl OutboundPolicy {
     }
 }
 
+/// `0.0.0.0/8`, "this network": Linux takes `0.0.0.0` for the local host.
+fn is_this_network(addr: IpAddr) -> bool {
+    matches!(addr, IpAddr::V4(v4) if v4.octets()[0] == 0)
+}
+
 fn is_link_local(addr: IpAddr) -> bool {
     match addr {
         IpAddr::V4(v4) => v4.is_link_local(),
@@ -183,6 +188,7 @@ mod tests {
             "169.254.169.254",
             "fe80::1",
             "0.0.0.0",
+            "0.1.2.3",
             "::",
             "224.0.0.1",
             "255.255.255.255",

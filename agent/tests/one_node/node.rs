@@ -89,6 +89,7 @@ pub(crate) fn the_node_never_stalls(r: &mut Run) {
     let id = second.iter().next().cloned().expect("an instance");
     never_stalls(c, &id);
     an_exec_ends_with_its_client(c, &id);
+    a_deleted_tokens_exec_ends(c, &id);
 }
 
 pub(crate) fn an_agent_killed_and_restarted_duplicates_nothing(r: &mut Run) {

@@ -668,6 +668,71 @@ pub(crate) fn an_exec_ends_with_its_client(c: &Cluster, instance: &str) {
     }
 }
 
+/// A deleted token ends its exec sessions: an exec opened with a namespace token ends with
+/// an error naming why within seconds of `katcall delete token`, and the exec'd process is
+/// gone from the host.
+pub(crate) fn a_deleted_tokens_exec_ends(c: &Cluster, instance: &str) {
+    let config = c.path("exec-token.yaml");
+    let made: kat_api::wire::NewApiToken = serde_json::from_str(&c.must(&[
+        "create",
+        "token",
+        "--namespace",
+        "default",
+        "--description",
+        "an exec to revoke",
+        "--client-config",
+        &config,
+        "-o",
+        "json",
+    ]))
+    .expect("the new token as JSON");
+    let marker = ["sleep", "3073"];
+    let mut exec = Command::new(bin("katcall"))
+        .args(["exec", &format!("web/{instance}"), "--"])
+        .args(marker)
+        .env("KAT_CONFIG", &config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("katcall exec");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pids_running(&marker).is_empty() {
+        assert!(Instant::now() < deadline, "the exec'd sleep never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deleted = Instant::now();
+    c.must(&["delete", "token", &made.info.id]);
+    let status = loop {
+        if let Some(status) = exec.try_wait().expect("katcall exec") {
+            break status;
+        }
+        assert!(
+            deleted.elapsed() < Duration::from_secs(10),
+            "the exec outlived its deleted token by 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = deleted.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut exec.stderr.take().expect("stderr"), &mut stderr)
+        .expect("katcall's stderr");
+    eprintln!("an exec of a deleted token ended {took:?} after the deletion");
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("token that opened this session was deleted"),
+        "{stderr}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pids_running(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the exec'd process outlived its deleted token by 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// GPUs through CDI on a fake vendor (no GPU is on these machines): the node reports the
 /// GPU its specification and sysfs describe, an instance asking for one gets its device node
 /// (opened: its device cgroup allows it), the specification's environment and its hook run

@@ -17,6 +17,7 @@
 pub mod deadline;
 mod error;
 mod events;
+mod hook_reads;
 mod join;
 mod namespaces;
 mod nodes;

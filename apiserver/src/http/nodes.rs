@@ -404,8 +404,9 @@ pub async fn drain(
     Ok(Json(state.service.drain_node(&name).await?))
 }
 
-/// Approve what the node's last heartbeat claims as the capacity the scheduler may use
-/// (`katcall approve node NAME --capacity`).
+/// Approve a capacity the scheduler may use on a node (`katcall approve node NAME
+/// --capacity` sends what the node claimed when the administrator looked). The body is the
+/// capacity approved, exactly: a claim raised since is not approved with it.
 #[cfg_attr(
     feature = "openapi",
     utoipa::path(
@@ -413,14 +414,24 @@ pub async fn drain(
         path = "/v1alpha1/nodes/{name}/approve-capacity",
         tag = "nodes",
         params(("name" = String, Path, description = "Node name")),
+        request_body(content = kat_api::wire::ApprovedCapacity),
         responses((status = 200, description = "The node's registration, with its approved capacity", body = kat_api::wire::NodeRegistration), super::openapi::Errors)
     )
 )]
 pub async fn approve_capacity(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
+    req: Request,
 ) -> Result<impl IntoResponse, ApiError> {
-    Ok(Json(state.service.approve_node_capacity(&name).await?))
+    let approved: kat_api::wire::ApprovedCapacity = json_body(
+        req,
+        MAX_BODY,
+        "approved capacity (JSON {allocatable: {cpu, memory, pids}, gpus: [...]}, as the node reports them)",
+    )
+    .await?;
+    Ok(Json(
+        state.service.approve_node_capacity(&name, approved).await?,
+    ))
 }
 
 /// Let a drained node take instances again (`katcall uncordon`).

@@ -11,6 +11,7 @@ use axum::Json;
 use kat_api::WorkloadKey;
 use serde::Deserialize;
 
+use super::hook_reads::{HookRead, Refused, HOOK_READS_AT_ONCE, HOOK_READS_PER_SOURCE};
 use super::{read_body, ApiError, ApiState};
 
 /// The workloads of a namespace, with their status.
@@ -266,12 +267,6 @@ pub async fn delete_webhook(
 /// KAT reads of it is two fields).
 const HOOK_BODY_LIMIT: u64 = 4 << 20;
 
-/// Push notifications read at once, none authenticated yet: with [`HOOK_BODY_LIMIT`], at
-/// most 32 MiB held for senders nobody knows, however many connections they open. One more
-/// gets a 503 at once (the git server shows the failed delivery, to be sent again).
-const HOOK_READS_AT_ONCE: usize = 8;
-static HOOK_READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HOOK_READS_AT_ONCE);
-
 /// A git server's push notification for a `source.git` workload, signed with its webhook secret.
 #[cfg_attr(
     feature = "openapi",
@@ -311,10 +306,23 @@ pub async fn push_hook(
     .find_map(|h| req.headers().get(*h))
     .and_then(|v| v.to_str().ok())
     .map(|v| v.chars().take(100).collect::<String>());
-    let reading = HOOK_READS.try_acquire().map_err(|_| {
+    let client = req
+        .extensions()
+        .get::<super::ClientAddr>()
+        .map(|a| a.0)
+        .unwrap_or(std::net::IpAddr::from([0, 0, 0, 0]));
+    let reading = HookRead::admit(client).map_err(|refused| {
+        let why = match refused {
+            Refused::Full => format!(
+                "{HOOK_READS_AT_ONCE} push notifications are being received already"
+            ),
+            Refused::SourceFull => format!(
+                "{HOOK_READS_PER_SOURCE} push notifications from {client} are being received already"
+            ),
+        };
         ApiError::new(
             kat_api::wire::ErrorCode::Unavailable,
-            format!("{HOOK_READS_AT_ONCE} push notifications are being received already; send it again shortly"),
+            format!("{why}; send it again shortly"),
         )
     })?;
     let body = read_body(req, HOOK_BODY_LIMIT).await?;

@@ -194,7 +194,6 @@ impl From<NodeAdminError> for Error {
             NodeAdminError::NotFound(_) => ErrorCode::NotFound,
             NodeAdminError::Corrupt(..) => ErrorCode::Internal,
             NodeAdminError::SystemLabel(_) => ErrorCode::BadRequest,
-            NodeAdminError::NoHeartbeat(_) => ErrorCode::Conflict,
             NodeAdminError::Store(s) => return store_message(s),
         };
         Error::new(code, e.to_string())

@@ -157,9 +157,16 @@ impl Service {
         Ok(node_admin::set_labels(&*self.store, &self.events, &self.clock, name, changes).await?)
     }
 
-    /// `katcall approve node NAME --capacity`: the capacity its last heartbeat claims.
-    pub async fn approve_node_capacity(&self, name: &str) -> Result<NodeRegistration> {
-        Ok(node_admin::approve_capacity(&*self.store, &self.events, &self.clock, name).await?)
+    /// `katcall approve node NAME --capacity`: the capacity the administrator saw it claim.
+    pub async fn approve_node_capacity(
+        &self,
+        name: &str,
+        approved: kat_api::wire::ApprovedCapacity,
+    ) -> Result<NodeRegistration> {
+        Ok(
+            node_admin::approve_capacity(&*self.store, &self.events, &self.clock, name, approved)
+                .await?,
+        )
     }
 
     pub async fn drain_node(&self, name: &str) -> Result<NodeRegistration> {
