@@ -263,7 +263,7 @@ spec:
     etcd_pct = (e1 - e0) / (t1 - t0) * 100
     # A thread that ended in the window loses its count; one that started counts from 0.
     wakeups = sum(n - r0.get(tid, 0) for tid, n in r1.items()) / (t1 - t0)
-    # This machine moves idle CPU by 3x between runs (docs/benchmarks.md, 2026-11-28); etcd,
+    # This machine moves idle CPU by 3x between runs (docs/benchmarks.md, "Idle CPU"); etcd,
     # idle beside the agent in the same window, moves with it: the ratio is the steadier
     # figure. Not an independent one: part of etcd's idle CPU answers the agent's requests.
     cpu_per_etcd = cpu_pct / etcd_pct if etcd_pct > 0 else float("nan")

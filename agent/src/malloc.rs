@@ -8,7 +8,7 @@
 //!
 //! The allocator stays glibc's: it is already mapped (no second allocator's code and
 //! metadata in every process of the binary), and with these settings its idle heap is what
-//! the agent holds plus little (docs/benchmarks.md, 2026-11-28 afternoon).
+//! the agent holds plus little (docs/benchmarks.md, "Agent memory").
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;

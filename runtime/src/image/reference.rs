@@ -3,7 +3,7 @@
 //! Our own parser, for a reason: `oci-client` (through `oci-spec`) matches references with
 //! one regular expression whose Unicode `\w{0,127}` compiles into an automaton it keeps for
 //! the life of the process: 7.2 MiB of the idle agent's 8.6 MiB of live heap (heaptrack,
-//! 2026-11-27, `docs/benchmarks.md`). The grammar is the distribution project's
+//! `docs/benchmarks.md`, "Agent memory"). The grammar is the distribution project's
 //! (`reference/regexp.go`), with the same answers as `oci-spec` for every ASCII input (a
 //! property test compares the two), ASCII-only tags as Docker has them, and errors that say
 //! which part is wrong.
