@@ -97,7 +97,7 @@ pub fn check_url(url: &str) -> Result<(), GitError> {
 ///   comes back through the proxy to be checked again);
 /// - `git://` and `http://` are pinned: the host is replaced by a checked address (libgit2
 ///   1.9 connects straight to the server for plain HTTP even with a proxy set), and plain
-///   HTTP follows no redirect (a redirect would be resolved by libgit2 alone).
+///   HTTP follows no redirect to another host (one would be resolved by libgit2 alone).
 struct Route {
     url: String,
     given: String,
@@ -135,12 +135,24 @@ impl Route {
         })
     }
 
-    /// Plain HTTP follows no redirect (see [`Route`]).
+    /// Plain HTTP follows no redirect to another host (see [`Route`]); the connection's
+    /// listing reads this from the repository's configuration, the fetch from its options
+    /// ([`Route::redirects`]).
     fn configure(&self, repo: &Repository) -> Result<(), git2::Error> {
         if self.url.starts_with("http://") {
             repo.config()?.set_str("http.followRedirects", "false")?;
         }
         Ok(())
+    }
+
+    /// Redirects a fetch may follow: through the proxy (HTTPS) each is checked there; a
+    /// pinned URL's may not leave its checked address.
+    fn redirects(&self) -> git2::RemoteRedirect {
+        if self.proxy.is_some() {
+            git2::RemoteRedirect::Initial
+        } else {
+            git2::RemoteRedirect::None
+        }
     }
 
     fn proxy_options(&self) -> Option<ProxyOptions<'static>> {
@@ -279,6 +291,7 @@ pub fn checkout(
         let mut options = FetchOptions::new();
         options.remote_callbacks(callbacks);
         options.download_tags(git2::AutotagOption::None);
+        options.follow_redirects(route.redirects());
         if let Some(proxy) = route.proxy_options() {
             options.proxy_options(proxy);
         }

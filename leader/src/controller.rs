@@ -557,6 +557,8 @@ impl Leader {
             // looks at health as the last good round left it, so its events are not lost.
             self.memory.statuses.clear();
             self.memory.health.forget_round();
+            // Its warnings about refused stored workloads too: told again next round.
+            self.memory.refused_stored.clear();
         } else {
             self.memory.health.settle();
         }

@@ -1,4 +1,5 @@
-//! Stored workloads that a rule added since they were applied refuses. Such a record is
+//! Stored workloads that a rule added since they were applied refuses (a mount at `/.kat`,
+//! a `kat-local/` image named in `source.image`). Such a record is
 //! never dropped or rewritten: its instances stay Pending on their nodes with what to change
 //! (the node's supervisor says why), and the leader writes one Warning event per workload
 //! generation, `StoredWorkloadRefused`, so that `katcall events` and `describe` say it too.
@@ -13,10 +14,18 @@ use crate::controller::{Round, WorkloadCtx};
 
 /// What a stored workload holds that apply refuses now, each with what to change.
 pub fn problems(template: &Template) -> Vec<String> {
-    template
-        .workload
-        .spec
-        .container
+    let spec = &template.workload.spec;
+    let local = spec
+        .source
+        .image
+        .as_deref()
+        .filter(|image| kat_api::build_definition::is_local_image(image))
+        .map(|image| {
+            format!(
+                "source.image {image} names a node's local build, which only the workload built from source.git uses; apply the workload again with a registry image or source.git"
+            )
+        });
+    spec.container
         .volume_mounts
         .iter()
         .filter(|m| kat_api::names::is_reserved_container_path(&m.mount_path))
@@ -28,6 +37,7 @@ pub fn problems(template: &Template) -> Vec<String> {
                 kat_api::names::RESERVED_CONTAINER_DIR
             )
         })
+        .chain(local)
         .collect()
 }
 

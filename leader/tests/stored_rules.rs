@@ -1,5 +1,5 @@
-//! A workload stored before a rule that refuses it now (here a mount at `/.kat`, refused at
-//! apply since) is kept as stored, and the leader says so once per generation with a
+//! A workload stored before a rule that refuses it now (a mount at `/.kat`, a `kat-local/`
+//! image in `source.image`, both refused at apply since) is kept as stored, and the leader says so once per generation with a
 //! Warning event naming what to change; applying it again without the mount ends it.
 
 mod support;
@@ -49,6 +49,23 @@ async fn a_stored_workload_a_new_rule_refuses_is_kept_with_one_warning() {
         .unwrap();
     assert!(stored.is_some());
 
+    // An image of a node's local build named in source.image (refused at apply since).
+    let mut local = bundle(&service("local", 1, "web:1", ""));
+    local.workload.spec.source.image = Some("kat-local/default_other:0123abc".into());
+    workloads::apply(&*c.store, &events_log, &c.clock, &local)
+        .await
+        .expect("stored as it was");
+    c.run_until(5, |_| false).await.unwrap();
+    let warned = refused(&events(&c).await);
+    let about_local: Vec<_> = warned
+        .iter()
+        .filter(|e| e.involved_object.name == "local")
+        .collect();
+    assert_eq!(about_local.len(), 1, "{warned:?}");
+    assert!(about_local[0]
+        .message
+        .contains("source.image kat-local/default_other:0123abc"));
+
     // Applied again without the mount: a new generation, no new warning.
     workloads::apply(
         &*c.store,
@@ -59,5 +76,5 @@ async fn a_stored_workload_a_new_rule_refuses_is_kept_with_one_warning() {
     .await
     .expect("the fixed workload");
     c.run_until(5, |_| false).await.unwrap();
-    assert_eq!(refused(&events(&c).await).len(), 1);
+    assert_eq!(refused(&events(&c).await).len(), 2);
 }

@@ -17,4 +17,4 @@ mod resolver;
 
 pub use policy::{OutboundError, OutboundPolicy};
 pub use proxy::{pin_url, PinnedProxy};
-pub use resolver::CheckedResolver;
+pub use resolver::{CheckedResolver, Endpoint};

@@ -1,6 +1,6 @@
 //! The rule: which addresses are refused, which an admin allowed.
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 
 use ipnet::IpNet;
 
@@ -21,9 +21,11 @@ pub enum OutboundError {
 }
 
 /// Which addresses a node connects to on a user's behalf. The default refuses loopback,
-/// link-local, unspecified and multicast addresses and every address of the node's own
-/// interfaces; [`OutboundPolicy::allow`] lets networks through, and endpoints the admin named
-/// (`--insecure-registry HOST:PORT`) are trusted as they are.
+/// link-local, unspecified and multicast addresses, the clouds' metadata services
+/// (`169.254.169.254` is link-local; also `fd00:ec2::254` and `100.100.100.200`), IPv6
+/// addresses that embed a refused IPv4 one (NAT64, IPv4-compatible), and every address of
+/// the node's own interfaces; [`OutboundPolicy::allow`] lets networks through, and
+/// endpoints the admin named (`--insecure-registry HOST:PORT`) are trusted as they are.
 #[derive(Clone, Debug, Default)]
 pub struct OutboundPolicy {
     allowed: Vec<IpNet>,
@@ -34,7 +36,8 @@ impl OutboundPolicy {
     /// Refuses what the rule refuses, except in `allowed`.
     pub fn allow(allowed: impl IntoIterator<Item = IpNet>) -> OutboundPolicy {
         OutboundPolicy {
-            allowed: allowed.into_iter().collect(),
+            // An IPv4-mapped network is the IPv4 one: addresses are compared canonical.
+            allowed: allowed.into_iter().map(canonical_net).collect(),
             trusted_endpoints: Vec::new(),
         }
     }
@@ -63,19 +66,11 @@ impl OutboundPolicy {
         if self.allowed.iter().any(|net| net.contains(&addr)) {
             return Ok(());
         }
-        let reason = if addr.is_loopback() {
-            Some("a loopback address")
-        } else if addr.is_unspecified() || is_this_network(addr) {
-            Some("the unspecified address")
-        } else if addr.is_multicast() || addr == IpAddr::from([255, 255, 255, 255]) {
-            Some("a multicast or broadcast address")
-        } else if is_link_local(addr) {
-            Some("a link-local address")
-        } else if node_addresses().contains(&addr) {
-            Some("one of this node's own addresses")
-        } else {
-            None
-        };
+        let reason = refusal(addr).or_else(|| {
+            node_addresses()
+                .contains(&addr)
+                .then_some("one of this node's own addresses")
+        });
         match reason {
             Some(reason) => Err(OutboundError::Refused {
                 host: host.to_string(),
@@ -133,9 +128,55 @@ impl OutboundPolicy {
     }
 }
 
-/// `0.0.0.0/8`, "this network": Linux takes `0.0.0.0` for the local host.
-fn is_this_network(addr: IpAddr) -> bool {
-    matches!(addr, IpAddr::V4(v4) if v4.octets()[0] == 0)
+/// Why `addr` (canonical) is refused whatever the node's own addresses are.
+fn refusal(addr: IpAddr) -> Option<&'static str> {
+    const METADATA: [IpAddr; 2] = [
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+        IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+    ];
+    if addr.is_loopback() {
+        Some("a loopback address")
+    } else if addr.is_unspecified() {
+        Some("the unspecified address")
+    } else if matches!(addr, IpAddr::V4(v4) if v4.octets()[0] == 0) {
+        // Linux takes `0.0.0.0/8` for this host.
+        Some("an address of 0.0.0.0/8, taken for this host")
+    } else if addr.is_multicast() || addr == IpAddr::from([255, 255, 255, 255]) {
+        Some("a multicast or broadcast address")
+    } else if is_link_local(addr) {
+        Some("a link-local address")
+    } else if METADATA.contains(&addr) {
+        Some("a cloud's metadata service")
+    } else if let Some(v4) = embedded_v4(addr) {
+        refusal(IpAddr::V4(v4)).map(|_| "an IPv6 address that embeds a refused IPv4 one")
+    } else {
+        None
+    }
+}
+
+/// The IPv4 address a NAT64 (`64:ff9b::/96`) or IPv4-compatible (`::/96`) address carries.
+fn embedded_v4(addr: IpAddr) -> Option<Ipv4Addr> {
+    let IpAddr::V6(v6) = addr else { return None };
+    let s = v6.segments();
+    let nat64 = s[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+    let compatible = s[..6] == [0, 0, 0, 0, 0, 0];
+    (nat64 || compatible).then(|| {
+        let o = v6.octets();
+        Ipv4Addr::new(o[12], o[13], o[14], o[15])
+    })
+}
+
+/// An IPv4-mapped IPv6 network (`::ffff:a.b.c.d/n`, n ≥ 96) as the IPv4 network it is.
+fn canonical_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(IpNet::V4)
+                .unwrap_or(net),
+            None => net,
+        },
+        other => other,
+    }
 }
 
 fn is_link_local(addr: IpAddr) -> bool {
@@ -190,12 +231,23 @@ mod tests {
             "0.0.0.0",
             "0.1.2.3",
             "::",
+            "fd00:ec2::254",
+            "100.100.100.200",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a9fe:a9fe",
+            "::127.0.0.1",
             "224.0.0.1",
             "255.255.255.255",
         ] {
             assert!(refused(&strict, addr).is_some(), "{addr}");
         }
-        for addr in ["192.0.2.10", "10.1.2.3", "2001:db8::1"] {
+        for addr in [
+            "192.0.2.10",
+            "10.1.2.3",
+            "2001:db8::1",
+            "64:ff9b::c000:20a",
+            "100.64.0.1",
+        ] {
             assert_eq!(refused(&strict, addr), None, "{addr}");
         }
     }
@@ -218,6 +270,8 @@ mod tests {
     fn an_allowed_network_passes_and_the_error_says_how_to_allow() {
         let policy = OutboundPolicy::allow(["127.0.0.0/8".parse().unwrap()]);
         assert_eq!(refused(&policy, "127.0.0.1"), None);
+        let mapped = OutboundPolicy::allow(["::ffff:127.0.0.1/128".parse().unwrap()]);
+        assert_eq!(refused(&mapped, "127.0.0.1"), None);
         assert_eq!(refused(&policy, "::ffff:127.0.0.1"), None);
         let e = policy
             .check("meta", "169.254.169.254".parse().unwrap())

@@ -25,7 +25,10 @@ use crate::{OutboundError, OutboundPolicy};
 const MAX_HEAD: usize = 16 * 1024;
 /// Connections one fetch may hold open through the proxy at once.
 const MAX_CONNECTIONS: usize = 16;
+/// How long connecting to one target may take, all its addresses together.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its `CONNECT` head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection silent this long in either direction is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -73,10 +76,13 @@ impl PinnedProxy {
 impl Drop for PinnedProxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wakes the accept loop so it sees the flag.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        // Wakes the accept loop so it sees the flag; if the wake-up cannot connect, the
+        // thread is left to end at its next connection rather than joined forever.
+        let woke = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1)).is_ok();
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            if woke {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -92,8 +98,16 @@ fn accept(
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(conn) = conn else { continue };
+        let Ok(mut conn) = conn else {
+            // EMFILE and the like: not a busy loop.
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
         if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = conn.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+            );
             continue;
         }
         open.fetch_add(1, Ordering::SeqCst);
@@ -118,9 +132,10 @@ fn serve(
     policy: &OutboundPolicy,
     refusal: &Mutex<Option<OutboundError>>,
 ) -> io::Result<()> {
-    client.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    client.set_read_timeout(Some(HEAD_TIMEOUT))?;
     client.set_write_timeout(Some(IDLE_TIMEOUT))?;
     let (head, rest) = read_head(&mut client)?;
+    client.set_read_timeout(Some(IDLE_TIMEOUT))?;
     let Some(target) = Target::parse(&head) else {
         return client.write_all(
             b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
@@ -198,10 +213,19 @@ impl Target {
     }
 }
 
+/// The first address that answers, all of them within [`CONNECT_TIMEOUT`].
 fn connect(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
+    let deadline = std::time::Instant::now() + CONNECT_TIMEOUT;
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
     for addr in addrs {
-        match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no address answered in time",
+            ));
+        }
+        match TcpStream::connect_timeout(addr, left) {
             Ok(s) => return Ok(s),
             Err(e) => last = e,
         }
@@ -239,6 +263,11 @@ pub fn pin_url(scheme: &str, rest: &str, policy: &OutboundPolicy) -> Result<Stri
         _ => return Err(bad("not a git:// or http:// URL")),
     };
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    // Credentials in the URL stay with it; only the host is replaced.
+    let (userinfo, authority) = match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{user}@"), host),
+        None => (String::new(), authority),
+    };
     let parsed = url::Url::parse(&format!("http://{authority}/"))
         .map_err(|e| bad(&format!("bad host: {e}")))?;
     let host = match parsed.host().ok_or_else(|| bad("no host"))? {
@@ -252,7 +281,7 @@ pub fn pin_url(scheme: &str, rest: &str, policy: &OutboundPolicy) -> Result<Stri
         IpAddr::V4(v4) => v4.to_string(),
         IpAddr::V6(v6) => format!("[{v6}]"),
     };
-    Ok(format!("{scheme}://{host}:{port}{path}"))
+    Ok(format!("{scheme}://{userinfo}{host}:{port}{path}"))
 }
 
 #[cfg(test)]
@@ -364,6 +393,15 @@ mod tests {
             pin_url("http", "127.0.0.1/a", &allow).unwrap(),
             "http://127.0.0.1:80/a"
         );
+        let pinned = pin_url("http", "user:tok@localhost:8080/a", &allow).unwrap();
+        assert!(
+            pinned == "http://user:tok@127.0.0.1:8080/a"
+                || pinned == "http://user:tok@[::1]:8080/a",
+            "{pinned}"
+        );
+        assert!(pin_url("http", "user:tok@127.0.0.1/a", &allow)
+            .unwrap()
+            .starts_with("http://user:tok@127.0.0.1:80/"));
         let e = pin_url("git", "127.0.0.1:9418/app", &OutboundPolicy::default()).unwrap_err();
         assert!(e.to_string().contains("loopback"), "{e}");
     }

@@ -223,6 +223,26 @@ async fn failures_say_why_and_leave_no_workspace() {
     }
     assert!(builds_left(dir.path()).is_empty());
 
+    // A base image on a cloud's metadata address: buildah pulls with the node's network,
+    // so the registry is checked first and the build refused before anything runs.
+    let metadata = commit(
+        &r,
+        &[(
+            "app/Dockerfile",
+            "FROM 169.254.169.254/latest/meta-data:x\nRUN true\n",
+        )],
+        "metadata",
+    );
+    let (result, _) = build(&rt, &request(&r, &metadata, "kat-local/default_app:meta")).await;
+    let e = result
+        .expect_err("a base image at a link-local address")
+        .to_string();
+    assert!(
+        e.contains("base image 169.254.169.254/latest/meta-data:x") && e.contains("link-local"),
+        "{e}"
+    );
+    assert!(builds_left(dir.path()).is_empty());
+
     let unknown = "0123456789abcdef0123456789abcdef01234567";
     let (result, _) = build(&rt, &request(&r, unknown, "kat-local/default_app:unknown")).await;
     let e = result.expect_err("an unknown commit").to_string();

@@ -39,12 +39,13 @@ impl HookRead {
     pub fn admit(client: IpAddr) -> Result<HookRead, Refused> {
         let source = source_of(client);
         let mut held = BY_SOURCE.lock().unwrap_or_else(|p| p.into_inner());
-        let count = held.entry(source).or_insert(0);
-        if *count >= HOOK_READS_PER_SOURCE {
+        if held.get(&source).copied().unwrap_or(0) >= HOOK_READS_PER_SOURCE {
             return Err(Refused::SourceFull);
         }
+        // The slot first: a source is counted only while it holds one, so the map never
+        // holds more entries than there are slots.
         let permit = READS.try_acquire().map_err(|_| Refused::Full)?;
-        *count += 1;
+        *held.entry(source).or_insert(0) += 1;
         Ok(HookRead {
             _permit: permit,
             source,

@@ -376,6 +376,9 @@ impl Builder {
             .map_err(|e| BuildError::Io(format!("reading the Dockerfile: {e}")))?;
         let bases = dockerfile::base_images(&text, &request.build_args, &platform)
             .map_err(BuildError::Dockerfile)?;
+        for base in &bases {
+            self.check_base(&base.reference).await?;
+        }
         let auth = self
             .auth_file
             .as_ref()
@@ -836,6 +839,45 @@ fn open_tree(dir: &Path) {
 }
 
 /// This machine's architecture as OCI platforms name it.
+impl Builder {
+    /// Refuses a base image whose registry the outbound policy refuses (`kat_outbound`):
+    /// buildah pulls it with the node's network. Checked on the addresses the registry's
+    /// name has now; buildah resolves it again, so a DNS answer that changes in between is
+    /// not caught here (the node's own pulls are checked on the address connected to).
+    async fn check_base(&self, base: &str) -> Result<(), BuildError> {
+        let reference = crate::image::reference::parse_reference(base)
+            .map_err(|e| BuildError::Dockerfile(format!("base image {base}: {e}")))?;
+        let registry = reference.resolve_registry();
+        let named = self
+            .insecure
+            .iter()
+            .any(|i| i.eq_ignore_ascii_case(registry))
+            || self.outbound.trusts_endpoint(registry);
+        if named {
+            return Ok(());
+        }
+        let refused = |message: String| {
+            BuildError::Dockerfile(format!("base image {base}: registry {registry}: {message}"))
+        };
+        let url =
+            url::Url::parse(&format!("https://{registry}/")).map_err(|e| refused(e.to_string()))?;
+        match url.host() {
+            Some(url::Host::Domain(name)) => {
+                let port = url.port_or_known_default().unwrap_or(443);
+                self.outbound
+                    .resolve_async(name, port)
+                    .await
+                    .map_err(|e| refused(e.to_string()))?;
+            }
+            _ => self
+                .outbound
+                .check_url(&url)
+                .map_err(|e| refused(e.to_string()))?,
+        }
+        Ok(())
+    }
+}
+
 pub(crate) fn go_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",

@@ -11,7 +11,7 @@
 
 use std::sync::Mutex;
 
-use kat_outbound::OutboundPolicy;
+use kat_outbound::{Endpoint, OutboundPolicy};
 use oci_client::manifest::{OciImageIndex, OciImageManifest};
 use oci_client::Reference;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
@@ -45,9 +45,12 @@ pub struct Registry {
     reference: Reference,
     base: String,
     credentials: Credentials,
-    /// The policy for URLs that name an address (names are checked as they resolve);
-    /// `None` for a registry the admin named.
-    outbound: Option<OutboundPolicy>,
+    /// Checks URLs that name an address, and another port of a trusted host, before a
+    /// request (other names are checked as the client resolves them).
+    outbound: OutboundPolicy,
+    /// The registry itself, when the admin named it (`--insecure-registry`): reached
+    /// wherever it is, that host and port only.
+    trusted: Option<Endpoint>,
     /// `Authorization` earned from the registry's challenge (a bearer token, or basic).
     authorization: Mutex<Option<HeaderValue>>,
 }
@@ -60,16 +63,18 @@ impl Registry {
         timeouts: PullTimeouts,
     ) -> Result<Registry> {
         let registry = reference.resolve_registry();
-        let insecure = config.insecure.iter().any(|i| i == registry);
-        // A registry the admin named is trusted wherever it is (the quickstart's registry is
-        // on loopback); every other one goes through the policy.
-        let trusted = insecure || outbound.trusts_endpoint(registry);
-        let builder = if trusted {
-            reqwest::Client::builder().no_proxy()
-        } else {
-            outbound.client_builder()
-        };
-        let http = builder
+        let insecure = config
+            .insecure
+            .iter()
+            .any(|i| i.eq_ignore_ascii_case(registry));
+        // A registry the admin named is reached wherever it is (the quickstart's registry is
+        // on loopback), at its own host and port only; everything else, its redirects and
+        // token realm included, goes through the policy.
+        let trusted = (insecure || outbound.trusts_endpoint(registry))
+            .then(|| Endpoint::parse(registry, if insecure { 80 } else { 443 }))
+            .flatten();
+        let http = outbound
+            .client_builder_for(trusted.clone())
             .connect_timeout(timeouts.connect)
             .read_timeout(timeouts.read)
             .build()
@@ -80,7 +85,8 @@ impl Registry {
             reference: reference.clone(),
             base: format!("{scheme}://{registry}/v2/{}", reference.repository()),
             credentials: config.credentials_for(registry),
-            outbound: (!trusted).then(|| outbound.clone()),
+            outbound: outbound.clone(),
+            trusted,
             authorization: Mutex::new(None),
         })
     }
@@ -104,6 +110,8 @@ impl Registry {
             return Ok((self.parse(&body, "manifest")?, digest));
         }
         let index: OciImageIndex = self.parse(&body, "index")?;
+        // Only a digest names an entry: a tag there would let an index pinned by digest
+        // point at something that moves.
         let arch = crate::build::go_arch();
         let chosen = index
             .manifests
@@ -119,6 +127,15 @@ impl Registry {
                     format!("the image index has no manifest for linux/{arch}"),
                 )
             })?;
+        if super::config::digest_hex(&chosen.digest).is_none() {
+            return Err(pull_failed(
+                &self.reference,
+                format!(
+                    "the index entry for linux/{arch} names {:?}, not a sha256 digest",
+                    chosen.digest
+                ),
+            ));
+        }
         let (body, media_type, digest) = self.manifest(&chosen.digest).await?;
         if is_index(&media_type, &body) {
             return Err(pull_failed(
@@ -131,8 +148,16 @@ impl Registry {
 
     /// A blob's response, ready to be read (redirects followed).
     pub async fn blob(&self, digest: &str) -> Result<Response> {
-        self.get(&format!("{}/blobs/{digest}", self.base), None)
+        match self
+            .get(&format!("{}/blobs/{digest}", self.base), None)
             .await
+        {
+            Err(RuntimeError::ImageNotFound { .. }) => Err(pull_failed(
+                &self.reference,
+                format!("blob {digest}: the registry does not have it (404)"),
+            )),
+            other => other,
+        }
     }
 
     /// The bytes, media type and digest of manifest `wanted` (a tag or a digest); a digest
@@ -156,6 +181,12 @@ impl Registry {
             .await
             .map_err(|e| pull_failed(&self.reference, format!("manifest {wanted}: {e}")))?;
         let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&body)));
+        if wanted.contains(':') && !wanted.starts_with("sha256:") {
+            return Err(pull_failed(
+                &self.reference,
+                format!("manifest {wanted}: only sha256 digests are supported"),
+            ));
+        }
         if wanted.contains(':') && wanted != digest {
             return Err(RuntimeError::DigestMismatch {
                 what: format!(
@@ -199,19 +230,17 @@ impl Registry {
 
     /// Refuses a URL that names an address the policy refuses (reqwest connects to an
     /// address without resolving it, so the resolver never sees it).
-    fn check(&self, url: &str) -> Result<()> {
-        let Some(policy) = &self.outbound else {
-            return Ok(());
-        };
+    async fn check(&self, url: &str) -> Result<()> {
         let parsed = url::Url::parse(url)
             .map_err(|e| pull_failed(&self.reference, format!("{url:?}: {e}")))?;
-        policy
-            .check_url(&parsed)
+        self.outbound
+            .check_url_for(&parsed, self.trusted.as_ref())
+            .await
             .map_err(|e| pull_failed(&self.reference, e.to_string()))
     }
 
     async fn send(&self, url: &str, accept: Option<&str>) -> Result<Response> {
-        self.check(url)?;
+        self.check(url).await?;
         let mut request = self.http.get(url);
         if let Some(accept) = accept {
             request = request.header(ACCEPT, accept);
@@ -267,7 +296,7 @@ impl Registry {
             let scope = format!("repository:{}:pull", self.reference.repository());
             query.append_pair("scope", challenge.param("scope").unwrap_or(&scope));
         }
-        self.check(url.as_str())?;
+        self.check(url.as_str()).await?;
         let mut request = self.http.get(url);
         if let Some(basic) = basic {
             request = request.header(AUTHORIZATION, basic);
