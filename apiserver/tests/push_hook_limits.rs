@@ -93,18 +93,6 @@ async fn status_of(router: &axum::Router, from: IpAddr) -> (StatusCode, String) 
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-/// Resident memory of this process, in bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
-}
-
 #[tokio::test]
 async fn a_hook_body_is_small_and_few_are_read_at_once() {
     let _turn = TURN.lock().await;
@@ -172,7 +160,7 @@ async fn a_hook_body_is_small_and_few_are_read_at_once() {
 async fn a_flood_of_slow_notifications_holds_at_most_eight_bodies() {
     let _turn = TURN.lock().await;
     let router = router();
-    let before = rss();
+    let before = kat_testkit::resident_bytes();
     let almost = (4 << 20) - 1;
     let mut sent = Vec::new();
     for i in 0..64u8 {
@@ -199,7 +187,7 @@ async fn a_flood_of_slow_notifications_holds_at_most_eight_bodies() {
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let grew = rss().saturating_sub(before);
+    let grew = kat_testkit::resident_bytes().saturating_sub(before);
     eprintln!(
         "64 slow senders of 4 MiB: {refused} turned away, the process grew by {} MiB",
         grew >> 20

@@ -84,14 +84,7 @@ impl OutboundPolicy {
     /// Resolves `host` (blocking) and checks every address: one refused address refuses the
     /// name, so a name cannot mix an allowed answer with a forbidden one.
     pub fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, OutboundError> {
-        let addrs: Vec<SocketAddr> = (host, port)
-            .to_socket_addrs()
-            .map_err(|e| OutboundError::Resolve {
-                host: host.to_string(),
-                message: e.to_string(),
-            })?
-            .collect();
-        self.check_all(host, addrs)
+        self.check_all(host, (host, port).to_socket_addrs())
     }
 
     /// [`OutboundPolicy::resolve`] without blocking.
@@ -100,21 +93,21 @@ impl OutboundPolicy {
         host: &str,
         port: u16,
     ) -> Result<Vec<SocketAddr>, OutboundError> {
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-            .await
+        self.check_all(host, tokio::net::lookup_host((host, port)).await)
+    }
+
+    /// What a lookup of `host` found, every address checked.
+    fn check_all(
+        &self,
+        host: &str,
+        found: std::io::Result<impl Iterator<Item = SocketAddr>>,
+    ) -> Result<Vec<SocketAddr>, OutboundError> {
+        let addrs: Vec<SocketAddr> = found
             .map_err(|e| OutboundError::Resolve {
                 host: host.to_string(),
                 message: e.to_string(),
             })?
             .collect();
-        self.check_all(host, addrs)
-    }
-
-    fn check_all(
-        &self,
-        host: &str,
-        addrs: Vec<SocketAddr>,
-    ) -> Result<Vec<SocketAddr>, OutboundError> {
         if addrs.is_empty() {
             return Err(OutboundError::Resolve {
                 host: host.to_string(),

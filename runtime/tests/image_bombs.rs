@@ -835,28 +835,16 @@ async fn a_stalled_or_trickling_registry_times_out() {
     }
 }
 
-/// This process's resident memory now, in bytes.
-fn rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
-}
-
 /// A pull while the highest resident memory is sampled; the result and the peak growth.
 async fn pull_measured(reg: &Registry) -> (kat_runtime::Result<()>, u64) {
-    let before = rss();
+    let before = kat_testkit::resident_bytes();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let done = done.clone();
         std::thread::spawn(move || {
             let mut peak = 0;
             while !done.load(Ordering::Relaxed) {
-                peak = peak.max(rss());
+                peak = peak.max(kat_testkit::resident_bytes());
                 std::thread::sleep(Duration::from_millis(5));
             }
             peak

@@ -67,6 +67,22 @@ pub fn wait_until(timeout: Duration, mut ok: impl FnMut() -> bool) -> Option<Dur
     }
 }
 
+/// This process's resident memory now, in bytes (`VmRSS`): what a test measures an attack
+/// by.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))?
+                .to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .expect("VmRSS in /proc/self/status")
+        * 1024
+}
+
 /// [`wait_until`], panicking with `what` on a timeout.
 pub fn wait(what: &str, timeout: Duration, ok: impl FnMut() -> bool) -> Duration {
     wait_until(timeout, ok)

@@ -651,21 +651,16 @@ pub(crate) fn an_exec_ends_with_its_client(c: &Cluster, instance: &str) {
         .stderr(Stdio::null())
         .spawn()
         .expect("katcall exec");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pids_running(&marker).is_empty() {
-        assert!(Instant::now() < deadline, "the exec'd sleep never started");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    kat_testkit::wait("the exec'd sleep to start", Duration::from_secs(20), || {
+        !pids_running(&marker).is_empty()
+    });
     let _ = exec.kill();
     let _ = exec.wait();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !pids_running(&marker).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the exec'd process outlived its client by 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    kat_testkit::wait(
+        "the exec'd process to end with its client",
+        Duration::from_secs(20),
+        || pids_running(&marker).is_empty(),
+    );
 }
 
 /// A deleted token ends its exec sessions: an exec opened with a namespace token ends with
@@ -696,11 +691,9 @@ pub(crate) fn a_deleted_tokens_exec_ends(c: &Cluster, instance: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("katcall exec");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pids_running(&marker).is_empty() {
-        assert!(Instant::now() < deadline, "the exec'd sleep never started");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    kat_testkit::wait("the exec'd sleep to start", Duration::from_secs(20), || {
+        !pids_running(&marker).is_empty()
+    });
     let deleted = Instant::now();
     c.must(&["delete", "token", &made.info.id]);
     let status = loop {
@@ -723,14 +716,11 @@ pub(crate) fn a_deleted_tokens_exec_ends(c: &Cluster, instance: &str) {
         stderr.contains("token that opened this session was deleted"),
         "{stderr}"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !pids_running(&marker).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the exec'd process outlived its deleted token by 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    kat_testkit::wait(
+        "the exec'd process to end with its deleted token",
+        Duration::from_secs(20),
+        || pids_running(&marker).is_empty(),
+    );
 }
 
 /// GPUs through CDI on a fake vendor (no GPU is on these machines): the node reports the
