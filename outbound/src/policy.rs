@@ -87,6 +87,24 @@ impl OutboundPolicy {
         self.check_all(host, (host, port).to_socket_addrs())
     }
 
+    /// Resolves `host:port` for a connection: an endpoint the admin named (`host:port`, or
+    /// `host` alone for 443) is trusted whatever it resolves to; any other name is
+    /// [`OutboundPolicy::resolve`]d and checked.
+    pub fn resolve_endpoint(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, OutboundError> {
+        let trusted = self.trusts_endpoint(&format!("{host}:{port}"))
+            || (port == 443 && self.trusts_endpoint(host));
+        if !trusted {
+            return self.resolve(host, port);
+        }
+        (host, port)
+            .to_socket_addrs()
+            .map(Iterator::collect)
+            .map_err(|e| OutboundError::Resolve {
+                host: host.to_string(),
+                message: e.to_string(),
+            })
+    }
+
     /// [`OutboundPolicy::resolve`] without blocking.
     pub async fn resolve_async(
         &self,

@@ -1,10 +1,12 @@
-//! libgit2 under the policy. libgit2 resolves names itself, with no hook, so it is never
-//! given a name it could resolve differently from the check:
+//! libgit2 and buildah under the policy. Both resolve names themselves, with no hook, so
+//! neither is given a name it could resolve differently from the check:
 //!
 //! - `https://` goes through [`PinnedProxy`], a `CONNECT` proxy on loopback that lives for
 //!   one fetch: it resolves the target, checks every address and connects to a checked one;
 //!   TLS stays end to end under the repository's own name. Redirects come back through it
-//!   and are checked the same way.
+//!   and are checked the same way. buildah's HTTPS pulls and pushes go through it too
+//!   (`HTTPS_PROXY`; Go connects to loopback directly, which the policy refuses anyway
+//!   unless an admin allowed it).
 //! - `git://` has no proxy in libgit2 and no TLS, and libgit2 1.9 connects straight to the
 //!   server for plain HTTP even with a proxy set: [`pin_url`] replaces the host with a
 //!   checked address.
@@ -32,7 +34,7 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection silent this long in either direction is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// A `CONNECT` proxy on loopback for one libgit2 operation; stops when dropped.
+/// A `CONNECT` proxy on loopback for one fetch, pull or push; stops when dropped.
 pub struct PinnedProxy {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -51,7 +53,7 @@ impl PinnedProxy {
             let refusal = refusal.clone();
             let policy = Arc::new(policy);
             std::thread::Builder::new()
-                .name("kat-git-proxy".into())
+                .name("kat-out-proxy".into())
                 .spawn(move || accept(listener, &policy, &stop, &refusal))?
         };
         Ok(PinnedProxy {
@@ -62,12 +64,12 @@ impl PinnedProxy {
         })
     }
 
-    /// The proxy URL to hand libgit2.
+    /// The proxy URL to hand libgit2 or buildah.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    /// The first connection the policy refused, if any (libgit2 only sees a 403).
+    /// The first connection the policy refused, if any (the client only sees a 403).
     pub fn refusal(&self) -> Option<OutboundError> {
         self.refusal.lock().ok().and_then(|r| r.clone())
     }
@@ -113,10 +115,10 @@ fn accept(
         open.fetch_add(1, Ordering::SeqCst);
         let (policy, refusal, held) = (policy.clone(), refusal.clone(), open.clone());
         let spawned = std::thread::Builder::new()
-            .name("kat-git-proxy-conn".into())
+            .name("kat-out-proxy-conn".into())
             .spawn(move || {
                 if let Err(e) = serve(conn, &policy, &refusal) {
-                    tracing::debug!("git proxy connection: {e}");
+                    tracing::debug!("outbound proxy connection: {e}");
                 }
                 held.fetch_sub(1, Ordering::SeqCst);
             });
@@ -141,10 +143,10 @@ fn serve(
             b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
         );
     };
-    let addrs = match policy.resolve(&target.host, target.port) {
+    let addrs = match policy.resolve_endpoint(&target.host, target.port) {
         Ok(addrs) => addrs,
         Err(e) => {
-            tracing::warn!("refused a git connection: {e}");
+            tracing::warn!("refused a connection through the outbound proxy: {e}");
             if let Ok(mut first) = refusal.lock() {
                 first.get_or_insert(e);
             }
@@ -237,7 +239,7 @@ fn connect(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
 fn splice(client: TcpStream, upstream: TcpStream) -> io::Result<()> {
     let (mut client_r, mut upstream_w) = (client.try_clone()?, upstream.try_clone()?);
     let up = std::thread::Builder::new()
-        .name("kat-git-proxy-up".into())
+        .name("kat-out-proxy-up".into())
         .spawn(move || {
             let _ = io::copy(&mut client_r, &mut upstream_w);
             let _ = upstream_w.shutdown(Shutdown::Write);

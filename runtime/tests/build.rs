@@ -3,7 +3,7 @@
 //! namespace, the result imported and run. Failures say why and leave no workspace; a
 //! Dockerfile cannot read the agent's files.
 //!
-//! One file because its eight tests and the build benchmark share one harness: the `git
+//! One file because its nine tests and the build benchmark share one harness: the `git
 //! daemon` `Repo` with `commit` and `request`, `build` (which records the phases) and
 //! `builds_left`; the two network tests also share `listen` and `host_address`.
 
@@ -722,6 +722,7 @@ async fn a_sandbox_behind_a_prefix_is_contained_too() {
             .map(String::from)
             .to_vec(),
         helper: b.helper.clone(),
+        env: Vec::new(),
     };
     let script = format!(
         "ls -d /proc/[0-9]* | wc -l; echo ==; cat /proc/net/dev; echo ==; ls -a {}; echo ==; cat /etc/resolv.conf",
@@ -767,6 +768,78 @@ async fn a_sandbox_behind_a_prefix_is_contained_too() {
         .collect();
     assert_eq!(entries, ["bprefixed"], "{out}");
     assert!(parts[3].contains("nameserver 10.0.2.3"), "{out}");
+    let _ = sandbox
+        .output(
+            "rm",
+            &["-rf".into(), ws.join("state").display().to_string()],
+        )
+        .await;
+}
+
+/// buildah's pulls and pushes connect through the outbound proxy, which checks the address
+/// it connects to: a registry name that resolves elsewhere after the runtime's own check (DNS
+/// rebinding) is refused there. A registry at a link-local address, pulled by buildah in a
+/// sandbox with the proxy's environment, is refused by the proxy (without it, buildah would
+/// connect there itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buildahs_connections_go_through_the_outbound_proxy() {
+    use kat_runtime::build::buildah::{registries_conf, registries_d, Sandbox};
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixtures();
+    let (rt, _dir) = runtime(&f);
+    let b = rt.builder().expect("the builder");
+    let builds = b.root.clone();
+    let chmod = |p: &Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    std::fs::create_dir_all(builds.join("bproxied/conf/registries.d")).unwrap();
+    chmod(&builds, 0o711);
+    chmod(&builds.join("bproxied"), 0o777);
+    let ws = builds.join("bproxied").canonicalize().unwrap();
+    std::fs::create_dir(ws.join("state")).unwrap();
+    chmod(&ws.join("state"), 0o777);
+    std::fs::write(ws.join("conf/registries.conf"), registries_conf(&[])).unwrap();
+    std::fs::write(
+        ws.join("conf/registries.d/default.yaml"),
+        registries_d(&ws.join("state")),
+    )
+    .unwrap();
+    for f in ["conf", "conf/registries.d"] {
+        chmod(&ws.join(f), 0o755);
+    }
+    for f in ["conf/registries.conf", "conf/registries.d/default.yaml"] {
+        chmod(&ws.join(f), 0o644);
+    }
+    let proxy = kat_outbound::PinnedProxy::start(kat_outbound::OutboundPolicy::default())
+        .expect("the proxy");
+    let sandbox = Sandbox {
+        host_uid: b.slice.0,
+        host_gid: b.slice.1,
+        count: b.slice.2,
+        workspace: ws.clone(),
+        state: ws.join("state"),
+        private: None,
+        conf: ws.join("conf"),
+        prefix: Vec::new(),
+        helper: b.helper.clone(),
+        env: vec![
+            ("HTTPS_PROXY".into(), proxy.url()),
+            ("NO_PROXY".into(), String::new()),
+        ],
+    };
+    let mut args = sandbox.global_args();
+    args.extend(["pull".into(), "docker://169.254.169.254/metadata:1".into()]);
+    let (ok, out) = tokio::time::timeout(Duration::from_secs(120), sandbox.output("buildah", &args))
+        .await
+        .expect("buildah answers within 2 minutes")
+        .expect("buildah runs");
+    assert!(!ok, "a pull from a link-local registry: {out}");
+    match proxy.refusal() {
+        Some(kat_outbound::OutboundError::Refused { addr, .. }) => {
+            assert_eq!(addr.to_string(), "169.254.169.254", "{out}")
+        }
+        other => panic!("the proxy refused nothing ({other:?}): buildah said {out}"),
+    }
     let _ = sandbox
         .output(
             "rm",

@@ -66,6 +66,9 @@ pub struct Sandbox {
     pub prefix: Vec<String>,
     /// The program that serves as the sandbox ([`SANDBOX_ARG`]): the agent itself.
     pub helper: PathBuf,
+    /// Environment for buildah besides what the sandbox sets (the outbound proxy of a pull
+    /// or push).
+    pub env: Vec<(String, String)>,
 }
 
 /// How far a buildah command is contained besides its user namespace.
@@ -444,6 +447,7 @@ impl Sandbox {
                 c.env(var, v);
             }
         }
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

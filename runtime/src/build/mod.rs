@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
+use kat_outbound::PinnedProxy;
 
 pub use buildah::Step;
 pub use kat_api::build_definition::BuildNetwork;
@@ -325,6 +326,7 @@ impl Builder {
                 conf: dir.join("conf"),
                 prefix: Vec::new(),
                 helper: self.helper.clone(),
+                env: Vec::new(),
             },
             dir,
             removed: false,
@@ -377,7 +379,9 @@ impl Builder {
         let bases = dockerfile::base_images(&text, &request.build_args, &platform)
             .map_err(BuildError::Dockerfile)?;
         for base in &bases {
-            self.check_base(&base.reference).await?;
+            self.check_registry(&base.reference)
+                .await
+                .map_err(|e| BuildError::Dockerfile(format!("base image {e}")))?;
         }
         let auth = self
             .auth_file
@@ -396,8 +400,9 @@ impl Builder {
         );
         // The base images first, with the node's network and no code from the repository
         // running: then `buildah bud` never needs the host's network.
+        let (pulling, proxy) = self.proxied(&ws.sandbox)?;
         for base in &bases {
-            let mut args = ws.sandbox.global_args();
+            let mut args = pulling.global_args();
             args.extend(buildah::pull_args(
                 base,
                 request.platform.as_deref(),
@@ -405,7 +410,7 @@ impl Builder {
             ));
             let run = self
                 .run_limited(
-                    &ws.sandbox,
+                    &pulling,
                     &group,
                     args,
                     buildah::Contain::UserOnly,
@@ -417,15 +422,20 @@ impl Builder {
                 .await;
             if let Err(e) = run {
                 self.cgroups.remove(&group);
-                return Err(match e {
-                    BuildError::Failed { tail, .. } => BuildError::Failed {
+                return Err(match (e, proxy.refusal()) {
+                    (BuildError::Failed { .. }, Some(refused)) => BuildError::Dockerfile(format!(
+                        "base image {}: {refused}",
+                        base.reference
+                    )),
+                    (BuildError::Failed { tail, .. }, None) => BuildError::Failed {
                         step: format!("pulling the base image {}", base.reference),
                         tail,
                     },
-                    e => e,
+                    (e, _) => e,
                 });
             }
         }
+        drop(proxy);
         // The credentials were for those pulls: `bud` pulls nothing (`--pull=never`), and its
         // RUN steps run as the same user, so the copy goes before any of them runs.
         self.remove_auth(ws).await?;
@@ -500,11 +510,17 @@ impl Builder {
             reference: reference.to_string(),
             error,
         };
+        if let Err(e) = self.check_registry(reference).await {
+            return failed(format!("cache repository {e}"));
+        }
         let fresh = match self.push_dir(ws).await {
             Ok(dir) => dir,
             Err(e) => return failed(e.to_string()),
         };
-        let mut sandbox = ws.sandbox.clone();
+        let (mut sandbox, proxy) = match self.proxied(&ws.sandbox) {
+            Ok(proxied) => proxied,
+            Err(e) => return failed(e.to_string()),
+        };
         sandbox.conf = fresh.clone();
         sandbox.private = Some(fresh.clone());
         let mut push = sandbox.global_args();
@@ -523,6 +539,9 @@ impl Builder {
             )))
         }) {
             Ok((true, _)) => CacheOutcome::Pushed(reference.to_string()),
+            Ok((false, _)) if proxy.refusal().is_some() => {
+                failed(proxy.refusal().map(|e| e.to_string()).unwrap_or_default())
+            }
             Ok((false, out)) => CacheOutcome::PushFailed {
                 reference: reference.to_string(),
                 error: out
@@ -840,13 +859,14 @@ fn open_tree(dir: &Path) {
 
 /// This machine's architecture as OCI platforms name it.
 impl Builder {
-    /// Refuses a base image whose registry the outbound policy refuses (`kat_outbound`):
-    /// buildah pulls it with the node's network. Checked on the addresses the registry's
-    /// name has now; buildah resolves it again, so a DNS answer that changes in between is
-    /// not caught here (the node's own pulls are checked on the address connected to).
-    async fn check_base(&self, base: &str) -> Result<(), BuildError> {
-        let reference = crate::image::reference::parse_reference(base)
-            .map_err(|e| BuildError::Dockerfile(format!("base image {base}: {e}")))?;
+    /// Refuses an image (a base image, the cache repository) whose registry the outbound
+    /// policy refuses (`kat_outbound`), with a message that names it, before buildah
+    /// connects there with the node's network and credentials. buildah resolves the name
+    /// again; its connections go through [`Self::proxied`]'s proxy, which checks the
+    /// address it connects to, so a DNS answer that changes in between is refused there.
+    async fn check_registry(&self, image: &str) -> Result<(), String> {
+        let reference = crate::image::reference::parse_reference(image)
+            .map_err(|e| format!("{image}: {e}"))?;
         let registry = reference.resolve_registry();
         let named = self
             .insecure
@@ -856,9 +876,7 @@ impl Builder {
         if named {
             return Ok(());
         }
-        let refused = |message: String| {
-            BuildError::Dockerfile(format!("base image {base}: registry {registry}: {message}"))
-        };
+        let refused = |message: String| format!("{image}: registry {registry}: {message}");
         let url =
             url::Url::parse(&format!("https://{registry}/")).map_err(|e| refused(e.to_string()))?;
         match url.host() {
@@ -875,6 +893,28 @@ impl Builder {
                 .map_err(|e| refused(e.to_string()))?,
         }
         Ok(())
+    }
+
+    /// `sandbox` with buildah's HTTPS connections through a [`PinnedProxy`] of the outbound
+    /// policy (Go's `HTTPS_PROXY`), which lives as long as the returned handle; the
+    /// insecure registries (plain HTTP, named by the admin) are reached directly.
+    fn proxied(
+        &self,
+        sandbox: &buildah::Sandbox,
+    ) -> Result<(buildah::Sandbox, PinnedProxy), BuildError> {
+        let proxy = PinnedProxy::start(self.outbound.clone())
+            .map_err(|e| BuildError::Unavailable(format!("the outbound proxy: {e}")))?;
+        let mut proxied = sandbox.clone();
+        let no_proxy = self.insecure.join(",");
+        for (var, value) in [
+            ("HTTPS_PROXY", proxy.url()),
+            ("https_proxy", proxy.url()),
+            ("NO_PROXY", no_proxy.clone()),
+            ("no_proxy", no_proxy),
+        ] {
+            proxied.env.push((var.to_string(), value));
+        }
+        Ok((proxied, proxy))
     }
 }
 
