@@ -6,11 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
@@ -18,38 +16,11 @@ use kat_apiserver::http::{self, ApiState, ClientAddr, NoInstanceAccess};
 use kat_apiserver::Service;
 use kat_leader::Clock;
 use kat_store::{MemStore, StateStore};
+use kat_testkit::git::{git, GitDaemon};
 use tower::ServiceExt;
 
 const TOKEN: &str = "test-token";
 const CLUSTER: &str = "apiVersion: kat.dws.rip/v1alpha1\nkind: ClusterConfiguration\nmetadata: {name: test}\nspec:\n  clusterCIDR: 10.100.0.0/16\n  serviceCIDR: 10.200.0.0/16\n";
-
-/// `git daemon` and its connection children, killed when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.0.id())])
-            .status();
-        let _ = self.0.wait();
-    }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args([
-            "-c",
-            "user.name=KAT test",
-            "-c",
-            "user.email=test@kat.invalid",
-        ])
-        .args(args)
-        .output()
-        .expect("git");
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 fn commit(work: &Path, text: &str) -> String {
     std::fs::create_dir_all(work.join("app")).unwrap();
@@ -64,38 +35,14 @@ fn commit(work: &Path, text: &str) -> String {
 }
 
 /// A repository `base/app` on branch main, served at the returned `git://` URL.
-fn serve_repository(base: &Path) -> (Daemon, String) {
+fn serve_repository(base: &Path) -> (GitDaemon, String) {
     let work = base.join("app");
     std::fs::create_dir_all(&work).unwrap();
     git(&work, &["init", "-q", "-b", "main"]);
     commit(&work, "first");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("git")
-        .args([
-            "daemon",
-            "--reuseaddr",
-            "--export-all",
-            "--listen=127.0.0.1",
-            &format!("--port={port}"),
-            &format!("--base-path={}", base.display()),
-        ])
-        .arg(base)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("git daemon");
-    let daemon = Daemon(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "git daemon did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (daemon, format!("git://127.0.0.1:{port}/app"))
+    let daemon = GitDaemon::serve(base);
+    let url = daemon.url("app");
+    (daemon, url)
 }
 
 struct Api {

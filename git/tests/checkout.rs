@@ -9,12 +9,11 @@
 //! The outbound policy: a repository on loopback is reached only where an admin allowed it,
 //! over `git://` (pinned address) as over HTTP and HTTPS (through the checking proxy).
 
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use kat_git::{checkout, CheckoutLimits, GitError, OutboundPolicy};
+use kat_testkit::git::{git, GitDaemon};
 
 /// The test's git daemon is on loopback, which the node refuses unless allowed.
 fn loopback() -> OutboundPolicy {
@@ -23,66 +22,6 @@ fn loopback() -> OutboundPolicy {
 
 const MB: u64 = 1024 * 1024;
 const CAP: u64 = 10 * MB;
-
-/// `git daemon` serving `base`, killed with its children when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // git daemon forks a child per connection: the whole process group goes.
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.0.id())])
-            .status();
-        let _ = self.0.wait();
-    }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args([
-            "-c",
-            "user.name=KAT test",
-            "-c",
-            "user.email=test@kat.invalid",
-        ])
-        .args(args)
-        .output()
-        .expect("git");
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// Serves every repository under `base` at `git://127.0.0.1:PORT/NAME`.
-fn serve(base: &Path) -> (Daemon, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("git")
-        .args([
-            "daemon",
-            "--reuseaddr",
-            "--export-all",
-            "--listen=127.0.0.1",
-            &format!("--port={port}"),
-            &format!("--base-path={}", base.display()),
-        ])
-        .arg(base)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("git daemon");
-    let daemon = Daemon(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "git daemon did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (daemon, port)
-}
 
 /// A repository `base/name` with one commit of `files` (path, bytes of zeros); its commit.
 fn repository(base: &Path, name: &str, files: &[(&str, u64)]) -> String {
@@ -122,7 +61,8 @@ fn fifty_megabytes_of_zeros_stop_at_the_cap_before_writing() {
         "zeros",
         &[("README", 6), ("data/zeros.bin", 50 * MB)],
     );
-    let (_daemon, port) = serve(base.path());
+    let daemon = GitDaemon::serve(base.path());
+    let port = daemon.port();
     let url = format!("git://127.0.0.1:{port}/zeros");
     let dest = tempfile::tempdir().unwrap();
     let dir = dest.path().join("src");
@@ -147,7 +87,8 @@ fn one_blob_listed_many_times_is_counted_each_time() {
     let paths: Vec<String> = (0..24).map(|i| format!("d{}/copy{i}", i % 4)).collect();
     let files: Vec<(&str, u64)> = paths.iter().map(|p| (p.as_str(), MB)).collect();
     let commit = repository(base.path(), "copies", &files);
-    let (_daemon, port) = serve(base.path());
+    let daemon = GitDaemon::serve(base.path());
+    let port = daemon.port();
     let url = format!("git://127.0.0.1:{port}/copies");
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("src");
@@ -165,7 +106,8 @@ fn a_checkout_under_the_cap_is_written_whole() {
         "small",
         &[("README", 6), ("data/zeros.bin", 5 * MB)],
     );
-    let (_daemon, port) = serve(base.path());
+    let daemon = GitDaemon::serve(base.path());
+    let port = daemon.port();
     let url = format!("git://127.0.0.1:{port}/small");
     let dest = tempfile::tempdir().unwrap();
     let dir = dest.path().join("src");
@@ -184,7 +126,8 @@ fn a_checkout_under_the_cap_is_written_whole() {
 fn a_repository_on_loopback_is_refused_unless_allowed() {
     let base = tempfile::tempdir().unwrap();
     let commit = repository(base.path(), "small", &[("README", 6)]);
-    let (_daemon, port) = serve(base.path());
+    let daemon = GitDaemon::serve(base.path());
+    let port = daemon.port();
     let strict = OutboundPolicy::default();
     for url in [
         format!("git://127.0.0.1:{port}/small"),

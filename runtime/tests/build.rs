@@ -10,6 +10,7 @@
 mod support;
 
 use kat_testkit::free_port;
+use kat_testkit::git::{git, GitDaemon};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -19,69 +20,23 @@ use kat_runtime::build::{BuildError, BuildLimits, BuildPhase, BuildRequest, Cach
 use kat_runtime::{ContainerRuntime, RuntimeError};
 use support::*;
 
-/// A Git repository in `dir/repo.git`'s working copy `dir/work`, served by `git daemon`.
+/// A Git repository: the working copy `dir/work`, served by `git daemon`.
 struct Repo {
     work: PathBuf,
     url: String,
-    daemon: Child,
-}
-
-impl Drop for Repo {
-    fn drop(&mut self) {
-        // `git daemon` runs git-daemon as a child: the whole group goes.
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(self.daemon.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let _ = self.daemon.wait();
-    }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args([
-            "-c",
-            "user.name=KAT test",
-            "-c",
-            "user.email=test@kat.invalid",
-        ])
-        .args(args)
-        .output()
-        .expect("git");
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    _daemon: GitDaemon,
 }
 
 fn repo(dir: &Path) -> Repo {
     let work = dir.join("work");
     std::fs::create_dir_all(&work).unwrap();
     git(&work, &["init", "-q", "-b", "main"]);
-    let port = free_port();
-    let daemon = Command::new("git")
-        .args([
-            "daemon",
-            "--reuseaddr",
-            "--export-all",
-            "--listen=127.0.0.1",
-            &format!("--port={port}"),
-            &format!("--base-path={}", dir.display()),
-        ])
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("git daemon");
-    let url = format!("git://127.0.0.1:{port}/work");
-    // Ready when it accepts connections.
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let daemon = GitDaemon::serve(dir);
+    Repo {
+        work,
+        url: daemon.url("work"),
+        _daemon: daemon,
     }
-    Repo { work, url, daemon }
 }
 
 /// Writes `files` (path, content) into the working copy and commits them; the commit id.

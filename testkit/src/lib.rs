@@ -1,9 +1,12 @@
 //! What KAT's end-to-end tests share, so that each test file holds its scenarios and not its
 //! own copy of the plumbing: the workspace's built binaries, a free loopback port, waits
-//! on a condition (never a fixed sleep before an assertion), and katcall with typed answers
-//! ([`katcall`]).
+//! on a condition (never a fixed sleep before an assertion), katcall with typed answers
+//! ([`katcall`]) and git repositories served by `git daemon` ([`git`]).
 
+pub mod git;
 pub mod katcall;
+
+pub use git::GitDaemon;
 
 pub use katcall::Katcall;
 

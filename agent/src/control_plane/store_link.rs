@@ -66,6 +66,23 @@ impl ControlPlane for StoreLink {
     }
 
     async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()> {
+        // A member's capacity is recorded and checked as a worker's is by the leader's API
+        // (a member writes the store itself, so this holds for an honest member only:
+        // members are trusted, docs/security.md).
+        let previous: Option<NodeHeartbeat> = self
+            .store
+            .get(&keys::node_status(&self.node))
+            .await?
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+        kat_leader::node_admin::check_capacity(
+            &*self.store,
+            &self.events,
+            &kat_leader::Clock::system(),
+            heartbeat,
+            previous.as_ref(),
+        )
+        .await
+        .context("checking this node's capacity against the approved one")?;
         self.store
             .put(
                 &keys::node_status(&self.node),

@@ -1,76 +1,36 @@
 //! Workloads built from git on the node.
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::cluster::*;
 use crate::specs::*;
 use kat_api::wire::InstanceState;
-use kat_testkit::{free_port, holds_for};
+use kat_testkit::git::{git, GitDaemon};
+use kat_testkit::holds_for;
 
-/// A Git repository served by `git daemon` on loopback (killed with its process group).
+/// A Git repository served by `git daemon` on loopback.
 pub(crate) struct GitRepo {
     work: PathBuf,
     url: String,
-    daemon: Child,
-}
-
-impl Drop for GitRepo {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(self.daemon.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let _ = self.daemon.wait();
-    }
+    _daemon: GitDaemon,
 }
 
 impl GitRepo {
     fn new(dir: &Path) -> GitRepo {
-        use std::os::unix::process::CommandExt;
         let work = dir.join("app");
         std::fs::create_dir_all(&work).unwrap();
-        let port = free_port();
-        let repo = GitRepo {
-            url: format!("git://127.0.0.1:{port}/app"),
-            daemon: Command::new("git")
-                .args([
-                    "daemon",
-                    "--reuseaddr",
-                    "--export-all",
-                    "--listen=127.0.0.1",
-                ])
-                .arg(format!("--port={port}"))
-                .arg(format!("--base-path={}", dir.display()))
-                .arg(dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .expect("git daemon"),
+        git(&work, &["init", "-q", "-b", "main"]);
+        let daemon = GitDaemon::serve(dir);
+        GitRepo {
             work,
-        };
-        repo.git(&["init", "-q", "-b", "main"]);
-        for _ in 0..100 {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            url: daemon.url("app"),
+            _daemon: daemon,
         }
-        repo
     }
 
     fn git(&self, args: &[&str]) -> String {
-        let out = Command::new("git")
-            .current_dir(&self.work)
-            .args(["-c", "user.name=KAT", "-c", "user.email=kat@test.invalid"])
-            .args(args)
-            .output()
-            .expect("git");
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        git(&self.work, args)
     }
 
     /// Writes files and commits them on the current branch; the commit id.

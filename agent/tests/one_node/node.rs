@@ -435,6 +435,12 @@ pub(crate) fn leader_shown(c: &Cluster, node: &str) {
     assert_eq!(leaders.len(), 1, "{nodes:?}");
     assert_eq!(leaders[0].metadata.name, node, "{nodes:?}");
     assert!(leaders[0].leader_since.is_some(), "{nodes:?}");
+    // A member's capacity is recorded from its own first heartbeat, as a worker's is.
+    let approved = leaders[0]
+        .approved_capacity
+        .as_ref()
+        .unwrap_or_else(|| panic!("the member's capacity recorded: {nodes:?}"));
+    assert_eq!(approved.allocatable, leaders[0].allocatable, "{nodes:?}");
     let described = c.must(&["describe", "node", node]);
     assert!(described.contains("Leader:      yes, since"), "{described}");
     assert!(
