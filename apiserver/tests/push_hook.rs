@@ -9,7 +9,6 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::sync::Arc;
 
-
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use kat_apiserver::http::{self, ApiState, ClientAddr, NoInstanceAccess};

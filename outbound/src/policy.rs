@@ -90,7 +90,11 @@ impl OutboundPolicy {
     /// Resolves `host:port` for a connection: an endpoint the admin named (`host:port`, or
     /// `host` alone for 443) is trusted whatever it resolves to; any other name is
     /// [`OutboundPolicy::resolve`]d and checked.
-    pub fn resolve_endpoint(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, OutboundError> {
+    pub fn resolve_endpoint(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, OutboundError> {
         let trusted = self.trusts_endpoint(&format!("{host}:{port}"))
             || (port == 443 && self.trusts_endpoint(host));
         if !trusted {

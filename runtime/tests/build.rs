@@ -784,10 +784,11 @@ async fn buildahs_connections_go_through_the_outbound_proxy() {
     };
     let mut args = sandbox.global_args();
     args.extend(["pull".into(), "docker://169.254.169.254/metadata:1".into()]);
-    let (ok, out) = tokio::time::timeout(Duration::from_secs(120), sandbox.output("buildah", &args))
-        .await
-        .expect("buildah answers within 2 minutes")
-        .expect("buildah runs");
+    let (ok, out) =
+        tokio::time::timeout(Duration::from_secs(120), sandbox.output("buildah", &args))
+            .await
+            .expect("buildah answers within 2 minutes")
+            .expect("buildah runs");
     assert!(!ok, "a pull from a link-local registry: {out}");
     match proxy.refusal() {
         Some(kat_outbound::OutboundError::Refused { addr, .. }) => {

@@ -52,9 +52,11 @@ impl GitDaemon {
             .spawn()
             .expect("git daemon");
         let daemon = GitDaemon { child, port };
-        crate::wait("git daemon accepting connections", Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        crate::wait(
+            "git daemon accepting connections",
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
         daemon
     }
 

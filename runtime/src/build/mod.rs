@@ -34,9 +34,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use kat_outbound::PinnedProxy;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
-use kat_outbound::PinnedProxy;
 
 pub use buildah::Step;
 pub use kat_api::build_definition::BuildNetwork;
@@ -423,10 +423,9 @@ impl Builder {
             if let Err(e) = run {
                 self.cgroups.remove(&group);
                 return Err(match (e, proxy.refusal()) {
-                    (BuildError::Failed { .. }, Some(refused)) => BuildError::Dockerfile(format!(
-                        "base image {}: {refused}",
-                        base.reference
-                    )),
+                    (BuildError::Failed { .. }, Some(refused)) => {
+                        BuildError::Dockerfile(format!("base image {}: {refused}", base.reference))
+                    }
                     (BuildError::Failed { tail, .. }, None) => BuildError::Failed {
                         step: format!("pulling the base image {}", base.reference),
                         tail,
@@ -865,8 +864,8 @@ impl Builder {
     /// again; its connections go through [`Self::proxied`]'s proxy, which checks the
     /// address it connects to, so a DNS answer that changes in between is refused there.
     async fn check_registry(&self, image: &str) -> Result<(), String> {
-        let reference = crate::image::reference::parse_reference(image)
-            .map_err(|e| format!("{image}: {e}"))?;
+        let reference =
+            crate::image::reference::parse_reference(image).map_err(|e| format!("{image}: {e}"))?;
         let registry = reference.resolve_registry();
         let named = self
             .insecure
