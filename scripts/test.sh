@@ -17,10 +17,34 @@ echo "==> the benchmarks' regression guard parses (bench/guard.py --check)"
 python3 bench/guard.py --check
 echo "==> cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -q -- -D warnings
+# What a developer's machine often has: a registry on 127.0.0.1:5000 (the quickstart's,
+# Docker's registry:2) and a page on 8080 (the quickstart's hello). The suite runs beside
+# them: where those ports are free, it starts foreign ones of its own first, so a test that
+# reaches for them by accident fails here, not only on a developer's machine.
+FOREIGN_PIDS=()
+FOREIGN_DIR=$(mktemp -d)
+if ! ss -Hltn 'sport = :5000' | grep -q .; then
+    printf 'version: 0.1\nlog: {level: error}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: 127.0.0.1:5000}\n' \
+        "$FOREIGN_DIR/registry" > "$FOREIGN_DIR/registry.yml"
+    docker-registry serve "$FOREIGN_DIR/registry.yml" >/dev/null 2>&1 &
+    FOREIGN_PIDS+=($!)
+fi
+if ! ss -Hltn 'sport = :8080' | grep -q .; then
+    mkdir -p "$FOREIGN_DIR/www"
+    echo "hello from hello-foreign" > "$FOREIGN_DIR/www/index.html"
+    python3 -m http.server 8080 --bind 127.0.0.1 --directory "$FOREIGN_DIR/www" >/dev/null 2>&1 &
+    FOREIGN_PIDS+=($!)
+fi
+for port in 5000 8080; do
+    for _ in $(seq 1 50); do ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+done
 echo "==> test fixtures: static kat-init, busybox image, loopback registry"
 source <(scripts/test-fixtures.sh)
-# The registries this run started (on ports no other checkout's registry holds) go with it.
-trap '[ -z "${KAT_TEST_REGISTRY_PIDS:-}" ] || kill $KAT_TEST_REGISTRY_PIDS 2>/dev/null || true' EXIT
+# The registries this run started (on ports no other checkout's registry holds) and the
+# foreign services go with it.
+trap '[ -z "${KAT_TEST_REGISTRY_PIDS:-}" ] || kill $KAT_TEST_REGISTRY_PIDS 2>/dev/null || true
+      [ ${#FOREIGN_PIDS[@]} = 0 ] || kill "${FOREIGN_PIDS[@]}" 2>/dev/null || true
+      rm -rf "$FOREIGN_DIR"' EXIT
 echo "==> cargo build --workspace --bins"
 # The end-to-end tests run the workspace's binaries (kat-agent, katcall, kat-ingress) from
 # target/debug; cargo test builds only those of packages that have integration tests, so a

@@ -142,15 +142,43 @@ spec:
     });
     c.must(&["delete", "workload", "published"]);
 
-    // The quickstart's example, as shipped: its page on the node's port 8080.
-    let hello = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hello");
-    c.must(&["apply", "-f", &hello.display().to_string()]);
+    // The quickstart's example as shipped, but from this run's registry and on a free host
+    // port (the quickstart's own node, or anything else, may hold 8080 and 127.0.0.1:5000
+    // here), answered by this node's own instance (its id is the page's hostname).
+    let hello = tempfile::tempdir().unwrap();
+    let hello_port = free_port();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hello");
+    for file in ["workload.kat", "VirtualLoadBalancer.kat"] {
+        let text = std::fs::read_to_string(shipped.join(file)).unwrap();
+        assert!(
+            text.contains("127.0.0.1:5000/") || file != "workload.kat",
+            "examples/hello names its image at 127.0.0.1:5000: {text}"
+        );
+        let text = text
+            .replace("127.0.0.1:5000/", &format!("{}/", c.registry))
+            .replace("hostPort: 8080", &format!("hostPort: {hello_port}"));
+        std::fs::write(hello.path().join(file), text).unwrap();
+    }
+    c.must(&["apply", "-f", &hello.path().display().to_string()]);
     c.wait(
-        "examples/hello on port 8080",
+        "examples/hello on its published port",
         Duration::from_secs(30),
         |c| {
-            let (code, body) = c.curl(&["--max-time", "2", "http://127.0.0.1:8080/"]);
-            code == 200 && body.starts_with("hello from hello-")
+            let ids: Vec<String> = c
+                .k()
+                .instances("hello")
+                .iter()
+                .map(|i| i.instance_id.to_string())
+                .collect();
+            let (code, body) = c.curl(&[
+                "--max-time",
+                "2",
+                &format!("http://127.0.0.1:{hello_port}/"),
+            ]);
+            code == 200
+                && ids
+                    .iter()
+                    .any(|id| body.trim() == format!("hello from {id}"))
         },
     );
     c.must(&["delete", "workload", "hello"]);
