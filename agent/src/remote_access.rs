@@ -39,7 +39,6 @@ impl ClusterAccess {
             .build()?)
     }
 
-    /// `https://ADDRESS:PORT/v1alpha1/n/NS/workloads/W/instances/ID/` on the instance's node.
     /// The URL of `record`'s `stream` on the node that runs it.
     async fn url(&self, record: &InstanceRecord, stream: Stream) -> Result<String, AccessError> {
         let kv = self

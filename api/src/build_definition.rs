@@ -11,6 +11,7 @@ use crate::workload::cache_path_problem;
 #[cfg(test)]
 use proptest_derive::Arbitrary;
 
+/// A `build.kat`: how to build the image of a workload with a `git` source.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -27,6 +28,7 @@ pub struct BuildDefinition {
     pub spec: BuildSpec,
 }
 
+/// The `spec` of a `build.kat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -73,6 +75,7 @@ pub enum BuildNetwork {
 }
 
 impl BuildNetwork {
+    /// Whether this is `egress`, the default (left out when serialized).
     pub fn is_default(&self) -> bool {
         *self == BuildNetwork::Egress
     }
@@ -99,6 +102,7 @@ fn dockerfile() -> String {
     "./Dockerfile".to_string()
 }
 
+/// Where a build caches its layers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -115,6 +119,7 @@ const PLATFORM_ARCH: [&str; 8] = [
 ];
 
 impl BuildDefinition {
+    /// Every rule of `build.kat` that needs no other file.
     pub fn validate(&self, s: &mut Scope<'_>) {
         let mut s = s.field("spec");
         for (field, path) in [

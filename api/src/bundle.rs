@@ -26,12 +26,18 @@ use flate2::Compression;
 
 use crate::quadlet::MAX_FILE_BYTES;
 
+/// The size and count limits an unpacked bundle must keep to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BundleLimits {
+    /// The largest archive accepted as sent (gzip-compressed), in bytes.
     pub max_compressed_bytes: u64,
+    /// The most the gzip stream may expand to, tar headers included, in bytes.
     pub max_decompressed_bytes: u64,
+    /// The largest sum of the files' sizes, in bytes.
     pub max_total_file_bytes: u64,
+    /// The largest size of one file, in bytes.
     pub max_file_bytes: u64,
+    /// The most files a bundle may hold.
     pub max_files: usize,
 }
 
@@ -47,36 +53,104 @@ impl Default for BundleLimits {
     }
 }
 
+/// Why a bundle could not be read, packed or unpacked.
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
+    /// A file or directory could not be read.
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
+    Read {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// A file or directory could not be written while unpacking.
     #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: io::Error },
+    Write {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The directory to pack holds no `*.kat` file.
     #[error("{0} has no *.kat files (expected at least a workload.kat)")]
     NoQuadlets(PathBuf),
+    /// A `*.kat` entry of the directory to pack is not a regular file.
     #[error("{path} is a {what}, not a regular file: only regular *.kat files can be packed")]
-    NotRegularSource { path: PathBuf, what: &'static str },
+    NotRegularSource {
+        /// The entry.
+        path: PathBuf,
+        /// What it is instead (`symbolic link`, `directory`, `special file`).
+        what: &'static str,
+    },
+    /// The archive is larger than [`BundleLimits::max_compressed_bytes`].
     #[error("bundle is {size} bytes, more than the limit of {limit}")]
-    TooLarge { size: u64, limit: u64 },
+    TooLarge {
+        /// The archive's size, in bytes.
+        size: u64,
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The archive is not a valid tar.gz; the text says why.
     #[error("bundle is not a valid tar.gz archive: {0}")]
     Corrupt(String),
+    /// The archive expands to more than [`BundleLimits::max_decompressed_bytes`].
     #[error("bundle expands to more than {limit} bytes (a compression bomb, or far too large for Quadlet files)")]
-    DecompressedTooLarge { limit: u64 },
+    DecompressedTooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// An entry of the archive is not a regular file.
     #[error("bundle entry {name:?} is a {what}: only regular *.kat files are allowed")]
-    NotRegularFile { name: String, what: &'static str },
+    NotRegularFile {
+        /// The entry's name as written in the archive.
+        name: String,
+        /// What it is instead (a link, a directory, a device…).
+        what: &'static str,
+    },
+    /// An entry's name is absolute, has `..`, NUL or a backslash, or is not at the top level.
     #[error("bundle entry {name:?} has an unsafe path: {why}")]
-    UnsafePath { name: String, why: &'static str },
+    UnsafePath {
+        /// The entry's name as written in the archive.
+        name: String,
+        /// What is wrong with the name.
+        why: &'static str,
+    },
+    /// An entry's name does not end in `.kat`.
     #[error("bundle entry {name:?} is not a *.kat file")]
-    NotQuadlet { name: String },
+    NotQuadlet {
+        /// The entry's name as written in the archive.
+        name: String,
+    },
+    /// Two entries have the same name.
     #[error("bundle entry {name:?} appears more than once")]
-    Duplicate { name: String },
+    Duplicate {
+        /// The entry's name as written in the archive.
+        name: String,
+    },
+    /// An entry is larger than [`BundleLimits::max_file_bytes`].
     #[error("bundle entry {name:?} is {size} bytes, more than the per-file limit of {limit}")]
-    FileTooLarge { name: String, size: u64, limit: u64 },
+    FileTooLarge {
+        /// The entry's name as written in the archive.
+        name: String,
+        /// The entry's size, in bytes.
+        size: u64,
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The entries add up to more than [`BundleLimits::max_total_file_bytes`].
     #[error("bundle files add up to more than {limit} bytes")]
-    TotalTooLarge { limit: u64 },
+    TotalTooLarge {
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// The archive has more entries than [`BundleLimits::max_files`].
     #[error("bundle has more than {limit} files")]
-    TooManyFiles { limit: usize },
+    TooManyFiles {
+        /// The limit.
+        limit: usize,
+    },
+    /// The archive holds no file.
     #[error("bundle has no files (expected at least a workload.kat)")]
     Empty,
 }

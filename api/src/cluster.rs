@@ -11,6 +11,7 @@ use crate::report::Scope;
 #[cfg(test)]
 use proptest_derive::Arbitrary;
 
+/// A `cluster.kat`: the cluster's name and its immutable parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -28,6 +29,7 @@ pub struct ClusterConfiguration {
     pub spec: ClusterSpec,
 }
 
+/// The `metadata` of a `cluster.kat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -41,6 +43,7 @@ pub struct ClusterMetadata {
     pub name: String,
 }
 
+/// The `spec` of a `cluster.kat`: networks, ports, paths and timings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -165,51 +168,67 @@ pub mod defaults {
     pub fn host_mount_allowed_paths() -> Vec<String> {
         vec!["/srv".into(), "/mnt".into(), "/data".into()]
     }
+    /// `nodeSubnetBits`: 7.
     pub fn node_subnet_bits() -> u32 {
         7
     }
+    /// `clusterDomain`: `kat.cluster.local`.
     pub fn cluster_domain() -> String {
         "kat.cluster.local".into()
     }
+    /// `wireguardPort`: 51820.
     pub fn wireguard_port() -> u32 {
         51820
     }
+    /// `agentPort`: 9116.
     pub fn agent_port() -> u32 {
         9116
     }
+    /// `rejoinPort`: 9117.
     pub fn rejoin_port() -> u32 {
         9117
     }
+    /// `apiPort`: 9115.
     pub fn api_port() -> u32 {
         9115
     }
+    /// `etcdPeerPort`: 2380.
     pub fn etcd_peer_port() -> u32 {
         2380
     }
+    /// `etcdClientPort`: 2379.
     pub fn etcd_client_port() -> u32 {
         2379
     }
+    /// `volumeBasePath`: `/var/lib/kat/volumes`.
     pub fn volume_base_path() -> String {
         "/var/lib/kat/volumes".into()
     }
+    /// `backupPath`: `/var/lib/kat/backups`.
     pub fn backup_path() -> String {
         "/var/lib/kat/backups".into()
     }
+    /// `backupIntervalMinutes`: 30.
     pub fn backup_interval_minutes() -> u32 {
         30
     }
+    /// `backupRetention`: 5 snapshots.
     pub fn backup_retention() -> u32 {
         5
     }
+    /// `finishedRunHistory`: 3 runs per workload.
     pub fn finished_run_history() -> u32 {
         3
     }
+    /// `finishedRunMaxAgeHours`: 24.
     pub fn finished_run_max_age_hours() -> u32 {
         24
     }
+    /// `agentTickSeconds`: 15.
     pub fn agent_tick_seconds() -> u32 {
         15
     }
+    /// `nodeLossTimeoutSeconds`: 60.
     pub fn node_loss_timeout_seconds() -> u32 {
         60
     }
@@ -223,12 +242,14 @@ impl ClusterSpec {
     pub fn cluster_net(&self) -> Option<IpNet> {
         self.cluster_cidr.parse().ok()
     }
+    /// The parsed `serviceCIDR`, once validated.
     pub fn service_net(&self) -> Option<IpNet> {
         self.service_cidr.parse().ok()
     }
 }
 
 impl ClusterConfiguration {
+    /// Every rule of `cluster.kat`.
     pub fn validate(&self, s: &mut Scope<'_>) {
         if let Some(p) = dns_label_problem(&self.metadata.name) {
             s.error("metadata.name", p);

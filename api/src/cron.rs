@@ -11,12 +11,18 @@
 
 use std::fmt;
 
+/// A parsed cron schedule: for each field, a bit set whose bit `n` is set when value `n` matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CronSchedule {
+    /// Minutes 0–59.
     pub minutes: u64,
+    /// Hours 0–23.
     pub hours: u64,
+    /// Days of the month 1–31.
     pub days_of_month: u64,
+    /// Months 1–12.
     pub months: u64,
+    /// Days of the week 0–6, 0 being Sunday (a 7 is stored as 0).
     pub days_of_week: u64,
     /// True when day-of-month was `*`: then only day-of-week restricts days (and vice versa),
     /// as in Vixie cron.
@@ -24,10 +30,13 @@ pub struct CronSchedule {
     dow_star: bool,
 }
 
+/// A schedule that could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{input:?} is not a cron schedule: {reason} (expected 5 fields \"minute hour day-of-month month day-of-week\", e.g. \"*/15 * * * *\", or @hourly, @daily, @weekly, @monthly, @yearly)")]
 pub struct CronError {
+    /// The schedule as written.
     pub input: String,
+    /// What is wrong with it (which field, and why).
     pub reason: String,
 }
 
@@ -74,6 +83,7 @@ const FIELDS: [Field; 5] = [
 ];
 
 impl CronSchedule {
+    /// Parses five fields or an `@` macro.
     pub fn parse(input: &str) -> Result<Self, CronError> {
         let err = |reason: String| CronError {
             input: input.to_string(),

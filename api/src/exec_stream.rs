@@ -12,19 +12,25 @@ pub const PROTOCOL: &str = "kat-exec.v1";
 /// The largest payload accepted in one frame.
 pub const MAX_FRAME: usize = 1 << 20;
 
+/// One frame of an exec stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// Client → server, first frame: the command as JSON.
     Start(Vec<u8>),
+    /// Client → server: bytes for the command's stdin.
     Stdin(Vec<u8>),
     /// Client → server: no more stdin.
     CloseStdin,
     /// Client → server: the terminal's new size.
     Resize {
+        /// The terminal's height, in rows.
         rows: u16,
+        /// The terminal's width, in columns.
         cols: u16,
     },
+    /// Server → client: bytes the command wrote to stdout.
     Stdout(Vec<u8>),
+    /// Server → client: bytes the command wrote to stderr.
     Stderr(Vec<u8>),
     /// Server → client, last frame: the command's exit code.
     Exit(i32),
@@ -32,14 +38,21 @@ pub enum Frame {
     Error(String),
 }
 
+/// Bytes that are not a valid frame.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
+    /// The kind byte is none this version knows.
     #[error("unknown exec frame kind {0}")]
     UnknownKind(u8),
+    /// The length field exceeds [`MAX_FRAME`]; it holds the length, in bytes.
     #[error("exec frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
     TooLarge(usize),
+    /// The payload does not fit the frame's kind (a resize or exit code that is not 4 bytes).
     #[error("exec frame of kind {kind} has a malformed payload")]
-    Malformed { kind: u8 },
+    Malformed {
+        /// The kind byte of the frame.
+        kind: u8,
+    },
 }
 
 impl Frame {
@@ -56,6 +69,7 @@ impl Frame {
         }
     }
 
+    /// The frame as bytes: kind, big-endian length, payload.
     pub fn encode(&self) -> Vec<u8> {
         let payload: Vec<u8> = match self {
             Frame::Start(b) | Frame::Stdin(b) | Frame::Stdout(b) | Frame::Stderr(b) => b.clone(),
@@ -83,6 +97,7 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Appends bytes read from the connection.
     pub fn push(&mut self, bytes: &[u8]) {
         self.buffer.extend_from_slice(bytes);
     }

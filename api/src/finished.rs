@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{Health, InstanceRecord, InstanceState, InstanceStatus, Timestamp};
+use crate::wire::{InstanceRecord, InstanceState, InstanceStatus, Timestamp};
 
 /// An instance that ended, as the leader keeps it (`keys::finished_instance`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,15 +23,18 @@ pub struct FinishedInstance {
     pub record: InstanceRecord,
     /// `Succeeded`, `Failed` or `OOMKilled`; `Unknown` if it was lost with its node.
     pub state: InstanceState,
+    /// The exit code of its container, if it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// How it ended, in words (an exit code, a lost node, a run that ended first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When it started, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Timestamp>,
     /// RFC 3339, and the same in milliseconds since the epoch (for the age limit).
     pub finished_at: Timestamp,
+    /// When it finished, in milliseconds since the Unix epoch.
     pub finished_ms: u64,
 }
 
@@ -47,27 +50,12 @@ impl FinishedInstance {
     /// As `katcall get instances --all` lists it.
     pub fn status(&self) -> InstanceStatus {
         InstanceStatus {
-            instance_id: self.record.instance_id.clone(),
-            namespace: self.record.namespace.clone(),
-            workload: self.record.workload.clone(),
-            node: Some(self.record.node.clone()),
-            generation: self.record.generation,
-            state: self.state,
-            health: Health::Unknown,
-            restarts: 0,
             exit_code: self.exit_code,
             reason: self.reason.clone(),
             ip: None,
             started_at: self.started_at,
             finished_at: Some(self.finished_at),
-            warnings: vec![],
-            container_id: None,
-            image_digest: None,
-            gpus: vec![],
-            unhealthy_transitions: 0,
-            pull: None,
-            template_hash: None,
-            usage: None,
+            ..InstanceStatus::of(&self.record, self.state)
         }
     }
 }
@@ -75,11 +63,14 @@ impl FinishedInstance {
 /// How many runs to keep, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
+    /// How many of a workload's newest runs to keep.
     pub history: usize,
+    /// How long a finished instance is kept at most, in milliseconds.
     pub max_age_ms: u64,
 }
 
 impl Retention {
+    /// The retention `cluster.kat` sets: `finishedRunHistory` and `finishedRunMaxAgeHours`.
     pub fn from_cluster(spec: &crate::cluster::ClusterSpec) -> Retention {
         Retention {
             history: spec.finished_run_history as usize,

@@ -17,7 +17,9 @@ use std::path::{Component, Path, PathBuf};
 /// The allow-list and the paths that are never mounted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostMountPolicy {
+    /// Prefixes a mounted path must lie under (`spec.hostMountAllowedPaths`).
     pub allowed: Vec<PathBuf>,
+    /// Paths KAT uses itself: a mounted path may not be, contain or lie inside one.
     pub denied: Vec<PathBuf>,
 }
 

@@ -12,14 +12,18 @@ use serde::{Deserialize, Serialize};
 /// (for a container: container ids `inside..inside+count` are host ids `outside..`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdRange {
+    /// The first id of the range inside the namespace.
     pub inside: u32,
+    /// The id that `inside` is in the parent namespace.
     pub outside: u32,
+    /// How many ids the range holds.
     pub count: u32,
 }
 
 /// A parsed `/proc/PID/uid_map` or `gid_map`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcIdMap {
+    /// The map's lines, in the kernel's order.
     pub ranges: Vec<IdRange>,
 }
 

@@ -8,10 +8,14 @@ use crate::report::Scope;
 #[cfg(test)]
 use proptest_derive::Arbitrary;
 
+/// The default `completions`: one successful run completes the Job.
 pub const DEFAULT_COMPLETIONS: u32 = 1;
+/// The default `parallelism`: one instance at a time.
 pub const DEFAULT_PARALLELISM: u32 = 1;
+/// The default `backoffLimit`: failed runs before the Job is given up.
 pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
 
+/// A `job.kat`: the run-to-completion settings of a `Job` workload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -28,6 +32,7 @@ pub struct JobDefinition {
     pub spec: JobSpec,
 }
 
+/// The `spec` of a `job.kat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -80,6 +85,7 @@ fn backoff_limit() -> u32 {
 }
 
 impl JobDefinition {
+    /// Every rule of `job.kat` that needs no other file.
     pub fn validate(&self, s: &mut Scope<'_>) {
         let mut s = s.field("spec");
         if let Some(schedule) = &self.spec.schedule {

@@ -4,11 +4,17 @@
 //! and a typo cannot create a second, silently different key. Prefix functions end in `/` so
 //! that a prefix for `web` never matches `web2`.
 
+/// The prefix of every key KAT writes.
 pub const ROOT: &str = "/kat/";
+/// The version of this key schema the store was created with.
 pub const SCHEMA_VERSION: &str = "/kat/schema_version";
+/// The schema version this build writes: `v1.0`.
 pub const SCHEMA_VERSION_VALUE: &str = "v1.0";
+/// A random id (32 hex digits) written once, when the cluster is created.
 pub const CLUSTER_UID: &str = "/kat/config/cluster_uid";
+/// The `cluster.kat` the cluster was created with, as JSON.
 pub const CLUSTER_CONFIG: &str = "/kat/config/cluster";
+/// The API endpoint of the node that leads (`https://IP:PORT`), under the leader's lease.
 pub const LEADER_ENDPOINT: &str = "/kat/config/leader_endpoint";
 /// Who leads, as a [`crate::wire::LeaderRecord`] (node name, endpoint, since when), written
 /// with the leader's lease so it goes when the leadership does.
@@ -16,13 +22,16 @@ pub const LEADER: &str = "/kat/config/leader";
 /// SHA-256 (hex) of the admin bearer token: the API checks tokens against it, and etcd never
 /// holds the token itself.
 pub const ADMIN_TOKEN_SHA256: &str = "/kat/config/admin_token_sha256";
+/// The prefix the leader election campaigns under.
 pub const LEADER_ELECTION: &str = "/kat/leader_election/";
-pub const OVERLAY_CIDR: &str = "/kat/network/config/overlay_cidr";
+/// The prefix of every event (see [`event`]).
 pub const EVENTS: &str = "/kat/events/";
 
+/// A namespace ([`crate::wire::NamespaceObject`]).
 pub fn namespace(name: &str) -> String {
     format!("/kat/namespaces/{name}")
 }
+/// The prefix of every namespace.
 pub fn namespaces() -> &'static str {
     "/kat/namespaces/"
 }
@@ -31,6 +40,7 @@ pub fn namespaces() -> &'static str {
 pub fn join_token(id: &str) -> String {
     format!("/kat/join_tokens/{id}")
 }
+/// The prefix of every join token.
 pub fn join_tokens() -> &'static str {
     "/kat/join_tokens/"
 }
@@ -39,6 +49,7 @@ pub fn join_tokens() -> &'static str {
 pub fn api_token(id: &str) -> String {
     format!("/kat/api_tokens/{id}")
 }
+/// The prefix of every scoped API token.
 pub fn api_tokens() -> &'static str {
     "/kat/api_tokens/"
 }
@@ -53,13 +64,16 @@ pub fn node_certificate(node: &str) -> String {
 pub fn revoked_node(node: &str) -> String {
     format!("/kat/nodes/revoked/{node}")
 }
+/// The prefix of every revoked node.
 pub fn revoked_nodes() -> &'static str {
     "/kat/nodes/revoked/"
 }
 
+/// A node's registration ([`crate::wire::NodeRegistration`]).
 pub fn node_registration(node: &str) -> String {
     format!("/kat/nodes/registration/{node}")
 }
+/// The prefix of every node's registration.
 pub fn node_registrations() -> &'static str {
     "/kat/nodes/registration/"
 }
@@ -67,6 +81,7 @@ pub fn node_registrations() -> &'static str {
 pub fn node_status(node: &str) -> String {
     format!("/kat/nodes/status/{node}")
 }
+/// The prefix of every node's status.
 pub fn node_statuses() -> &'static str {
     "/kat/nodes/status/"
 }
@@ -79,12 +94,15 @@ pub fn workload_desired(ns: &str, name: &str) -> String {
 pub fn all_workloads_desired() -> &'static str {
     "/kat/workloads/desired/"
 }
+/// The desired state of every workload of a namespace.
 pub fn workloads_desired(ns: &str) -> String {
     format!("/kat/workloads/desired/{ns}/")
 }
+/// One Quadlet file of a workload, as applied.
 pub fn workload_manifest(ns: &str, name: &str, file: &str) -> String {
     format!("/kat/workloads/desired/{ns}/{name}/manifest/{file}")
 }
+/// The prefix of a workload's Quadlet files.
 pub fn workload_manifests(ns: &str, name: &str) -> String {
     format!("/kat/workloads/desired/{ns}/{name}/manifest/")
 }
@@ -92,9 +110,11 @@ pub fn workload_manifests(ns: &str, name: &str) -> String {
 pub fn workload_meta(ns: &str, name: &str) -> String {
     format!("/kat/workloads/desired/{ns}/{name}/meta")
 }
+/// The status the leader keeps for a workload ([`crate::wire::WorkloadStatus`]).
 pub fn workload_status(ns: &str, name: &str) -> String {
     format!("/kat/workloads/status/{ns}/{name}")
 }
+/// The prefix of every workload status of a namespace.
 pub fn workload_statuses(ns: &str) -> String {
     format!("/kat/workloads/status/{ns}/")
 }
@@ -103,6 +123,7 @@ pub fn workload_statuses(ns: &str) -> String {
 pub fn etcd_learner(name: &str) -> String {
     format!("/kat/etcd-learners/{name}")
 }
+/// The prefix of every etcd learner.
 pub fn etcd_learners() -> &'static str {
     "/kat/etcd-learners/"
 }
@@ -111,6 +132,7 @@ pub fn etcd_learners() -> &'static str {
 pub fn backup(name: &str) -> String {
     format!("/kat/backups/{name}")
 }
+/// The prefix of every backup.
 pub fn backups() -> &'static str {
     "/kat/backups/"
 }
@@ -124,6 +146,7 @@ pub fn workload_webhook(ns: &str, name: &str) -> String {
 pub fn workload_hook_delivery(ns: &str, name: &str, digest: &str) -> String {
     format!("/kat/workloads/hook-deliveries/{ns}/{name}/{digest}")
 }
+/// The prefix of the push notifications a workload's hook accepted.
 pub fn workload_hook_deliveries(ns: &str, name: &str) -> String {
     format!("/kat/workloads/hook-deliveries/{ns}/{name}/")
 }
@@ -131,6 +154,7 @@ pub fn workload_hook_deliveries(ns: &str, name: &str) -> String {
 pub fn workload_archive(ns: &str, name: &str, generation: u64, file: &str) -> String {
     format!("/kat/workloads/archive/{ns}/{name}/{generation:020}/{file}")
 }
+/// The prefix of every archived generation of a workload.
 pub fn workload_archives(ns: &str, name: &str) -> String {
     format!("/kat/workloads/archive/{ns}/{name}/")
 }
@@ -140,10 +164,12 @@ pub fn workload_archives(ns: &str, name: &str) -> String {
 pub fn template(ns: &str, name: &str, hash: &str) -> String {
     format!("/kat/workloads/templates/{ns}/{name}/{hash}")
 }
+/// The prefix of every template, in all namespaces.
 pub fn all_templates() -> &'static str {
     "/kat/workloads/templates/"
 }
 
+/// The prefix of every instance record, on all nodes.
 pub fn all_instances() -> &'static str {
     "/kat/instances/"
 }
@@ -151,6 +177,7 @@ pub fn all_instances() -> &'static str {
 pub fn node_instances(node: &str) -> String {
     format!("/kat/instances/{node}/")
 }
+/// The record of one instance on a node ([`crate::wire::InstanceRecord`]): the instruction to run it.
 pub fn instance(node: &str, instance_id: &str) -> String {
     format!("/kat/instances/{node}/{instance_id}")
 }
@@ -163,6 +190,7 @@ pub fn node_subnet(node: &str) -> String {
 pub fn wireguard_key(node: &str) -> String {
     format!("/kat/network/nodes/{node}/wg_pubkey")
 }
+/// The prefix of every node's network keys (subnet and WireGuard key).
 pub fn node_subnets() -> &'static str {
     "/kat/network/nodes/"
 }
@@ -170,13 +198,16 @@ pub fn node_subnets() -> &'static str {
 pub fn ip_allocation(instance_id: &str) -> String {
     format!("/kat/network/allocations/{instance_id}/ip")
 }
+/// One DNS record of a workload: `record_type` `A` or `AAAA`, `value` the instance's address.
 pub fn dns_record(ns: &str, workload: &str, record_type: &str, value: &str) -> String {
     format!("/kat/dns/{ns}/{workload}/{record_type}/{value}")
 }
+/// The prefix of every DNS record.
 pub fn dns_records() -> &'static str {
     "/kat/dns/"
 }
 
+/// The prefix of a Job workload's runs.
 pub fn job_runs(ns: &str, workload: &str) -> String {
     format!("/kat/jobs/runs/{ns}/{workload}/")
 }
@@ -189,12 +220,15 @@ pub fn job_run(ns: &str, workload: &str, run_id: &str) -> String {
 pub fn finished_instance(ns: &str, workload: &str, id: &str) -> String {
     format!("/kat/finished/{ns}/{workload}/{id}")
 }
+/// The prefix of a workload's finished instances.
 pub fn finished_instances(ns: &str, workload: &str) -> String {
     format!("/kat/finished/{ns}/{workload}/")
 }
+/// The prefix of every finished instance of a namespace.
 pub fn finished_in_namespace(ns: &str) -> String {
     format!("/kat/finished/{ns}/")
 }
+/// The prefix of every finished instance.
 pub fn all_finished() -> &'static str {
     "/kat/finished/"
 }
@@ -208,57 +242,95 @@ pub fn event(micros: u64, writer: u64) -> String {
 /// A key of the schema, parsed. Keys KAT does not know parse to `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Key<'a> {
+    /// `/kat/workloads/desired/{ns}/{name}/meta`.
     WorkloadMeta {
+        /// The namespace.
         ns: &'a str,
+        /// The workload.
         name: &'a str,
     },
+    /// `/kat/workloads/desired/{ns}/{name}/manifest/{file}`.
     WorkloadManifest {
+        /// The namespace.
         ns: &'a str,
+        /// The workload.
         name: &'a str,
+        /// The Quadlet file's name.
         file: &'a str,
     },
+    /// `/kat/workloads/status/{ns}/{name}`.
     WorkloadStatus {
+        /// The namespace.
         ns: &'a str,
+        /// The workload.
         name: &'a str,
     },
+    /// `/kat/nodes/registration/{node}`.
     NodeRegistration {
+        /// The node.
         node: &'a str,
     },
+    /// `/kat/nodes/status/{node}`.
     NodeStatus {
+        /// The node.
         node: &'a str,
     },
+    /// `/kat/network/nodes/{node}/wg_pubkey`.
     WireguardKey {
+        /// The node.
         node: &'a str,
     },
+    /// `/kat/network/nodes/{node}/subnet`.
     NodeSubnet {
+        /// The node.
         node: &'a str,
     },
+    /// `/kat/dns/{ns}/{workload}/{type}/{value}`.
     DnsRecord,
+    /// `/kat/instances/{node}/{id}`.
     Instance {
+        /// The node.
         node: &'a str,
+        /// The instance id.
         id: &'a str,
     },
+    /// `/kat/jobs/runs/{ns}/{name}/{run}`.
     JobRun {
+        /// The namespace.
         ns: &'a str,
+        /// The workload.
         name: &'a str,
+        /// The run id.
         run: &'a str,
     },
+    /// `/kat/finished/{ns}/{name}/{id}`.
     FinishedInstance {
+        /// The namespace.
         ns: &'a str,
+        /// The workload.
         name: &'a str,
+        /// The instance id.
         id: &'a str,
     },
+    /// `/kat/namespaces/{name}`.
     Namespace {
+        /// The namespace.
         name: &'a str,
     },
+    /// `/kat/workloads/templates/{ns}/{name}/{hash}`.
     Template {
+        /// The namespace.
         ns: &'a str,
+        /// The workload.
         name: &'a str,
+        /// The template hash.
         hash: &'a str,
     },
+    /// `/kat/events/{id}`.
     Event,
 }
 
+/// Parses a key of the schema; `None` for a key KAT does not know.
 pub fn parse(key: &str) -> Option<Key<'_>> {
     let rest = key.strip_prefix(ROOT)?;
     let parts: Vec<&str> = rest.split('/').collect();

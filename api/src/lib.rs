@@ -9,6 +9,8 @@
 //! a workload directory, [`quadlet::parse_cluster`] for `cluster.kat`, and [`bundle`] for the
 //! tar.gz form the API accepts.
 
+#![warn(missing_docs)]
+
 pub mod build_definition;
 pub mod bundle;
 pub mod client_config;
@@ -29,6 +31,7 @@ pub mod pinning;
 pub mod quadlet;
 pub mod quantity;
 pub mod report;
+pub mod routes;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod template;

@@ -10,11 +10,16 @@ use crate::report::Scope;
 #[cfg(test)]
 use proptest_derive::Arbitrary;
 
+/// The default `healthCheck.periodSeconds`.
 pub const DEFAULT_PERIOD_SECONDS: u32 = 10;
+/// The default `healthCheck.timeoutSeconds`.
 pub const DEFAULT_TIMEOUT_SECONDS: u32 = 1;
+/// The default `healthCheck.successThreshold`.
 pub const DEFAULT_SUCCESS_THRESHOLD: u32 = 1;
+/// The default `healthCheck.failureThreshold`.
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
 
+/// A `VirtualLoadBalancer.kat`: how a Service's instances are reached and checked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -30,6 +35,7 @@ pub struct VirtualLoadBalancer {
     pub spec: LoadBalancerSpec,
 }
 
+/// The `spec` of a `VirtualLoadBalancer.kat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -45,6 +51,7 @@ pub struct LoadBalancerSpec {
     pub ingress: Vec<Ingress>,
 }
 
+/// One port of `ports`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -71,7 +78,9 @@ pub struct Port {
 #[serde(rename_all = "camelCase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HostPort {
+    /// The port number on the node.
     pub port: u16,
+    /// `TCP` or `UDP`.
     pub protocol: Protocol,
 }
 
@@ -100,6 +109,7 @@ impl LoadBalancerSpec {
     }
 }
 
+/// The transport protocol of a port.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]
@@ -107,11 +117,14 @@ impl LoadBalancerSpec {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Protocol {
+    /// TCP (the default).
     #[default]
     TCP,
+    /// UDP.
     UDP,
 }
 
+/// `healthCheck`: a command run in the container on a clock, and when its results count.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -155,6 +168,7 @@ pub enum HealthFailureAction {
 }
 
 impl HealthFailureAction {
+    /// Whether this is `none`, the default (left out when serialized).
     pub fn is_none(&self) -> bool {
         *self == HealthFailureAction::None
     }
@@ -173,6 +187,7 @@ fn failure() -> u32 {
     DEFAULT_FAILURE_THRESHOLD
 }
 
+/// `healthCheck.exec`: the command of a health check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -182,6 +197,7 @@ pub struct ExecAction {
     pub command: Vec<String>,
 }
 
+/// One rule of `ingress`: requests for a host and path prefix go to a port of this workload.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -249,6 +265,7 @@ impl Ingress {
 }
 
 impl VirtualLoadBalancer {
+    /// Every rule of `VirtualLoadBalancer.kat` that needs no other file.
     pub fn validate(&self, s: &mut Scope<'_>) {
         let mut s = s.field("spec");
         if self.spec.ports.is_empty() {

@@ -13,6 +13,7 @@ use proptest_derive::Arbitrary;
 /// Namespaces that `kat-agent init` creates and that cannot be deleted.
 pub const SYSTEM_NAMESPACES: [&str; 2] = ["kat-core", "default"];
 
+/// A `namespace.kat`: a namespace other than `default`, with its labels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -28,6 +29,7 @@ pub struct Namespace {
     pub metadata: NamespaceMetadata,
 }
 
+/// The `metadata` of a `namespace.kat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -45,6 +47,7 @@ pub struct NamespaceMetadata {
 }
 
 impl Namespace {
+    /// Every rule of `namespace.kat` that needs no other file.
     pub fn validate(&self, s: &mut Scope<'_>) {
         let mut s = s.field("metadata");
         if let Some(p) = dns_label_problem(&self.metadata.name) {

@@ -23,22 +23,31 @@ use crate::report::{InvalidQuadlet, Report};
 use crate::template::Template;
 use crate::workload::{Workload, WorkloadType};
 
+/// The `apiVersion` every Quadlet file must have.
 pub const API_VERSION: &str = "kat.dws.rip/v1alpha1";
 
 /// Largest Quadlet file accepted, in bytes; a real one is a few KiB.
 pub const MAX_FILE_BYTES: usize = 256 * 1024;
 
+/// The `kind` of a Quadlet file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
+    /// A workload's container, replicas and placement (`workload.kat`).
     Workload,
+    /// Ports, health check and ingress of a Service (`VirtualLoadBalancer.kat`).
     VirtualLoadBalancer,
+    /// Run-to-completion settings of a Job (`job.kat`).
     JobDefinition,
+    /// How to build a workload's image from git (`build.kat`).
     BuildDefinition,
+    /// A namespace other than `default` (`namespace.kat`).
     Namespace,
+    /// Cluster-wide parameters (`cluster.kat`).
     ClusterConfiguration,
 }
 
 impl Kind {
+    /// Every kind.
     pub const ALL: [Kind; 6] = [
         Kind::Workload,
         Kind::VirtualLoadBalancer,
@@ -48,6 +57,7 @@ impl Kind {
         Kind::ClusterConfiguration,
     ];
 
+    /// The kind as files write it in `kind`.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Workload => "Workload",
@@ -82,15 +92,22 @@ impl Kind {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Quadlet {
+    /// A `workload.kat`.
     Workload(Workload),
+    /// A `VirtualLoadBalancer.kat`.
     VirtualLoadBalancer(VirtualLoadBalancer),
+    /// A `job.kat`.
     JobDefinition(JobDefinition),
+    /// A `build.kat`.
     BuildDefinition(BuildDefinition),
+    /// A `namespace.kat`.
     Namespace(Namespace),
+    /// A `cluster.kat`.
     ClusterConfiguration(ClusterConfiguration),
 }
 
 impl Quadlet {
+    /// The kind of the file.
     pub fn kind(&self) -> Kind {
         match self {
             Quadlet::Workload(_) => Kind::Workload,
@@ -467,10 +484,15 @@ pub fn parse_cluster(file: &str, bytes: &[u8]) -> Result<ClusterConfiguration, I
 /// The files of one workload, each valid on its own and consistent with each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadBundle {
+    /// The `workload.kat`.
     pub workload: Workload,
+    /// The `VirtualLoadBalancer.kat`, if the workload has one.
     pub load_balancer: Option<VirtualLoadBalancer>,
+    /// The `job.kat`, if the workload has one.
     pub job: Option<JobDefinition>,
+    /// The `build.kat`, if the workload has one.
     pub build: Option<BuildDefinition>,
+    /// The `namespace.kat`, if the workload has one.
     pub namespace: Option<Namespace>,
     /// The files as the user wrote them, by file name, for `files/{fileName}` and the archive.
     pub files: BTreeMap<String, Vec<u8>>,

@@ -14,17 +14,22 @@ pub struct MilliCpu(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Bytes(pub u64);
 
+/// Why a text is not a quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {
+    /// Not a CPU quantity; it holds the text.
     #[error("{0:?} is not a CPU quantity (expected e.g. 100m, 1, 1.5)")]
     NotCpu(String),
+    /// Not a memory quantity; it holds the text.
     #[error("{0:?} is not a memory quantity (expected e.g. 64Mi, 1Gi, 500M)")]
     NotMemory(String),
+    /// A quantity too large for a `u64`; it holds the text.
     #[error("{0:?} is too large")]
     Overflow(String),
 }
 
 impl MilliCpu {
+    /// Parses `100m`, `1` or `1.5`; finer than a millicore is an error.
     pub fn parse(s: &str) -> Result<Self, QuantityError> {
         let not_cpu = || QuantityError::NotCpu(s.to_string());
         if let Some(milli) = s.strip_suffix('m') {
@@ -46,6 +51,7 @@ impl MilliCpu {
         Ok(MilliCpu(scaled))
     }
 
+    /// The value in cores.
     pub fn cores(self) -> f64 {
         self.0 as f64 / 1000.0
     }
@@ -77,6 +83,7 @@ const MEMORY_SUFFIXES: [(&str, u64); 12] = [
 ];
 
 impl Bytes {
+    /// Parses a number of bytes, with an optional suffix (`Ki`…`Ei`, `k`…`E`); a fraction of a byte is rounded up.
     pub fn parse(s: &str) -> Result<Self, QuantityError> {
         let not_memory = || QuantityError::NotMemory(s.to_string());
         let (number, unit) = MEMORY_SUFFIXES
@@ -112,6 +119,7 @@ impl Bytes {
             .ok_or_else(overflow)
     }
 
+    /// The value in mebibytes.
     pub fn mebibytes(self) -> f64 {
         self.0 as f64 / (1u64 << 20) as f64
     }
@@ -263,6 +271,7 @@ mod tests {
 
 /// A quantity a type can be parsed from (`MilliCpu`, `Bytes`).
 pub trait ParseQuantity: Sized {
+    /// Parses `text` as this quantity.
     fn parse_quantity(text: &str) -> Result<Self, QuantityError>;
 }
 
@@ -290,6 +299,7 @@ pub struct Amount<T> {
 }
 
 impl<T: ParseQuantity + Copy> Amount<T> {
+    /// Parses `text` and keeps it as written.
     pub fn new(text: impl Into<String>) -> Self {
         let text = text.into();
         let parsed = T::parse_quantity(&text);

@@ -38,10 +38,12 @@ pub struct Report {
 }
 
 impl Report {
+    /// An empty report.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Record that `message` is wrong with the field at `path` of `file`.
     pub fn push(&mut self, file: &str, path: &str, message: impl Into<String>) {
         self.findings.push(Finding {
             file: file.to_string(),
@@ -50,14 +52,17 @@ impl Report {
         });
     }
 
+    /// Add the findings of `other` after these.
     pub fn extend(&mut self, other: Report) {
         self.findings.extend(other.findings);
     }
 
+    /// Whether nothing was found.
     pub fn is_empty(&self) -> bool {
         self.findings.is_empty()
     }
 
+    /// The findings, in the order they were recorded.
     pub fn findings(&self) -> &[Finding] {
         &self.findings
     }

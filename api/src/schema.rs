@@ -46,9 +46,13 @@ fn root<T: JsonSchema>() -> serde_json::Value {
 
 /// How a quantity is written, for its schema.
 pub trait QuantitySyntax {
+    /// The schema's name (`CpuQuantity`, `MemoryQuantity`).
     const NAME: &'static str;
+    /// A regular expression every accepted text matches.
     const PATTERN: &'static str;
+    /// The schema's description, for editors.
     const DESCRIPTION: &'static str;
+    /// Three examples of the syntax.
     const EXAMPLES: [&'static str; 3];
 }
 

@@ -20,11 +20,16 @@ use crate::job::JobDefinition;
 use crate::load_balancer::VirtualLoadBalancer;
 use crate::workload::Workload;
 
+/// A workload's typed, validated desired state: its Quadlet files as parsed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Template {
+    /// The `workload.kat`.
     pub workload: Workload,
+    /// The `VirtualLoadBalancer.kat`, if the workload has one.
     pub load_balancer: Option<VirtualLoadBalancer>,
+    /// The `job.kat`, if the workload has one.
     pub job: Option<JobDefinition>,
+    /// The `build.kat`, if the workload has one.
     pub build: Option<BuildDefinition>,
 }
 

@@ -80,6 +80,7 @@ impl fmt::Display for Timestamp {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{text:?} is not an RFC 3339 time (expected e.g. 2026-11-21T10:43:00.123Z)")]
 pub struct BadTimestamp {
+    /// The text as given.
     pub text: String,
 }
 
@@ -114,6 +115,7 @@ pub mod empty_as_none {
     use super::Timestamp;
     use serde::{Deserialize, Deserializer, Serializer};
 
+    /// Writes the time, or `""` for none.
     pub fn serialize<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
         match t {
             Some(t) => s.collect_str(t),
@@ -121,6 +123,7 @@ pub mod empty_as_none {
         }
     }
 
+    /// Reads `""`, `null` or a missing field as none, else an RFC 3339 time.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
         match Option::<std::borrow::Cow<'de, str>>::deserialize(d)? {
             None => Ok(None),

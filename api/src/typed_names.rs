@@ -41,6 +41,7 @@ macro_rules! typed_name {
                 }
             }
 
+            /// The name as a string.
             pub fn as_str(&self) -> &str {
                 &self.0
             }

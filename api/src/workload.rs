@@ -18,15 +18,20 @@ use crate::report::Scope;
 #[cfg(test)]
 use proptest_derive::Arbitrary;
 
+/// The namespace of a workload that names none.
 pub const DEFAULT_NAMESPACE: &str = "default";
+/// The default `maxSurge` of a rolling update: one extra instance.
 pub const DEFAULT_MAX_SURGE: u32 = 1;
+/// The default `restartPolicy.maxRestarts`.
 pub const DEFAULT_MAX_RESTARTS: u32 = 5;
+/// The default `restartPolicy.resetSeconds` (an hour).
 pub const DEFAULT_RESET_SECONDS: u32 = 3600;
 /// Below this no process, not even kat-init, can start in a container.
 pub const MIN_MEMORY_LIMIT: Bytes = Bytes(4 << 20);
 /// A ceiling that catches typos such as `replicas: 30000`; raise it if a real cluster needs it.
 pub const MAX_REPLICAS: u32 = 10_000;
 
+/// A `workload.kat`: what runs, how many, where, and how it is kept running.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -44,6 +49,7 @@ pub struct Workload {
     pub spec: WorkloadSpec,
 }
 
+/// The `metadata` of a `workload.kat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -69,6 +75,7 @@ fn default_namespace() -> String {
     DEFAULT_NAMESPACE.to_string()
 }
 
+/// The `spec` of a `workload.kat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -113,16 +120,21 @@ pub const DEFAULT_DRAIN_SECONDS: u32 = 5;
 /// Most `spec.drainSeconds` may be (an hour).
 pub const MAX_DRAIN_SECONDS: u32 = 3600;
 
+/// `spec.type`: how a workload's instances are counted and placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WorkloadType {
+    /// `replicas` long-running instances.
     Service,
+    /// Instances that run to completion (needs a `job.kat`).
     Job,
+    /// One long-running instance on every eligible node.
     DaemonService,
 }
 
+/// `spec.source`: where the image comes from (exactly one of `image` and `git`).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -140,6 +152,7 @@ pub struct Source {
     pub cache_image: Option<String>,
 }
 
+/// `source.git`: a repository the node builds the image from, at a branch, tag or commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -163,6 +176,7 @@ pub struct GitSource {
     pub commit: Option<String>,
 }
 
+/// `spec.updateStrategy`: how a new generation replaces running instances.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -176,16 +190,20 @@ pub struct UpdateStrategy {
     pub rolling: Option<RollingUpdate>,
 }
 
+/// `updateStrategy.type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum UpdateStrategyType {
+    /// New instances first; old ones go as new ones become healthy (the default).
     #[default]
     Rolling,
+    /// All old instances stop, then all new ones start: downtime by design.
     Simultaneous,
 }
 
+/// `updateStrategy.rolling`: the settings of a `Rolling` update.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -203,18 +221,23 @@ pub struct RollingUpdate {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum IntOrString {
+    /// Written as a number.
     Int(i64),
+    /// Written as a string.
     String(String),
 }
 
 /// `maxSurge` once validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MaxSurge {
+    /// A number of extra instances.
     Count(u32),
+    /// A percentage of `replicas`, 1–100, rounded up.
     Percent(u32),
 }
 
 impl MaxSurge {
+    /// Checks a `maxSurge` as written: an integer of at least 1, or a percentage from `"1%"` to `"100%"`.
     pub fn parse(v: &IntOrString) -> Result<Self, String> {
         let expected = "(expected an integer of at least 1, e.g. 1, or a percentage, e.g. \"25%\")";
         match v {
@@ -241,6 +264,7 @@ impl MaxSurge {
     }
 }
 
+/// `spec.restartPolicy`: when the node restarts an instance's container that exited.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -257,23 +281,30 @@ pub struct RestartPolicy {
 }
 
 impl RestartPolicy {
+    /// `maxRestarts`, or its default.
     pub fn max_restarts(&self) -> u32 {
         self.max_restarts.unwrap_or(DEFAULT_MAX_RESTARTS)
     }
+    /// `resetSeconds`, or its default.
     pub fn reset_seconds(&self) -> u32 {
         self.reset_seconds.unwrap_or(DEFAULT_RESET_SECONDS)
     }
 }
 
+/// `restartPolicy.condition`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum RestartCondition {
+    /// The node never restarts the container: the instance ends.
     Never,
+    /// Restart after a failure, never after exit 0, at most `maxRestarts` times in a series.
     MaxCount,
+    /// Restart after every exit (a Job's instance: after a failure, ending at exit 0).
     Always,
 }
 
+/// One of `spec.tolerations`: a node taint this workload may run on anyway.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -282,7 +313,8 @@ pub struct Toleration {
     /// The taint's key (empty with `operator: Exists` tolerates every taint).
     #[serde(default)]
     pub key: String,
-    /// `Equal` (the taint's value must be `value`, the default) or `Exists`.
+    /// `Exists` (any value of the key, the default) or `Equal` (the taint's value must be
+    /// `value`).
     #[serde(default)]
     pub operator: TolerationOperator,
     /// With `Equal`: the taint's value.
@@ -293,24 +325,31 @@ pub struct Toleration {
     pub effect: Option<TaintEffect>,
 }
 
+/// `toleration.operator`: how a toleration matches a taint's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum TolerationOperator {
+    /// Any value of the taint's key matches (the default).
     #[default]
     Exists,
+    /// The taint's value must equal the toleration's `value`.
     Equal,
 }
 
+/// What a node taint keeps away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum TaintEffect {
+    /// No instance is placed on the node unless it tolerates the taint.
     NoSchedule,
+    /// The scheduler prefers other nodes for instances that do not tolerate the taint.
     PreferNoSchedule,
 }
 
+/// `spec.container`: the one container of each instance.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -336,6 +375,7 @@ pub struct Container {
     pub resources: Option<Resources>,
 }
 
+/// One of `container.env`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -349,6 +389,7 @@ pub struct EnvVar {
     pub value: String,
 }
 
+/// One of `container.volumeMounts`: where a volume appears in the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -367,6 +408,7 @@ pub struct VolumeMount {
     pub read_only: bool,
 }
 
+/// `container.resources`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -383,6 +425,7 @@ pub struct Resources {
     pub gpu: Option<GpuRequest>,
 }
 
+/// CPU and memory amounts, of `requests` or `limits`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -408,6 +451,7 @@ fn amounts<T: crate::quantity::ParseQuantity + Copy + std::fmt::Debug>(
     proptest::option::of("[0-9.]{0,6}(m|Mi|Gi|M|k)?|[a-z ]{0,4}".prop_map(Amount::new))
 }
 
+/// `resources.gpu`: the GPUs an instance needs.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -433,6 +477,7 @@ pub struct GpuRequest {
 pub const MAX_GPU_COUNT: u32 = 16;
 
 impl GpuRequest {
+    /// How many GPUs the instance gets (default 1).
     pub fn count(&self) -> u32 {
         self.count.unwrap_or(1)
     }
@@ -447,17 +492,22 @@ impl GpuRequest {
     }
 }
 
+/// A GPU vendor, as a request names it and a node reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum GpuDriver {
+    /// Any vendor (in a request).
     Any,
+    /// NVIDIA.
     Nvidia,
+    /// AMD.
     Amd,
 }
 
+/// One of `spec.volumes`: a name and where its data lives (one of `simpleClusterStorage` and `hostMount`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -477,12 +527,14 @@ pub struct Volume {
     pub host_mount: Option<HostMount>,
 }
 
+/// `volume.simpleClusterStorage`: no settings.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SimpleClusterStorage {}
 
+/// `volume.hostMount`: a path of the node bound into the container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -496,23 +548,33 @@ pub struct HostMount {
     pub ensure_type: Option<EnsureType>,
 }
 
+/// `hostMount.ensureType`: what must be at the host path before it is mounted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(test, derive(Arbitrary))]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum EnsureType {
+    /// A directory, created if missing.
     DirectoryOrCreate,
+    /// An existing directory.
     Directory,
+    /// A regular file, created (empty) if missing.
     FileOrCreate,
+    /// An existing regular file.
     File,
+    /// An existing Unix socket.
     Socket,
 }
 
 /// Requests and limits once parsed. Requests default to limits (RFC §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ParsedResources {
+    /// The CPU the scheduler reserves: the request, else the limit.
     pub cpu_request: Option<MilliCpu>,
+    /// The memory the scheduler reserves, in bytes: the request, else the limit.
     pub memory_request: Option<Bytes>,
+    /// The most CPU the container may use.
     pub cpu_limit: Option<MilliCpu>,
+    /// The most memory the container may use, in bytes.
     pub memory_limit: Option<Bytes>,
 }
 
@@ -548,6 +610,7 @@ impl WorkloadSpec {
         ))
     }
 
+    /// `updateStrategy.type`, or `Rolling` when there is none.
     pub fn update_strategy_type(&self) -> UpdateStrategyType {
         self.update_strategy
             .as_ref()

@@ -9,13 +9,17 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// A workload's namespace and name, written `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkloadKey {
+    /// The workload's namespace.
     pub namespace: String,
+    /// The workload's name.
     pub name: String,
 }
 
 impl WorkloadKey {
+    /// The key of workload `name` in `namespace`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         WorkloadKey {
             namespace: namespace.into(),

@@ -695,91 +695,93 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
 
-/// Every path `kat-client` builds is a route the API serves with that method (the answer may
-/// be a refusal, e.g. a workload that does not exist, but never "no route" or 405).
+/// `katcall apply` in one call (`PUT …/workloads/{name}?create=true`): created, then
+/// unchanged, then configured, each said in the `kat-apply-outcome` header; a workload of
+/// another name in the bundle is refused and nothing is stored; with dryRun it is refused.
 #[tokio::test]
-async fn every_client_path_is_a_route() {
-    use kat_client::paths::{self, NodeAdmin, NodeCall, Stream, WorkloadAction};
+async fn apply_in_one_call_creates_updates_or_changes_nothing() {
     let api = Api::new();
-    let template = NodeCall::Template {
-        ns: "default",
-        workload: "web",
-        hash: "ab",
+    let apply = |body: Vec<u8>, query: &'static str| {
+        let router = api.router.clone();
+        async move {
+            let req = Request::builder()
+                .method(Method::PUT)
+                .uri(format!("/v1alpha1/n/team/workloads/web?{query}"))
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .header("content-type", "application/gzip")
+                .body(Body::from(body))
+                .unwrap();
+            let resp = router.oneshot(req).await.unwrap();
+            let outcome = resp
+                .headers()
+                .get(kat_api::wire::APPLY_OUTCOME_HEADER)
+                .map(|v| v.to_str().unwrap().to_string());
+            let status = resp.status();
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            (
+                status,
+                outcome,
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )
+        }
     };
-    let calls = [
-        (Method::GET, paths::namespaces()),
-        (Method::POST, paths::namespaces()),
-        (Method::GET, paths::workloads("default")),
-        (Method::POST, paths::workloads("default")),
-        (Method::GET, paths::workload("default", "web")),
-        (Method::PUT, paths::workload("default", "web")),
-        (Method::DELETE, paths::workload("default", "web")),
-        (
-            Method::GET,
-            paths::workload_file("default", "web", "workload.kat"),
-        ),
-        (
-            Method::POST,
-            paths::workload_action("default", "web", WorkloadAction::Rollback),
-        ),
-        (
-            Method::POST,
-            paths::workload_action("default", "web", WorkloadAction::Redeploy),
-        ),
-        (
-            Method::POST,
-            paths::workload_action("default", "web", WorkloadAction::Webhook),
-        ),
-        (
-            Method::DELETE,
-            paths::workload_action("default", "web", WorkloadAction::Webhook),
-        ),
-        (
-            Method::GET,
-            paths::instance_stream("default", "web", "web-1", Stream::Logs),
-        ),
-        (
-            Method::POST,
-            paths::instance_stream("default", "web", "web-1", Stream::Exec),
-        ),
-        (Method::GET, paths::instances(Some("default"))),
-        (Method::GET, paths::instances(None)),
-        (Method::GET, paths::finished_instances("default")),
-        (Method::GET, paths::nodes()),
-        (Method::GET, paths::node("n1")),
-        (Method::DELETE, paths::node("n1")),
-        (Method::POST, paths::node_admin("n1", NodeAdmin::Drain)),
-        (Method::POST, paths::node_admin("n1", NodeAdmin::Uncordon)),
-        (Method::PUT, paths::node_admin("n1", NodeAdmin::Taints)),
-        (Method::PUT, paths::node_admin("n1", NodeAdmin::Labels)),
-        (Method::POST, paths::node_call("n1", NodeCall::Status)),
-        (Method::GET, paths::node_call("n1", NodeCall::Assignments)),
-        (Method::GET, paths::node_call("n1", NodeCall::Dns)),
-        (Method::GET, paths::node_call("n1", NodeCall::Peers)),
-        (Method::POST, paths::node_call("n1", NodeCall::WireGuard)),
-        (Method::POST, paths::node_call("n1", NodeCall::EtcdMember)),
-        (
-            Method::POST,
-            paths::node_call("n1", NodeCall::TemplateProblems),
-        ),
-        (Method::GET, paths::node_call("n1", template)),
-        (
-            Method::POST,
-            paths::node_call("n1", NodeCall::SubmitWorkload { ns: "default" }),
-        ),
-        (Method::GET, paths::events()),
-        (Method::GET, paths::backups()),
-        (Method::POST, paths::backups()),
-        (Method::GET, paths::join_tokens()),
-        (Method::POST, paths::join_tokens()),
-        (Method::DELETE, paths::join_token("abc")),
-        (Method::GET, paths::api_tokens()),
-        (Method::POST, paths::api_tokens()),
-        (Method::DELETE, paths::api_token("abc")),
-        (Method::POST, paths::join()),
-        (Method::GET, paths::ca()),
-    ];
-    for (method, path) in calls {
+    let first = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/srv/web")),
+    ]);
+    let (status, outcome, body) = apply(first.clone(), "create=true").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(outcome.as_deref(), Some("created"));
+    let object: kat_api::wire::WorkloadObject = serde_json::from_str(&body).unwrap();
+    assert_eq!(object.metadata.generation, 1);
+    let (status, outcome, body) = apply(first, "create=true").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(outcome.as_deref(), Some("unchanged"));
+    let changed = bundle(&[
+        ("namespace.kat", namespace("team")),
+        ("workload.kat", workload("team", "web", "/srv/other")),
+    ]);
+    let (status, outcome, body) = apply(changed.clone(), "create=true").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(outcome.as_deref(), Some("configured"));
+    let object: kat_api::wire::WorkloadObject = serde_json::from_str(&body).unwrap();
+    assert_eq!(object.metadata.generation, 2);
+
+    let before = api.dump().await;
+    let other = bundle(&[("workload.kat", workload("team", "api", "/srv/web"))]);
+    let (status, _, body) = apply(other, "create=true").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _, body) = apply(changed, "create=true&dryRun=true").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("dryRun and create"), "{body}");
+    assert_eq!(api.dump().await, before, "nothing stored by a refusal");
+}
+
+/// Every route of the table (`kat_api::routes`, from which the router is built and
+/// `kat-client` fills its paths) is served with its method: the answer may be a refusal,
+/// e.g. a workload that does not exist, but never `no_route` or 405.
+#[tokio::test]
+async fn every_declared_route_is_served() {
+    use kat_api::routes::Route;
+    let api = Api::new();
+    for route in Route::ALL {
+        let params: Vec<&str> = route
+            .template()
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{'))
+            .map(|p| match p.trim_end_matches('}') {
+                "ns" => "default",
+                "name" if route.template().starts_with("/v1alpha1/nodes/") => "n1",
+                "name" | "workload" => "web",
+                "id" => "web-1",
+                "file" => "workload.kat",
+                _ => "ab",
+            })
+            .collect();
+        let path = route.path(&params);
+        let method = Method::from_bytes(route.method().as_str().as_bytes()).unwrap();
         // A stream that has started (events, assignments) never ends: its route exists.
         let sent = api.send(method.clone(), &path, Vec::new());
         let Ok((status, body)) = tokio::time::timeout(Duration::from_secs(2), sent).await else {
@@ -790,7 +792,10 @@ async fn every_client_path_is_a_route() {
             StatusCode::METHOD_NOT_ALLOWED,
             "{method} {path}: {body}"
         );
-        assert!(!body.contains("no route"), "{method} {path}: {body}");
+        let code = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from));
+        assert_ne!(code.as_deref(), Some("no_route"), "{method} {path}: {body}");
     }
 }
 

@@ -3,23 +3,27 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result};
 use kat_api::finished::FinishedInstance;
 use kat_api::wire::{
-    ApplyPreview, BackupRecord, Event, InstanceStatus, JoinTokenInfo, NamespaceObject,
-    NewJoinToken, Node, NodeRegistration, Taint, WebhookInfo, WorkloadObject,
+    ApplyOutcome, ApplyPreview, BackupRecord, ErrorCode, Event, InstanceStatus, JoinTokenInfo,
+    NamespaceObject, NewJoinToken, Node, NodeRegistration, Taint, WebhookInfo, WorkloadObject,
+    APPLY_OUTCOME_HEADER,
 };
 use reqwest::Method;
 
 use crate::paths::{self, NodeAdmin, Stream, WorkloadAction};
-use crate::Client;
+use crate::{Client, ClientError, Result};
 
 /// Filters of `GET /events` (all optional).
 #[derive(Debug, Clone, Default)]
 pub struct EventQuery {
+    /// Only events of this namespace.
     pub namespace: Option<String>,
+    /// Only events about this kind of object (`Workload`, `Node`, …).
     pub resource_type: Option<String>,
+    /// Only events about the object of this name.
     pub resource_name: Option<String>,
+    /// At most this many, the newest.
     pub limit: Option<u32>,
 }
 
@@ -43,10 +47,12 @@ impl EventQuery {
 }
 
 impl Client {
+    /// The workloads of `ns`.
     pub async fn workloads(&self, ns: &str) -> Result<Vec<WorkloadObject>> {
         self.get_json(&paths::workloads(ns)).await
     }
 
+    /// Workload `ns/name`.
     pub async fn workload(&self, ns: &str, name: &str) -> Result<WorkloadObject> {
         self.get_json(&paths::workload(ns, name)).await
     }
@@ -66,6 +72,41 @@ impl Client {
     ) -> Result<WorkloadObject> {
         let req = self.bundle_request(ns, name, archive, exists);
         self.json_of(req, &format!("applying {ns}/{name}")).await
+    }
+
+    /// `katcall apply` in one call: the workload created from its packed bundle if there
+    /// is none, else updated, settled by the server in one transaction; the workload after
+    /// and what happened. `None` from a server older than this client, which lacks it
+    /// (its answer is a `bad_request` about the query): [`Client::apply`] then does it
+    /// in two calls. A new server answers `bad_request` only for what the old way would
+    /// refuse as well, so trying that too loses nothing.
+    pub async fn apply_in_one(
+        &self,
+        ns: &str,
+        name: &str,
+        archive: Vec<u8>,
+    ) -> Result<Option<(WorkloadObject, ApplyOutcome)>> {
+        let req = self
+            .request(Method::PUT, &paths::workload(ns, name))
+            .query(&[("create", "true")])
+            .header("content-type", "application/gzip")
+            .body(archive);
+        let resp = match self.send(req).await {
+            Ok(resp) => resp,
+            Err(e) if e.code() == Some(ErrorCode::BadRequest) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let outcome = resp
+            .headers()
+            .get(APPLY_OUTCOME_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ApplyOutcome::parse);
+        let Some(outcome) = outcome else {
+            // A server that ignored `create` and updated an existing workload.
+            return Ok(None);
+        };
+        let object = crate::json(resp, &format!("applying {ns}/{name}")).await?;
+        Ok(Some((object, outcome)))
     }
 
     /// A bundle's create (POST) or update (PUT).
@@ -102,6 +143,7 @@ impl Client {
         .await
     }
 
+    /// Deletes workload `ns/name` (its instances stop).
     pub async fn delete_workload(&self, ns: &str, name: &str) -> Result<()> {
         self.send(self.request(Method::DELETE, &paths::workload(ns, name)))
             .await
@@ -125,6 +167,7 @@ impl Client {
         self.json_of(self.request(Method::POST, &path), &path).await
     }
 
+    /// Removes the workload's push webhook: notifications are refused from then on.
     pub async fn delete_webhook(&self, ns: &str, name: &str) -> Result<()> {
         let path = paths::workload_action(ns, name, WorkloadAction::Webhook);
         self.send(self.request(Method::DELETE, &path))
@@ -139,7 +182,10 @@ impl Client {
         Ok(resp
             .bytes()
             .await
-            .with_context(|| format!("reading {file} of {ns}/{name}"))?
+            .map_err(|e| ClientError::Answer {
+                what: format!("reading {file} of {ns}/{name}"),
+                detail: format!("broke off: {e}"),
+            })?
             .to_vec())
     }
 
@@ -162,10 +208,12 @@ impl Client {
             .await
     }
 
+    /// The namespaces.
     pub async fn namespaces(&self) -> Result<Vec<NamespaceObject>> {
         self.get_json(&paths::namespaces()).await
     }
 
+    /// A new namespace.
     pub async fn create_namespace(&self, name: &str) -> Result<()> {
         let body = serde_json::json!({"metadata": {"name": name}});
         self.send(self.request(Method::POST, &paths::namespaces()).json(&body))
@@ -173,10 +221,12 @@ impl Client {
             .map(drop)
     }
 
+    /// The nodes.
     pub async fn nodes(&self) -> Result<Vec<Node>> {
         self.get_json(&paths::nodes()).await
     }
 
+    /// Node `name`.
     pub async fn node(&self, name: &str) -> Result<Node> {
         self.get_json(&paths::node(name)).await
     }
@@ -229,6 +279,7 @@ impl Client {
             .await
     }
 
+    /// The events `query` selects, oldest first.
     pub async fn events(&self, query: &EventQuery) -> Result<Vec<Event>> {
         self.get_json_query(&paths::events(), &query.params()).await
     }
@@ -241,6 +292,7 @@ impl Client {
             .await
     }
 
+    /// The backups the leader took.
     pub async fn backups(&self) -> Result<Vec<BackupRecord>> {
         self.get_json(&paths::backups()).await
     }
@@ -251,6 +303,7 @@ impl Client {
         self.json_of(self.request(Method::POST, &path), &path).await
     }
 
+    /// The join tokens (without their secrets).
     pub async fn join_tokens(&self) -> Result<Vec<JoinTokenInfo>> {
         self.get_json(&paths::join_tokens()).await
     }
@@ -262,6 +315,7 @@ impl Client {
             .await
     }
 
+    /// Deletes join token `id`: no node joins with it from then on.
     pub async fn delete_join_token(&self, id: &str) -> Result<()> {
         self.send(self.request(Method::DELETE, &paths::join_token(id)))
             .await
@@ -273,6 +327,7 @@ impl Client {
         self.get_json(&paths::ingress()).await
     }
 
+    /// The scoped API tokens (without their secrets).
     pub async fn api_tokens(&self) -> Result<Vec<kat_api::wire::ApiTokenInfo>> {
         self.get_json(&paths::api_tokens()).await
     }
@@ -287,6 +342,7 @@ impl Client {
             .await
     }
 
+    /// Deletes API token `id`; what it opened (streams, exec sessions) ends.
     pub async fn delete_api_token(&self, id: &str) -> Result<()> {
         self.send(self.request(Method::DELETE, &paths::api_token(id)))
             .await

@@ -2,18 +2,85 @@
 //! link, a detached node's submissions, remote logs and exec).
 //!
 //! [`paths`] builds every API path; [`Client`] sends requests to one endpoint with an
-//! optional bearer token and turns refusals into the API's own message; [`admin`] holds the
-//! typed calls an administrator makes. The caller brings the `reqwest::Client`: TLS (the
+//! optional bearer token and turns refusals into a [`ClientError`] that keeps the API's
+//! status, error code and message; [`admin`] holds the typed calls an administrator makes. The caller brings the `reqwest::Client`: TLS (the
 //! cluster CA, a node certificate) is `kat-pki`'s business, not this crate's.
 
+#![warn(missing_docs)]
+
+/// The typed calls an administrator makes.
 pub mod admin;
+/// Every API path, filled from `kat_api::routes`.
 pub mod paths;
 
-use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
-use kat_api::wire::ErrorBody;
+use kat_api::wire::{ErrorBody, ErrorCode};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
+
+/// Why a call to the API failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No answer: the endpoint is down, unreachable, or not the API.
+    #[error("cannot reach the KAT API at {base}: {source} (is kat-agent running? check the endpoint in your katcall config)")]
+    Unreachable {
+        /// The endpoint.
+        base: String,
+        /// What failed.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The API refused: its status, and its error code and message when it sent its error
+    /// body (`code` is `None` for an answer from something else, a proxy's).
+    #[error("{}", refused_text(.status, .code.is_some(), .message))]
+    Refused {
+        /// The answer's status.
+        status: StatusCode,
+        /// The API's error code.
+        code: Option<ErrorCode>,
+        /// The API's message, or the body of another's answer.
+        message: String,
+        /// With `ErrorCode::NotLeader`: the leader's endpoint.
+        leader: Option<String>,
+    },
+    /// The answer broke off, or is not what this client expects of `what`.
+    #[error("the API's answer to {what} {detail}")]
+    Answer {
+        /// The request.
+        what: String,
+        /// What was wrong with the answer.
+        detail: String,
+    },
+}
+
+impl ClientError {
+    /// The API's error code, if it refused with its error body.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Refused { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    /// The HTTP status of a refusal.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+fn refused_text(status: &StatusCode, coded: bool, message: &str) -> String {
+    if coded {
+        format!("{message} ({status})")
+    } else {
+        format!("the API answered {status}: {message}")
+    }
+}
+
+/// What a call to the API returns.
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
 /// One API endpoint.
 #[derive(Clone)]
@@ -53,6 +120,7 @@ impl Client {
         refused(resp).await
     }
 
+    /// `GET path` and its JSON answer.
     pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         self.json_of(self.request(Method::GET, path), path).await
     }
@@ -89,22 +157,26 @@ impl Client {
         json(self.send(req).await?, what).await
     }
 
-    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
-        anyhow!(
-            "cannot reach the KAT API at {}: {e} (is kat-agent running? check the endpoint in your katcall config)",
-            self.base
-        )
+    fn unreachable(&self, source: reqwest::Error) -> ClientError {
+        ClientError::Unreachable {
+            base: self.base.clone(),
+            source,
+        }
     }
 
     /// Call `each` with every JSON line of a streamed response, as it arrives.
-    pub async fn json_lines<T: DeserializeOwned>(
+    pub async fn json_lines<T: DeserializeOwned, E: From<ClientError>>(
         resp: reqwest::Response,
-        mut each: impl FnMut(T) -> Result<()>,
-    ) -> Result<()> {
+        mut each: impl FnMut(T) -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut stream = resp.bytes_stream();
         let mut pending: Vec<u8> = Vec::new();
         while let Some(chunk) = stream.next().await {
-            pending.extend_from_slice(&chunk.context("the stream from the API broke")?);
+            let chunk = chunk.map_err(|e| ClientError::Answer {
+                what: "a stream".into(),
+                detail: format!("broke off: {e}"),
+            })?;
+            pending.extend_from_slice(&chunk);
             while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = pending.drain(..=pos).collect();
                 if let Ok(item) = serde_json::from_slice::<T>(&line) {
@@ -118,24 +190,42 @@ impl Client {
 
 /// The JSON body of a response; `what` names the request in the error.
 pub async fn json<T: DeserializeOwned>(resp: reqwest::Response, what: &str) -> Result<T> {
-    let bytes = resp.bytes().await.context("reading the API's answer")?;
-    serde_json::from_slice(&bytes)
-        .with_context(|| format!("the API's answer to {what} is not what this client expects"))
+    let bytes = resp.bytes().await.map_err(|e| ClientError::Answer {
+        what: what.to_string(),
+        detail: format!("broke off: {e}"),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ClientError::Answer {
+        what: what.to_string(),
+        detail: format!("is not what this client expects: {e}"),
+    })
 }
 
-/// The response if it succeeded (or switched protocols), else the API's message.
+/// The response if it succeeded (or switched protocols), else the refusal.
 pub async fn refused(resp: reqwest::Response) -> Result<reqwest::Response> {
     let status = resp.status();
     if status.is_success() || status == StatusCode::SWITCHING_PROTOCOLS {
         return Ok(resp);
     }
+    Err(refusal(resp).await)
+}
+
+/// The refusal a response that did not succeed carries.
+pub async fn refusal(resp: reqwest::Response) -> ClientError {
+    let status = resp.status();
     let body = resp.bytes().await.unwrap_or_default();
     match serde_json::from_slice::<ErrorBody>(&body) {
-        Ok(e) => bail!("{} ({status})", e.message),
-        Err(_) => bail!(
-            "the API answered {status}: {}",
-            String::from_utf8_lossy(&body)
-        ),
+        Ok(e) => ClientError::Refused {
+            status,
+            code: Some(e.error),
+            message: e.message,
+            leader: e.leader,
+        },
+        Err(_) => ClientError::Refused {
+            status,
+            code: None,
+            message: String::from_utf8_lossy(&body).into_owned(),
+            leader: None,
+        },
     }
 }
 

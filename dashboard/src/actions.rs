@@ -26,7 +26,7 @@ pub async fn rollback(
     let Page::Workload { ns, name } = &page else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    let api_path = format!("/v1alpha1/n/{ns}/workloads/{name}/rollback");
+    let api_path = kat_api::routes::Route::Rollback.path(&[ns, name]);
     if !session.credential.may(&Method::POST, &api_path) {
         return (
             StatusCode::FORBIDDEN,

@@ -8,6 +8,7 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 use kat_api::names::dns_label_problem;
+use kat_api::routes::Route;
 use kat_apiserver::service;
 use maud::Markup;
 
@@ -101,15 +102,13 @@ impl Page {
     /// The API read that shows the same: a session may see the page if its token may send it.
     pub fn api_read(&self) -> String {
         match self {
-            Page::Cluster => "/v1alpha1/nodes".into(),
-            Page::Workloads { ns } => format!("/v1alpha1/n/{ns}/workloads"),
-            Page::Workload { ns, name } => format!("/v1alpha1/n/{ns}/workloads/{name}"),
-            Page::Instance { ns, name, id } => {
-                format!("/v1alpha1/n/{ns}/workloads/{name}/instances/{id}/logs")
-            }
-            Page::Events => "/v1alpha1/events".into(),
-            Page::Backups => "/v1alpha1/backups".into(),
-            Page::JoinTokens => "/v1alpha1/join-tokens".into(),
+            Page::Cluster => Route::ListNodes.path(&[]),
+            Page::Workloads { ns } => Route::ListWorkloads.path(&[ns]),
+            Page::Workload { ns, name } => Route::GetWorkload.path(&[ns, name]),
+            Page::Instance { ns, name, id } => Route::Logs.path(&[ns, name, id]),
+            Page::Events => Route::Events.path(&[]),
+            Page::Backups => Route::Backups.path(&[]),
+            Page::JoinTokens => Route::JoinTokens.path(&[]),
         }
     }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Result;
-use kat_api::wire::{InstanceStatus, Node};
+use kat_api::wire::{ApplyOutcome, InstanceStatus, Node};
 use kat_api::{bundle, WorkloadBundle};
 use kat_client::admin::EventQuery;
 use kat_client::paths::WorkloadAction;
@@ -36,8 +36,22 @@ pub async fn apply(
     let ns = &parsed.workload.metadata.namespace;
     let name = &parsed.workload.metadata.name;
     let archive = bundle::pack(&files);
-    let before = client.workload_if_any(ns, name).await?;
-    let after = client.apply(ns, name, archive, before.is_some()).await?;
+    let (after, outcome) = match client.apply_in_one(ns, name, archive.clone()).await? {
+        Some(applied) => applied,
+        // A leader older than this katcall: look, then create or update.
+        None => {
+            let before = client.workload_if_any(ns, name).await?;
+            let after = client.apply(ns, name, archive, before.is_some()).await?;
+            let outcome = match &before {
+                None => ApplyOutcome::Created,
+                Some(b) if b.metadata.generation == after.metadata.generation => {
+                    ApplyOutcome::Unchanged
+                }
+                Some(_) => ApplyOutcome::Configured,
+            };
+            (after, outcome)
+        }
+    };
     let quiet = matches!(format, Format::Json | Format::Yaml);
     let after = match wait {
         Some(timeout) if quiet => {
@@ -49,13 +63,9 @@ pub async fn apply(
     if structured(format, &after)? {
         return Ok(());
     }
-    let verb = match &before {
-        None => "created",
-        Some(b) if b.metadata.generation == after.metadata.generation => "unchanged",
-        Some(_) => "configured",
-    };
     println!(
-        "workload {ns}/{name} {verb} (generation {})",
+        "workload {ns}/{name} {} (generation {})",
+        outcome.as_str(),
         after.metadata.generation
     );
     if let Some(timeout) = wait {
@@ -268,7 +278,7 @@ pub async fn finished(
     ns: &str,
     workload: Option<&str>,
 ) -> Result<Vec<kat_api::finished::FinishedInstance>> {
-    client.finished_instances(ns, workload).await
+    Ok(client.finished_instances(ns, workload).await?)
 }
 
 /// The LEADER column of `get nodes`: `yes` on the node that leads now, `-` elsewhere.

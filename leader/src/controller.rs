@@ -398,27 +398,9 @@ impl<'a> Round<'a> {
                     ..s.clone()
                 },
                 None => InstanceStatus {
-                    instance_id: r.instance_id.clone(),
-                    namespace: r.namespace.clone(),
-                    workload: r.workload.clone(),
-                    node: Some(r.node.clone()),
-                    generation: r.generation,
-                    state: InstanceState::Pending,
-                    health: Health::Unknown,
-                    restarts: 0,
-                    exit_code: None,
                     reason: Some(format!("assigned to {}, not reported yet", r.node)),
-                    ip: r.ip,
-                    started_at: None,
-                    finished_at: None,
-                    warnings: vec![],
-                    container_id: None,
-                    image_digest: None,
-                    gpus: vec![],
-                    unhealthy_transitions: 0,
-                    pull: None,
                     template_hash: Some(r.spec_hash.clone()),
-                    usage: None,
+                    ..InstanceStatus::of(r, InstanceState::Pending)
                 },
             })
             .collect()

@@ -202,31 +202,15 @@ impl SimNode {
                 .instances
                 .values()
                 .map(|i| InstanceStatus {
-                    instance_id: i.record.instance_id.clone(),
-                    namespace: i.record.namespace.clone(),
-                    workload: i.record.workload.clone(),
                     node: Some(self.name.clone()),
-                    generation: i.record.generation,
-                    state: i.state,
                     health: match (i.state, i.behaviour.healthy) {
                         (InstanceState::Running, true) => Health::Healthy,
                         (InstanceState::Running, false) => Health::Unhealthy,
                         _ => Health::Unknown,
                     },
-                    restarts: 0,
                     exit_code: i.exit_code,
-                    reason: None,
-                    ip: i.record.ip,
-                    started_at: None,
-                    finished_at: None,
-                    warnings: vec![],
-                    container_id: None,
-                    image_digest: None,
-                    gpus: vec![],
                     unhealthy_transitions: i.unhealthy_turns,
-                    pull: None,
-                    template_hash: None,
-                    usage: None,
+                    ..InstanceStatus::of(&i.record, i.state)
                 })
                 .collect(),
             usage: None,

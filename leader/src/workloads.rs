@@ -93,10 +93,12 @@ pub struct Plan {
 pub async fn plan(store: &dyn StateStore, bundle: &WorkloadBundle) -> Result<Plan, WorkloadError> {
     let ns = &bundle.workload.metadata.namespace;
     let name = &bundle.workload.metadata.name;
+    // An unreadable record is an error, never a new workload at generation 1.
     let previous: Option<WorkloadMeta> = store
         .get(&keys::workload_meta(ns, name))
         .await?
-        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+        .map(|kv| kat_store::decode(&kv))
+        .transpose()?;
     let relabels_namespace = match store.get(&keys::namespace(ns)).await? {
         Some(kv) => relabel_op(&kv, bundle)?.is_some(),
         None if brings_namespace(bundle) => false,
@@ -212,9 +214,7 @@ async fn write(
     if create_only && current.is_some() {
         return Err(WorkloadError::Conflict(ns.clone(), name.clone()));
     }
-    let previous: Option<WorkloadMeta> = current
-        .as_ref()
-        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+    let previous: Option<WorkloadMeta> = current.as_ref().map(kat_store::decode).transpose()?;
     let spec_hash = bundle.spec_hash();
     if let Some(p) = &previous {
         if p.spec_hash == spec_hash {

@@ -264,27 +264,15 @@ async fn a_node_cannot_hold_back_a_workload_with_made_up_instances() {
     // never its own, which would count as still terminating and block new ones.
     let fake: Vec<kat_api::wire::InstanceStatus> = (0..50)
         .map(|i| kat_api::wire::InstanceStatus {
-            instance_id: format!("web-fake{i}").parse().unwrap(),
-            namespace: "default".into(),
-            workload: "web".into(),
             node: Some("rogue".parse().unwrap()),
-            generation: 1,
-            state: kat_api::wire::InstanceState::Running,
             health: kat_api::wire::Health::Healthy,
-            restarts: 0,
-            exit_code: None,
-            reason: None,
-            ip: None,
-            started_at: None,
-            finished_at: None,
-            warnings: vec![],
-            container_id: None,
-            image_digest: None,
-            gpus: vec![],
-            unhealthy_transitions: 0,
-            pull: None,
-            template_hash: None,
-            usage: None,
+            ..kat_api::wire::InstanceStatus::new(
+                format!("web-fake{i}").parse().unwrap(),
+                "default".into(),
+                "web".into(),
+                1,
+                kat_api::wire::InstanceState::Running,
+            )
         })
         .collect();
     let rogue = SimNode::new("rogue", 0, 0);

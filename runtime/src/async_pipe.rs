@@ -18,6 +18,7 @@ use tokio::io::Interest;
 /// its end is taken as real (see [`AsyncPipe::read_terminal`]).
 const TERMINAL_DRAIN: Duration = Duration::from_millis(100);
 
+/// A pipe end or a terminal's master end, read and written on tokio's reactor.
 pub struct AsyncPipe {
     fd: AsyncFd<File>,
 }

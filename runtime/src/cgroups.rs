@@ -53,14 +53,20 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// The slice of container scopes under systemd.
 pub const SYSTEMD_SLICE: &str = "kat.slice";
 
+/// The cgroup setup detected on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cgroups {
+    /// How this node's cgroups are set up.
     pub mode: CgroupMode,
     /// The parent of container cgroups, as a cgroup path (`/kat`, `/user.slice/…/kat-agent`).
     pub parent: String,
+    /// The memory controller is usable: memory limits are enforced.
     pub memory: bool,
+    /// The cpu controller is usable: CPU limits are enforced.
     pub cpu: bool,
+    /// The pids controller is usable: pids limits are enforced.
     pub pids: bool,
+    /// Plain-language notes on the setup: where containers go, or what is unusable and why.
     pub notes: Vec<String>,
 }
 
@@ -201,6 +207,8 @@ impl Cgroups {
         }
     }
 
+    /// The container's cgroup directories: one on cgroup v2 (or under systemd), one per
+    /// controller on v1, none without usable cgroups.
     pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
         let Some(path) = self.container_path(id) else {
             return Vec::new();

@@ -50,6 +50,7 @@ pub const SPARE_KEEP: Duration = Duration::from_secs(20);
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Request {
+    /// The container's ID.
     pub id: String,
     /// libcontainer's state root.
     pub lib_root: PathBuf,
@@ -77,9 +78,11 @@ pub(crate) struct Request {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OwnFirst {
+    /// The entries to give: the overlay's directories and the workload's own volumes.
     pub paths: Vec<PathBuf>,
     /// The workload root's host uid and gid.
     pub host_uid: u32,
+    /// The workload root's host gid.
     pub host_gid: u32,
 }
 
@@ -89,7 +92,9 @@ pub struct OwnFirst {
 /// seeing it.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct HelperTimes {
+    /// From the agent's spawn to the helper having its request.
     pub start: std::time::Duration,
+    /// Building the container.
     pub build: std::time::Duration,
 }
 

@@ -59,6 +59,7 @@ struct ExecArgs {
 // SAFETY: the pointers point into `_strings`' heap buffers, which live as long as `self` and
 // are never written; the arrays are only read, in the forked child.
 unsafe impl Send for ExecArgs {}
+// SAFETY: as for `Send`: shared references only read the arrays.
 unsafe impl Sync for ExecArgs {}
 
 impl ExecArgs {
@@ -110,10 +111,13 @@ impl ExecArgs {
 
 /// A running exec'd process.
 pub struct ExecHandle {
+    /// The host PID of the exec'd kat-init, which runs the command.
     pub pid: i32,
     /// Write end of the process's stdin (no TTY).
     pub stdin: Option<File>,
+    /// Read end of the process's stdout (no TTY).
     pub stdout: Option<File>,
+    /// Read end of the process's stderr (no TTY).
     pub stderr: Option<File>,
     /// The terminal's master end (TTY): read output from it, write input to it.
     pub pty: Option<File>,
@@ -183,7 +187,12 @@ pub fn resize_pty(pty: &File, rows: u16, cols: u16) -> Result<()> {
     set_size(pty.as_raw_fd(), rows, cols)
 }
 
-nix::ioctl_write_ptr_bad!(tiocswinsz, nix::libc::TIOCSWINSZ, nix::libc::winsize);
+nix::ioctl_write_ptr_bad!(
+    /// Sets the size of the terminal whose master end is `fd` (`TIOCSWINSZ`).
+    tiocswinsz,
+    nix::libc::TIOCSWINSZ,
+    nix::libc::winsize
+);
 
 fn set_size(fd: i32, rows: u16, cols: u16) -> Result<()> {
     let size = nix::libc::winsize {
@@ -219,10 +228,15 @@ const STEPS: [&str; 11] = [
 /// Capability sets as in `/proc/PID/status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CapSets {
+    /// The inheritable set (`CapInh`).
     pub inheritable: u64,
+    /// The permitted set (`CapPrm`).
     pub permitted: u64,
+    /// The effective set (`CapEff`).
     pub effective: u64,
+    /// The bounding set (`CapBnd`).
     pub bounding: u64,
+    /// The ambient set (`CapAmb`).
     pub ambient: u64,
 }
 
@@ -315,8 +329,8 @@ impl Entry {
 
     /// Runs in the forked child: async-signal-safe system calls only, no allocation.
     fn enter(&self) -> std::io::Result<()> {
-        // SAFETY (whole function): plain system calls on fds and buffers owned by `self`,
-        // which outlives the calls.
+        // SAFETY: (the whole function) plain system calls on fds and buffers owned by
+        // `self`, which outlives the calls.
         unsafe {
             self.step(0);
             for procs in &self.cgroup_procs {

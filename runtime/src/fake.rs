@@ -24,17 +24,22 @@ use crate::{
 pub struct Run {
     /// Exit after this long; `None` runs until stopped.
     pub exits_after: Option<Duration>,
+    /// The exit code it ends with when it exits on its own.
     pub exit_code: i32,
+    /// Its status says the OOM killer ended it, once it has ended.
     pub oom_killed: bool,
     /// Whether SIGTERM ends it; if not, stop waits the whole grace period.
     pub stops_on_term: bool,
     /// While it runs: CPU busy (millicores, so usage grows with the clock), memory, pids.
     pub cpu_millis: u64,
+    /// Memory it uses while it runs, in bytes.
     pub memory_bytes: u64,
+    /// Processes it has while it runs.
     pub pids: u64,
 }
 
 impl Run {
+    /// Runs until stopped, using nothing.
     pub fn forever() -> Run {
         Run {
             exits_after: None,
@@ -47,6 +52,7 @@ impl Run {
         }
     }
 
+    /// Exits with `code` after `after`.
     pub fn exits(after: Duration, code: i32) -> Run {
         Run {
             exits_after: Some(after),
@@ -59,12 +65,24 @@ impl Run {
 /// What the runtime was asked to do, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
+    /// `pull_image` of this reference.
     Pull(String),
+    /// `build_image` of this reference.
     Build(String),
+    /// `create` of this container.
     Create(String),
+    /// `start` of this container.
     Start(String),
-    Stop { id: String, grace: Duration },
+    /// `stop` of a container.
+    Stop {
+        /// The container.
+        id: String,
+        /// The grace period it was given.
+        grace: Duration,
+    },
+    /// `remove` of this container.
     Remove(String),
+    /// `exec` in this container.
     Exec(String),
 }
 
@@ -91,6 +109,7 @@ struct State {
     journal: Vec<(Instant, Call)>,
 }
 
+/// A runtime whose containers are records run by tokio's clock (see the module).
 pub struct FakeRuntime {
     state: Mutex<State>,
     run: Box<RunFn>,

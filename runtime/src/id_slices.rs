@@ -32,7 +32,9 @@ const LAST_USED_GRANULARITY_SECS: u64 = 3600;
 /// A workload's slot, and whether it was given to the workload just now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acquired {
+    /// The slot's index in the node's id range.
     pub slot: u32,
+    /// The slot was given to the workload just now.
     pub new: bool,
 }
 

@@ -29,18 +29,27 @@ pub enum IdTask {
     /// Every entry of the tree (never through a symlink): an id in `from..from+count` moves
     /// to the same offset from `to`, any other id becomes `to` itself.
     Shift {
+        /// The tree's top.
         path: PathBuf,
+        /// The first host (uid, gid) of the ids that move.
         from: (u32, u32),
+        /// How many ids move.
         count: u32,
+        /// The host (uid, gid) the first of them moves to.
         to: (u32, u32),
     },
     /// These entries (not what is below them) get `owner`.
     Own {
+        /// The entries.
         paths: Vec<PathBuf>,
+        /// Their new host (uid, gid).
         owner: (u32, u32),
     },
     /// Removes the tree.
-    Remove { path: PathBuf },
+    Remove {
+        /// The tree's top.
+        path: PathBuf,
+    },
 }
 
 /// Runs `task`: here when we are root, else in the user-namespace helper `program`.

@@ -26,7 +26,9 @@ pub use kat_api::id_map::IdRange;
 /// uid and gid mappings of one container, in the order the kernel wants them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdMap {
+    /// The uid mappings.
     pub uids: Vec<IdRange>,
+    /// The gid mappings.
     pub gids: Vec<IdRange>,
 }
 
@@ -34,9 +36,13 @@ pub struct IdMap {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeIdRange {
+    /// The first subordinate uid.
     pub uid_start: u32,
+    /// How many subordinate uids there are.
     pub uid_count: u32,
+    /// The first subordinate gid.
     pub gid_start: u32,
+    /// How many subordinate gids there are.
     pub gid_count: u32,
 }
 
@@ -150,6 +156,7 @@ impl IdMap {
         map_id(&self.uids, uid)
     }
 
+    /// Host gid of a container gid; ids outside the mapping are squashed to container root's.
     pub fn host_gid(&self, gid: u32) -> u32 {
         map_id(&self.gids, gid)
     }
@@ -178,6 +185,8 @@ pub fn read_sub_range(path: &Path, name: &str, id: u32) -> Option<(u32, u32)> {
     parse_sub_range(&text, name, id)
 }
 
+/// `(start, count)` from the first `name:start:count` (or `id:start:count`) line of a subid
+/// file's text; a range that would wrap past `u32` is skipped.
 pub fn parse_sub_range(text: &str, name: &str, id: u32) -> Option<(u32, u32)> {
     let id = id.to_string();
     text.lines().find_map(|line| {

@@ -13,6 +13,8 @@
 //!
 //! `docs/runtime.md` describes what every container gets and what is enforced.
 
+#![warn(missing_docs)]
+
 pub mod acl;
 pub mod async_pipe;
 pub mod build;
@@ -65,6 +67,7 @@ pub trait ContainerRuntime: Send + Sync {
     /// What this node can enforce; reported in heartbeats.
     fn capabilities(&self) -> &NodeCapabilities;
 
+    /// Pulls `reference` from its registry into the image store; `progress` follows the pull.
     async fn pull_image(
         &self,
         reference: &str,
@@ -72,6 +75,7 @@ pub trait ContainerRuntime: Send + Sync {
     ) -> Result<ImageSummary>;
     /// Imports the image tagged `reference` from an OCI layout directory.
     async fn import_image(&self, layout: &Path, reference: &str) -> Result<ImageSummary>;
+    /// Every image in the store.
     async fn list_images(&self) -> Result<Vec<ImageSummary>>;
     /// Removes a reference (or an image by id); returns the bytes reclaimed.
     async fn remove_image(&self, reference: &str) -> Result<u64>;
@@ -86,12 +90,15 @@ pub trait ContainerRuntime: Send + Sync {
         progress: &tokio::sync::watch::Sender<build::BuildPhase>,
     ) -> Result<build::BuildOutcome>;
 
+    /// Creates a container, not yet started, from `options`; returns its status.
     async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus>;
+    /// Starts a created container.
     async fn start(&self, id: &str) -> Result<()>;
     /// SIGTERM, then SIGKILL to the whole container after `grace`.
     async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus>;
     /// Removes the container, its cgroup, rootfs and logs. `force` stops it first.
     async fn remove(&self, id: &str, force: bool) -> Result<()>;
+    /// The container's status now.
     async fn status(&self, id: &str) -> Result<ContainerStatus>;
     /// Changes each time the runtime sees one of its containers' processes end (those for
     /// which [`ContainerRuntime::sees_exit`] holds); `None`: it does not tell, so whoever
@@ -108,6 +115,8 @@ pub trait ContainerRuntime: Send + Sync {
     async fn usage(&self, id: &str) -> Result<ContainerUsage>;
     /// Every container on this node, found from on-disk state.
     async fn list(&self) -> Result<Vec<ContainerStatus>>;
+    /// Streams the container's log records that `options` selects.
     async fn logs(&self, id: &str, options: LogOptions) -> Result<logs::LogReceiver>;
+    /// Runs a command inside the running container `id`.
     async fn exec(&self, id: &str, options: ExecOptions) -> Result<ExecHandle>;
 }

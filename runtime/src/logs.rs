@@ -15,12 +15,15 @@ use std::time::{Duration, SystemTime};
 use crate::error::Result;
 use crate::types::{LogOptions, LogRecord, LogStream};
 
+/// The receiving end of a container's log records ([`crate::ContainerRuntime::logs`]).
 pub type LogReceiver = tokio::sync::mpsc::Receiver<LogRecord>;
 
+/// An RFC 3339 time, as in a record's `time`; `None` if it is not one.
 pub fn parse_time(text: &str) -> Option<SystemTime> {
     humantime::parse_rfc3339(text).ok()
 }
 
+/// `t` in RFC 3339 with nanoseconds, UTC, as kat-init writes record times.
 pub fn format_time(t: SystemTime) -> String {
     humantime::format_rfc3339_nanos(t).to_string()
 }

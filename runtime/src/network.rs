@@ -20,7 +20,9 @@ pub trait NetworkNamespaces: Send + Sync + std::fmt::Debug {
 
 /// Namespaces made for one container, held while it is created.
 pub trait JoinedNamespaces: Send {
+    /// The path of the user namespace.
     fn user(&self) -> PathBuf;
+    /// The path of the network namespace.
     fn network(&self) -> PathBuf;
     /// The user namespace both were made under. An unprivileged agent's create helper
     /// enters it first: libcontainer refuses to build a rootless container that neither

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
+/// Which containers' kat-init the reapers still wait for (see the module).
 pub struct Reaping {
     ids: Mutex<HashSet<String>>,
     reaped: Condvar,

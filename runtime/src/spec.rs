@@ -132,25 +132,40 @@ pub fn merged_env(
 pub enum Rootfs<'a> {
     /// Mount an overlay of `lower` inside the user namespace onto `mountpoint`.
     Overlay {
+        /// Where the overlay is mounted: the container's root.
         mountpoint: &'a Path,
+        /// The read-only lower layer (the slice's copy of the image).
         lower: &'a Path,
+        /// The container's writable layer.
         upper: &'a Path,
+        /// The overlay's work directory.
         work: &'a Path,
     },
     /// A private copy already at this path.
     Copy(&'a Path),
 }
 
+/// Everything [`build`] needs to write a container's `config.json`.
 pub struct SpecInput<'a> {
+    /// What KAT asked for.
     pub options: &'a CreateOptions,
+    /// The container's hostname.
     pub hostname: &'a str,
+    /// The workload's argv, which kat-init runs.
     pub argv: Vec<String>,
+    /// The workload's environment (`NAME=VALUE`).
     pub env: Vec<String>,
+    /// The workload's working directory.
     pub cwd: String,
+    /// The workload's uid inside the container.
     pub uid: u32,
+    /// The workload's gid inside the container.
     pub gid: u32,
+    /// The container's uid and gid mappings (unused when it joins namespaces already mapped).
     pub ids: &'a IdMap,
+    /// The container's root filesystem.
     pub rootfs: Rootfs<'a>,
+    /// The host's kat-init binary, bound in read-only.
     pub init_binary: &'a Path,
     /// The container's reserved directory on the host, mounted read-only at
     /// [`KAT_DIR_PATH`]: it holds only the empty mount points `init` and `log`
@@ -162,10 +177,13 @@ pub struct SpecInput<'a> {
     pub log_dir: &'a Path,
     /// Volume sources resolved (subPath applied), in `options.volumes` order.
     pub volume_sources: Vec<PathBuf>,
+    /// libcontainer's `cgroupsPath`; `None` where the node has no usable cgroups.
     pub cgroups_path: Option<String>,
     /// Which limits the node enforces through libcontainer.
     pub memory_limit: bool,
+    /// CPU limits and requests are enforced through libcontainer.
     pub cpu_limit: bool,
+    /// The pids limit is enforced through libcontainer.
     pub pids_limit: bool,
     /// Leave `linux.resources` out: the agent writes the limits itself (rootless on v1).
     pub omit_resources: bool,

@@ -35,8 +35,11 @@ use nix::unistd::{Gid, Uid};
 /// What an entry is, as `lstat` says (a symlink is never looked through).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// A directory.
     Dir,
+    /// A regular file.
     File,
+    /// A symbolic link.
     Symlink,
     /// FIFOs, sockets, device nodes.
     Other,
@@ -45,14 +48,19 @@ pub enum Kind {
 /// An entry's kind, owner and mode, from `fstatat(AT_SYMLINK_NOFOLLOW)`.
 #[derive(Clone, Copy, Debug)]
 pub struct Entry {
+    /// What the entry is.
     pub kind: Kind,
+    /// Its owner's uid.
     pub uid: u32,
+    /// Its group's gid.
     pub gid: u32,
     /// Permission bits with setuid, setgid and sticky (`& 0o7777`).
     pub mode: u32,
     /// Device and inode: which object it is (hard links share them).
     pub dev: u64,
+    /// Its inode number (on `dev`).
     pub ino: u64,
+    /// How many hard links it has.
     pub nlink: u64,
 }
 

@@ -27,7 +27,9 @@ use nix::sys::stat::{fstat, Mode};
 /// An opened volume source: where it is (for the mount) and what it is (for the check).
 #[derive(Debug)]
 pub struct OpenedSource {
+    /// The source's host path, as the kernel names the opened object.
     pub path: PathBuf,
+    /// The device of the filesystem it is on (`st_dev`).
     pub dev: u64,
     _fd: OwnedFd,
 }

@@ -138,27 +138,9 @@ impl Tracked {
             ),
         };
         let status = InstanceStatus {
-            instance_id: record.instance_id.clone(),
-            namespace: record.namespace.clone(),
-            workload: record.workload.clone(),
             node: Some(node.clone()),
-            generation: record.generation,
-            state: InstanceState::Pending,
-            health: Health::Unknown,
-            restarts: 0,
-            exit_code: None,
-            reason: None,
-            ip: record.ip,
-            started_at: None,
-            finished_at: None,
-            warnings: vec![],
-            container_id: None,
-            image_digest: None,
             gpus: record.gpus.clone(),
-            unhealthy_transitions: 0,
-            pull: None,
-            template_hash: None,
-            usage: None,
+            ..InstanceStatus::of(record, InstanceState::Pending)
         };
         Tracked {
             assignment,
@@ -375,27 +357,15 @@ impl Supervisor {
                 for (id, found) in adoptable {
                     tracing::info!(instance = %id, "removing a container whose instance is no longer assigned here");
                     let status = InstanceStatus {
-                        instance_id: id.clone(),
-                        namespace: String::new(),
-                        workload: String::new(),
                         node: Some(self.config.node.clone()),
-                        generation: 0,
-                        state: InstanceState::Stopping,
-                        health: Health::Unknown,
-                        restarts: 0,
-                        exit_code: None,
                         reason: Some("no longer assigned to this node".into()),
-                        ip: None,
-                        started_at: None,
-                        finished_at: None,
-                        warnings: vec![],
-                        container_id: None,
-                        image_digest: None,
-                        gpus: vec![],
-                        unhealthy_transitions: 0,
-                        pull: None,
-                        template_hash: None,
-                        usage: None,
+                        ..InstanceStatus::new(
+                            id.clone(),
+                            String::new(),
+                            String::new(),
+                            0,
+                            InstanceState::Stopping,
+                        )
                     };
                     self.stop_later(
                         status,

@@ -8,6 +8,7 @@ use super::*;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Detachment {
+    /// The name of the cluster it left.
     pub parent_cluster: String,
     /// RFC 3339.
     pub since: Timestamp,
@@ -25,7 +26,9 @@ pub struct RejoinRequest {
     /// Always `REJOIN_REQUEST`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The name of the cluster the node belongs to.
     pub parent_cluster: String,
+    /// The node's name.
     pub node: String,
     /// Seconds since the Unix epoch.
     pub timestamp: u64,
@@ -33,6 +36,7 @@ pub struct RejoinRequest {
     pub nonce: String,
     /// The node's certificate (PEM).
     pub certificate: String,
+    /// The signature over [`RejoinRequest::signed_bytes`] (ECDSA P-256 with SHA-256, hex).
     pub signature: String,
 }
 
@@ -60,13 +64,17 @@ pub struct RejoinOffer {
     /// Always `REJOIN_OFFER`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The name of the leader's cluster.
     pub parent_cluster: String,
     /// The leader's API endpoint (`https://IP:PORT`).
     pub leader: String,
     /// The request's nonce.
     pub nonce: String,
+    /// Seconds since the Unix epoch.
     pub timestamp: u64,
+    /// The leader's control-plane certificate (PEM).
     pub certificate: String,
+    /// The signature over [`RejoinOffer::signed_bytes`] by the certificate's key (hex).
     pub signature: String,
 }
 

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+/// One ingress route: a host and path prefix, and the workload that serves them.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
@@ -11,7 +12,9 @@ pub struct IngressRoute {
     pub host: String,
     /// Requests under this path prefix (`/` for all).
     pub path: String,
+    /// The namespace of the workload.
     pub namespace: String,
+    /// The workload that serves the route.
     pub workload: String,
     /// `<workload>.<namespace>.<clusterDomain>:<containerPort>`: resolved by the cluster DNS
     /// to the workload's ready instances.
@@ -24,6 +27,7 @@ pub struct IngressRoute {
 /// A workload's claim on one of its routes: since when the workload has existed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteClaim {
+    /// The route claimed.
     pub route: IngressRoute,
     /// The workload's creation time; `None` (a record from before it was kept) counts as
     /// the oldest.

@@ -12,6 +12,7 @@ pub enum JoinRole {
     /// Records stored before tokens had a role read as this: the least a token can give.
     #[default]
     Worker,
+    /// Makes worker nodes and members of the etcd quorum (which are sent the CA's key).
     ControlPlane,
 }
 
@@ -39,11 +40,14 @@ impl std::fmt::Display for JoinRole {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenInfo {
+    /// The token's id (12 hex digits): its public part.
     pub id: String,
     /// What it admits; `worker` for a record made before tokens had a role.
     #[serde(default)]
     pub role: JoinRole,
+    /// When it was created.
     pub created_at: Timestamp,
+    /// When it stops admitting nodes.
     pub expires_at: Timestamp,
     /// Addresses a joining node may advertise besides the one its join comes from (a node
     /// behind NAT, say); empty: only its source address.
@@ -62,8 +66,10 @@ pub struct JoinTokenInfo {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JoinTokenRecord {
+    /// What is listed.
     #[serde(flatten)]
     pub info: JoinTokenInfo,
+    /// The SHA-256 of the token's secret (hex).
     pub secret_sha256: String,
 }
 
@@ -72,11 +78,16 @@ pub struct JoinTokenRecord {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NewJoinToken {
+    /// The whole token, `katjoin.ID.SECRET`, for `kat-agent join`.
     pub token: String,
+    /// The token's id.
     pub id: String,
+    /// What it admits.
     #[serde(default)]
     pub role: JoinRole,
+    /// When it stops admitting nodes.
     pub expires_at: Timestamp,
+    /// Addresses a joining node may advertise besides its source address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
     /// `sha256:…` of the cluster CA, for `kat-agent join --ca-pin`.
@@ -88,7 +99,9 @@ pub struct NewJoinToken {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinRequest {
+    /// The join token.
     pub token: String,
+    /// The name the node asks for.
     pub node_name: String,
     /// PKCS#10 request (PEM) for the node's own key; only its public key is used.
     pub csr: String,
@@ -108,10 +121,13 @@ pub struct JoinRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JoinResponse {
+    /// The node's certificate (PEM), signed by the cluster CA.
     pub certificate: String,
+    /// The cluster CA certificate (PEM).
     pub ca: String,
     /// `cluster.kat` as the cluster was initialized with.
     pub cluster_config: String,
+    /// For an etcd peer: how to start its etcd member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdJoin>,
     /// The API endpoints of the control-plane nodes (`https://IP:PORT`): where a worker finds

@@ -43,7 +43,9 @@ pub fn url_host(ip: &str) -> String {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
+    /// What went wrong, for machines.
     pub error: ErrorCode,
+    /// What went wrong, for people.
     pub message: String,
     /// With `not_leader`: the API endpoint of the node that leads (`https://IP:PORT`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,24 +57,40 @@ pub struct ErrorBody {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
+    /// The request is malformed (400).
     BadRequest,
+    /// A Quadlet file is invalid; the message lists every finding (400).
     InvalidQuadlet,
+    /// No valid credentials (401).
     Unauthorized,
     /// Authenticated, but not allowed: a node's certificate outside its own records.
     Forbidden,
+    /// The object does not exist (404).
     NotFound,
+    /// The request conflicts with the current state of the cluster (409).
     Conflict,
+    /// The body is larger than the server accepts (413).
     PayloadTooLarge,
+    /// Too many requests; try again later (429).
     RateLimited,
     /// The request (its header or its body) did not arrive within the server's deadline.
     RequestTimeout,
+    /// The server cannot do it now: try again, or ask another node (503).
     Unavailable,
+    /// A fault of the server (500).
     Internal,
     /// A node route sent to a node that does not lead; the body names the leader.
     NotLeader,
+    /// No route of the API has this method and path (a client newer than the server, or a
+    /// typo): unlike [`ErrorCode::NotFound`], nothing was looked up.
+    NoRoute,
+    /// A code this version does not know (one a newer server sends).
+    #[serde(other)]
+    Unknown,
 }
 
 impl ErrorCode {
+    /// The HTTP status the code is sent with.
     pub fn http_status(self) -> u16 {
         match self {
             ErrorCode::BadRequest | ErrorCode::InvalidQuadlet => 400,
@@ -86,6 +104,8 @@ impl ErrorCode {
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
             ErrorCode::NotLeader => 421,
+            ErrorCode::NoRoute => 404,
+            ErrorCode::Unknown => 500,
         }
     }
 }
@@ -95,10 +115,14 @@ impl ErrorCode {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
+    /// The object's name.
     pub name: String,
+    /// Its namespace; none for objects outside namespaces (nodes, namespaces).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// A random id given when the object is first stored; it survives updates.
     pub uid: String,
+    /// The version of the desired state: 1 when created, one more per new generation.
     #[serde(default)]
     pub generation: u64,
     /// The store revision this object was read at; send it back to update conditionally.
@@ -113,6 +137,7 @@ pub struct ObjectMeta {
         schema(value_type = String, required = true, format = DateTime)
     )]
     pub creation_timestamp: Option<Timestamp>,
+    /// The object's labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
@@ -181,27 +206,17 @@ mod tests {
     #[test]
     fn camel_case_on_the_wire() {
         let s = InstanceStatus {
-            instance_id: "web-abc".parse().unwrap(),
-            namespace: "default".into(),
-            workload: "web".into(),
             node: Some("n1".parse().unwrap()),
-            generation: 2,
-            state: InstanceState::Running,
             health: Health::Healthy,
             restarts: 1,
-            exit_code: None,
-            reason: None,
-            ip: None,
             started_at: Some(std::time::UNIX_EPOCH.into()),
-            finished_at: None,
-            warnings: vec![],
-            container_id: None,
-            image_digest: None,
-            gpus: vec![],
-            unhealthy_transitions: 0,
-            pull: None,
-            template_hash: None,
-            usage: None,
+            ..InstanceStatus::new(
+                "web-abc".parse().unwrap(),
+                "default".into(),
+                "web".into(),
+                2,
+                InstanceState::Running,
+            )
         };
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["instanceID"], "web-abc");

@@ -9,14 +9,19 @@ use super::*;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdMembership {
+    /// etcd's `--initial-cluster`: every member's `name=peerURL`.
     pub initial_cluster: String,
 }
 
+/// A node's state, from the age of its last heartbeat and whether it drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum NodeState {
+    /// Its heartbeats arrive in time.
     Ready,
+    /// No heartbeat within `nodeLossTimeoutSeconds`.
     NotReady,
+    /// Its heartbeats arrive, and it is draining (`katcall drain`).
     Draining,
 }
 
@@ -25,8 +30,11 @@ pub enum NodeState {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceList {
+    /// CPU, in millicores.
     pub cpu_millis: u64,
+    /// Memory, in bytes.
     pub memory_bytes: u64,
+    /// How many process ids (tasks) there are.
     #[serde(default)]
     pub pids: u64,
 }
@@ -40,20 +48,26 @@ pub struct Usage {
     /// CPU time used per second over the last measuring interval, in millicores (1000 = one
     /// core busy all the time).
     pub cpu_millis: u64,
+    /// Memory in use, in bytes.
     pub memory_bytes: u64,
+    /// Tasks (processes and threads) running.
     pub pids: u64,
     /// Nodes only: bytes used and in all on the file system of the agent's data directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// Nodes only: the size of the data directory's file system, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_total_bytes: Option<u64>,
 }
 
+/// A GPU a node has.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GpuInfo {
+    /// Its vendor.
     pub driver: crate::workload::GpuDriver,
+    /// Its memory, in MiB.
     #[serde(rename = "vramMB")]
     pub vram_mb: u32,
     /// The product name, as the driver says it (empty if it says none).
@@ -65,34 +79,47 @@ pub struct GpuInfo {
     pub device: String,
 }
 
+/// A taint on a node: instances that do not tolerate it are kept away, as `effect` says.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Taint {
+    /// The taint's key.
     pub key: String,
+    /// The taint's value, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// What it keeps away.
     pub effect: TaintEffect,
 }
 
+/// A node as the API shows it: its registration, last heartbeat and state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Node {
+    /// Its name and labels.
     pub metadata: ObjectMeta,
+    /// Its state, from its last heartbeat.
     pub state: NodeState,
+    /// The addresses other nodes reach it at.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
+    /// What the host has.
     pub capacity: ResourceList,
+    /// What instances may use of it: capacity minus what the system and KAT need.
     pub allocatable: ResourceList,
+    /// Its GPUs, as it reports them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuInfo>,
     /// What the scheduler may use of it: `allocatable` and `gpus` beyond this are the
     /// node's claim, not approved (`katcall approve node NAME --capacity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_capacity: Option<ApprovedCapacity>,
+    /// Its taints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
+    /// When its last heartbeat was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<Timestamp>,
     /// What the node used at its last heartbeat.
@@ -134,10 +161,12 @@ pub struct LeaderRecord {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RevokedNode {
+    /// The node's name.
     pub node: String,
     /// The serial (hex) of the certificate it had; `None` if it never recorded one.
     #[serde(default)]
     pub serial: Option<String>,
+    /// When it was removed.
     pub revoked_at: Timestamp,
 }
 
@@ -147,7 +176,9 @@ pub struct RevokedNode {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatAnswer {
+    /// Whether the heartbeat was taken.
     pub accepted: bool,
+    /// The API endpoints of the control-plane nodes (`https://IP:PORT`).
     #[serde(default)]
     pub api_endpoints: Vec<String>,
     /// Serials of removed nodes' certificates: a worker's own API refuses them.
@@ -166,19 +197,29 @@ pub struct HeartbeatAnswer {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum AssignmentUpdate {
+    /// Every instance record of the node, as of `revision`.
     Snapshot {
+        /// The store revision of the records.
         revision: i64,
+        /// The node's instance records.
         records: Vec<InstanceRecord>,
     },
+    /// An instance record added or changed.
     Put {
+        /// The store revision of the change.
         revision: i64,
+        /// The record as it is now.
         record: Box<InstanceRecord>,
     },
+    /// An instance record removed.
     #[serde(rename_all = "camelCase")]
     Delete {
+        /// The store revision of the change.
         revision: i64,
+        /// The instance whose record went.
         instance_id: InstanceId,
     },
+    /// Nothing changed: the leader is alive.
     Keepalive,
 }
 
@@ -188,11 +229,14 @@ pub enum AssignmentUpdate {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplateProblem {
+    /// The instance.
     #[serde(rename = "instanceID")]
     pub instance_id: InstanceId,
+    /// What is wrong with its template.
     pub reason: String,
 }
 
+/// How a joining etcd peer starts its member.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
@@ -208,14 +252,21 @@ pub struct EtcdJoin {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeHeartbeat {
+    /// The node that sends it.
     pub node: NodeName,
+    /// When the node made it.
     pub timestamp: Timestamp,
+    /// What the host has.
     pub capacity: ResourceList,
+    /// What instances may use of it: capacity minus what the system and KAT need.
     pub allocatable: ResourceList,
+    /// Its GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuInfo>,
+    /// The state of every instance on the node.
     #[serde(default)]
     pub instances: Vec<InstanceStatus>,
+    /// What the node uses now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     /// Builds running on the node and those that ended in the last minutes.
@@ -234,14 +285,18 @@ pub struct NodeHeartbeat {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OverlayPeerStatus {
+    /// The peer node.
     pub node: String,
+    /// Its WireGuard endpoint (`address:port`).
     pub endpoint: String,
     /// When the last WireGuard handshake with it completed (none yet: absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_peer_sync: Option<Timestamp>,
     /// Handshakes completed since the node's network started (rekeys included).
     pub handshakes: u64,
+    /// Bytes sent to it.
     pub tx_bytes: u64,
+    /// Bytes received from it.
     pub rx_bytes: u64,
 }
 
@@ -250,11 +305,13 @@ pub struct OverlayPeerStatus {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OverlayPeer {
+    /// The node's name.
     pub node: String,
     /// WireGuard public key, base64.
     pub public_key: String,
     /// `address:wireguardPort`, from the node's registration.
     pub endpoint: String,
+    /// Its subnet of `clusterCIDR`.
     pub subnet: String,
 }
 
@@ -263,6 +320,7 @@ pub struct OverlayPeer {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WireguardKey {
+    /// The key, base64 (44 characters).
     pub public_key: String,
 }
 
@@ -296,12 +354,17 @@ pub const REVISION_HEADER: &str = "kat-revision";
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DnsRecord {
+    /// The namespace of the workload.
     pub namespace: String,
+    /// The workload.
     pub workload: String,
+    /// The instance that has the address.
     #[serde(rename = "instanceID")]
     pub instance_id: InstanceId,
+    /// The instance's address.
     #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub ip: std::net::IpAddr,
+    /// Whether the workload's name answers with it: healthy, or running where there is no health check.
     pub ready: bool,
 }
 
@@ -310,11 +373,15 @@ pub struct DnsRecord {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeRegistration {
+    /// The node's name.
     pub name: String,
+    /// The addresses other nodes reach it at.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
+    /// Its labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Its taints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
     /// Set by `katcall drain`: no new instances, Service instances move elsewhere.
@@ -334,7 +401,9 @@ pub struct NodeRegistration {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovedCapacity {
+    /// The CPU, memory and pids the scheduler may use.
     pub allocatable: ResourceList,
+    /// The GPUs the scheduler may give out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuInfo>,
 }

@@ -13,10 +13,13 @@ use super::Timestamp;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TokenScope {
+    /// Only reads: GET requests, no exec.
     #[serde(default)]
     pub read_only: bool,
+    /// Only this namespace's workloads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// Only `/metrics`, on any node (with `readOnly`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub metrics: bool,
     /// The ingress updater's token (with `readOnly`): the route table
@@ -44,8 +47,10 @@ pub struct WhoAmI {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateApiToken {
+    /// Only reads: GET requests, no exec.
     #[serde(default)]
     pub read_only: bool,
+    /// Only this namespace's workloads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// `/metrics` only (implies `readOnly`; not with `namespace`).
@@ -55,6 +60,7 @@ pub struct CreateApiToken {
     /// `namespace` or `metrics`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ingress: bool,
+    /// A note saying what the token is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
@@ -64,11 +70,15 @@ pub struct CreateApiToken {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApiTokenInfo {
+    /// The token's id (12 hex digits): its public part.
     pub id: String,
+    /// What it may do.
     #[serde(flatten)]
     pub scope: TokenScope,
+    /// The note given when it was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// When it was made.
     pub created_at: Timestamp,
 }
 
@@ -77,8 +87,10 @@ pub struct ApiTokenInfo {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ApiTokenRecord {
+    /// What is listed.
     #[serde(flatten)]
     pub info: ApiTokenInfo,
+    /// The SHA-256 of the token's secret (hex).
     pub secret_sha256: String,
 }
 
@@ -87,7 +99,9 @@ pub struct ApiTokenRecord {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NewApiToken {
+    /// The whole token, as a client sends it.
     pub token: String,
+    /// What is listed.
     #[serde(flatten)]
     pub info: ApiTokenInfo,
 }

@@ -36,8 +36,9 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{get, MethodFilter, MethodRouter};
 use axum::Router;
+use kat_api::routes::{Access, Method as RouteMethod, Route};
 use kat_api::wire::ErrorCode;
 use kat_leader::metrics::Metrics;
 use kat_pki::NodeRole;
@@ -69,50 +70,24 @@ pub struct ClientNode(pub Option<(String, NodeRole)>);
 #[derive(Debug, Clone, Default)]
 pub struct ClientSerial(pub Option<String>);
 
-/// What a route is to a node's certificate.
-#[derive(Debug, PartialEq, Eq)]
-enum NodeRoute<'a> {
-    /// A node's own records: heartbeat, assignments, templates, template problems, and the
-    /// cluster's DNS records and overlay peers, and its WireGuard key; and the workloads it
-    /// created while detached, pinned to itself. Only the node the path names may use them.
-    Own(&'a str),
-    /// Logs of and exec into an instance: what a control-plane node proxies to the node that
-    /// runs it.
-    InstanceStream,
-    /// Everything else: the admin token's.
-    Admin,
-}
-
-fn node_route<'a>(method: &Method, path: &'a str) -> NodeRoute<'a> {
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match (method.clone(), parts.as_slice()) {
-        (
-            Method::POST,
-            ["v1alpha1", "nodes", node, "status" | "template-problems" | "wireguard" | "etcd-member"],
-        )
-        | (Method::POST, ["v1alpha1", "nodes", node, "workloads", _])
-        | (Method::GET, ["v1alpha1", "nodes", node, "assignments" | "dns" | "peers"])
-        | (Method::GET, ["v1alpha1", "nodes", node, "templates", _, _, _]) => NodeRoute::Own(node),
-        (
-            Method::GET | Method::POST,
-            ["v1alpha1", "n", _, "workloads", _, "instances", _, "logs" | "exec"],
-        ) => NodeRoute::InstanceStream,
-        _ => NodeRoute::Admin,
-    }
-}
-
-/// What a (verified, not revoked) node certificate may do on a route: `Err` says why not.
+/// What a (verified, not revoked) node certificate may do on a route (`Access` in
+/// `kat_api::routes`): its own node's routes, and a member's relay of an instance's
+/// streams. `Err` says why not.
 fn node_may(node: &str, role: NodeRole, method: &Method, path: &str) -> Result<(), String> {
-    match node_route(method, path) {
-        NodeRoute::Own(named) if named == node => Ok(()),
-        NodeRoute::Own(named) => Err(format!(
-            "the certificate of node {node} cannot act for node {named}"
-        )),
-        NodeRoute::InstanceStream if role == NodeRole::ControlPlane => Ok(()),
-        NodeRoute::InstanceStream => Err(format!(
+    let recognized = RouteMethod::parse(method.as_str()).and_then(|m| Route::recognize(m, path));
+    match recognized.map(|(route, params)| (route.access(), params)) {
+        Some((Access::OwnNode, params)) => match params.get("name") {
+            Some(named) if named == node => Ok(()),
+            named => Err(format!(
+                "the certificate of node {node} cannot act for node {}",
+                named.unwrap_or("?")
+            )),
+        },
+        Some((Access::TokenOrMember, _)) if role == NodeRole::ControlPlane => Ok(()),
+        Some((Access::TokenOrMember, _)) => Err(format!(
             "node {node} is a worker: its certificate cannot read logs or exec into instances"
         )),
-        NodeRoute::Admin => Err(format!(
+        _ => Err(format!(
             "{method} {path} needs the admin token; the certificate of node {node} opens its own records only"
         )),
     }
@@ -143,100 +118,94 @@ pub const UI_PREFIX: &str = "/ui";
 /// [`router`], with the dashboard's routes under [`UI_PREFIX`] (the dashboard depends on
 /// this crate, not the other way round).
 pub fn router_with_ui(state: Arc<ApiState>, ui: Option<Router<Arc<ApiState>>>) -> Router {
-    let v1 = Router::new()
-        .route(
-            "/namespaces",
-            get(namespaces::list).post(namespaces::create),
-        )
-        .route(
-            "/namespaces/:ns",
-            get(namespaces::get).delete(namespaces::delete),
-        )
-        .route(
-            "/n/:ns/workloads",
-            get(workloads::list).post(workloads::create),
-        )
-        .route(
-            "/n/:ns/workloads/:name",
-            get(workloads::get)
-                .put(workloads::update)
-                .delete(workloads::delete),
-        )
-        .route("/n/:ns/workloads/:name/files/:file", get(workloads::file))
-        .route("/n/:ns/workloads/:name/rollback", post(workloads::rollback))
-        .route("/n/:ns/workloads/:name/redeploy", post(workloads::redeploy))
-        .route(
-            "/n/:ns/workloads/:name/webhook",
-            post(workloads::create_webhook).delete(workloads::delete_webhook),
-        )
-        .route("/hooks/git/:ns/:name", post(workloads::push_hook))
-        .route("/n/:ns/instances", get(workloads::instances))
-        .route("/instances", get(workloads::all_instances))
-        .route(
-            "/n/:ns/finished-instances",
-            get(workloads::finished_instances),
-        )
-        .route(
-            "/n/:ns/workloads/:name/instances/:id/logs",
-            get(streams::logs::<ApiState>),
-        )
-        .route(
-            "/n/:ns/workloads/:name/instances/:id/exec",
-            get(streams::exec::<ApiState>).post(streams::exec::<ApiState>),
-        )
-        .route("/nodes", get(nodes::list))
-        .route("/nodes/:name", get(nodes::get).delete(nodes::remove))
-        .route("/nodes/:name/status", post(nodes::heartbeat))
-        .route("/nodes/:name/assignments", get(nodes::assignments))
-        .route("/nodes/:name/dns", get(nodes::dns_records))
-        .route("/nodes/:name/peers", get(nodes::overlay_peers))
-        .route("/nodes/:name/wireguard", post(nodes::set_wireguard_key))
-        .route("/nodes/:name/etcd-member", post(nodes::readmit_etcd_member))
-        .route("/nodes/:name/workloads/:ns", post(workloads::submit_pinned))
-        .route(
-            "/nodes/:name/templates/:ns/:workload/:hash",
-            get(nodes::template),
-        )
-        .route(
-            "/nodes/:name/template-problems",
-            post(nodes::template_problems),
-        )
-        .route("/nodes/:name/taints", put(nodes::set_taints))
-        .route("/nodes/:name/labels", put(nodes::set_labels))
-        .route("/nodes/:name/drain", post(nodes::drain))
-        .route(
-            "/nodes/:name/approve-capacity",
-            post(nodes::approve_capacity),
-        )
-        .route("/nodes/:name/uncordon", post(nodes::uncordon))
-        .route("/events", get(events::list))
-        .route("/backups", get(events::backups).post(events::create_backup))
-        .route(
-            "/join-tokens",
-            get(join::list_tokens).post(join::create_token),
-        )
-        .route(
-            "/join-tokens/:id",
-            axum::routing::delete(join::delete_token),
-        )
-        .route("/ingress", get(tokens::ingress_routes))
-        .route("/tokens", get(tokens::list).post(tokens::create))
-        .route("/whoami", get(tokens::whoami))
-        .route("/tokens/:id", axum::routing::delete(tokens::delete))
-        .route("/join", post(join::join))
-        .route("/ca", get(join::ca))
-        .route("/config/cluster", get(events::cluster_config));
-    let mut root = Router::new().nest("/v1alpha1", v1);
+    // One axum route per path template, with each of its methods' handlers.
+    let mut by_path: std::collections::BTreeMap<String, MethodRouter<Arc<ApiState>>> =
+        std::collections::BTreeMap::new();
+    for route in Route::ALL {
+        let methods = by_path
+            .remove(&route.axum_template())
+            .unwrap_or_default()
+            .merge(handler(*route));
+        by_path.insert(route.axum_template(), methods);
+    }
+    let mut root = Router::new();
+    for (path, methods) in by_path {
+        root = root.route(&path, methods);
+    }
     if let Some(ui) = ui {
         root = with_ui(root, ui);
     }
-    root.route("/healthz", get(healthz))
-        .route("/openapi.json", get(openapi_json))
-        .route("/metrics", get(events::metrics))
-        .fallback(not_found)
+    root.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+/// The handler of `route`, at the route's method (`kat_api::routes` declares both).
+fn handler(route: Route) -> MethodRouter<Arc<ApiState>> {
+    let on = |r: Route| match r.method() {
+        RouteMethod::Get => MethodFilter::GET,
+        RouteMethod::Post => MethodFilter::POST,
+        RouteMethod::Put => MethodFilter::PUT,
+        RouteMethod::Delete => MethodFilter::DELETE,
+    };
+    let filter = on(route);
+    match route {
+        Route::Healthz => axum::routing::on(filter, healthz),
+        Route::OpenApi => axum::routing::on(filter, openapi_json),
+        Route::Metrics => axum::routing::on(filter, events::metrics),
+        Route::ListNamespaces => axum::routing::on(filter, namespaces::list),
+        Route::CreateNamespace => axum::routing::on(filter, namespaces::create),
+        Route::GetNamespace => axum::routing::on(filter, namespaces::get),
+        Route::DeleteNamespace => axum::routing::on(filter, namespaces::delete),
+        Route::ListWorkloads => axum::routing::on(filter, workloads::list),
+        Route::CreateWorkload => axum::routing::on(filter, workloads::create),
+        Route::GetWorkload => axum::routing::on(filter, workloads::get),
+        Route::UpdateWorkload => axum::routing::on(filter, workloads::update),
+        Route::DeleteWorkload => axum::routing::on(filter, workloads::delete),
+        Route::WorkloadFile => axum::routing::on(filter, workloads::file),
+        Route::Rollback => axum::routing::on(filter, workloads::rollback),
+        Route::Redeploy => axum::routing::on(filter, workloads::redeploy),
+        Route::CreateWebhook => axum::routing::on(filter, workloads::create_webhook),
+        Route::DeleteWebhook => axum::routing::on(filter, workloads::delete_webhook),
+        Route::PushHook => axum::routing::on(filter, workloads::push_hook),
+        Route::NamespaceInstances => axum::routing::on(filter, workloads::instances),
+        Route::AllInstances => axum::routing::on(filter, workloads::all_instances),
+        Route::FinishedInstances => axum::routing::on(filter, workloads::finished_instances),
+        Route::Logs => axum::routing::on(filter, streams::logs::<ApiState>),
+        Route::ExecUpgrade | Route::Exec => axum::routing::on(filter, streams::exec::<ApiState>),
+        Route::ListNodes => axum::routing::on(filter, nodes::list),
+        Route::GetNode => axum::routing::on(filter, nodes::get),
+        Route::RemoveNode => axum::routing::on(filter, nodes::remove),
+        Route::Heartbeat => axum::routing::on(filter, nodes::heartbeat),
+        Route::Assignments => axum::routing::on(filter, nodes::assignments),
+        Route::DnsRecords => axum::routing::on(filter, nodes::dns_records),
+        Route::OverlayPeers => axum::routing::on(filter, nodes::overlay_peers),
+        Route::WireGuardKey => axum::routing::on(filter, nodes::set_wireguard_key),
+        Route::EtcdMember => axum::routing::on(filter, nodes::readmit_etcd_member),
+        Route::SubmitPinned => axum::routing::on(filter, workloads::submit_pinned),
+        Route::Template => axum::routing::on(filter, nodes::template),
+        Route::TemplateProblems => axum::routing::on(filter, nodes::template_problems),
+        Route::SetTaints => axum::routing::on(filter, nodes::set_taints),
+        Route::SetLabels => axum::routing::on(filter, nodes::set_labels),
+        Route::Drain => axum::routing::on(filter, nodes::drain),
+        Route::ApproveCapacity => axum::routing::on(filter, nodes::approve_capacity),
+        Route::Uncordon => axum::routing::on(filter, nodes::uncordon),
+        Route::Events => axum::routing::on(filter, events::list),
+        Route::Backups => axum::routing::on(filter, events::backups),
+        Route::CreateBackup => axum::routing::on(filter, events::create_backup),
+        Route::JoinTokens => axum::routing::on(filter, join::list_tokens),
+        Route::CreateJoinToken => axum::routing::on(filter, join::create_token),
+        Route::DeleteJoinToken => axum::routing::on(filter, join::delete_token),
+        Route::Ingress => axum::routing::on(filter, tokens::ingress_routes),
+        Route::ApiTokens => axum::routing::on(filter, tokens::list),
+        Route::CreateApiToken => axum::routing::on(filter, tokens::create),
+        Route::Whoami => axum::routing::on(filter, tokens::whoami),
+        Route::DeleteApiToken => axum::routing::on(filter, tokens::delete),
+        Route::Join => axum::routing::on(filter, join::join),
+        Route::Ca => axum::routing::on(filter, join::ca),
+        Route::ClusterConfig => axum::routing::on(filter, events::cluster_config),
+    }
 }
 
 /// The dashboard's routes under [`UI_PREFIX`]. The nested router answers `/ui` and
@@ -283,7 +252,7 @@ pub const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::new(
-        ErrorCode::NotFound,
+        ErrorCode::NoRoute,
         format!(
             "no route {} {} (see docs/api.md)",
             req.method(),
@@ -299,12 +268,14 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
-/// Routes that need no bearer token: joining (authenticated by the join token in the body),
-/// the public CA certificate and the OpenAPI document.
-const PUBLIC_PATHS: [&str; 3] = ["/v1alpha1/join", "/v1alpha1/ca", "/openapi.json"];
-/// Push notifications from git servers: authenticated by the workload's webhook secret
-/// (a signature of the body), not by the admin token.
-const HOOK_PREFIX: &str = "/v1alpha1/hooks/git/";
+/// Whether `method path` needs no bearer token: a public route (joining is authenticated
+/// by the join token in its body) or a git server's push notification (by the workload's
+/// webhook secret, a signature of the body).
+fn without_token(method: &Method, path: &str) -> bool {
+    RouteMethod::parse(method.as_str())
+        .and_then(|m| Route::recognize(m, path))
+        .is_some_and(|(route, _)| matches!(route.access(), Access::Public | Access::Signed))
+}
 
 /// A streamed response (one whose size is not known: `events --watch`, `logs -f`) is cut
 /// when the scoped token that opened it is deleted: it ends with an error, so the
@@ -354,8 +325,7 @@ async fn guard(State(state): State<Arc<ApiState>>, mut req: Request, next: Next)
     let limited = rate_limit_key(&req, client);
     let response = if path == "/healthz" {
         next.run(req).await
-    } else if PUBLIC_PATHS.contains(&path.as_str()) || path.starts_with(HOOK_PREFIX) || is_ui(&path)
-    {
+    } else if without_token(&method, &path) || is_ui(&path) {
         // No bearer token (a joining node has none; the dashboard checks its own session),
         // but rate-limited like the rest.
         match state.limiter.check_client(limited) {

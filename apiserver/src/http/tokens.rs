@@ -8,6 +8,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::Method;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
+use kat_api::routes::{Access, Method as RouteMethod, Route};
 use kat_api::wire::{CreateApiToken, TokenScope, WhoAmI};
 
 use super::{json_body, ApiError, ApiState};
@@ -95,9 +96,6 @@ pub(crate) enum Caller {
     Scoped(TokenScope),
 }
 
-/// The route that says who a token is ([`whoami`]); every token reaches it.
-pub const WHOAMI: &str = "/v1alpha1/whoami";
-
 /// Who the request's bearer token is: the admin token, or a scoped token and its scope. A
 /// worker asks this of the leader for the token its `/metrics` is scraped with.
 #[cfg_attr(
@@ -123,30 +121,25 @@ pub async fn whoami(caller: Option<Extension<Caller>>) -> Json<WhoAmI> {
     })
 }
 
-/// Routes no scoped token reaches, read-only or not: tokens of every kind, backups (the
-/// whole store), joins.
-const ADMIN_ONLY: [&str; 4] = [
-    "/v1alpha1/tokens",
-    "/v1alpha1/join-tokens",
-    "/v1alpha1/backups",
-    "/v1alpha1/join",
-];
-
 /// What an ingress token reads: the routes, and the events that say when they changed.
-const INGRESS_READS: [&str; 2] = ["/v1alpha1/ingress", "/v1alpha1/events"];
+const INGRESS_READS: [Route; 2] = [Route::Ingress, Route::Events];
 
 /// Whether a token of `scope` may send `method path`; if not, why (the 403's message).
-/// Read-only: GET and HEAD only, and no exec (a command in a container is no read). No
-/// scoped token reaches a node's own routes (`/nodes/{name}/…`).
-/// Namespace: that namespace's workloads and instances, and the namespace itself.
-/// Metrics: `/metrics` only. Ingress: [`INGRESS_READS`] only. Every token may ask [`WHOAMI`].
+/// The route's access (`kat_api::routes`) comes first: no scoped token reaches an
+/// admin-only route (tokens of every kind, backups, a node's administration) or a node's
+/// own routes. Then the scope: read-only is GET and HEAD only, and no exec (a command in a
+/// container is no read); namespace is that namespace's workloads and instances, and the
+/// namespace itself; metrics is `/metrics` only; ingress is [`INGRESS_READS`] only. Every
+/// token may ask who it is ([`whoami`]). A path the API does not serve is left to the router's 404.
 pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(), String> {
-    let reading = matches!(*method, Method::GET | Method::HEAD);
-    if reading && path == WHOAMI {
+    let route = RouteMethod::parse(method.as_str())
+        .and_then(|m| Route::recognize(m, path))
+        .map(|(route, _)| route);
+    if route == Some(Route::Whoami) {
         return Ok(());
     }
     if scope.metrics {
-        return if reading && path == "/metrics" {
+        return if route == Some(Route::Metrics) {
             Ok(())
         } else {
             Err(format!(
@@ -155,35 +148,36 @@ pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(
         };
     }
     if scope.ingress {
-        return if reading && INGRESS_READS.contains(&path) {
+        return if route.is_some_and(|r| INGRESS_READS.contains(&r)) {
             Ok(())
         } else {
             Err(format!(
                 "an ingress token reads {} only, not {method} {path}",
-                INGRESS_READS.join(" and ")
+                INGRESS_READS.map(Route::template).join(" and ")
             ))
         };
     }
-    let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
-    if ADMIN_ONLY.iter().any(|p| under(p)) {
-        return Err(format!("{path} takes the admin token, not a scoped one"));
-    }
-    // A node's own routes (assignments, templates, DNS records, heartbeats...) are for its
-    // certificate: opening a node's assignment stream ends the one it has.
-    if let Some(rest) = path.strip_prefix("/v1alpha1/nodes/") {
-        if rest.contains('/') {
-            return Err(format!("{path} is a node's own route, not for a token"));
+    match route.map(Route::access) {
+        Some(Access::AdminOnly | Access::Public) => {
+            return Err(format!("{path} takes the admin token, not a scoped one"))
         }
+        // Assignments, templates, DNS records, heartbeats... are for the node's
+        // certificate: opening a node's assignment stream ends the one it has.
+        Some(Access::OwnNode) => {
+            return Err(format!("{path} is a node's own route, not for a token"))
+        }
+        _ => {}
     }
     if scope.read_only {
         if !matches!(*method, Method::GET | Method::HEAD) {
             return Err(format!("a read-only token cannot {method} {path}"));
         }
-        if path.ends_with("/exec") {
+        if matches!(route, Some(Route::Exec | Route::ExecUpgrade)) {
             return Err("a read-only token cannot exec into a container".into());
         }
     }
     if let Some(ns) = &scope.namespace {
+        let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
         let own =
             under(&format!("/v1alpha1/n/{ns}")) || path == format!("/v1alpha1/namespaces/{ns}");
         if !own {
@@ -198,6 +192,8 @@ pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WHOAMI: &str = Route::Whoami.template();
 
     fn scope(read_only: bool, namespace: Option<&str>) -> TokenScope {
         TokenScope {

@@ -8,6 +8,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use kat_api::wire::{ApplyOutcome, APPLY_OUTCOME_HEADER};
 use kat_api::WorkloadKey;
 use serde::Deserialize;
 
@@ -64,11 +65,17 @@ async fn bundle_body(state: &ApiState, req: Request) -> Result<Vec<u8>, ApiError
 pub struct ApplyQuery {
     #[serde(default)]
     dry_run: bool,
+    /// On `PUT`: create the workload if there is none (`katcall apply` in one call).
+    #[serde(default)]
+    create: bool,
 }
 
 fn apply_query(query: Result<Query<ApplyQuery>, QueryRejection>) -> Result<ApplyQuery, ApiError> {
-    let Query(q) =
-        query.map_err(|e| ApiError::bad_request(format!("{e} (expected dryRun=true or false)")))?;
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{e} (expected dryRun=true or false, and on PUT create=true or false)"
+        ))
+    })?;
     Ok(q)
 }
 
@@ -136,9 +143,9 @@ pub async fn submit_pinned(
         put,
         path = "/v1alpha1/n/{ns}/workloads/{name}",
         tag = "workloads",
-        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("dryRun" = Option<bool>, Query, description = "Check everything, store nothing, answer what the apply would change")),
+        params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Workload name"), ("dryRun" = Option<bool>, Query, description = "Check everything, store nothing, answer what the apply would change"), ("create" = Option<bool>, Query, description = "Create the workload if there is none: `katcall apply` in one call, settled in one transaction; the `kat-apply-outcome` header says created, configured or unchanged (not with dryRun)")),
         request_body(content = super::openapi::Bundle, content_type = "application/gzip", description = "The Quadlet directory as a tar.gz (`katcall apply` packs it)"),
-        responses((status = 200, description = "The workload after the update (a WorkloadObject); with dryRun what it would change (an ApplyPreview, as the create answers)", body = kat_api::wire::WorkloadObject), super::openapi::Errors)
+        responses((status = 200, description = "The workload after the update (a WorkloadObject); with dryRun what it would change (an ApplyPreview, as the create answers)", body = kat_api::wire::WorkloadObject, headers(("kat-apply-outcome" = String, description = "With create=true: created, configured or unchanged"))), (status = 201, description = "With create=true: created", body = kat_api::wire::WorkloadObject, headers(("kat-apply-outcome" = String, description = "created"))), super::openapi::Errors)
     )
 )]
 pub async fn update(
@@ -148,6 +155,11 @@ pub async fn update(
     req: Request,
 ) -> Result<Response, ApiError> {
     let query = apply_query(query)?;
+    if query.dry_run && query.create {
+        return Err(ApiError::bad_request(
+            "dryRun and create=true together: a dry run of a create is a POST with dryRun=true (`katcall diff`)",
+        ));
+    }
     let body = bundle_body(&state, req).await?;
     if query.dry_run {
         let preview = state
@@ -157,6 +169,19 @@ pub async fn update(
         return Ok(Json(preview).into_response());
     }
     let key = WorkloadKey::new(ns, name);
+    if query.create {
+        let (object, outcome) = state.service.apply_workload(&key, body).await?;
+        let status = match outcome {
+            ApplyOutcome::Created => StatusCode::CREATED,
+            _ => StatusCode::OK,
+        };
+        return Ok((
+            status,
+            [(APPLY_OUTCOME_HEADER, outcome.as_str())],
+            Json(object),
+        )
+            .into_response());
+    }
     Ok(Json(state.service.update_workload(&key, body).await?).into_response())
 }
 

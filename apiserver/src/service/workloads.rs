@@ -7,11 +7,12 @@
 use std::collections::BTreeMap;
 
 use kat_api::wire::{
-    ApplyPreview, ErrorCode, EventType, PinnedWorkloadAnswer, WebhookInfo, WorkloadMeta,
-    WorkloadObject, WorkloadStatus, NODE_NAME_LABEL,
+    ApplyOutcome, ApplyPreview, ErrorCode, EventType, PinnedWorkloadAnswer, WebhookInfo,
+    WorkloadMeta, WorkloadObject, WorkloadStatus, NODE_NAME_LABEL,
 };
 use kat_api::workload::WorkloadType;
 use kat_api::{bundle, keys, WorkloadBundle, WorkloadKey};
+use kat_leader::workloads::Applied;
 use kat_leader::{namespaces, workloads};
 use kat_store::Txn;
 
@@ -292,6 +293,33 @@ impl Service {
         self.workload(key).await
     }
 
+    /// `katcall apply` in one call: workload `key` created from `body` if there is none,
+    /// else updated (a new generation unless the spec is the same). One transaction settles
+    /// which: a workload created or deleted meanwhile is a conflict, never overwritten.
+    pub async fn apply_workload(
+        &self,
+        key: &WorkloadKey,
+        body: Vec<u8>,
+    ) -> Result<(WorkloadObject, ApplyOutcome)> {
+        let bundle = self
+            .check_bundle(&key.namespace, Some(&key.name), body)
+            .await?;
+        let _counted = match &self.pin_to_node {
+            Some(_) => Some(self.pinned_writes.lock().await),
+            None => None,
+        };
+        if !self.exists(key).await? {
+            self.check_detached_room().await?;
+        }
+        let applied = workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        let outcome = match applied {
+            Applied { created: true, .. } => ApplyOutcome::Created,
+            Applied { changed: true, .. } => ApplyOutcome::Configured,
+            _ => ApplyOutcome::Unchanged,
+        };
+        Ok((self.workload(key).await?, outcome))
+    }
+
     /// The dry run of a create (`name` absent) or an update of workload `name`: the bundle
     /// checked as that request checks it, and what the apply would change; nothing stored.
     pub async fn preview_workload(
@@ -557,7 +585,7 @@ impl Service {
             ));
         }
         Ok(WebhookInfo {
-            path: format!("/v1alpha1/hooks/git/{}/{}", key.namespace, key.name),
+            path: kat_api::routes::Route::PushHook.path(&[&key.namespace, &key.name]),
             secret,
         })
     }

@@ -37,14 +37,16 @@ pub async fn render(service: &Service, session: &Session, ns: &str, name: &str) 
         namespace: Some(ns.to_string()),
     };
     // The API gives events to tokens that may read them all: a namespace's token gets none.
-    let may_read_events = session.credential.may(&Method::GET, "/v1alpha1/events");
+    let may_read_events = session
+        .credential
+        .may(&Method::GET, kat_api::routes::Route::Events.template());
     let mut events = if may_read_events {
         service.events(&filter, EVENTS).await?
     } else {
         Vec::new()
     };
     events.reverse();
-    let rollback_path = format!("/v1alpha1/n/{ns}/workloads/{name}/rollback");
+    let rollback_path = kat_api::routes::Route::Rollback.path(&[ns, name]);
     let may_roll_back = session.credential.may(&Method::POST, &rollback_path);
     let earlier = revisions.keys().any(|g| *g < w.metadata.generation);
     Ok(html! {

@@ -12,7 +12,10 @@ use crate::session::Session;
 pub async fn render(service: &Service, session: &Session, ns: &str) -> Result<Markup> {
     let workloads = service.workloads(ns).await?;
     // The namespaces this session may open, to switch between them.
-    let namespaces: Vec<String> = if session.credential.may(&Method::GET, "/v1alpha1/namespaces") {
+    let namespaces: Vec<String> = if session.credential.may(
+        &Method::GET,
+        kat_api::routes::Route::ListNamespaces.template(),
+    ) {
         service
             .namespaces()
             .await?

@@ -1,29 +1,18 @@
 use super::*;
-use kat_api::wire::{Health, InstanceState, InstanceStatus, Usage};
+use kat_api::wire::{InstanceState, InstanceStatus, Usage};
 
 fn instance(id: &str, state: InstanceState, usage: Option<Usage>) -> InstanceStatus {
     InstanceStatus {
-        instance_id: id.parse().unwrap(),
-        namespace: "default".into(),
-        workload: "web".into(),
         node: Some("n1".parse().unwrap()),
-        generation: 1,
-        state,
-        health: Health::Unknown,
         restarts: 2,
-        exit_code: None,
-        reason: None,
-        ip: None,
-        started_at: None,
-        finished_at: None,
-        warnings: vec![],
-        container_id: None,
-        image_digest: None,
-        gpus: vec![],
-        unhealthy_transitions: 0,
-        pull: None,
-        template_hash: None,
         usage,
+        ..InstanceStatus::new(
+            id.parse().unwrap(),
+            "default".into(),
+            "web".into(),
+            1,
+            state,
+        )
     }
 }
 

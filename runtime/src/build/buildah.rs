@@ -48,7 +48,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 pub struct Sandbox {
     /// The build slice's first host uid and gid, and its size.
     pub host_uid: u32,
+    /// The build slice's first host gid.
     pub host_gid: u32,
+    /// How many ids the slice has.
     pub count: u32,
     /// The build's workspace (absolute, no symbolic links): the one directory of its
     /// parent that a contained build sees.
@@ -86,8 +88,11 @@ pub enum Contain {
 /// A started sandbox: the process, its stdout after the handshake, and the build's egress
 /// (ended when this is dropped).
 pub struct Spawned {
+    /// The sandbox process.
     pub child: tokio::process::Child,
+    /// Its stdout, after the handshake.
     pub stdout: BufReader<tokio::process::ChildStdout>,
+    /// The build's slirp4netns, if its network has egress.
     pub egress: Option<super::egress::Egress>,
 }
 
@@ -573,6 +578,8 @@ impl Sandbox {
         self.private.as_deref().unwrap_or(&self.state)
     }
 
+    /// buildah's global options: `--root`, `--runroot`, the vfs driver and the registries
+    /// configuration, all inside the workspace.
     pub fn global_args(&self) -> Vec<String> {
         let s = |p: &str| self.state.join(p).display().to_string();
         let c = |p: &str| self.conf.join(p).display().to_string();
@@ -594,12 +601,19 @@ impl Sandbox {
 /// What one build asks of buildah.
 #[derive(Clone, Debug, Default)]
 pub struct BudOptions {
+    /// The build context directory.
     pub context: PathBuf,
+    /// The Dockerfile (`-f`).
     pub dockerfile: PathBuf,
+    /// Build arguments (`--build-arg NAME=VALUE`).
     pub build_args: BTreeMap<String, String>,
+    /// The Dockerfile stage to build (`--target`).
     pub target: Option<String>,
+    /// The platform to build for (`--platform`).
     pub platform: Option<String>,
+    /// Where buildah writes the built image's id (`--iidfile`).
     pub iid_file: PathBuf,
+    /// The auth file buildah reads (`--authfile`), if any.
     pub auth_file: Option<PathBuf>,
 }
 
@@ -702,11 +716,15 @@ pub fn registries_d(state: &Path) -> String {
 pub struct Step {
     /// (stage, stages) in a multi-stage build.
     pub stage: Option<(u32, u32)>,
+    /// This step's number, from 1.
     pub step: u32,
+    /// How many steps there are (in this stage).
     pub steps: u32,
+    /// The Dockerfile instruction, as buildah prints it.
     pub instruction: String,
 }
 
+/// The step a line of buildah's output announces; `None` for any other line.
 pub fn parse_step(line: &str) -> Option<Step> {
     let line = line.trim();
     let (stage, rest) = match line.strip_prefix('[') {

@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 /// An image the build starts from, and the platform a `FROM --platform=` asked for.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BaseImage {
+    /// The image reference, build arguments expanded.
     pub reference: String,
+    /// The platform its `FROM --platform=` names, if any.
     pub platform: Option<String>,
 }
 

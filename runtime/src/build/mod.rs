@@ -44,6 +44,7 @@ pub use kat_api::build_definition::BuildNetwork;
 /// One build: which commit of which repository, and how to build it.
 #[derive(Clone, Debug, Default)]
 pub struct BuildRequest {
+    /// The Git repository's URL.
     pub repository: String,
     /// The full commit id (the leader resolves branches and tags at apply time).
     pub commit: String,
@@ -51,8 +52,11 @@ pub struct BuildRequest {
     pub context: String,
     /// `build.kat` `dockerfilePath`: relative to the context.
     pub dockerfile: String,
+    /// Build arguments, passed to buildah as `--build-arg`.
     pub build_args: BTreeMap<String, String>,
+    /// The Dockerfile stage to build (buildah's `--target`).
     pub target: Option<String>,
+    /// The platform to build for (`os/arch`); `None`: this node's.
     pub platform: Option<String>,
     /// The reference the image store keeps the result under.
     pub reference: String,
@@ -110,22 +114,33 @@ pub enum CacheOutcome {
     /// Built and pushed to this reference.
     Pushed(String),
     /// Built, but the push failed (the build is kept on this node all the same).
-    PushFailed { reference: String, error: String },
+    PushFailed {
+        /// The reference the push was for.
+        reference: String,
+        /// Why it failed.
+        error: String,
+    },
 }
 
 /// A build's result: the image in the store and how the cache was used.
 #[derive(Clone, Debug)]
 pub struct BuildOutcome {
+    /// The image, as the store keeps it under the request's reference.
     pub image: crate::ImageSummary,
+    /// How the cache repository was used.
     pub cache: CacheOutcome,
 }
 
 /// What one build may use.
 #[derive(Clone, Copy, Debug)]
 pub struct BuildLimits {
+    /// How long the whole build may take.
     pub timeout: Duration,
+    /// Memory limit of buildah and everything it starts, in bytes.
     pub memory_bytes: u64,
+    /// CPU limit of the build, in millicores.
     pub cpu_millis: u64,
+    /// Most processes (and threads) the build may have at once.
     pub pids: u64,
     /// What the checkout may fetch and occupy.
     pub workspace_bytes: u64,
@@ -148,8 +163,11 @@ impl Default for BuildLimits {
 pub enum BuildPhase {
     /// Pulling `{cache}:{commit}` from the cache repository.
     CheckingCache,
+    /// Checking out the commit.
     Cloning,
+    /// buildah runs; the step it is at, once its output names one.
     Building(Option<Step>),
+    /// After buildah: the cache push, the OCI layout and the import into the store.
     Importing,
 }
 
@@ -168,18 +186,35 @@ impl std::fmt::Display for BuildPhase {
 /// Why a build failed, with what a user needs to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// The repository could not be checked out, or its URL is refused.
     #[error(transparent)]
     Git(#[from] kat_git::GitError),
+    /// `buildContext` or `dockerfilePath` names nothing usable inside the repository.
     #[error("build.kat {field}: {reason}")]
-    BadPath { field: &'static str, reason: String },
+    BadPath {
+        /// The `build.kat` field (`buildContext` or `dockerfilePath`).
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// buildah failed.
     #[error("buildah failed at {step}: {tail}")]
-    Failed { step: String, tail: String },
+    Failed {
+        /// The step it failed at, or what the build was doing.
+        step: String,
+        /// The last lines of its output.
+        tail: String,
+    },
+    /// The build outlasted its timeout and was killed.
     #[error("the build took longer than its timeout of {0:?} and was stopped")]
     TimedOut(Duration),
+    /// Builds cannot run on this node, or buildah could not be started.
     #[error("builds cannot run on this node: {0}")]
     Unavailable(String),
+    /// Work on the build's workspace failed.
     #[error("build workspace: {0}")]
     Io(String),
+    /// The Dockerfile, or one of its base images, is refused.
     #[error("{0}")]
     Dockerfile(String),
 }
@@ -197,6 +232,7 @@ pub struct Builder {
     pub auth_file: Option<PathBuf>,
     /// Where a build's git fetch may connect.
     pub outbound: kat_outbound::OutboundPolicy,
+    /// The node's cgroups, where each build's limits are set.
     pub cgroups: crate::cgroups::Cgroups,
     /// The sandbox program (the runtime's create helper, i.e. the agent).
     pub helper: PathBuf,
@@ -204,7 +240,9 @@ pub struct Builder {
 
 /// A finished build's OCI layout; the workspace goes when this is dropped.
 pub struct Built {
+    /// The OCI layout directory of the built image.
     pub layout: PathBuf,
+    /// How the cache repository was used.
     pub cache: CacheOutcome,
     workspace: Workspace,
 }

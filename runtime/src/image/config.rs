@@ -5,14 +5,19 @@ use serde::{Deserialize, Serialize};
 /// `config` of an image config file: how the image wants to be run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RunConfig {
+    /// `User`: `uid[:gid]` or names; empty for root.
     #[serde(rename = "User", default, skip_serializing_if = "String::is_empty")]
     pub user: String,
+    /// `Env`: `NAME=VALUE` entries.
     #[serde(rename = "Env", default, deserialize_with = "null_as_default")]
     pub env: Vec<String>,
+    /// `Entrypoint`.
     #[serde(rename = "Entrypoint", default, deserialize_with = "null_as_default")]
     pub entrypoint: Vec<String>,
+    /// `Cmd`: the arguments to the entrypoint, or the command without one.
     #[serde(rename = "Cmd", default, deserialize_with = "null_as_default")]
     pub cmd: Vec<String>,
+    /// `WorkingDir`; empty for `/`.
     #[serde(
         rename = "WorkingDir",
         default,
@@ -24,10 +29,13 @@ pub struct RunConfig {
 /// The image config file (`application/vnd.oci.image.config.v1+json`).
 #[derive(Debug, Deserialize)]
 pub struct ConfigFile {
+    /// The CPU architecture it was built for (`amd64`, `arm64`…).
     #[serde(default)]
     pub architecture: String,
+    /// The operating system it was built for (`linux`).
     #[serde(default)]
     pub os: String,
+    /// How the image wants to be run.
     #[serde(default, deserialize_with = "null_as_default")]
     pub config: RunConfig,
 }
@@ -36,9 +44,12 @@ pub struct ConfigFile {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Manifest {
+    /// The manifest's media type, if it says.
     #[serde(default)]
     pub media_type: Option<String>,
+    /// The image config file.
     pub config: Descriptor,
+    /// The layers, base first.
     #[serde(default)]
     pub layers: Vec<Descriptor>,
 }
@@ -47,28 +58,38 @@ pub struct Manifest {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Index {
+    /// The manifests it lists.
     #[serde(default)]
     pub manifests: Vec<Descriptor>,
 }
 
+/// A reference to a blob: its media type, digest and size.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Descriptor {
+    /// The blob's media type.
     #[serde(default)]
     pub media_type: String,
+    /// The blob's digest (`sha256:…`).
     pub digest: String,
+    /// The blob's size in bytes, as the document declares it.
     #[serde(default)]
     pub size: i64,
+    /// Annotations (an OCI layout names its images with `org.opencontainers.image.ref.name`).
     #[serde(default)]
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// The platform of the manifest it points to, in an index.
     #[serde(default)]
     pub platform: Option<Platform>,
 }
 
+/// The platform of a manifest in an index.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Platform {
+    /// The CPU architecture (`amd64`, `arm64`…).
     #[serde(default)]
     pub architecture: String,
+    /// The operating system (`linux`).
     #[serde(default)]
     pub os: String,
 }

@@ -65,6 +65,7 @@ pub struct Budget {
 }
 
 impl Budget {
+    /// Nothing unpacked yet for `image`, against `limits`.
     pub fn new(image: &str, limits: UnpackLimits) -> Budget {
         Budget {
             image: image.to_string(),

@@ -29,6 +29,7 @@ use super::store::ImageStore;
 use crate::error::{IoContext, Result, RuntimeError};
 use crate::types::{ImageSummary, PullProgress};
 
+/// Where a pull reports its [`PullProgress`].
 pub type ProgressSender = tokio::sync::mpsc::UnboundedSender<PullProgress>;
 
 /// Registries and credentials.

@@ -35,8 +35,15 @@ const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+
 /// Credentials for one registry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Credentials {
+    /// No credentials.
     Anonymous,
-    Basic { user: String, password: String },
+    /// A user and password from an auth file.
+    Basic {
+        /// The user name.
+        user: String,
+        /// The password.
+        password: String,
+    },
 }
 
 /// One image's repository on one registry, for the length of a pull.
@@ -56,6 +63,8 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// A client for `reference`'s repository, with `config`'s plain-HTTP registries and
+    /// credentials, connecting where `outbound` allows, within `timeouts`.
     pub fn new(
         reference: &Reference,
         config: &RegistryConfig,
@@ -91,10 +100,12 @@ impl Registry {
         })
     }
 
+    /// The image reference being pulled.
     pub fn reference(&self) -> &Reference {
         &self.reference
     }
 
+    /// The credentials it presents to the registry.
     pub fn credentials(&self) -> &Credentials {
         &self.credentials
     }
@@ -419,6 +430,7 @@ pub fn describe(e: &reqwest::Error) -> String {
     text
 }
 
+/// A [`RuntimeError::Pull`] of `reference`, saying `message`.
 pub fn pull_failed(reference: &Reference, message: String) -> RuntimeError {
     RuntimeError::Pull {
         reference: reference.whole(),

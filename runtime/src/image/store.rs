@@ -33,10 +33,15 @@ use crate::types::ImageSummary;
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageRecord {
+    /// The config digest (`sha256:…`).
     pub id: String,
+    /// The references (names) that point at it.
     pub references: Vec<String>,
+    /// The digest of its manifest.
     pub manifest_digest: String,
+    /// The digests of its layers, base first.
     pub layers: Vec<String>,
+    /// How the image wants to be run.
     pub config: RunConfig,
 }
 
@@ -57,6 +62,7 @@ struct IndexFile {
 pub struct KeyedLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
 impl KeyedLocks {
+    /// The lock of `key`, made on first use.
     pub fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         // Only the map has it: no holder, no waiter (each has a clone of the Arc).
@@ -70,6 +76,7 @@ impl KeyedLocks {
     }
 }
 
+/// The node's image store (see the module).
 pub struct ImageStore {
     root: PathBuf,
     ids: IdMap,
@@ -106,6 +113,8 @@ pub fn normalize_reference(reference: &str) -> Result<String> {
 pub use super::reference::parse_reference;
 
 impl ImageStore {
+    /// Opens the store at `root`, making its directories, with the default limits and timeouts;
+    /// removes what a crash left of downloads and unpacks.
     pub fn open(root: &Path, ids: IdMap) -> Result<ImageStore> {
         for sub in ["layers", "snapshots", "tmp"] {
             let dir = root.join(sub);
@@ -172,14 +181,17 @@ impl ImageStore {
         self
     }
 
+    /// What one image may unpack to.
     pub fn limits(&self) -> UnpackLimits {
         self.limits
     }
 
+    /// The registry timeouts of pulls into this store.
     pub fn timeouts(&self) -> PullTimeouts {
         self.timeouts
     }
 
+    /// Where downloads in flight go (`ROOT/tmp`).
     pub fn tmp_dir(&self) -> PathBuf {
         self.root.join("tmp")
     }
@@ -192,6 +204,7 @@ impl ImageStore {
         Ok(self.root.join("layers").join(hex))
     }
 
+    /// Whether the layer `digest` is unpacked in the store.
     pub fn has_layer(&self, digest: &str) -> bool {
         self.layer_dir(digest).map(|d| d.is_dir()).unwrap_or(false)
     }
@@ -360,6 +373,7 @@ impl ImageStore {
             .ok_or(RuntimeError::ImageNotPresent(wanted))
     }
 
+    /// Every image in the store, with the bytes of its layers.
     pub fn list(&self) -> Result<Vec<ImageSummary>> {
         let index = self.load()?;
         Ok(index

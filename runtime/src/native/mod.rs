@@ -82,6 +82,7 @@ struct ExitRecord {
     oom_killed: bool,
 }
 
+/// The container runtime on youki's `libcontainer` (see the module).
 pub struct NativeRuntime {
     config: NativeConfig,
     images: ImageStore,
@@ -232,6 +233,7 @@ impl NativeRuntime {
         })
     }
 
+    /// The node's image store.
     pub fn images(&self) -> &ImageStore {
         &self.images
     }
@@ -608,6 +610,7 @@ impl NativeRuntime {
         self.cgroups.dirs(id)
     }
 
+    /// The container's directory under the runtime root (`containers/<id>`).
     pub fn container_dir(&self, id: &str) -> PathBuf {
         self.dir(id)
     }

@@ -10,6 +10,7 @@ pub struct NativeConfig {
     pub root: PathBuf,
     /// The static kat-init binary to place in every container.
     pub init_binary: PathBuf,
+    /// Plain-HTTP registries and the auth files pulls read.
     pub registries: RegistryConfig,
     /// Where pulls and builds may connect on a workload's behalf (registries, git).
     pub outbound: kat_outbound::OutboundPolicy,
@@ -41,6 +42,7 @@ pub struct NativeConfig {
 }
 
 impl NativeConfig {
+    /// The defaults, with the runtime root `root` and kat-init at `init_binary`.
     pub fn new(root: impl Into<PathBuf>, init_binary: impl Into<PathBuf>) -> NativeConfig {
         NativeConfig {
             root: root.into(),
@@ -81,6 +83,8 @@ fn kernel_allows_userns_overlay() -> bool {
 }
 
 impl NativeRuntime {
+    /// Opens the runtime: checks kat-init, makes its directories, opens the image store and
+    /// finds what this node can enforce.
     pub fn new(config: NativeConfig) -> Result<NativeRuntime> {
         if !config.init_binary.is_file() {
             return Err(RuntimeError::InvalidOption {
