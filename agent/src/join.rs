@@ -207,19 +207,16 @@ pub async fn join(join: JoinOptions, options: NodeOptions) -> Result<()> {
 }
 
 fn verifying_client(ca: Option<&str>) -> Result<reqwest::Client> {
-    let builder = reqwest::Client::builder()
-        .use_rustls_tls()
-        .timeout(std::time::Duration::from_secs(30))
-        .tls_built_in_root_certs(false);
     let builder = match ca {
         // The node that admits us holds the CA's key: a control-plane node.
-        Some(ca) => builder.use_preconfigured_tls(
-            kat_pki::server_role::control_plane_client_tls(ca, None).context("the cluster CA")?,
-        ),
+        Some(ca) => kat_client::https::joining(ca)?,
         // Only to fetch the CA, which is then checked against the pin.
-        None => builder.danger_accept_invalid_certs(true),
+        None => kat_client::https::unverified_for_pinned_ca(),
     };
-    builder.build().context("making the HTTPS client")
+    builder
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .context("making the HTTPS client")
 }
 
 async fn fetch_ca(base: &str) -> Result<String> {

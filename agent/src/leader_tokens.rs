@@ -15,7 +15,6 @@ use std::time::Duration;
 use kat_api::wire::WhoAmI;
 use kat_apiserver::http::TokenCheck;
 use kat_client::paths;
-use kat_pki::server_role::control_plane_client_tls;
 use tokio::sync::watch;
 
 pub struct LeaderTokens {
@@ -29,14 +28,14 @@ impl LeaderTokens {
         leader: watch::Receiver<Option<String>>,
         pki: &kat_pki::Pki,
     ) -> anyhow::Result<LeaderTokens> {
-        let tls =
-            control_plane_client_tls(&pki.ca_pem, Some((&pki.node_cert_pem, &pki.node_key_pem)))?;
-        let client = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(10))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+        let client = kat_client::https::node_to_control_plane(
+            &pki.ca_pem,
+            &pki.node_cert_pem,
+            &pki.node_key_pem,
+        )?
+        .timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
         Ok(LeaderTokens { leader, client })
     }
 }

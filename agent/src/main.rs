@@ -1,17 +1,24 @@
 //! `kat-agent`: the one binary of a KAT node.
 //!
-//! - [`node`]: `init` and `run`: etcd, PKI, the roles;
+//! - [`node`]: `init` and `run`: etcd, PKI, the roles ([`roles`]: control plane, worker,
+//!   the API server and its assembly);
+//! - [`join`]: a node joining with a join token; [`advertise`]: the address it registers;
 //! - [`supervisor`]: converging this node's containers on its assignments;
-//! - [`heartbeat`]: capacity and instance states, every tick and on change;
-//! - [`access`]: logs and exec of local instances for the API;
-//! - [`server`]: the API over HTTPS;
+//! - [`heartbeat`]: capacity and instance states, every tick and on change; [`usage`]: what
+//!   containers and the node use;
+//! - [`control_plane`]: the node's link to the control plane (its own etcd member, or the
+//!   leader's API); [`leader_tokens`]: a worker asks the leader about a token;
+//! - [`access`], [`remote_access`]: logs and exec of this node's instances, and of other
+//!   nodes' (relayed); [`kept_logs`]: output kept after a container is gone;
+//! - [`network`]: the node's network (namespace holder, bridge, overlay); [`gpus`]: CDI;
+//! - [`etcd_member`]: this node's etcd member, joined and supervised;
 //! - [`sd_notify`]: readiness and watchdog for systemd;
 //! - [`malloc`]: fewer malloc arenas, free pages trimmed when idle;
 //! - [`setup`]: root's one-time host preparation, and its undoing;
 //! - [`restore`]: disaster recovery: a backup restored on one node, the others rejoining;
 //! - [`detached`], [`rejoin_listener`]: a worker that lost its leader runs a one-node
 //!   cluster of its own, and rejoins when the parent's leader answers;
-//! - [`pki`], [`layout`]: the node's keys and files.
+//! - [`layout`]: the node's files.
 
 mod access;
 mod advertise;

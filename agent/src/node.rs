@@ -17,7 +17,6 @@ use kat_api::cluster::ClusterConfiguration;
 use kat_pki::{self as pki, JoinToken, NodeRole, Pki};
 
 use crate::layout::{Layout, NodeIdentity};
-use crate::remote_access::ClusterAccess;
 use crate::roles::{self, NodeBase};
 
 /// Options shared by `init` and `run`.
@@ -214,7 +213,8 @@ fn check_parent(data_dir: &Path, parent: &str) -> Result<()> {
 
 /// The HTTPS client a node uses towards other nodes: its certificate, the cluster CA only.
 pub(crate) fn node_client(pki: &Pki) -> Result<reqwest::Client> {
-    ClusterAccess::client(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)
+    kat_client::https::node_to_node(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)?
+        .build()
         .context("the HTTPS client for other nodes")
 }
 
@@ -222,13 +222,7 @@ pub(crate) fn node_client(pki: &Pki) -> Result<reqwest::Client> {
 /// [`node_client`], and the server must show a control-plane certificate, so a worker's key
 /// cannot impersonate the leader (`kat_pki::server_role`).
 pub(crate) fn control_plane_client(pki: &Pki) -> Result<reqwest::Client> {
-    let tls = pki::server_role::control_plane_client_tls(
-        &pki.ca_pem,
-        Some((&pki.node_cert_pem, &pki.node_key_pem)),
-    )?;
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .connect_timeout(Duration::from_secs(5))
+    kat_client::https::node_to_control_plane(&pki.ca_pem, &pki.node_cert_pem, &pki.node_key_pem)?
         .build()
         .context("the HTTPS client for the cluster API")
 }

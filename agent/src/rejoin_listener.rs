@@ -135,8 +135,7 @@ impl RejoinListener {
             .await
             .map_err(|e| format!("cannot check node {node}: {e}"))?;
         if let Some(kv) = removed {
-            let revoked: Option<kat_api::wire::RevokedNode> =
-                serde_json::from_slice(&kv.value).ok();
+            let revoked: Option<kat_api::wire::RevokedNode> = kat_store::decode_or_skip(&kv);
             if revoked.and_then(|r| r.serial) == proven.serial || proven.serial.is_none() {
                 return Err(format!(
                     "node {node} was removed; its certificate is revoked"

@@ -28,17 +28,6 @@ pub struct ClusterAccess {
 }
 
 impl ClusterAccess {
-    pub fn client(ca_pem: &str, cert_pem: &str, key_pem: &str) -> anyhow::Result<reqwest::Client> {
-        let identity = reqwest::Identity::from_pem(format!("{cert_pem}\n{key_pem}").as_bytes())?;
-        Ok(reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
-            .identity(identity)
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .build()?)
-    }
-
     /// The URL of `record`'s `stream` on the node that runs it.
     async fn url(&self, record: &InstanceRecord, stream: Stream) -> Result<String, AccessError> {
         let kv = self
@@ -49,7 +38,7 @@ impl ClusterAccess {
             .ok_or_else(|| {
                 AccessError::Unavailable(format!("node {} is not registered", record.node))
             })?;
-        let reg: NodeRegistration = serde_json::from_slice(&kv.value)
+        let reg: NodeRegistration = kat_store::decode(&kv)
             .map_err(|e| AccessError::Unavailable(format!("node {}: {e}", record.node)))?;
         let address = reg.addresses.first().ok_or_else(|| {
             AccessError::Unavailable(format!("node {} has no address", record.node))

@@ -17,3 +17,13 @@ pub mod service;
 
 pub use http::{router, ApiState, ClientAddr, ClientNode, ClientSerial};
 pub use service::Service;
+
+/// JSON a client sent (a request body, an exec frame, a git server's push payload) as a
+/// `T`. A stored record is never read this way: `kat_store::decode` names its key and is
+/// the only other decode clippy.toml allows.
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn decode_request<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+) -> serde_json::Result<T> {
+    serde_json::from_slice(bytes)
+}

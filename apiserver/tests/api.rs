@@ -293,7 +293,7 @@ async fn namespace_labels_are_kept_and_updated_by_apply() {
         let store = api.store.clone();
         async move {
             let kv = store.get("/kat/namespaces/team").await.unwrap().unwrap();
-            let ns: kat_api::wire::NamespaceObject = serde_json::from_slice(&kv.value).unwrap();
+            let ns: kat_api::wire::NamespaceObject = kat_store::decode(&kv).unwrap();
             ns.metadata.labels
         }
     };
@@ -815,6 +815,6 @@ async fn the_openapi_document_needs_no_token() {
         .await
         .unwrap();
     assert_eq!(bytes, kat_apiserver::http::OPENAPI_JSON.as_bytes());
-    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(kat_apiserver::http::OPENAPI_JSON).unwrap();
     assert!(doc["paths"]["/v1alpha1/n/{ns}/workloads"]["post"].is_object());
 }

@@ -111,13 +111,12 @@ async fn a_token_admits_up_to_its_limit_and_a_worker_gets_a_workers_certificate(
         Some(NodeRole::Worker)
     );
     assert!(admitted.etcd.is_none(), "a worker gets no etcd credentials");
-    let reg: kat_api::wire::NodeRegistration = serde_json::from_slice(
+    let reg: kat_api::wire::NodeRegistration = kat_store::decode(
         &store
             .get(&keys::node_registration("w1"))
             .await
             .unwrap()
-            .unwrap()
-            .value,
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(reg.labels[kat_api::wire::CLUSTER_ROLE_LABEL], "worker");
@@ -276,13 +275,12 @@ async fn an_address_the_join_does_not_come_from_is_refused_unless_the_token_list
         .join(request(&natted.token, "w2"), elsewhere)
         .await
         .unwrap();
-    let reg: kat_api::wire::NodeRegistration = serde_json::from_slice(
+    let reg: kat_api::wire::NodeRegistration = kat_store::decode(
         &store
             .get(&keys::node_registration("w2"))
             .await
             .unwrap()
-            .unwrap()
-            .value,
+            .unwrap(),
     )
     .unwrap();
     assert_eq!(reg.addresses, [NODE_IP]);

@@ -1103,7 +1103,7 @@ async fn a_heartbeat_cannot_raise_a_nodes_approved_capacity() {
                 .await
                 .unwrap()
                 .unwrap();
-            serde_json::from_slice::<kat_api::wire::NodeRegistration>(&kv.value)
+            kat_store::decode::<kat_api::wire::NodeRegistration>(&kv)
                 .unwrap()
                 .capacity
         }

@@ -3,13 +3,14 @@
 //!
 //! [`paths`] builds every API path; [`Client`] sends requests to one endpoint with an
 //! optional bearer token and turns refusals into a [`ClientError`] that keeps the API's
-//! status, error code and message; [`admin`] holds the typed calls an administrator makes. The caller brings the `reqwest::Client`: TLS (the
-//! cluster CA, a node certificate) is `kat-pki`'s business, not this crate's.
+//! status, error code and message; [`admin`] holds the typed calls an administrator makes;
+//! [`https`] builds every HTTPS client of the API, with its trust rules.
 
 #![warn(missing_docs)]
 
 /// The typed calls an administrator makes.
 pub mod admin;
+pub mod https;
 /// Every API path, filled from `kat_api::routes`.
 pub mod paths;
 
@@ -43,6 +44,9 @@ pub enum ClientError {
         /// With `ErrorCode::NotLeader`: the leader's endpoint.
         leader: Option<String>,
     },
+    /// The HTTPS client could not be made: a certificate, key or CA that does not parse.
+    #[error("the HTTPS client: {0}")]
+    Tls(String),
     /// The answer broke off, or is not what this client expects of `what`.
     #[error("the API's answer to {what} {detail}")]
     Answer {

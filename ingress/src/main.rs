@@ -217,21 +217,14 @@ fn client_for_streams(path: &std::path::Path) -> Result<kat_client::Client> {
 /// The API client from a katcall config file; `timeout` bounds a whole request.
 fn client(path: &std::path::Path, timeout: Option<Duration>) -> Result<kat_client::Client> {
     let config = ClientConfig::load(path)?;
-    let tls = kat_pki::server_role::api_client_tls(
-        &config.ca_certificate,
-        None,
-        config.node_api.as_deref(),
-    )
-    .with_context(|| {
-        format!(
-            "{}: caCertificate is not a usable PEM certificate",
-            path.display()
-        )
-    })?;
     // TCP keepalive: a stream the network dropped without a word is noticed.
-    let mut http = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .connect_timeout(Duration::from_secs(5))
+    let mut http = kat_client::https::admin(&config.ca_certificate, config.node_api.as_deref())
+        .with_context(|| {
+            format!(
+                "{}: caCertificate is not a usable PEM certificate",
+                path.display()
+            )
+        })?
         .tcp_keepalive(Duration::from_secs(30));
     if let Some(t) = timeout {
         http = http.timeout(t);

@@ -12,20 +12,13 @@ pub fn from_config(path: &Path) -> Result<Client> {
     let config = ClientConfig::load(path)?;
     // The cluster CA the only root, and only a control-plane node's certificate serves
     // the API: a worker's key (same CA) cannot pose as it and be sent the admin token.
-    let tls = kat_pki::server_role::api_client_tls(
-        &config.ca_certificate,
-        None,
-        config.node_api.as_deref(),
-    )
-    .with_context(|| {
-        format!(
-            "{}: caCertificate is not a usable PEM certificate",
-            path.display()
-        )
-    })?;
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .connect_timeout(std::time::Duration::from_secs(5))
+    let http = kat_client::https::admin(&config.ca_certificate, config.node_api.as_deref())
+        .with_context(|| {
+            format!(
+                "{}: caCertificate is not a usable PEM certificate",
+                path.display()
+            )
+        })?
         .build()
         .context("building the HTTPS client")?;
     Ok(Client::new(http, &config.endpoint, Some(config.token)))

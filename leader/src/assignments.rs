@@ -139,12 +139,14 @@ impl AssignmentWatch {
     fn update_of(&self, event: &WatchEvent) -> Option<AssignmentUpdate> {
         let revision = event.revision();
         match event.kind {
-            EventKind::Put => serde_json::from_slice::<InstanceRecord>(&event.kv.value)
-                .ok()
-                .map(|record| AssignmentUpdate::Put {
-                    revision,
-                    record: Box::new(record),
-                }),
+            EventKind::Put => {
+                kat_store::decode_or_skip::<InstanceRecord>(&event.kv).map(|record| {
+                    AssignmentUpdate::Put {
+                        revision,
+                        record: Box::new(record),
+                    }
+                })
+            }
             EventKind::Delete => Some(AssignmentUpdate::Delete {
                 revision,
                 // A key whose last part is no instance id is not one of ours: nothing to delete.

@@ -199,7 +199,7 @@ pub async fn watch(
             if e.kind != kat_store::EventKind::Put {
                 continue; // trimming the oldest entry
             }
-            if let Ok(event) = serde_json::from_slice::<Event>(&e.kv.value) {
+            if let Some(event) = kat_store::decode_or_skip::<Event>(&e.kv) {
                 if filter.matches(&event) && tx.send(event).await.is_err() {
                     return;
                 }

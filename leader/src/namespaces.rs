@@ -39,7 +39,7 @@ pub async fn list(store: &dyn StateStore) -> Result<Vec<NamespaceObject>, Namesp
         .kvs
         .iter()
         .filter_map(|kv| {
-            let mut ns: NamespaceObject = serde_json::from_slice(&kv.value).ok()?;
+            let mut ns: NamespaceObject = kat_store::decode_or_skip(kv)?;
             ns.metadata.resource_version = kv.mod_revision;
             Some(ns)
         })

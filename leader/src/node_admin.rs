@@ -40,7 +40,7 @@ pub async fn register(
     loop {
         let current = store.get(&key).await?;
         let mut reg = match &current {
-            Some(kv) => serde_json::from_slice::<NodeRegistration>(&kv.value)
+            Some(kv) => kat_store::decode::<NodeRegistration>(kv)
                 .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?,
             None => NodeRegistration {
                 name: name.into(),
@@ -94,7 +94,7 @@ async fn modify(
         let Some(kv) = store.get(&key).await? else {
             return Err(NodeAdminError::NotFound(name.into()));
         };
-        let mut reg: NodeRegistration = serde_json::from_slice(&kv.value)
+        let mut reg: NodeRegistration = kat_store::decode(&kv)
             .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?;
         change(&mut reg);
         let mut ops = vec![TxnOp::put_json(&key, &reg)?];
@@ -135,8 +135,8 @@ pub async fn check_capacity(
     let Some(kv) = store.get(&key).await? else {
         return Ok(());
     };
-    let mut reg: NodeRegistration = serde_json::from_slice(&kv.value)
-        .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?;
+    let mut reg: NodeRegistration =
+        kat_store::decode(&kv).map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?;
     let (ops, guard) = match &reg.capacity {
         None => {
             reg.capacity = Some(ApprovedCapacity::claimed_by(hb));

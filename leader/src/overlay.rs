@@ -39,7 +39,7 @@ pub async fn peers_at(
     // listings at worst twice.
     let revision = registrations.revision;
     for kv in registrations.kvs {
-        let Ok(reg) = serde_json::from_slice::<NodeRegistration>(&kv.value) else {
+        let Some(reg) = kat_store::decode_or_skip::<NodeRegistration>(&kv) else {
             continue;
         };
         let address = reg.addresses.iter().find_map(|a| a.parse::<IpAddr>().ok());

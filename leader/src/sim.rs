@@ -318,7 +318,7 @@ impl SimCluster {
         let records: Vec<InstanceRecord> = listing
             .kvs
             .iter()
-            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .filter_map(kat_store::decode_or_skip)
             .collect();
         for r in &records {
             by_node.entry(r.node.as_str()).or_default().push(r.clone());

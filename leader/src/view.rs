@@ -78,30 +78,32 @@ impl ClusterView {
             return;
         };
         match parsed {
-            Key::WorkloadMeta { ns, name } => match value.and_then(decode::<WorkloadMeta>) {
-                Some(meta) => {
-                    let key = WorkloadKey::new(ns, name);
-                    let desired = meta.desired.clone().map(Arc::new);
-                    if desired.is_none() {
-                        tracing::warn!(
-                            workload = %key,
-                            "the workload's record has no typed spec (written by an older version); apply it again"
+            Key::WorkloadMeta { ns, name } => {
+                match value.and_then(|v| decode::<WorkloadMeta>(key, v)) {
+                    Some(meta) => {
+                        let key = WorkloadKey::new(ns, name);
+                        let desired = meta.desired.clone().map(Arc::new);
+                        if desired.is_none() {
+                            tracing::warn!(
+                                workload = %key,
+                                "the workload's record has no typed spec (written by an older version); apply it again"
+                            );
+                        }
+                        self.workloads.insert(
+                            key.clone(),
+                            WorkloadEntry {
+                                key,
+                                meta: Some(meta),
+                                desired,
+                                meta_revision: revision,
+                            },
                         );
                     }
-                    self.workloads.insert(
-                        key.clone(),
-                        WorkloadEntry {
-                            key,
-                            meta: Some(meta),
-                            desired,
-                            meta_revision: revision,
-                        },
-                    );
+                    None => {
+                        self.workloads.remove(&WorkloadKey::new(ns, name));
+                    }
                 }
-                None => {
-                    self.workloads.remove(&WorkloadKey::new(ns, name));
-                }
-            },
+            }
             Key::Template { ns, name, hash } => {
                 let id = (ns.to_string(), name.to_string(), hash.to_string());
                 if value.is_some() {
@@ -116,7 +118,7 @@ impl ClusterView {
                     return;
                 };
                 let entry = self.nodes.entry(name).or_default();
-                entry.registration = value.and_then(decode);
+                entry.registration = value.and_then(|v| decode(key, v));
                 if entry.registration.is_none() {
                     self.departed.retain(|_, n| n != node);
                 }
@@ -128,7 +130,7 @@ impl ClusterView {
                     return;
                 };
                 let entry = self.nodes.entry(name).or_default();
-                entry.heartbeat = value.and_then(decode);
+                entry.heartbeat = value.and_then(|v| decode(key, v));
                 if let Some(hb) = &entry.heartbeat {
                     entry.last_seen = Some(now);
                     let reported: std::collections::HashSet<&str> = hb
@@ -151,7 +153,7 @@ impl ClusterView {
                     }
                 }
             }
-            Key::DnsRecord => match value.and_then(decode::<DnsRecord>) {
+            Key::DnsRecord => match value.and_then(|v| decode::<DnsRecord>(key, v)) {
                 Some(record) => {
                     self.dns.insert(key.to_string(), record);
                 }
@@ -159,23 +161,25 @@ impl ClusterView {
                     self.dns.remove(key);
                 }
             },
-            Key::Instance { id, .. } => match value.and_then(decode::<InstanceRecord>) {
-                // The record's id is the checked one; a key that says otherwise is not ours.
-                Some(record) if record.instance_id == id => {
-                    self.instances.insert(record.instance_id.clone(), record);
-                }
-                Some(_) => {
-                    tracing::warn!(key, "an instance record under another id's key: ignored")
-                }
-                None => {
-                    if let Some((id, gone)) = self.instances.remove_entry(id) {
-                        self.departed.insert(id, gone.node);
+            Key::Instance { id, .. } => {
+                match value.and_then(|v| decode::<InstanceRecord>(key, v)) {
+                    // The record's id is the checked one; a key that says otherwise is not ours.
+                    Some(record) if record.instance_id == id => {
+                        self.instances.insert(record.instance_id.clone(), record);
+                    }
+                    Some(_) => {
+                        tracing::warn!(key, "an instance record under another id's key: ignored")
+                    }
+                    None => {
+                        if let Some((id, gone)) = self.instances.remove_entry(id) {
+                            self.departed.insert(id, gone.node);
+                        }
                     }
                 }
-            },
+            }
             Key::JobRun { ns, name, run } => {
                 let workload = WorkloadKey::new(ns, name);
-                match value.and_then(decode::<JobRun>) {
+                match value.and_then(|v| decode::<JobRun>(key, v)) {
                     Some(r) => {
                         self.job_runs
                             .entry(workload)
@@ -194,7 +198,7 @@ impl ClusterView {
             }
             Key::FinishedInstance { ns, name, id } => {
                 let workload = WorkloadKey::new(ns, name);
-                match value.and_then(decode::<FinishedInstance>) {
+                match value.and_then(|v| decode::<FinishedInstance>(key, v)) {
                     Some(f) if f.record.instance_id == id => {
                         self.finished
                             .entry(workload)
@@ -268,12 +272,6 @@ impl ClusterView {
     }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-    match serde_json::from_slice(bytes) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            tracing::warn!(error = %e, "ignoring a stored value that does not decode");
-            None
-        }
-    }
+fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Option<T> {
+    kat_store::decode_value_or_skip(key, bytes)
 }

@@ -413,11 +413,7 @@ fn relabel_op(
     let Some(wanted) = bundle.namespace.as_ref().map(|n| &n.metadata.labels) else {
         return Ok(None);
     };
-    let mut existing: NamespaceObject =
-        serde_json::from_slice(&kv.value).map_err(|e| StoreError::Value {
-            key: kv.key.clone(),
-            detail: format!("is not a namespace: {e}"),
-        })?;
+    let mut existing: NamespaceObject = kat_store::decode(kv)?;
     if existing.metadata.labels == *wanted {
         return Ok(None);
     }
@@ -465,14 +461,12 @@ pub async fn rollback(
     name: &str,
 ) -> Result<Applied, WorkloadError> {
     let meta: WorkloadMeta = match store.get(&keys::workload_meta(ns, name)).await? {
-        Some(kv) => {
-            serde_json::from_slice(&kv.value).map_err(|e| WorkloadError::CorruptArchive {
-                ns: ns.into(),
-                name: name.into(),
-                generation: 0,
-                message: e.to_string(),
-            })?
-        }
+        Some(kv) => kat_store::decode(&kv).map_err(|e| WorkloadError::CorruptArchive {
+            ns: ns.into(),
+            name: name.into(),
+            generation: 0,
+            message: e.to_string(),
+        })?,
         None => return Err(WorkloadError::NotFound(ns.into(), name.into())),
     };
     let current = meta.metadata.generation;

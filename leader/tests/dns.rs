@@ -18,7 +18,7 @@ async fn records(c: &SimCluster) -> BTreeMap<InstanceId, DnsRecord> {
         .kvs
         .iter()
         .map(|kv| {
-            let r: DnsRecord = serde_json::from_slice(&kv.value).unwrap();
+            let r: DnsRecord = kat_store::decode(kv).unwrap();
             (r.instance_id.clone(), r)
         })
         .collect()

@@ -127,7 +127,7 @@ async fn control_plane_on_real_etcd() {
         .kvs
     {
         state = Some(
-            serde_json::from_slice::<kat_api::wire::JobRun>(&kv.value)
+            kat_store::decode::<kat_api::wire::JobRun>(&kv)
                 .unwrap()
                 .state,
         );

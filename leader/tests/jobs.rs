@@ -34,7 +34,7 @@ async fn runs(c: &kat_leader::sim::SimCluster, name: &str) -> Vec<JobRun> {
         .unwrap()
         .kvs
         .iter()
-        .map(|kv| serde_json::from_slice(&kv.value).unwrap())
+        .map(|kv| kat_store::decode(kv).unwrap())
         .collect()
 }
 
@@ -233,7 +233,7 @@ async fn finished(
         .unwrap()
         .kvs
         .iter()
-        .map(|kv| serde_json::from_slice(&kv.value).unwrap())
+        .map(|kv| kat_store::decode(kv).unwrap())
         .collect()
 }
 

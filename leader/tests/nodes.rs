@@ -515,7 +515,7 @@ async fn the_cluster_role_and_the_admins_role_are_separate_labels() {
             .await
             .unwrap()
             .unwrap();
-        serde_json::from_slice::<kat_api::wire::NodeRegistration>(&kv.value)
+        kat_store::decode::<kat_api::wire::NodeRegistration>(&kv)
             .unwrap()
             .labels
     }
@@ -566,7 +566,7 @@ async fn the_scheduler_uses_the_approved_capacity_not_the_claim() {
     let mut c = cluster_with(vec![liar]).await;
     let key = kat_api::keys::node_registration("liar");
     let kv = c.store.get(&key).await.unwrap().unwrap();
-    let mut reg: kat_api::wire::NodeRegistration = serde_json::from_slice(&kv.value).unwrap();
+    let mut reg: kat_api::wire::NodeRegistration = kat_store::decode(&kv).unwrap();
     reg.capacity = Some(kat_api::wire::ApprovedCapacity {
         allocatable: kat_api::wire::ResourceList {
             cpu_millis: 1000,

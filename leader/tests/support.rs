@@ -67,5 +67,5 @@ pub async fn status(c: &SimCluster, name: &str) -> kat_api::wire::WorkloadStatus
         .await
         .unwrap()
         .expect("status written");
-    serde_json::from_slice(&kv.value).unwrap()
+    kat_store::decode(&kv).unwrap()
 }

@@ -632,6 +632,45 @@ async fn a_run_step_cannot_reach_a_concurrent_builds_workspace() {
     assert!(builds_left(dir.path()).is_empty());
 }
 
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+}
+
+/// Workspace `name` (and `others` beside it) in the builder's directory, open to the build's
+/// root as the runtime opens one (mode 0777 here, where the runtime uses an ACL), with
+/// `conf/` and `state/`; and a sandbox in it behind `prefix`, with `env`.
+fn sandbox_in(
+    b: &kat_runtime::build::Builder,
+    name: &str,
+    others: &[&str],
+    prefix: Vec<String>,
+    env: Vec<(String, String)>,
+) -> (PathBuf, kat_runtime::build::buildah::Sandbox) {
+    std::fs::create_dir_all(&b.root).unwrap();
+    chmod(&b.root, 0o711);
+    for dir in std::iter::once(&name).chain(others) {
+        std::fs::create_dir_all(b.root.join(dir).join("conf")).unwrap();
+        chmod(&b.root.join(dir), 0o777);
+    }
+    let ws = b.root.join(name).canonicalize().unwrap();
+    std::fs::create_dir(ws.join("state")).unwrap();
+    chmod(&ws.join("state"), 0o777);
+    let sandbox = kat_runtime::build::buildah::Sandbox {
+        host_uid: b.slice.0,
+        host_gid: b.slice.1,
+        count: b.slice.2,
+        workspace: ws.clone(),
+        state: ws.join("state"),
+        private: None,
+        conf: ws.join("conf"),
+        prefix,
+        helper: b.helper.clone(),
+        env,
+    };
+    (ws, sandbox)
+}
+
 /// Under systemd the sandbox runs behind `systemd-run --scope …` (the VM stage takes that
 /// path). Here a prefix that does not even exec in place (a shell that waits for it, so
 /// the sandbox is not the agent's child) stands for it: the sandbox says its own pid, gets
@@ -640,45 +679,26 @@ async fn a_run_step_cannot_reach_a_concurrent_builds_workspace() {
 /// workspaces' directory, slirp4netns's DNS forwarder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_behind_a_prefix_is_contained_too() {
-    use kat_runtime::build::buildah::{Contain, Sandbox, Spawned};
-    use std::os::unix::fs::PermissionsExt;
+    use kat_runtime::build::buildah::{Contain, Spawned};
     use tokio::io::AsyncReadExt;
     let f = fixtures();
     let (rt, _dir) = runtime(&f);
     let b = rt.builder().expect("the builder");
     let builds = b.root.clone();
-    let chmod = |p: &Path, mode| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
-    };
-    std::fs::create_dir_all(&builds).unwrap();
-    chmod(&builds, 0o711);
-    // (The runtime opens a workspace to the build's root with an ACL; mode 0777 here.)
-    for name in ["bprefixed", "bother"] {
-        std::fs::create_dir_all(builds.join(name).join("conf")).unwrap();
-        chmod(&builds.join(name), 0o777);
-    }
-    let ws = builds.join("bprefixed").canonicalize().unwrap();
+    let (ws, sandbox) = sandbox_in(
+        &b,
+        "bprefixed",
+        &["bother"],
+        ["sh", "-c", "\"$@\"; exit $?", "sh"]
+            .map(String::from)
+            .to_vec(),
+        Vec::new(),
+    );
     std::fs::write(
         ws.join("conf/resolv.conf"),
         kat_runtime::build::egress::RESOLV_CONF,
     )
     .unwrap();
-    std::fs::create_dir(ws.join("state")).unwrap();
-    chmod(&ws.join("state"), 0o777);
-    let sandbox = Sandbox {
-        host_uid: b.slice.0,
-        host_gid: b.slice.1,
-        count: b.slice.2,
-        workspace: ws.clone(),
-        state: ws.join("state"),
-        private: None,
-        conf: ws.join("conf"),
-        prefix: ["sh", "-c", "\"$@\"; exit $?", "sh"]
-            .map(String::from)
-            .to_vec(),
-        helper: b.helper.clone(),
-        env: Vec::new(),
-    };
     let script = format!(
         "ls -d /proc/[0-9]* | wc -l; echo ==; cat /proc/net/dev; echo ==; ls -a {}; echo ==; cat /etc/resolv.conf",
         builds.canonicalize().unwrap().display()
@@ -738,50 +758,30 @@ async fn a_sandbox_behind_a_prefix_is_contained_too() {
 /// connect there itself).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buildahs_connections_go_through_the_outbound_proxy() {
-    use kat_runtime::build::buildah::{registries_conf, registries_d, Sandbox};
-    use std::os::unix::fs::PermissionsExt;
+    use kat_runtime::build::buildah::{registries_conf, registries_d};
     let f = fixtures();
     let (rt, _dir) = runtime(&f);
     let b = rt.builder().expect("the builder");
-    let builds = b.root.clone();
-    let chmod = |p: &Path, mode| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
-    };
-    std::fs::create_dir_all(builds.join("bproxied/conf/registries.d")).unwrap();
-    chmod(&builds, 0o711);
-    chmod(&builds.join("bproxied"), 0o777);
-    let ws = builds.join("bproxied").canonicalize().unwrap();
-    std::fs::create_dir(ws.join("state")).unwrap();
-    chmod(&ws.join("state"), 0o777);
+    let proxy = kat_outbound::PinnedProxy::start(kat_outbound::OutboundPolicy::default())
+        .expect("the proxy");
+    let env = vec![
+        ("HTTPS_PROXY".into(), proxy.url()),
+        ("NO_PROXY".into(), String::new()),
+    ];
+    let (ws, sandbox) = sandbox_in(&b, "bproxied", &[], Vec::new(), env);
+    std::fs::create_dir(ws.join("conf/registries.d")).unwrap();
     std::fs::write(ws.join("conf/registries.conf"), registries_conf(&[])).unwrap();
     std::fs::write(
         ws.join("conf/registries.d/default.yaml"),
         registries_d(&ws.join("state")),
     )
     .unwrap();
-    for f in ["conf", "conf/registries.d"] {
-        chmod(&ws.join(f), 0o755);
+    for dir in ["conf", "conf/registries.d"] {
+        chmod(&ws.join(dir), 0o755);
     }
-    for f in ["conf/registries.conf", "conf/registries.d/default.yaml"] {
-        chmod(&ws.join(f), 0o644);
+    for file in ["conf/registries.conf", "conf/registries.d/default.yaml"] {
+        chmod(&ws.join(file), 0o644);
     }
-    let proxy = kat_outbound::PinnedProxy::start(kat_outbound::OutboundPolicy::default())
-        .expect("the proxy");
-    let sandbox = Sandbox {
-        host_uid: b.slice.0,
-        host_gid: b.slice.1,
-        count: b.slice.2,
-        workspace: ws.clone(),
-        state: ws.join("state"),
-        private: None,
-        conf: ws.join("conf"),
-        prefix: Vec::new(),
-        helper: b.helper.clone(),
-        env: vec![
-            ("HTTPS_PROXY".into(), proxy.url()),
-            ("NO_PROXY".into(), String::new()),
-        ],
-    };
     let mut args = sandbox.global_args();
     args.extend(["pull".into(), "docker://169.254.169.254/metadata:1".into()]);
     let (ok, out) =

@@ -24,7 +24,7 @@ pub use election::{campaign, current_leader, Leadership};
 pub use etcd::EtcdStore;
 pub use etcd_server::{EtcdHealth, EtcdServer, EtcdServerConfig, EtcdServerError};
 pub use etcd_tls::EtcdTls;
-pub use json::{decode, decode_or_skip, encode, JsonStore};
+pub use json::{decode, decode_or_skip, decode_value, decode_value_or_skip, encode, JsonStore};
 pub use mem::MemStore;
 pub use types::*;
 

@@ -73,7 +73,7 @@ impl ControlPlane for StoreLink {
             .store
             .get(&keys::node_status(&self.node))
             .await?
-            .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+            .and_then(|kv| kat_store::decode_or_skip(&kv));
         kat_leader::node_admin::check_capacity(
             &*self.store,
             &self.events,
@@ -149,7 +149,7 @@ impl ControlPlane for StoreLink {
             else {
                 continue;
             };
-            let Ok(r) = serde_json::from_slice::<InstanceRecord>(&kv.value) else {
+            let Some(r) = kat_store::decode_or_skip::<InstanceRecord>(&kv) else {
                 continue;
             };
             ops.extend(self.events.ops(&kat_leader::events::event(

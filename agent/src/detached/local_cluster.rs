@@ -293,8 +293,8 @@ impl LocalCluster {
             .kvs
             .into_iter()
             .filter(|kv| {
-                serde_json::from_slice::<kat_api::wire::InstanceRecord>(&kv.value)
-                    .is_ok_and(|r| r.namespace == ns && r.workload == name)
+                kat_store::decode_or_skip::<kat_api::wire::InstanceRecord>(kv)
+                    .is_some_and(|r| r.namespace == ns && r.workload == name)
             })
             .map(|kv| kat_store::TxnOp::delete(kv.key))
             .collect();

@@ -53,7 +53,7 @@ pub async fn create_token(
     let parsed: CreateBody = if body.is_empty() {
         CreateBody::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
+        crate::decode_request(&body).map_err(|e| {
             ApiError::bad_request(format!(
                 "join token body: {e} (expected {{\"role\": \"worker\" or \"control-plane\", \"ttl\": \"24h\", \"maxUses\": 1, \"addresses\": [\"10.0.0.5\"]}})"
             ))

@@ -482,7 +482,7 @@ pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
     what: &str,
 ) -> Result<T, ApiError> {
     let body = read_body(req, limit).await?;
-    serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
+    crate::decode_request(&body).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
 }
 
 /// Read a request body of at most `limit` bytes.

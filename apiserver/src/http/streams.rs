@@ -293,7 +293,7 @@ where
     // The first frame says what to run.
     let request: ExecRequest = loop {
         match decoder.next_frame() {
-            Ok(Some(Frame::Start(json))) => match serde_json::from_slice(&json) {
+            Ok(Some(Frame::Start(json))) => match crate::decode_request(&json) {
                 Ok(r) => break r,
                 Err(e) => {
                     let msg = format!("exec request: {e}");

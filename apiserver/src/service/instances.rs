@@ -18,7 +18,7 @@ impl Service {
             let Some(found) = self.store.get(&keys::instance(node, id)).await? else {
                 continue;
             };
-            if let Ok(r) = serde_json::from_slice::<InstanceRecord>(&found.value) {
+            if let Some(r) = kat_store::decode_or_skip::<InstanceRecord>(&found) {
                 if r.workload_key() == *key {
                     return Ok(r);
                 }
@@ -29,7 +29,7 @@ impl Service {
             .get(&keys::finished_instance(&key.namespace, &key.name, id))
             .await?
         {
-            let f: FinishedInstance = serde_json::from_slice(&kv.value).map_err(|e| {
+            let f: FinishedInstance = kat_store::decode(&kv).map_err(|e| {
                 Error::new(
                     ErrorCode::Internal,
                     format!("the kept record of instance {id} of {key} does not decode: {e}"),
@@ -86,13 +86,7 @@ impl Service {
             .await?
             .kvs
             .iter()
-            .filter_map(|kv| match serde_json::from_slice(&kv.value) {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    tracing::warn!(key = %kv.key, error = %e, "a kept instance record does not decode");
-                    None
-                }
-            })
+            .filter_map(kat_store::decode_or_skip)
             .collect();
         out.sort_by(|a, b| {
             (a.finished_ms, &a.record.instance_id).cmp(&(b.finished_ms, &b.record.instance_id))

@@ -96,7 +96,7 @@ impl Service {
             .store
             .get(&keys::node_registration(node))
             .await?
-            .and_then(|kv| serde_json::from_slice(&kv.value).ok())
+            .and_then(|kv| kat_store::decode_or_skip(&kv))
             .ok_or_else(|| {
                 Error::not_found(format!(
                     "node {node} is not registered in this cluster's state: join it as a new node instead"
@@ -382,7 +382,7 @@ impl Service {
 }
 
 fn token_record(kv: &KeyValue) -> Result<JoinTokenRecord> {
-    serde_json::from_slice(&kv.value)
+    kat_store::decode(kv)
         .map_err(|e| Error::new(ErrorCode::Internal, format!("join token record: {e}")))
 }
 

@@ -195,7 +195,7 @@ impl Service {
             let Some(kv) = self.store.get(&keys::node_registration(&name)).await? else {
                 continue;
             };
-            let Ok(reg) = serde_json::from_slice::<NodeRegistration>(&kv.value) else {
+            let Some(reg) = kat_store::decode_or_skip::<NodeRegistration>(&kv) else {
                 continue;
             };
             if let Some(address) = reg.addresses.first() {
@@ -234,7 +234,7 @@ impl Service {
             .store
             .get(&keys::node_status(name))
             .await?
-            .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+            .and_then(|kv| kat_store::decode_or_skip(&kv));
         if hb.node == name {
             kat_leader::node_admin::check_capacity(
                 &*self.store,

@@ -69,11 +69,11 @@ impl Service {
             BTreeMap::new();
         for kv in &regs.kvs {
             let name = kv.key[keys::node_registrations().len()..].to_string();
-            parts.entry(name).or_default().0 = serde_json::from_slice(&kv.value).ok();
+            parts.entry(name).or_default().0 = kat_store::decode_or_skip(kv);
         }
         for kv in &hbs.kvs {
             let name = kv.key[keys::node_statuses().len()..].to_string();
-            parts.entry(name).or_default().1 = serde_json::from_slice(&kv.value).ok();
+            parts.entry(name).or_default().1 = kat_store::decode_or_skip(kv);
         }
         let timeout = Duration::from_secs(self.cluster.spec.node_loss_timeout_seconds as u64);
         let now = self.clock.wall();
@@ -106,7 +106,7 @@ impl Service {
         let Some(kv) = self.store.get(keys::LEADER).await? else {
             return Ok(None);
         };
-        match serde_json::from_slice::<LeaderRecord>(&kv.value) {
+        match kat_store::decode::<LeaderRecord>(&kv) {
             Ok(record) => Ok(Some(record)),
             Err(e) => {
                 tracing::warn!(

@@ -33,7 +33,7 @@ impl Service {
             .iter()
             .filter_map(|kv| {
                 let name = kv.key.rsplit('/').next()?.to_string();
-                Some((name, serde_json::from_slice(&kv.value).ok()?))
+                Some((name, kat_store::decode_or_skip(kv)?))
             })
             .collect();
         Ok(desired
@@ -41,7 +41,7 @@ impl Service {
             .iter()
             .filter(|kv| kv.key.ends_with("/meta"))
             .filter_map(|kv| {
-                let meta: WorkloadMeta = serde_json::from_slice(&kv.value).ok()?;
+                let meta: WorkloadMeta = kat_store::decode_or_skip(kv)?;
                 let status = by_name.remove(&meta.metadata.name).unwrap_or_default();
                 Some(object(meta, kv.mod_revision, status))
             })
@@ -60,7 +60,7 @@ impl Service {
                     key.namespace
                 ))
             })?;
-        let meta: WorkloadMeta = serde_json::from_slice(&kv.value).map_err(|e| {
+        let meta: WorkloadMeta = kat_store::decode(&kv).map_err(|e| {
             Error::new(
                 ErrorCode::Internal,
                 format!("workload {key} metadata is corrupt: {e}"),
@@ -71,7 +71,7 @@ impl Service {
             .get(&keys::workload_status(&key.namespace, &key.name))
             .await?
         {
-            Some(s) => serde_json::from_slice(&s.value).unwrap_or_default(),
+            Some(s) => kat_store::decode_or_skip(&s).unwrap_or_default(),
             None => WorkloadStatus::default(),
         };
         Ok(object(meta, kv.mod_revision, status))
@@ -670,7 +670,7 @@ impl Service {
             .map(|d| format!(" (delivery {d})"))
             .unwrap_or_default();
         let now = self.clock.wall_ms() / 1000;
-        let pushed_at = serde_json::from_slice::<serde_json::Value>(body)
+        let pushed_at = crate::decode_request::<serde_json::Value>(body)
             .ok()
             .and_then(|v| v.get("repository")?.get("pushed_at")?.as_u64());
         if let Some(at) = pushed_at {
@@ -712,7 +712,7 @@ impl Service {
                 .await
                 .ok()
                 .flatten()
-                .and_then(|kv| serde_json::from_slice::<serde_json::Value>(&kv.value).ok())
+                .and_then(|kv| kat_store::decode_or_skip::<serde_json::Value>(&kv))
                 .and_then(|v| v.get("receivedAt")?.as_str().map(str::to_string))
                 .map(|at| format!(" at {at}"))
                 .unwrap_or_default();
@@ -730,7 +730,7 @@ impl Service {
     async fn act_on_push(&self, key: &WorkloadKey, body: &[u8]) -> Result<HookOutcome> {
         let bundle = self.git_bundle(key).await?;
         let before = self.workload(key).await?.metadata.generation;
-        let pushed = serde_json::from_slice::<serde_json::Value>(body)
+        let pushed = crate::decode_request::<serde_json::Value>(body)
             .ok()
             .and_then(|v| v.get("ref")?.as_str().map(str::to_string));
         let followed = bundle
