@@ -409,6 +409,19 @@ async fn scoped_tokens_reach_only_their_scope() {
         let (status, body) = api.send_as(m, Method::GET, path, vec![]).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
     }
+    // A path the router matches but the route table does not declare (an empty segment)
+    // reaches no handler with a scoped token: a node's own routes stay the node's.
+    for path in [
+        "/v1alpha1/nodes//dns",
+        "/v1alpha1/nodes//peers",
+        "/v1alpha1/nodes//assignments",
+        "/v1alpha1/n/team/workloads/web/instances//exec",
+    ] {
+        let (status, body) = api
+            .send_as(&read_only.token, Method::GET, path, vec![])
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+    }
     // Who each token is (a worker asks this of the leader for its /metrics).
     let whoami = |token: String| {
         let api = &api;

@@ -73,7 +73,30 @@ pub async fn apply(
     clock: &Clock,
     bundle: &WorkloadBundle,
 ) -> Result<Applied, WorkloadError> {
-    write(store, events, clock, bundle, false).await
+    write(store, events, clock, bundle, Existing::Either).await
+}
+
+/// A new generation of an existing workload from a validated bundle: `NotFound` if there is
+/// none, also when it was deleted meanwhile (the write is one transaction with the check),
+/// so an update never creates a workload.
+pub async fn update(
+    store: &dyn StateStore,
+    events: &EventLog,
+    clock: &Clock,
+    bundle: &WorkloadBundle,
+) -> Result<Applied, WorkloadError> {
+    write(store, events, clock, bundle, Existing::Required).await
+}
+
+/// What a write expects of the workload's record.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Existing {
+    /// None yet: a create.
+    Absent,
+    /// One: an update.
+    Required,
+    /// Either: an apply.
+    Either,
 }
 
 /// What [`apply`] would do with a validated bundle, with nothing written (a dry run).
@@ -197,7 +220,7 @@ pub async fn create(
     clock: &Clock,
     bundle: &WorkloadBundle,
 ) -> Result<Applied, WorkloadError> {
-    write(store, events, clock, bundle, true).await
+    write(store, events, clock, bundle, Existing::Absent).await
 }
 
 async fn write(
@@ -205,14 +228,20 @@ async fn write(
     events: &EventLog,
     clock: &Clock,
     bundle: &WorkloadBundle,
-    create_only: bool,
+    existing: Existing,
 ) -> Result<Applied, WorkloadError> {
     let ns = &bundle.workload.metadata.namespace;
     let name = &bundle.workload.metadata.name;
     let meta_key = keys::workload_meta(ns, name);
     let current = store.get(&meta_key).await?;
-    if create_only && current.is_some() {
-        return Err(WorkloadError::Conflict(ns.clone(), name.clone()));
+    match (existing, &current) {
+        (Existing::Absent, Some(_)) => {
+            return Err(WorkloadError::Conflict(ns.clone(), name.clone()))
+        }
+        (Existing::Required, None) => {
+            return Err(WorkloadError::NotFound(ns.clone(), name.clone()))
+        }
+        _ => {}
     }
     let previous: Option<WorkloadMeta> = current.as_ref().map(kat_store::decode).transpose()?;
     let spec_hash = bundle.spec_hash();

@@ -399,7 +399,8 @@ impl Detacher {
                     .as_ref()
                     .map_or_else(|| status.to_string(), |b| b.message.clone());
                 // Only what says the workload itself is refused is final (its own error
-                // codes, not a proxy's or a missing route's, `NoRoute`); the rest (the
+                // codes, not a proxy's or a missing route's: `NoRoute`, and from a parent
+                // older than that code a `NotFound` that says "no route"); the rest (the
                 // leader busy or gone) is tried again later.
                 let final_refusal = body_of.as_ref().is_some_and(|b| {
                     matches!(
@@ -409,8 +410,7 @@ impl Detacher {
                             | ErrorCode::Forbidden
                             | ErrorCode::Conflict
                             | ErrorCode::PayloadTooLarge
-                            | ErrorCode::NotFound
-                    )
+                    ) || (b.error == ErrorCode::NotFound && !b.message.starts_with("no route"))
                 });
                 if !final_refusal {
                     bail!(

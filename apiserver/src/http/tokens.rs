@@ -130,7 +130,8 @@ const INGRESS_READS: [Route; 2] = [Route::Ingress, Route::Events];
 /// own routes. Then the scope: read-only is GET and HEAD only, and no exec (a command in a
 /// container is no read); namespace is that namespace's workloads and instances, and the
 /// namespace itself; metrics is `/metrics` only; ingress is [`INGRESS_READS`] only. Every
-/// token may ask who it is ([`whoami`]). A path the API does not serve is left to the router's 404.
+/// token may ask who it is ([`whoami`]). A method and path the table does not declare is
+/// refused.
 pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(), String> {
     let route = RouteMethod::parse(method.as_str())
         .and_then(|m| Route::recognize(m, path))
@@ -158,6 +159,9 @@ pub fn scope_allows(scope: &TokenScope, method: &Method, path: &str) -> Result<(
         };
     }
     match route.map(Route::access) {
+        // Nothing the table does not declare: the router matches some paths the table does
+        // not (an empty segment, `/nodes//dns`), which must not reach a handler unchecked.
+        None => return Err(format!("no route {method} {path} for a scoped token")),
         Some(Access::AdminOnly | Access::Public) => {
             return Err(format!("{path} takes the admin token, not a scoped one"))
         }
@@ -284,6 +288,13 @@ mod tests {
             (Method::GET, "/v1alpha1/nodes/n1/assignments"),
             (Method::GET, "/v1alpha1/nodes/n1/templates/default/web/abc"),
             (Method::GET, "/v1alpha1/nodes/n1/dns"),
+            // Empty segments, which the router matches and the table does not.
+            (Method::GET, "/v1alpha1/nodes//dns"),
+            (Method::GET, "/v1alpha1/nodes//peers"),
+            (
+                Method::GET,
+                "/v1alpha1/n/default/workloads/web/instances//exec",
+            ),
         ] {
             assert!(scope_allows(&s, &method, path).is_err(), "{method} {path}");
         }

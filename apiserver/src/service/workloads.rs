@@ -286,10 +286,10 @@ impl Service {
         let bundle = self
             .check_bundle(&key.namespace, Some(&key.name), body)
             .await?;
-        if !self.exists(key).await? {
-            return Err(not_yet(key));
-        }
-        workloads::apply(&*self.store, &self.events, &self.clock, &bundle).await?;
+        match workloads::update(&*self.store, &self.events, &self.clock, &bundle).await {
+            Err(kat_leader::workloads::WorkloadError::NotFound(..)) => return Err(not_yet(key)),
+            other => other?,
+        };
         self.workload(key).await
     }
 
