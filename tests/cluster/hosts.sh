@@ -15,6 +15,8 @@ cmd=${1:?usage: hosts.sh up|cut|heal|down PREFIX [N|I]}
 prefix=${2:?PREFIX}
 [ ${#prefix} -le 6 ] || { echo "hosts.sh: PREFIX must be at most 6 characters" >&2; exit 2; }
 bridge="${prefix}-br"
+# Name the command that failed: "RTNETLINK answers: File exists" alone says nothing.
+trap 'echo "hosts.sh $cmd $prefix: failed at: $BASH_COMMAND" >&2' ERR
 
 case "$cmd" in
 up)
@@ -61,6 +63,12 @@ down)
     # Anything still running in the namespace goes with it.
     for pid in $(ip netns pids "$ns" 2>/dev/null || true); do kill -9 "$pid" 2>/dev/null || true; done
     ip netns delete "$ns" 2>/dev/null || true
+  done
+  # A namespace outlives its deletion while anything still holds it (a process dying, the
+  # kernel's asynchronous cleanup, a socket opened there), and its veth pair with it: delete
+  # the host ends, which takes each pair down whatever holds the namespace.
+  for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^${prefix}-v" || true); do
+    ip link delete "$link" 2>/dev/null || true
   done
   ip link delete "$bridge" 2>/dev/null || true
   ;;

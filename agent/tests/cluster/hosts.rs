@@ -98,13 +98,19 @@ impl Hosts {
         );
         // A test that failed earlier poisons the lock; its hosts are gone all the same.
         let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        let prefix = format!("kc{}", std::process::id() % 10_000);
-        let _ = Command::new(hosts_sh()).args(["down", &prefix]).status();
+        // A name of its own for each set of hosts: what the previous set left while the
+        // kernel tears it down (a namespace, a veth pair) never collides with this one.
+        static SETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let set = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let prefix = format!("k{:03}{}", std::process::id() % 1000, set % 100);
         let ok = Command::new(hosts_sh())
             .args(["up", &prefix, &HOSTS.to_string()])
             .status()
             .expect("hosts.sh");
-        assert!(ok.success(), "hosts.sh up failed");
+        if !ok.success() {
+            let _ = Command::new(hosts_sh()).args(["down", &prefix]).status();
+            panic!("hosts.sh up {prefix} failed (its message is above)");
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         // Searchable, so each agent user reaches its own directory below.
         std::fs::set_permissions(
