@@ -32,8 +32,8 @@ use anyhow::{bail, Context, Result};
 use kat_api::wire::{JoinRequest, JoinResponse};
 use kat_pki::{write_secret, JoinToken};
 
-use crate::layout::{Layout, NodeIdentity};
 use crate::node::{self, NodeOptions};
+use kat_node::layout::{Layout, NodeIdentity};
 
 pub struct JoinOptions {
     /// `HOST:PORT` of a node of the cluster that holds the CA (one of the etcd quorum).
@@ -296,7 +296,7 @@ fn write_files(
         if !endpoints.contains(&leader_api.to_string()) {
             endpoints.push(leader_api.to_string());
         }
-        crate::control_plane::write_endpoints(&layout.api_endpoints(), &endpoints)?;
+        kat_node::link::write_endpoints(&layout.api_endpoints(), &endpoints)?;
     }
     let identity = NodeIdentity {
         node_name: node_name.clone(),

@@ -1,47 +1,30 @@
-//! `kat-agent`: the one binary of a KAT node.
+//! `kat-agent`: the one binary of a KAT node, composing what `kat-node` does into roles.
 //!
 //! - [`node`]: `init` and `run`: etcd, PKI, the roles ([`roles`]: control plane, worker,
 //!   the API server and its assembly);
 //! - [`join`]: a node joining with a join token; [`advertise`]: the address it registers;
-//! - [`supervisor`]: converging this node's containers on its assignments;
-//! - [`heartbeat`]: capacity and instance states, every tick and on change; [`usage`]: what
-//!   containers and the node use;
-//! - [`control_plane`]: the node's link to the control plane (its own etcd member, or the
-//!   leader's API); [`leader_tokens`]: a worker asks the leader about a token;
-//! - [`access`], [`remote_access`]: logs and exec of this node's instances, and of other
-//!   nodes' (relayed); [`kept_logs`]: output kept after a container is gone;
-//! - [`network`]: the node's network (namespace holder, bridge, overlay); [`gpus`]: CDI;
-//! - [`etcd_member`]: this node's etcd member, joined and supervised;
+//! - [`leader_tokens`]: a worker asks the leader about a token;
 //! - [`sd_notify`]: readiness and watchdog for systemd;
 //! - [`malloc`]: fewer malloc arenas, free pages trimmed when idle;
 //! - [`setup`]: root's one-time host preparation, and its undoing;
 //! - [`restore`]: disaster recovery: a backup restored on one node, the others rejoining;
 //! - [`detached`], [`rejoin_listener`]: a worker that lost its leader runs a one-node
-//!   cluster of its own, and rejoins when the parent's leader answers;
-//! - [`layout`]: the node's files.
+//!   cluster of its own, and rejoins when the parent's leader answers.
+//!
+//! The node's own work (supervisor, heartbeats, exec and logs, kept logs, usage, network,
+//! etcd member, data layout) is `kat_node`'s.
 
-mod access;
 mod advertise;
-mod control_plane;
 mod detached;
-mod etcd_member;
-mod gpus;
-mod heartbeat;
 mod join;
-mod kept_logs;
-mod layout;
 mod leader_tokens;
 mod malloc;
-mod network;
 mod node;
 mod rejoin_listener;
-mod remote_access;
 mod restore;
 mod roles;
 mod sd_notify;
 mod setup;
-mod supervisor;
-mod usage;
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -181,7 +164,7 @@ struct NodeArgs {
     #[arg(long, value_enum, default_value = "auto")]
     cgroup_manager: CgroupManagerArg,
     /// Most processes in one container (pids.max); a fork bomb stops there.
-    #[arg(long, value_name = "N", default_value_t = supervisor::container_spec::DEFAULT_PIDS_LIMIT)]
+    #[arg(long, value_name = "N", default_value_t = kat_node::supervisor::container_spec::DEFAULT_PIDS_LIMIT)]
     container_pids_limit: u64,
     /// KAT's default seccomp filter in every container (new namespaces, mounts, modules,
     /// kexec, bpf, keyrings… refused), or none.
@@ -239,7 +222,9 @@ enum CgroupManagerArg {
 impl NodeArgs {
     fn options(self) -> node::NodeOptions {
         node::NodeOptions {
-            data_dir: self.data_dir.unwrap_or_else(layout::Layout::default_root),
+            data_dir: self
+                .data_dir
+                .unwrap_or_else(kat_node::layout::Layout::default_root),
             node_name: self.node_name,
             advertise_address: self.advertise_address,
             api_bind: self.api_bind,
@@ -349,7 +334,7 @@ fn main() -> ExitCode {
             etcdctl,
         } => restore::restore(restore::RestoreOptions {
             snapshot,
-            data_dir: data_dir.unwrap_or_else(layout::Layout::default_root),
+            data_dir: data_dir.unwrap_or_else(kat_node::layout::Layout::default_root),
             etcdctl,
         }),
         Command::Rejoin {
@@ -357,7 +342,7 @@ fn main() -> ExitCode {
             data_dir,
         } => runtime.block_on(restore::rejoin(
             &leader_api,
-            &data_dir.unwrap_or_else(layout::Layout::default_root),
+            &data_dir.unwrap_or_else(kat_node::layout::Layout::default_root),
         )),
         Command::Setup(args) => setup::run(args),
         Command::Completion { shell } => {

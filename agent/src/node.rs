@@ -16,8 +16,8 @@ use kat_api::client_config::ClientConfig;
 use kat_api::cluster::ClusterConfiguration;
 use kat_pki::{self as pki, JoinToken, NodeRole, Pki};
 
-use crate::layout::{Layout, NodeIdentity};
 use crate::roles::{self, NodeBase};
+use kat_node::layout::{Layout, NodeIdentity};
 
 /// Options shared by `init` and `run`.
 #[derive(Debug, Clone)]

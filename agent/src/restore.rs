@@ -16,8 +16,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use kat_api::wire::url_host;
 
-use crate::layout::{Layout, NodeIdentity};
 use crate::node::read_identity;
+use kat_node::layout::{Layout, NodeIdentity};
 
 pub struct RestoreOptions {
     pub snapshot: PathBuf,

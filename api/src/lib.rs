@@ -25,6 +25,7 @@ pub mod keys;
 pub mod load_balancer;
 pub mod names;
 pub mod namespace;
+pub mod node_limits;
 #[cfg(feature = "openapi")]
 mod openapi;
 pub mod pinning;

@@ -16,9 +16,10 @@ use kat_api::keys;
 use kat_api::wire::{
     AssignmentUpdate, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
 };
-use kat_apiserver::http::{self, ApiState, ClientAddr, ClientNode, NoInstanceAccess};
+use kat_apiserver::http::{self, ApiState, ClientAddr, ClientNode};
 use kat_apiserver::Service;
 use kat_leader::Clock;
+use kat_node::exec_logs::NoInstanceAccess;
 use kat_pki::NodeRole;
 use kat_store::{MemStore, StateStore};
 use tower::ServiceExt;
@@ -276,7 +277,7 @@ async fn a_worker_reaches_its_own_records_and_nothing_else() {
     }
     let (n, body) = refused.expect("a heartbeat past the burst is refused");
     assert!(
-        n >= kat_apiserver::service::HEARTBEAT_BURST - 1,
+        n >= kat_api::node_limits::HEARTBEAT_BURST - 1,
         "refused after only {n} heartbeats: {body}"
     );
     assert!(body.contains("heartbeats more often"), "{body}");

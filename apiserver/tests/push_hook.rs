@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use kat_apiserver::http::{self, ApiState, ClientAddr, NoInstanceAccess};
+use kat_apiserver::http::{self, ApiState, ClientAddr};
 use kat_apiserver::Service;
 use kat_leader::Clock;
+use kat_node::exec_logs::NoInstanceAccess;
 use kat_store::{MemStore, StateStore};
 use kat_testkit::git::{git, GitDaemon};
 use tower::ServiceExt;

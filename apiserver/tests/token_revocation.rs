@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use futures_util::StreamExt;
-use kat_apiserver::http::{self, ApiState, ClientAddr, NoInstanceAccess};
+use kat_apiserver::http::{self, ApiState, ClientAddr};
 use kat_apiserver::Service;
 use kat_leader::Clock;
+use kat_node::exec_logs::NoInstanceAccess;
 use kat_store::{MemStore, StateStore};
 use tower::ServiceExt;
 

@@ -19,7 +19,7 @@ use axum::Extension;
 use kat_api::keys;
 use kat_api::wire::LogLine;
 use kat_api::WorkloadKey;
-use kat_apiserver::http::LogQuery;
+use kat_node::exec_logs::LogQuery;
 use kat_store::{StateStore, WatchOptions};
 use serde::Deserialize;
 use tokio::sync::{mpsc, watch};

@@ -24,6 +24,7 @@ pub mod error;
 pub mod exec;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod gpus;
 pub mod id_slices;
 pub mod id_tool;
 pub mod idmap;

@@ -30,12 +30,12 @@ use kat_store::{EtcdServer, EtcdServerConfig, EtcdStore, EtcdTls, StateStore};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::control_plane::StoreLink;
 use crate::roles::assembly::{AdminToken, Assembled, Assembly};
 use crate::roles::NodeWork;
-use crate::supervisor::assignments::{Snapshot, Source};
-use crate::supervisor::builds::Builds;
-use crate::supervisor::Statuses;
+use kat_node::link::StoreLink;
+use kat_node::supervisor::assignments::{Snapshot, Source};
+use kat_node::supervisor::builds::Builds;
+use kat_node::supervisor::Statuses;
 
 /// What the local cluster keeps between agent restarts: `{data}/detached/state.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,7 +98,7 @@ pub struct LocalCluster {
 
 /// `{data}/detached`.
 pub fn dir(root: &Path) -> PathBuf {
-    crate::layout::Layout::new(root).detached()
+    kat_node::layout::Layout::new(root).detached()
 }
 
 pub fn state_file(root: &Path) -> PathBuf {

@@ -34,8 +34,8 @@ use kat_apiserver::http::ApiError;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 
-use crate::control_plane::{ControlPlane, LeaderLink};
-use crate::supervisor::assignments::{Snapshot, Source};
+use kat_node::link::{ControlPlane, LeaderLink};
+use kat_node::supervisor::assignments::{Snapshot, Source};
 use local_cluster::{LocalCluster, LocalWorkload, NodeParts};
 
 /// Between two `REJOIN_REQUEST`s.
@@ -56,7 +56,7 @@ pub struct Detacher {
     pub routers: watch::Sender<Router>,
     pub worker_router: Router,
     /// The local cluster's link, for the node network's DNS ([`uplink::Uplink`]).
-    pub local_link: watch::Sender<Option<Arc<crate::control_plane::StoreLink>>>,
+    pub local_link: watch::Sender<Option<Arc<kat_node::link::StoreLink>>>,
 }
 
 impl Detacher {
@@ -137,8 +137,8 @@ impl Detacher {
     async fn detach(&self, why: &str) -> Option<LocalCluster> {
         // The subnet the node network runs on (saved by it; the leader's word after a
         // restart may not have come yet): the local cluster must use the same.
-        let dir = crate::layout::Layout::new(&self.parts.root).network();
-        let saved = tokio::task::spawn_blocking(move || crate::network::saved_subnet(&dir))
+        let dir = kat_node::layout::Layout::new(&self.parts.root).network();
+        let saved = tokio::task::spawn_blocking(move || kat_node::network::saved_subnet(&dir))
             .await
             .ok()
             .flatten();
@@ -332,7 +332,7 @@ impl Detacher {
     /// Until none of `instances` runs here (at most the stop grace and some).
     async fn wait_stopped(&self, instances: &[InstanceId]) {
         let mut statuses = self.parts.statuses.clone();
-        let gone = |s: &crate::supervisor::Statuses| {
+        let gone = |s: &kat_node::supervisor::Statuses| {
             s.as_ref().is_none_or(|list| {
                 !list.iter().any(|i| {
                     instances.contains(&i.instance_id)
@@ -516,7 +516,7 @@ pub async fn merge_feeds(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::supervisor::assignments::Assignment;
+    use kat_node::supervisor::assignments::Assignment;
 
     fn snapshot(ids: &[&str]) -> Snapshot {
         ids.iter()

@@ -12,7 +12,7 @@ use anyhow::Result;
 use kat_api::wire::{DnsRecord, InstanceRecord, NodeHeartbeat, OverlayPeer, TemplateProblem};
 use tokio::sync::watch;
 
-use crate::control_plane::{Assignments, ControlPlane, LeaderLink, StoreLink};
+use kat_node::link::{Assignments, ControlPlane, LeaderLink, StoreLink};
 
 pub struct Uplink {
     pub parent: Arc<LeaderLink>,

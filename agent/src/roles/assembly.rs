@@ -22,10 +22,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::{NetworkStart, NodeWork};
-use crate::access::LocalAccess;
-use crate::control_plane::StoreLink;
-use crate::remote_access::ClusterAccess;
-use crate::supervisor::assignments::{Feed, Snapshot, Source};
+use kat_node::exec_logs::local::LocalAccess;
+use kat_node::exec_logs::relay::ClusterAccess;
+use kat_node::link::StoreLink;
+use kat_node::supervisor::assignments::{Feed, Snapshot, Source};
 
 /// What a control plane is assembled from.
 pub struct Assembly {

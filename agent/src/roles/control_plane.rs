@@ -21,9 +21,9 @@ use kat_store::{EtcdServer, StateStore};
 
 use super::assembly::{AdminToken, Assembled, Assembly};
 use super::NodeBase;
-use crate::etcd_member;
 use crate::node::{node_client, write_client_config, NodeOptions};
 use crate::rejoin_listener::RejoinListener;
+use kat_node::etcd_member;
 
 /// Start the role; the etcd member it returns is stopped when the node stops.
 pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<EtcdServer> {

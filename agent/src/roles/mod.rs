@@ -4,7 +4,7 @@
 //!
 //! - [`worker`]: the feed and heartbeat through the leader's API, a small API of its own
 //!   for logs and exec, and, with `--parent-cluster-name`, detached mode;
-//! - [`control_plane`]: the etcd member ([`crate::etcd_member`]) and, over it, the
+//! - [`control_plane`]: the etcd member ([`kat_node::etcd_member`]) and, over it, the
 //!   [`assembly`] shared with a detached node's local cluster, served as the full API.
 
 pub mod assembly;
@@ -24,14 +24,14 @@ use kat_runtime::{ContainerRuntime, NativeConfig, NativeRuntime};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::control_plane::ControlPlane;
-use crate::kept_logs::{KeepingRuntime, KeptLogs};
-use crate::layout::{Layout, NodeIdentity};
-use crate::network::ContainerNetwork;
 use crate::node::{read_cluster, read_identity, NodeOptions};
-use crate::supervisor::assignments::{self, Source};
-use crate::supervisor::builds::Builds;
-use crate::supervisor::{Statuses, Supervisor, SupervisorConfig};
+use kat_node::kept_logs::{KeepingRuntime, KeptLogs};
+use kat_node::layout::{Layout, NodeIdentity};
+use kat_node::link::ControlPlane;
+use kat_node::network::ContainerNetwork;
+use kat_node::supervisor::assignments::{self, Source};
+use kat_node::supervisor::builds::Builds;
+use kat_node::supervisor::{Statuses, Supervisor, SupervisorConfig};
 
 /// What every node has once it is up, whatever its role: its files, its runtime and the
 /// supervisor with the feed that drives it.
@@ -83,13 +83,13 @@ impl NodeWork {
         link: Arc<dyn ControlPlane>,
         detachment: Option<kat_api::wire::Detachment>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        crate::heartbeat::run(crate::heartbeat::Heartbeat {
+        kat_node::heartbeat::run(kat_node::heartbeat::Heartbeat {
             link,
             node: self.node.clone(),
             tick: self.tick,
             statuses: self.statuses.clone(),
             builds: self.builds.reports(),
-            meter: crate::usage::UsageMeter::new(self.runtime.clone(), self.root.clone()),
+            meter: kat_node::usage::UsageMeter::new(self.runtime.clone(), self.root.clone()),
             detached: detachment,
             overlay: self.overlay.clone(),
             last: self.last_heartbeat.clone(),
@@ -133,7 +133,7 @@ impl NodeBase {
         native.image_limits = options.image_limits;
         let network = Arc::new(ContainerNetwork::default());
         native.network = Some(network.clone());
-        // Logs of finished instances outlive their containers (`crate::kept_logs`).
+        // Logs of finished instances outlive their containers (`kat_node::kept_logs`).
         let kept = KeptLogs::new(
             layout.finished_logs(),
             Duration::from_secs(u64::from(cluster.spec.finished_run_max_age_hours) * 3600),
@@ -156,7 +156,7 @@ impl NodeBase {
         let (control_tx, control_rx) = watch::channel(None);
         // It starts at once: a node whose control plane is down still brings its workloads
         // back, with their addresses, from its local copy.
-        tasks.spawn(crate::network::run(
+        tasks.spawn(kat_node::network::run(
             network_config(
                 &layout,
                 &node,
@@ -174,7 +174,7 @@ impl NodeBase {
         let builds = Builds::new(layout.build_logs());
         // GPUs are read once, at start: the CDI specifications and what the kernel says of
         // each device (a GPU added later needs an agent restart).
-        let gpus = crate::gpus::Gpus::discover();
+        let gpus = kat_runtime::gpus::Gpus::discover();
         tasks.spawn(
             Supervisor::new(
                 SupervisorConfig {
@@ -283,7 +283,7 @@ fn network_config(
     rootless: bool,
     systemd_scope: bool,
     dns_upstreams: Vec<SocketAddr>,
-) -> Result<crate::network::NetworkConfig> {
+) -> Result<kat_node::network::NetworkConfig> {
     let cluster_cidr = cluster.spec.cluster_cidr.parse().with_context(|| {
         format!(
             "{}: clusterCIDR {:?} is not an IPv4 network",
@@ -297,7 +297,7 @@ fn network_config(
     } else {
         None
     };
-    Ok(crate::network::NetworkConfig {
+    Ok(kat_node::network::NetworkConfig {
         node: node.to_string(),
         dir: layout.network(),
         helper: std::env::current_exe().context("finding this program (the network helper)")?,

@@ -10,11 +10,11 @@ use kat_apiserver::http::{self, WorkerApi};
 use tokio::sync::watch;
 
 use super::NodeBase;
-use crate::access::LocalAccess;
-use crate::control_plane::LeaderLink;
 use crate::detached::local_cluster::{self, NodeParts};
 use crate::node::{control_plane_client, node_client, NodeOptions};
-use crate::supervisor::assignments::Feed;
+use kat_node::exec_logs::local::LocalAccess;
+use kat_node::link::LeaderLink;
+use kat_node::supervisor::assignments::Feed;
 
 pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     let node = base.node().clone();
@@ -130,7 +130,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
                 pki: Arc::new(base.pki.clone()),
                 advertise: base.identity.advertise_address.clone(),
                 node_type: options.node_type.clone(),
-                etcd_binary: crate::etcd_member::binary(options.etcd_binary.clone()),
+                etcd_binary: kat_node::etcd_member::binary(options.etcd_binary.clone()),
                 runtime: work.runtime,
                 builds: work.builds,
                 statuses: work.statuses,

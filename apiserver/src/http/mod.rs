@@ -12,7 +12,7 @@
 //! deadline the server sets ([`deadline`]); one that misses it is a 408.
 //!
 //! The router is transport-free: `kat-agent` serves it over rustls. Logs and exec need the
-//! node that runs an instance; they go through [`InstanceAccess`], which the agent implements.
+//! node that runs an instance; they go through [`kat_node::exec_logs::InstanceAccess`].
 
 pub mod deadline;
 mod error;
@@ -47,10 +47,7 @@ use subtle::ConstantTimeEq;
 
 pub use crate::rate_limit::{Client, RateLimiter};
 pub use error::ApiError;
-pub use streams::{
-    AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery, NoInstanceAccess,
-    StreamSource, EXEC_PROTOCOL,
-};
+pub use streams::{StreamSource, EXEC_PROTOCOL};
 pub use tokens::scope_allows;
 pub use worker::{worker_router, TokenAnswers, TokenCheck, WorkerApi};
 
@@ -98,7 +95,7 @@ pub struct ApiState {
     pub service: Service,
     /// SHA-256 of the admin token.
     pub token_sha256: [u8; 32],
-    pub access: Arc<dyn InstanceAccess>,
+    pub access: Arc<dyn kat_node::exec_logs::InstanceAccess>,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
 }

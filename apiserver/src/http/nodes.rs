@@ -17,7 +17,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::{json_body, ndjson_body, ApiError, ApiState};
-use crate::service::CHANGE_WAIT_MAX;
+use kat_api::node_limits::CHANGE_WAIT_MAX;
 
 const MAX_BODY: u64 = 1 << 20;
 /// A heartbeat with hundreds of instances is tens of KiB.

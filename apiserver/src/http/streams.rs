@@ -14,56 +14,18 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 use kat_api::exec_stream::{Decoder, Frame};
-use kat_api::wire::{ErrorCode, ExecRequest, InstanceRecord, LogLine};
+use kat_api::wire::{ErrorCode, ExecRequest, InstanceRecord};
 use kat_api::WorkloadKey;
+use kat_node::exec_logs::{
+    AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery,
+};
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
 
 use super::{ApiError, ApiState};
 
 /// The protocol name in the `Upgrade` header of an exec request.
 pub const EXEC_PROTOCOL: &str = kat_api::exec_stream::PROTOCOL;
-
-#[derive(Debug, Clone, Default)]
-pub struct LogQuery {
-    pub follow: bool,
-    pub since: Option<SystemTime>,
-    pub tail: Option<usize>,
-    /// The instance's previous container: the run before its last restart.
-    pub previous: bool,
-    /// The output of the newest build of the instance's workload on its node instead.
-    pub build: bool,
-}
-
-#[derive(Debug)]
-pub enum ExecInput {
-    Stdin(Vec<u8>),
-    CloseStdin,
-    Resize { rows: u16, cols: u16 },
-}
-
-#[derive(Debug)]
-pub enum ExecOutput {
-    Stdout(Vec<u8>),
-    Stderr(Vec<u8>),
-    Exit(i32),
-}
-
-pub struct ExecSession {
-    pub input: mpsc::Sender<ExecInput>,
-    pub output: mpsc::Receiver<ExecOutput>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum AccessError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Unavailable(String),
-    #[error("{0}")]
-    Failed(String),
-}
 
 impl From<AccessError> for ApiError {
     fn from(e: AccessError) -> Self {
@@ -73,56 +35,6 @@ impl From<AccessError> for ApiError {
             AccessError::Failed(_) => ErrorCode::BadRequest,
         };
         ApiError::new(code, e.to_string())
-    }
-}
-
-/// Streams from the node that runs an instance.
-#[async_trait::async_trait]
-pub trait InstanceAccess: Send + Sync {
-    async fn logs(
-        &self,
-        record: &InstanceRecord,
-        query: LogQuery,
-    ) -> Result<mpsc::Receiver<LogLine>, AccessError>;
-
-    async fn exec(
-        &self,
-        record: &InstanceRecord,
-        request: ExecRequest,
-    ) -> Result<ExecSession, AccessError>;
-
-    /// A finished instance whose log this node kept after its container was removed, as a
-    /// record to stream from (a worker's API finds no assignment for it). `None`: not kept.
-    async fn kept(&self, _key: &WorkloadKey, _id: &str) -> Option<InstanceRecord> {
-        None
-    }
-}
-
-/// For a leader without a local agent: every stream is unavailable.
-pub struct NoInstanceAccess;
-
-#[async_trait::async_trait]
-impl InstanceAccess for NoInstanceAccess {
-    async fn logs(
-        &self,
-        record: &InstanceRecord,
-        _: LogQuery,
-    ) -> Result<mpsc::Receiver<LogLine>, AccessError> {
-        Err(AccessError::Unavailable(format!(
-            "no route to node {} for logs",
-            record.node
-        )))
-    }
-
-    async fn exec(
-        &self,
-        record: &InstanceRecord,
-        _: ExecRequest,
-    ) -> Result<ExecSession, AccessError> {
-        Err(AccessError::Unavailable(format!(
-            "no route to node {} for exec",
-            record.node
-        )))
     }
 }
 
@@ -279,7 +191,7 @@ pub async fn exec<S: StreamSource>(
 /// then gets an Error frame, its connection is closed and the process killed.
 async fn bridge<S>(
     stream: S,
-    access: Arc<dyn super::InstanceAccess>,
+    access: Arc<dyn InstanceAccess>,
     record: InstanceRecord,
     revoked: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()>

@@ -29,7 +29,9 @@ use kat_api::WorkloadKey;
 use kat_pki::NodeRole;
 use tokio::sync::watch;
 
-use super::streams::{self, InstanceAccess, StreamSource};
+use kat_node::exec_logs::InstanceAccess;
+
+use super::streams::{self, StreamSource};
 use super::{
     bearer, client_node, rate_limit_key, rate_limited, unauthorized, ApiError, ClientAddr,
     ClientSerial, RateLimiter,

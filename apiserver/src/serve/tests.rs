@@ -428,7 +428,7 @@ async fn api(limits: ServeLimits) -> Api {
     let state = Arc::new(http::ApiState {
         service,
         token_sha256: http::token_sha256(TOKEN),
-        access: Arc::new(http::NoInstanceAccess),
+        access: Arc::new(kat_node::exec_logs::NoInstanceAccess),
         metrics: Default::default(),
         limiter: http::RateLimiter::new(5, 0.001, Duration::from_secs(300)),
     });

@@ -37,9 +37,7 @@ use kat_store::{StateStore, StoreError};
 
 pub use backups::BackupTarget;
 pub use join::{Admission, JoinTokenOptions, MAX_TOKEN_ADDRESSES};
-pub use node_records::{
-    NodeLimits, CHANGE_WAIT_MAX, HEARTBEAT_BURST, MAX_PROBLEMS, MIN_HEARTBEAT_INTERVAL,
-};
+pub use node_records::NodeLimits;
 pub use nodes::node_object;
 pub use workloads::MAX_PINNED_PER_NODE;
 

@@ -25,24 +25,14 @@ use crate::rate_limit::{Client, RateLimiter};
 
 use kat_api::wire::ErrorCode;
 
+use kat_api::node_limits::{
+    HEARTBEAT_BURST, MAX_HEARTBEAT_INSTANCES, MAX_PROBLEMS, MIN_HEARTBEAT_INTERVAL,
+};
+
 use super::{Error, Result, Service};
 
-/// At most this many template problems in one report, each reason at most this long (the
-/// events of one report go in one transaction, which etcd caps at 128 operations).
-pub const MAX_PROBLEMS: usize = 50;
+/// At most this long, each reason of a template problem.
 const MAX_REASON: usize = 1024;
-/// At most this many instance states in one heartbeat.
-pub const MAX_HEARTBEAT_INSTANCES: usize = 2048;
-/// A node's heartbeats: a burst of [`HEARTBEAT_BURST`] (the states of a Service's replicas
-/// as they start, one after another), then one per [`MIN_HEARTBEAT_INTERVAL`] on average: a
-/// worker cannot fill etcd with them.
-pub const HEARTBEAT_BURST: u32 = 5;
-/// See [`HEARTBEAT_BURST`].
-pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The longest a node's read of the DNS records or the overlay's peers waits for a change
-/// (`?after=REVISION`): with no change, a worker reads them again this often.
-pub const CHANGE_WAIT_MAX: Duration = Duration::from_secs(30);
 /// After a change a read waited for, a moment for the rest of its burst (a rollout makes
 /// several instances ready in one leader round): one answer for it, not one per record.
 const CHANGE_SETTLE: Duration = Duration::from_millis(20);

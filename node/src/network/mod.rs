@@ -21,7 +21,7 @@ use kat_runtime::idmap::IdMap;
 use kat_runtime::network::{JoinedNamespaces, NetworkNamespaces};
 use tokio::sync::watch;
 
-use crate::control_plane::ControlPlane;
+use crate::link::ControlPlane;
 
 pub use kat_netns::host_ports::PublishedPort;
 
@@ -222,7 +222,7 @@ pub(crate) async fn connected(
 /// control plane answers.
 const SUBNET_FILE: &str = "subnet";
 
-pub(crate) fn saved_subnet(dir: &std::path::Path) -> Option<Ipv4Net> {
+pub fn saved_subnet(dir: &std::path::Path) -> Option<Ipv4Net> {
     std::fs::read_to_string(dir.join(SUBNET_FILE))
         .ok()?
         .trim()

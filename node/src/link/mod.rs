@@ -34,7 +34,7 @@ pub trait ControlPlane: Send + Sync {
     async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()>;
 
     /// Whether heartbeats go through the leader's API and its per-node limit
-    /// (`kat_apiserver::service::HEARTBEAT_BURST`); a control-plane node writes its own.
+    /// (`kat_api::node_limits::HEARTBEAT_BURST`); a control-plane node writes its own.
     fn heartbeats_rate_limited(&self) -> bool {
         true
     }

@@ -178,7 +178,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::StoreLink;
-    use crate::control_plane::ControlPlane;
+    use crate::link::ControlPlane;
 
     const AT_MOST: Duration = Duration::from_secs(30);
 

@@ -242,7 +242,7 @@ pub struct Edits {
     pub env: BTreeMap<String, String>,
     /// Host paths under the root, but a `startContainer` hook's: that one runs in the
     /// container.
-    pub hooks: Vec<kat_runtime::Hook>,
+    pub hooks: Vec<crate::Hook>,
 }
 
 /// The edits of `names` (qualified), host paths taken under `root` (`/` but in tests).
@@ -290,7 +290,7 @@ fn add(out: &mut Edits, e: &ContainerEdits, root: &Path) -> Result<(), String> {
             .push((under(root, &m.host_path)?, absolute(&m.container_path)?, ro));
     }
     for h in &e.hooks {
-        use kat_runtime::HookStage as S;
+        use crate::HookStage as S;
         let stage = match h.hook_name.as_str() {
             "prestart" => S::Prestart,
             "createRuntime" => S::CreateRuntime,
@@ -315,7 +315,7 @@ fn add(out: &mut Edits, e: &ContainerEdits, root: &Path) -> Result<(), String> {
                 ))
             }
         };
-        out.hooks.push(kat_runtime::Hook {
+        out.hooks.push(crate::Hook {
             stage,
             path,
             args: h.args.clone(),
@@ -387,8 +387,8 @@ mod tests {
         );
         assert_eq!(
             e.hooks,
-            vec![kat_runtime::Hook {
-                stage: kat_runtime::HookStage::CreateContainer,
+            vec![crate::Hook {
+                stage: crate::HookStage::CreateContainer,
                 path: "/fake/usr/bin/true".into(),
                 args: vec![],
                 env: vec![],

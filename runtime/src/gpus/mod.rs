@@ -90,7 +90,7 @@ impl Gpus {
         for hook in edits
             .hooks
             .iter_mut()
-            .filter(|h| h.stage != kat_runtime::HookStage::StartContainer)
+            .filter(|h| h.stage != crate::HookStage::StartContainer)
         {
             let not_run = |why: String| format!("CDI hook {}: {why}; not run", hook.path.display());
             // Every directory above it too: no one else may put another program in its place

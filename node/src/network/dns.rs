@@ -13,7 +13,7 @@ use kat_netns::NodeNetwork;
 use socket2::{Domain, Type};
 use tokio::sync::watch;
 
-use crate::control_plane::ControlPlane;
+use crate::link::ControlPlane;
 
 /// How long the forwarder waits for one upstream resolver.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);

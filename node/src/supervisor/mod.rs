@@ -91,7 +91,7 @@ pub struct SupervisorConfig {
     /// Builds of `source.git` images (shared with heartbeats and `logs --build`).
     pub builds: builds::Builds,
     /// The node's GPUs and their CDI specifications.
-    pub gpus: crate::gpus::Gpus,
+    pub gpus: kat_runtime::gpus::Gpus,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -118,7 +118,7 @@ pub fn create_options(
 
 /// Put the GPUs' CDI edits in the container: their device nodes, their mounts (read-only
 /// when the spec says `ro`), their environment (over the workload's own), their hooks.
-pub fn apply_gpu_edits(options: &mut CreateOptions, edits: crate::gpus::cdi::Edits) {
+pub fn apply_gpu_edits(options: &mut CreateOptions, edits: kat_runtime::gpus::cdi::Edits) {
     options.env.extend(edits.env);
     options.hooks.extend(edits.hooks);
     options.devices.extend(

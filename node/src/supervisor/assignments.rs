@@ -25,7 +25,7 @@ use kat_api::Template;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::control_plane::ControlPlane;
+use crate::link::ControlPlane;
 
 /// One assigned instance and the template it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,7 +247,7 @@ impl Feed {
             });
         }
         // In reports the leader takes in one transaction each.
-        for chunk in problems.chunks(kat_apiserver::service::MAX_PROBLEMS) {
+        for chunk in problems.chunks(kat_api::node_limits::MAX_PROBLEMS) {
             let ids: Vec<InstanceId> = chunk.iter().map(|p| p.instance_id.clone()).collect();
             match self.link.template_problems(chunk.to_vec()).await {
                 Ok(()) => self.reported_missing.extend(ids),
@@ -322,7 +322,7 @@ mod tests {
     async fn first_snapshot(store: Arc<dyn StateStore>, node: &str) -> Snapshot {
         let dir = tempfile::tempdir().unwrap();
         let (tx, mut rx) = watch::channel(None);
-        let link = Arc::new(crate::control_plane::StoreLink::new(store, node, 51820));
+        let link = Arc::new(crate::link::StoreLink::new(store, node, 51820));
         let feed = tokio::spawn(Feed::new(link, dir.path()).run(tx));
         let snapshot = loop {
             rx.changed().await.expect("the feed publishes");

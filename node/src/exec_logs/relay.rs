@@ -1,23 +1,21 @@
 //! Logs and exec of instances on *other* nodes: this node's API proxies to the API of the
 //! node that runs the instance, over mutual TLS (this node's certificate, the cluster CA as
 //! the only trusted root). The other node accepts a node certificate for exactly these two
-//! routes (`kat_apiserver::http`'s node rules) and answers from its own runtime, so TTY,
+//! routes (the route table's `Access::OwnNode`) and answers from its own runtime, so TTY,
 //! resize, stdin, exit codes and `logs -f` behave as on one node.
 
 use kat_client::paths::{self, Stream};
 use std::sync::Arc;
 
+use super::{AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery};
 use kat_api::exec_stream::{Decoder, Frame};
 use kat_api::keys;
 use kat_api::wire::{ExecRequest, InstanceRecord, LogLine, NodeRegistration};
-use kat_apiserver::http::{
-    AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery,
-};
 use kat_store::StateStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::access::LocalAccess;
+use super::LocalAccess;
 
 pub struct ClusterAccess {
     pub local: LocalAccess,
@@ -145,7 +143,7 @@ impl InstanceAccess for ClusterAccess {
             .client
             .post(url)
             .header("connection", "upgrade")
-            .header("upgrade", kat_apiserver::http::EXEC_PROTOCOL)
+            .header("upgrade", kat_api::exec_stream::PROTOCOL)
             .send()
             .await
             .map_err(|e| unreachable(&record.node, e))?;

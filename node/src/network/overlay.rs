@@ -10,7 +10,7 @@ use kat_netns::overlay::Peer;
 use kat_netns::NodeNetwork;
 use tokio::sync::watch;
 
-use crate::control_plane::ControlPlane;
+use crate::link::ControlPlane;
 
 /// How often the peer list is read after a failed step, or where the link cannot wait for a
 /// change (a detached node's; a leader of a version without long polls): a joining node is

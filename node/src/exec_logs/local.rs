@@ -4,11 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::{AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery};
 use kat_api::wire::{ExecRequest, InstanceRecord, LogLine};
 use kat_api::WorkloadKey;
-use kat_apiserver::http::{
-    AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery,
-};
 use kat_runtime::async_pipe::AsyncPipe;
 use kat_runtime::{ContainerRuntime, ExecOptions, LogOptions, LogStream};
 use tokio::sync::mpsc;
@@ -21,7 +19,7 @@ pub struct LocalAccess {
     pub node: kat_api::wire::NodeName,
     pub runtime: Arc<dyn ContainerRuntime>,
     pub builds: Builds,
-    /// Logs of finished instances kept after their containers went (`crate::kept_logs`).
+    /// Logs of finished instances kept after their containers went ([`crate::kept_logs`]).
     pub kept: Option<KeptLogs>,
 }
 

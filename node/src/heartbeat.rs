@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kat_apiserver::service::{HEARTBEAT_BURST, MIN_HEARTBEAT_INTERVAL};
+use kat_api::node_limits::{HEARTBEAT_BURST, MIN_HEARTBEAT_INTERVAL};
 
 /// How long a burst of status changes may take to settle into one heartbeat.
 const SETTLE: Duration = Duration::from_millis(5);
@@ -16,7 +16,7 @@ use kat_api::wire::{
 };
 use tokio::sync::watch;
 
-use crate::control_plane::ControlPlane;
+use crate::link::ControlPlane;
 use crate::network::ContainerNetwork;
 use crate::supervisor::Statuses;
 use crate::usage::UsageMeter;
