@@ -8,19 +8,18 @@
 //! - [`malloc`]: fewer malloc arenas, free pages trimmed when idle;
 //! - [`setup`]: root's one-time host preparation, and its undoing;
 //! - [`restore`]: disaster recovery: a backup restored on one node, the others rejoining;
-//! - [`detached`], [`rejoin_listener`]: a worker that lost its leader runs a one-node
-//!   cluster of its own, and rejoins when the parent's leader answers.
+//! - [`local_cluster`]: the one-node cluster a detached worker runs (its etcd and API), for
+//!   `kat_node::detached`.
 //!
 //! The node's own work (supervisor, heartbeats, exec and logs, kept logs, usage, network,
 //! etcd member, data layout) is `kat_node`'s.
 
 mod advertise;
-mod detached;
 mod join;
 mod leader_tokens;
+mod local_cluster;
 mod malloc;
 mod node;
-mod rejoin_listener;
 mod restore;
 mod roles;
 mod sd_notify;

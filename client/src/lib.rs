@@ -3,14 +3,16 @@
 //!
 //! [`paths`] builds every API path; [`Client`] sends requests to one endpoint with an
 //! optional bearer token and turns refusals into a [`ClientError`] that keeps the API's
-//! status, error code and message; [`admin`] holds the typed calls an administrator makes;
-//! [`https`] builds every HTTPS client of the API, with its trust rules.
+//! status, error code and message; [`admin`] holds the typed calls an administrator makes,
+//! [`node::NodeClient`] those a node makes with its certificate; [`https`] builds every
+//! HTTPS client of the API, with its trust rules.
 
 #![warn(missing_docs)]
 
 /// The typed calls an administrator makes.
 pub mod admin;
 pub mod https;
+pub mod node;
 /// Every API path, filled from `kat_api::routes`.
 pub mod paths;
 

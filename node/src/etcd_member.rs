@@ -18,7 +18,9 @@ use crate::layout::{Layout, NodeIdentity};
 
 /// A running member and how to reach it.
 pub struct Member {
+    /// The supervised etcd process.
     pub server: EtcdServer,
+    /// A client of this member only (its one endpoint), over mutual TLS.
     pub store: EtcdStore,
     /// The CA, on a node that holds its key (it signs joins and the revocation list).
     pub authority: Option<Arc<Authority>>,
@@ -27,6 +29,7 @@ pub struct Member {
 /// One entry of etcd's `--initial-cluster` list: `name=https://IP:PEER_PORT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitialMember {
+    /// The member's name (its node's name).
     pub name: String,
     /// `https://IP` (the peer URL without its port).
     pub host: String,

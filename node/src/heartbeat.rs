@@ -57,12 +57,19 @@ pub fn allocatable(capacity: ResourceList) -> ResourceList {
 
 /// What a node's heartbeat is made of, and where it goes.
 pub struct Heartbeat {
+    /// Where heartbeats go: the store on a control-plane node, the leader's API on a worker.
     pub link: Arc<dyn ControlPlane>,
+    /// The node's name.
     pub node: kat_api::wire::NodeName,
+    /// Interval between two heartbeats while nothing changes (`agentTickSeconds`).
     pub tick: Duration,
+    /// Every instance's status, from the supervisor; heartbeats stop when it ends.
     pub statuses: watch::Receiver<Statuses>,
+    /// The node's builds, reported in every heartbeat.
     pub builds: watch::Receiver<Vec<BuildReport>>,
+    /// Measures what the node and each running instance use.
     pub meter: UsageMeter,
+    /// Set while the node runs detached from its parent cluster.
     pub detached: Option<Detachment>,
     /// The container network, for the overlay's peers.
     pub overlay: Option<Arc<ContainerNetwork>>,

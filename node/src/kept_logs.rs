@@ -38,14 +38,19 @@ pub const MAX_KEPT_BYTES: usize = 4 << 20;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KeptMeta {
+    /// The instance whose log it is.
     #[serde(rename = "instanceID")]
     pub instance_id: kat_api::wire::InstanceId,
+    /// The instance's namespace.
     pub namespace: String,
+    /// The instance's workload.
     pub workload: String,
     /// The container it came from, and that container's attempt (restarts before it).
     pub container: String,
+    /// The container's attempt: how many restarts came before it (0 for the first run).
     #[serde(default)]
     pub attempt: u32,
+    /// The container's exit code, if it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// When it was kept.
@@ -60,6 +65,7 @@ pub struct KeptLogs {
 }
 
 impl KeptLogs {
+    /// Logs kept in `dir`, each for at most `max_age`.
     pub fn new(dir: PathBuf, max_age: Duration) -> KeptLogs {
         KeptLogs { dir, max_age }
     }
@@ -209,7 +215,9 @@ fn newest_of_instance(c: &ContainerStatus, all: &[ContainerStatus]) -> bool {
 
 /// The node's runtime, keeping an instance's log when its newest container is removed.
 pub struct KeepingRuntime {
+    /// The runtime wrapped.
     pub inner: Arc<dyn ContainerRuntime>,
+    /// Where the logs are kept.
     pub kept: KeptLogs,
 }
 

@@ -19,8 +19,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// The paths of a node's data directory.
 #[derive(Debug, Clone)]
 pub struct Layout {
+    /// The data directory.
     pub root: PathBuf,
 }
 
@@ -28,9 +30,13 @@ pub struct Layout {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeIdentity {
+    /// The node's name.
     pub node_name: kat_api::wire::NodeName,
+    /// The name of the cluster it belongs to.
     pub cluster_name: String,
+    /// The IP address other nodes and clients reach it at.
     pub advertise_address: String,
+    /// When the node was initialized (`init` or `join`).
     pub initialized_at: kat_api::wire::Timestamp,
     /// A node that joined as an etcd peer: the member list it was given (etcd's
     /// `--initial-cluster`, read only while its etcd data directory is empty).
@@ -39,23 +45,30 @@ pub struct NodeIdentity {
 }
 
 impl Layout {
+    /// The layout of the data directory `root`.
     pub fn new(root: &Path) -> Self {
         Layout {
             root: root.to_path_buf(),
         }
     }
+    /// The node's identity ([`NodeIdentity`]); its presence means the node is initialized.
     pub fn identity(&self) -> PathBuf {
         self.root.join("node.json")
     }
+    /// The cluster configuration (`cluster.kat`).
     pub fn cluster_config(&self) -> PathBuf {
         self.root.join("cluster.kat")
     }
+    /// The certificates and keys: CA, node, admin token, revocation list.
     pub fn pki(&self) -> PathBuf {
         self.root.join("pki")
     }
+    /// The runtime's directory: images, containers, logs.
     pub fn runtime(&self) -> PathBuf {
         self.root.join("runtime")
     }
+    /// The agent's state: the local copy of the assignments, a worker's API endpoints, the
+    /// logs of finished instances and of builds.
     pub fn agent(&self) -> PathBuf {
         self.root.join("agent")
     }
@@ -90,6 +103,10 @@ impl Layout {
     /// A detached node's local cluster.
     pub fn detached(&self) -> PathBuf {
         self.root.join("detached")
+    }
+    /// Bundles of workloads created while detached that the parent refused on rejoining.
+    pub fn rejoin_refused(&self) -> PathBuf {
+        self.agent().join("rejoin-refused")
     }
     /// Make the data directory of a new node. Searchable, not listable: the root of each
     /// container (a host id of its workload's slice) walks through to its overlay and log

@@ -11,6 +11,8 @@
 //!   [`kept_logs`]: output kept after a container is gone;
 //! - [`network`]: the node's container network (kat-netns) driven from the control plane's
 //!   subnet, DNS records and overlay peers;
+//! - [`detached`]: a worker that lost its leader runs a one-node cluster of its own and
+//!   rejoins when the parent's leader answers (and a leader's side of that);
 //! - [`etcd_member`]: a control-plane node's etcd member, joined and supervised;
 //! - [`layout`]: the node's files under its data directory.
 //!
@@ -19,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+pub mod detached;
 pub mod etcd_member;
 pub mod exec_logs;
 pub mod heartbeat;

@@ -60,6 +60,7 @@ fn rate(micros: u64, elapsed: Duration) -> u64 {
     (u128::from(micros) * 1000 / wall) as u64
 }
 
+/// Measures what this node and its instances use, keeping the CPU counters between readings.
 pub struct UsageMeter {
     runtime: Arc<dyn ContainerRuntime>,
     data_dir: PathBuf,
@@ -68,6 +69,7 @@ pub struct UsageMeter {
 }
 
 impl UsageMeter {
+    /// A meter of `runtime`'s containers and of the file system that holds `data_dir`.
     pub fn new(runtime: Arc<dyn ContainerRuntime>, data_dir: PathBuf) -> Self {
         UsageMeter {
             runtime,

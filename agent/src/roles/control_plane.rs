@@ -22,7 +22,7 @@ use kat_store::{EtcdServer, StateStore};
 use super::assembly::{AdminToken, Assembled, Assembly};
 use super::NodeBase;
 use crate::node::{node_client, write_client_config, NodeOptions};
-use crate::rejoin_listener::RejoinListener;
+use kat_node::detached::listener::RejoinListener;
 use kat_node::etcd_member;
 
 /// Start the role; the etcd member it returns is stopped when the node stops.

@@ -10,8 +10,11 @@ use kat_apiserver::http::{self, WorkerApi};
 use tokio::sync::watch;
 
 use super::NodeBase;
-use crate::detached::local_cluster::{self, NodeParts};
+use crate::local_cluster::{self, DetachedClusters, NodeParts, NodeSwitches};
 use crate::node::{control_plane_client, node_client, NodeOptions};
+use kat_client::node::NodeClient;
+use kat_node::detached::multicast::Multicast;
+use kat_node::detached::parent::LeaderParent;
 use kat_node::exec_logs::local::LocalAccess;
 use kat_node::link::LeaderLink;
 use kat_node::supervisor::assignments::Feed;
@@ -19,8 +22,7 @@ use kat_node::supervisor::assignments::Feed;
 pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<()> {
     let node = base.node().clone();
     let link = Arc::new(LeaderLink::new(
-        &node,
-        control_plane_client(&base.pki)?,
+        NodeClient::new(control_plane_client(&base.pki)?, &node),
         base.layout.api_endpoints(),
     )?);
     let leader = link.leader();
@@ -29,7 +31,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
     let (local_link, local_link_rx) = watch::channel(None);
     if let Some(n) = base.network.take() {
         match options.parent_cluster {
-            Some(_) => n.connect(Arc::new(crate::detached::uplink::Uplink::new(
+            Some(_) => n.connect(Arc::new(kat_node::detached::uplink::Uplink::new(
                 link.clone(),
                 local_link_rx,
             ))),
@@ -43,7 +45,7 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
         Some(_) => {
             let (parent_tx, parent_rx) = watch::channel(base.feed_tx.borrow().clone());
             let (local_tx, local_rx) = watch::channel(None);
-            base.tasks.spawn(crate::detached::merge_feeds(
+            base.tasks.spawn(kat_node::detached::merge_feeds(
                 parent_rx,
                 local_rx,
                 base.feed_tx.clone(),
@@ -122,29 +124,48 @@ pub(crate) async fn start(base: &mut NodeBase, options: &NodeOptions) -> Result<
     };
     let work = base.work.clone();
     base.tasks.spawn(
-        crate::detached::Detacher {
-            parts: NodeParts {
-                node: node.clone(),
-                root: base.layout.root.clone(),
-                cluster: base.cluster.clone(),
-                pki: Arc::new(base.pki.clone()),
-                advertise: base.identity.advertise_address.clone(),
-                node_type: options.node_type.clone(),
-                etcd_binary: kat_node::etcd_member::binary(options.etcd_binary.clone()),
-                runtime: work.runtime,
-                builds: work.builds,
-                statuses: work.statuses,
-                tick: work.tick,
-                client: node_client(&base.pki)?,
-                parent_client: control_plane_client(&base.pki)?,
-                outbound: options.outbound(),
-            },
+        kat_node::detached::Detacher {
+            node: node.to_string(),
             parent_cluster: parent.clone(),
-            link,
-            local_feed,
-            routers,
-            worker_router,
-            local_link,
+            node_loss: std::time::Duration::from_secs(u64::from(
+                base.cluster.spec.node_loss_timeout_seconds,
+            )),
+            pki: Arc::new(base.pki.clone()),
+            parent: Arc::new(LeaderParent {
+                link,
+                // Towards an offered leader: a control-plane certificate only, so a node
+                // that offers itself as the leader with a worker's key gets no workload.
+                rejoin: NodeClient::new(control_plane_client(&base.pki)?, &node),
+            }),
+            transport: Arc::new(Multicast {
+                port: base.cluster.spec.rejoin_port as u16,
+            }),
+            statuses: work.statuses.clone(),
+            layout: base.layout.clone(),
+            local: DetachedClusters {
+                parts: NodeParts {
+                    node: node.clone(),
+                    root: base.layout.root.clone(),
+                    cluster: base.cluster.clone(),
+                    pki: Arc::new(base.pki.clone()),
+                    advertise: base.identity.advertise_address.clone(),
+                    node_type: options.node_type.clone(),
+                    etcd_binary: kat_node::etcd_member::binary(options.etcd_binary.clone()),
+                    runtime: work.runtime,
+                    builds: work.builds,
+                    statuses: work.statuses,
+                    tick: work.tick,
+                    client: node_client(&base.pki)?,
+                    outbound: options.outbound(),
+                },
+                parent_cluster: parent.clone(),
+                switches: Arc::new(NodeSwitches {
+                    local_feed,
+                    routers,
+                    worker_router,
+                    local_link,
+                }),
+            },
         }
         .run(),
     );

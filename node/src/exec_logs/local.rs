@@ -15,9 +15,13 @@ use crate::kept_logs::KeptLogs;
 use crate::supervisor::builds::{BuildLog, Builds};
 use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
 
+/// Logs and exec of the instances this node runs, answered from its runtime.
 pub struct LocalAccess {
+    /// This node's name: an instance of another node is refused.
     pub node: kat_api::wire::NodeName,
+    /// The runtime the instances' containers run in.
     pub runtime: Arc<dyn ContainerRuntime>,
+    /// This node's builds, whose output a [`LogQuery`] with `build` reads.
     pub builds: Builds,
     /// Logs of finished instances kept after their containers went ([`crate::kept_logs`]).
     pub kept: Option<KeptLogs>,

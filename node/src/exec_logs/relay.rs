@@ -17,9 +17,14 @@ use tokio::sync::mpsc;
 
 use super::LocalAccess;
 
+/// Logs and exec of any instance of the cluster: answered here for this node's, relayed to
+/// the API of the node that runs the others.
 pub struct ClusterAccess {
+    /// Answers for the instances this node runs.
     pub local: LocalAccess,
+    /// The cluster state, where the other nodes' registrations (their addresses) are read.
     pub store: Arc<dyn StateStore>,
+    /// The port every node's API listens on (`apiPort`).
     pub api_port: u32,
     /// HTTPS with this node's certificate, trusting the cluster CA only.
     pub client: reqwest::Client,

@@ -15,34 +15,33 @@
 //! store revision of the last answer (`?after=`), and the leader answers when they change,
 //! or after 30 s. Its answer is kept for the next read, so a change costs one request.
 
-use kat_client::paths::{self, NodeCall};
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use kat_api::wire::{
-    AssignmentUpdate, DnsRecord, ErrorBody, ErrorCode, HeartbeatAnswer, InstanceRecord,
-    NodeHeartbeat, OverlayPeer, TemplateProblem, WireguardKey, REVISION_HEADER,
+    AssignmentUpdate, DnsRecord, ErrorCode, InstanceRecord, NodeHeartbeat, OverlayPeer,
+    TemplateProblem,
 };
+use kat_client::node::{AssignmentStream, AtRevision, NodeClient};
+use kat_client::ClientError;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use super::{Assignments, ControlPlane};
 
-/// How long an ordinary request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Silence on the assignment stream after which the leader counts as gone (3 keepalives).
 const STREAM_SILENCE: Duration = Duration::from_secs(15);
-/// The longest wait for a change a read asks of the leader (its cap, `CHANGE_WAIT_MAX`).
-const CHANGE_WAIT_MAX: Duration = Duration::from_secs(30);
 /// After a wait for a change failed, before the caller reads again: a leader that refuses
 /// at once does not make the caller spin.
 const CHANGE_WAIT_FAILED: Duration = Duration::from_secs(1);
 
+/// A worker's link to the leader's API (see the module's documentation).
 pub struct LeaderLink {
-    node: String,
-    client: reqwest::Client,
+    client: NodeClient,
     endpoints: Mutex<Endpoints>,
     file: PathBuf,
     leader: watch::Sender<Option<String>>,
@@ -75,7 +74,7 @@ impl Endpoints {
 impl LeaderLink {
     /// `client` carries the node's certificate and trusts the cluster CA only; `file` holds
     /// the endpoints (written by `join`, kept fresh here).
-    pub fn new(node: &str, client: reqwest::Client, file: PathBuf) -> Result<Self> {
+    pub fn new(client: NodeClient, file: PathBuf) -> Result<Self> {
         let list = read_endpoints(&file)?;
         let (leader, _) = watch::channel(list.first().cloned());
         // As the leader last said, kept across restarts: a detached node checks rejoin
@@ -86,7 +85,6 @@ impl LeaderLink {
             .unwrap_or_default();
         let (revoked, _) = watch::channel(Arc::new(known));
         Ok(LeaderLink {
-            node: node.to_string(),
             client,
             endpoints: Mutex::new(Endpoints { list, current: 0 }),
             file,
@@ -171,89 +169,64 @@ impl LeaderLink {
         }
     }
 
-    /// Send a request to the leader: endpoints that do not answer are skipped, a
-    /// `not_leader` answer is followed to the leader it names.
-    async fn send(
-        &self,
-        what: &str,
-        build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response> {
+    /// Make `call` of the leader: endpoints that do not answer are skipped, a `not_leader`
+    /// answer is followed to the leader it names.
+    async fn send<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
+    where
+        F: Fn(NodeClient, String) -> Fut,
+        Fut: Future<Output = kat_client::Result<T>>,
+    {
         let tries = self.lock().list.len() + 2;
         let mut last = String::from("no control-plane endpoint is known (see api-endpoints.json)");
         for _ in 0..tries {
             let Some(base) = self.current() else { break };
-            match build(&self.client, &base).send().await {
-                Ok(r) if r.status().as_u16() == ErrorCode::NotLeader.http_status() => {
-                    let body = r.json::<ErrorBody>().await.ok();
-                    match body.and_then(|b| b.leader) {
-                        Some(leader) if leader != base => self.follow(&leader),
-                        _ => {
-                            last = format!("{base} does not lead and knows no leader yet");
-                            self.skip(&base);
-                            tokio::time::sleep(Duration::from_millis(300)).await;
-                        }
+            let answer = call(self.client.clone(), base.clone()).await;
+            match answer {
+                Err(ClientError::Refused {
+                    code: Some(ErrorCode::NotLeader),
+                    leader,
+                    ..
+                }) => match leader {
+                    Some(leader) if leader != base => self.follow(&leader),
+                    _ => {
+                        last = format!("{base} does not lead and knows no leader yet");
+                        self.skip(&base);
+                        tokio::time::sleep(Duration::from_millis(300)).await;
                     }
+                },
+                Err(ClientError::Unreachable { source, .. }) => {
+                    last = format!("{base}: {source}");
+                    self.skip(&base);
                 }
-                Ok(r) => {
+                answer => {
                     // Only a yes counts as the leader being there for this node (a removed
                     // node gets answers too: 401).
-                    if r.status().is_success() {
+                    if answer.is_ok() {
                         self.contact.send_replace(Some(Instant::now()));
                     }
                     if self.leader.borrow().as_deref() != Some(base.as_str()) {
                         self.leader.send_replace(Some(base.clone()));
                     }
-                    return Ok(r);
-                }
-                Err(e) => {
-                    last = format!("{base}: {e}");
-                    self.skip(&base);
+                    return answer.with_context(|| format!("{what}: the leader at {base}"));
                 }
             }
         }
-        bail!("{what}: cannot reach the leader ({last})")
+        anyhow::bail!("{what}: cannot reach the leader ({last})")
     }
 
-    fn url(&self, base: &str, call: NodeCall<'_>) -> String {
-        paths::url(base, &paths::node_call(&self.node, call))
-    }
-
-    /// `call`'s list and the store revision it was read at (`None` from a leader that does
-    /// not say: the caller then reads on a clock); with `after`, the leader answers once it
-    /// may have changed since that revision, or after the wait.
-    async fn read_at<T: serde::de::DeserializeOwned>(
+    /// The DNS records or overlay peers (`read`), once they may have changed after `after`.
+    async fn read_at<T, F, Fut>(
         &self,
         what: &str,
-        call: NodeCall<'_>,
+        read: F,
         after: Option<(i64, Duration)>,
-    ) -> Result<(T, Option<i64>)> {
-        let response = self
-            .send(what, |c, base| {
-                let request = c.get(self.url(base, call.clone()));
-                match after {
-                    Some((revision, wait)) => {
-                        let wait = wait.clamp(Duration::from_secs(1), CHANGE_WAIT_MAX);
-                        request
-                            .query(&[("after", revision), ("wait", wait.as_secs() as i64)])
-                            .timeout(wait + REQUEST_TIMEOUT)
-                    }
-                    None => request.timeout(REQUEST_TIMEOUT),
-                }
-            })
-            .await?;
-        if !response.status().is_success() {
-            return Err(refusal(what, response).await);
-        }
-        let revision = response
-            .headers()
-            .get(REVISION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
-        let list = response
-            .json()
+    ) -> Result<(T, Option<i64>)>
+    where
+        F: Fn(NodeClient, String, Option<(i64, Duration)>) -> Fut,
+        Fut: Future<Output = kat_client::Result<AtRevision<T>>>,
+    {
+        self.send(what, |client, base| read(client, base, after))
             .await
-            .with_context(|| format!("the {what}"))?;
-        Ok((list, revision))
     }
 }
 
@@ -277,69 +250,48 @@ fn take<T>(fresh: &Fresh<T>) -> Option<(T, i64)> {
     fresh.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
-/// The error an API answer carries, for a message.
-async fn refusal(what: &str, response: reqwest::Response) -> anyhow::Error {
-    let status = response.status();
-    let message = kat_client::message(response).await;
-    anyhow::anyhow!("{what}: the leader refused ({status}): {message}")
+async fn dns(
+    client: NodeClient,
+    base: String,
+    after: Option<(i64, Duration)>,
+) -> kat_client::Result<AtRevision<Vec<DnsRecord>>> {
+    client.dns_records(&base, after).await
+}
+
+async fn peers(
+    client: NodeClient,
+    base: String,
+    after: Option<(i64, Duration)>,
+) -> kat_client::Result<AtRevision<Vec<OverlayPeer>>> {
+    client.overlay_peers(&base, after).await
 }
 
 #[async_trait::async_trait]
 impl ControlPlane for LeaderLink {
     async fn assignments(&self, resume: Option<i64>) -> Result<Assignments> {
-        let response = self
-            .send("assignments", |c, base| {
-                let r = c.get(self.url(base, NodeCall::Assignments));
-                match resume {
-                    Some(rev) => r.query(&[("resume", rev)]),
-                    None => r,
-                }
+        let stream = self
+            .send("assignments", |client, base| async move {
+                client.assignments(&base, resume).await
             })
             .await?;
-        if !response.status().is_success() {
-            return Err(refusal("assignments", response).await);
-        }
         let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(read_stream(response, tx));
+        tokio::spawn(read_stream(stream, tx));
         Ok(rx)
     }
 
     async fn template(&self, record: &InstanceRecord) -> Result<Option<Vec<u8>>> {
-        let call = NodeCall::Template {
-            ns: &record.namespace,
-            workload: &record.workload,
-            hash: &record.spec_hash,
-        };
-        let response = self
-            .send("template", |c, base| {
-                c.get(self.url(base, call.clone())).timeout(REQUEST_TIMEOUT)
-            })
-            .await?;
-        match response.status().as_u16() {
-            200 => Ok(Some(
-                response
-                    .bytes()
-                    .await
-                    .context("reading a template")?
-                    .to_vec(),
-            )),
-            404 => Ok(None),
-            _ => Err(refusal("template", response).await),
-        }
+        self.send("template", |client, base| async move {
+            client.template(&base, record).await
+        })
+        .await
     }
 
     async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()> {
-        let response = self
-            .send("heartbeat", |c, base| {
-                c.post(self.url(base, NodeCall::Status))
-                    .json(heartbeat)
-                    .timeout(REQUEST_TIMEOUT)
+        let answer = self
+            .send("heartbeat", |client, base| async move {
+                client.heartbeat(&base, heartbeat).await
             })
             .await?;
-        if !response.status().is_success() {
-            return Err(refusal("heartbeat", response).await);
-        }
-        let answer: HeartbeatAnswer = response.json().await.context("the heartbeat answer")?;
         self.refresh(answer.api_endpoints);
         if answer.subnet.is_some() {
             *self.subnet.lock().unwrap_or_else(|p| p.into_inner()) = answer.subnet;
@@ -383,31 +335,21 @@ impl ControlPlane for LeaderLink {
         if let Some((records, revision)) = take(&self.fresh_dns) {
             return Ok((records, Some(revision)));
         }
-        self.read_at("DNS records", NodeCall::Dns, None).await
+        self.read_at("DNS records", dns, None).await
     }
 
     async fn dns_records_changed(&self, revision: i64, at_most: Duration) {
         let answer = self
-            .read_at("DNS records", NodeCall::Dns, Some((revision, at_most)))
+            .read_at("DNS records", dns, Some((revision, at_most)))
             .await;
         keep_fresh(&self.fresh_dns, answer, at_most).await;
     }
 
     async fn publish_wireguard_key(&self, key: &str) -> Result<()> {
-        let body = WireguardKey {
-            public_key: key.to_string(),
-        };
-        let response = self
-            .send("WireGuard key", |c, base| {
-                c.post(self.url(base, NodeCall::WireGuard))
-                    .json(&body)
-                    .timeout(REQUEST_TIMEOUT)
-            })
-            .await?;
-        if !response.status().is_success() {
-            return Err(refusal("WireGuard key", response).await);
-        }
-        Ok(())
+        self.send("WireGuard key", |client, base| async move {
+            client.publish_wireguard_key(&base, key).await
+        })
+        .await
     }
 
     async fn overlay_peers(&self) -> Result<Vec<OverlayPeer>> {
@@ -418,78 +360,46 @@ impl ControlPlane for LeaderLink {
         if let Some((peers, revision)) = take(&self.fresh_peers) {
             return Ok((peers, Some(revision)));
         }
-        self.read_at("overlay peers", NodeCall::Peers, None).await
+        self.read_at("overlay peers", peers, None).await
     }
 
     async fn overlay_peers_changed(&self, revision: i64, at_most: Duration) {
         let answer = self
-            .read_at("overlay peers", NodeCall::Peers, Some((revision, at_most)))
+            .read_at("overlay peers", peers, Some((revision, at_most)))
             .await;
         keep_fresh(&self.fresh_peers, answer, at_most).await;
     }
 
     async fn template_problems(&self, problems: Vec<TemplateProblem>) -> Result<()> {
-        let response = self
-            .send("template problems", |c, base| {
-                c.post(self.url(base, NodeCall::TemplateProblems))
-                    .json(&problems)
-                    .timeout(REQUEST_TIMEOUT)
-            })
-            .await?;
-        if !response.status().is_success() {
-            return Err(refusal("template problems", response).await);
-        }
-        Ok(())
+        let problems = &problems;
+        self.send("template problems", |client, base| async move {
+            client.template_problems(&base, problems).await
+        })
+        .await
     }
 }
 
-/// JSON lines from the leader into `tx`, keepalives dropped, until the stream ends, goes
+/// Updates from the leader into `tx`, keepalives dropped, until the stream ends, goes
 /// silent for [`STREAM_SILENCE`], or the receiver goes.
-async fn read_stream(mut response: reqwest::Response, tx: mpsc::Sender<Result<AssignmentUpdate>>) {
-    let mut pending: Vec<u8> = Vec::new();
+async fn read_stream(mut stream: AssignmentStream, tx: mpsc::Sender<Result<AssignmentUpdate>>) {
     loop {
-        let chunk = tokio::select! {
-            chunk = tokio::time::timeout(STREAM_SILENCE, response.chunk()) => chunk,
+        let next = tokio::select! {
+            next = tokio::time::timeout(STREAM_SILENCE, stream.next()) => next,
             () = tx.closed() => return,
         };
-        let chunk = match chunk {
-            Ok(Ok(Some(chunk))) => chunk,
-            Ok(Ok(None)) => {
-                let _ = tx
-                    .send(Err(anyhow::anyhow!(
-                        "the leader ended the assignment stream"
-                    )))
-                    .await;
-                return;
-            }
-            Ok(Err(e)) => {
-                let _ = tx
-                    .send(Err(anyhow::anyhow!("the assignment stream broke: {e}")))
-                    .await;
-                return;
-            }
-            Err(_) => {
-                let _ = tx
-                    .send(Err(anyhow::anyhow!(
-                        "no word from the leader for {} s",
-                        STREAM_SILENCE.as_secs()
-                    )))
-                    .await;
-                return;
-            }
+        let update = match next {
+            Ok(Ok(Some(AssignmentUpdate::Keepalive))) => continue,
+            Ok(Ok(Some(update))) => Ok(update),
+            Ok(Ok(None)) => Err(anyhow::anyhow!("the leader ended the assignment stream")),
+            Ok(Err(e)) => Err(anyhow::Error::new(e)),
+            Err(_) => Err(anyhow::anyhow!(
+                "no word from the leader for {} s",
+                STREAM_SILENCE.as_secs()
+            )),
         };
-        pending.extend_from_slice(&chunk);
-        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            let update = match serde_json::from_slice::<AssignmentUpdate>(&line) {
-                Ok(AssignmentUpdate::Keepalive) => continue,
-                Ok(u) => Ok(u),
-                Err(e) => Err(anyhow::anyhow!("a malformed assignment update: {e}")),
-            };
-            let failed = update.is_err();
-            if tx.send(update).await.is_err() || failed {
-                return;
-            }
+        let failed = update.is_err();
+        if tx.send(update).await.is_err() || failed {
+            return;
         }
     }
 }
@@ -515,6 +425,7 @@ pub fn read_endpoints(file: &std::path::Path) -> Result<Vec<String>> {
     Ok(list)
 }
 
+/// Save `list`, the control plane's API endpoints a worker knows, in `file` (JSON, mode 0600).
 pub fn write_endpoints(file: &std::path::Path, list: &[String]) -> Result<()> {
     kat_runtime::state_file::write_atomic(file, &serde_json::to_vec_pretty(list)?, 0o600)
         .with_context(|| format!("cannot write {}", file.display()))

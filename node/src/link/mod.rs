@@ -22,6 +22,8 @@ pub use store_link::StoreLink;
 /// A node's assignment stream; it ends (or yields an error) when the connection does.
 pub type Assignments = mpsc::Receiver<Result<AssignmentUpdate>>;
 
+/// What a node asks of the control plane and tells it, wherever cluster state lives:
+/// [`StoreLink`] on a control-plane node, [`LeaderLink`] on a worker.
 #[async_trait::async_trait]
 pub trait ControlPlane: Send + Sync {
     /// This node's instance records: a snapshot then changes, or (with `resume`, the last
@@ -31,6 +33,7 @@ pub trait ControlPlane: Send + Sync {
     /// The stored template (JSON) an instance names; `None` when it is gone.
     async fn template(&self, record: &InstanceRecord) -> Result<Option<Vec<u8>>>;
 
+    /// Record `heartbeat` as this node's status.
     async fn heartbeat(&self, heartbeat: &NodeHeartbeat) -> Result<()>;
 
     /// Whether heartbeats go through the leader's API and its per-node limit

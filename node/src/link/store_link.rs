@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::{Assignments, ControlPlane};
 
+/// A control-plane node's link: the store itself, through its own etcd member.
 pub struct StoreLink {
     store: Arc<dyn StateStore>,
     node: String,
@@ -22,6 +23,8 @@ pub struct StoreLink {
 }
 
 impl StoreLink {
+    /// The link of `node` through `store`; the overlay's peers are reached on
+    /// `wireguard_port`.
     pub fn new(store: Arc<dyn StateStore>, node: &str, wireguard_port: u32) -> Self {
         StoreLink {
             store,

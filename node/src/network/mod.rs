@@ -108,12 +108,18 @@ impl NetworkNamespaces for ContainerNetwork {
 pub struct NetworkConfig {
     /// This node's name.
     pub node: String,
+    /// The node network's directory (holder record, log, saved subnet).
     pub dir: PathBuf,
     /// The agent's own binary (holder and attach helper).
     pub helper: PathBuf,
+    /// `clusterCIDR`: the network the nodes' subnets are taken from.
     pub cluster_cidr: Ipv4Net,
+    /// The cluster's DNS domain (`clusterDomain`).
     pub domain: String,
+    /// An unprivileged agent's subordinate ids `(uid start, count, gid start, count)`; `None`
+    /// for root.
     pub subordinate: Option<(u32, u32, u32, u32)>,
+    /// Whether containers reach networks outside the cluster (through slirp4netns).
     pub egress: bool,
     /// `wireguardPort`: the overlay's UDP port on the node's addresses.
     pub overlay_port: Option<u16>,
@@ -222,6 +228,7 @@ pub(crate) async fn connected(
 /// control plane answers.
 const SUBNET_FILE: &str = "subnet";
 
+/// The node's subnet saved in `dir`, if one was.
 pub fn saved_subnet(dir: &std::path::Path) -> Option<Ipv4Net> {
     std::fs::read_to_string(dir.join(SUBNET_FILE))
         .ok()?

@@ -30,20 +30,26 @@ use crate::link::ControlPlane;
 /// One assigned instance and the template it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
+    /// The instance's record.
     pub record: InstanceRecord,
     /// `Err` says why there is none (the instance is then failed, never run from another spec).
     pub template: Result<Arc<Template>, String>,
 }
 
+/// Every instance assigned to this node, by id.
 pub type Snapshot = BTreeMap<InstanceId, Assignment>;
 
 /// Where a snapshot came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
+    /// The control plane: the store, or the leader's API.
     Store,
+    /// The local copy (`assignments.json`), while the control plane cannot be reached.
     LocalCopy,
 }
 
+/// Follows this node's assignments, publishes each change as a full snapshot and keeps the
+/// local copy.
 pub struct Feed {
     link: Arc<dyn ControlPlane>,
     copy_path: PathBuf,
@@ -57,6 +63,7 @@ pub struct Feed {
 }
 
 impl Feed {
+    /// A feed from `link`, keeping the local copy in `state_dir` (`assignments.json`).
     pub fn new(link: Arc<dyn ControlPlane>, state_dir: &Path) -> Self {
         Feed {
             link,

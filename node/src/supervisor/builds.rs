@@ -70,6 +70,7 @@ pub struct Builds {
 
 /// Where `katcall logs --build` reads a workload's newest build on this node.
 pub struct BuildLog {
+    /// The build's log file.
     pub path: PathBuf,
     /// Changes to `None` when the build ends; `None` already if it has.
     pub phase: Option<watch::Receiver<BuildPhase>>,

@@ -14,7 +14,9 @@ use crate::network::{NetworkSettings, PublishedPort};
 
 /// Labels that tie a container to its instance; adoption after an agent restart reads them.
 pub const LABEL_INSTANCE: &str = "kat.instance";
+/// The label holding the container's attempt (0 for the first run).
 pub const LABEL_ATTEMPT: &str = "kat.attempt";
+/// The label holding the generation of the workload that made the instance.
 pub const LABEL_GENERATION: &str = "kat.generation";
 
 /// Every container gets a pids limit so that a fork bomb stays inside it.
@@ -45,6 +47,9 @@ fn hostname(instance_id: &str) -> String {
         .to_string()
 }
 
+/// What the runtime creates for `attempt` of the instance: command, args, env, limits,
+/// volume mounts (host paths from `volume_paths`, by volume name) and labels. The network
+/// and GPUs are added after ([`connect_options`], [`apply_gpu_edits`]).
 pub fn create_options(
     record: &InstanceRecord,
     template: &Template,

@@ -12,9 +12,12 @@ use kat_api::load_balancer::HealthCheck;
 use kat_api::wire::Health;
 use tokio::time::Instant;
 
+/// One instance's health check: when the next probe is due and what the probes so far say.
 #[derive(Debug, Clone)]
 pub struct HealthTracker {
+    /// The command each probe runs in the container.
     pub command: Vec<String>,
+    /// How long a probe may run before it counts as a failure (at least 1 s).
     pub timeout: Duration,
     period: Duration,
     success_threshold: u32,
@@ -23,10 +26,12 @@ pub struct HealthTracker {
     in_flight: bool,
     successes: u32,
     failures: u32,
+    /// The health the probes show; `Unknown` until a threshold is reached.
     pub health: Health,
 }
 
 impl HealthTracker {
+    /// The tracker of `check` for a container started at `started`.
     pub fn new(check: &HealthCheck, started: Instant) -> Self {
         HealthTracker {
             command: check.exec.command.clone(),

@@ -73,9 +73,12 @@ const PULL_PROGRESS: Duration = Duration::from_millis(500);
 /// looked at this node's containers (the heartbeat waits for it).
 pub type Statuses = Option<Vec<InstanceStatus>>;
 
+/// How the supervisor runs this node's instances.
 #[derive(Debug, Clone)]
 pub struct SupervisorConfig {
+    /// This node's name.
     pub node: kat_api::wire::NodeName,
+    /// Where `simpleClusterStorage` volumes are kept (`volumeBasePath`).
     pub volume_base: PathBuf,
     /// Which host paths `hostMount` volumes may use on this node.
     pub host_mounts: kat_api::host_paths::HostMountPolicy,
@@ -175,6 +178,7 @@ pub(super) enum StartError {
     Failed(String),
 }
 
+/// Converges this node's containers on its assignments; [`Supervisor::run`] is its loop.
 pub struct Supervisor {
     config: SupervisorConfig,
     runtime: Arc<dyn ContainerRuntime>,
@@ -218,6 +222,7 @@ async fn stop_and_remove(runtime: &dyn ContainerRuntime, containers: Vec<String>
 }
 
 impl Supervisor {
+    /// A supervisor of `runtime`'s containers, publishing what runs here on `statuses`.
     pub fn new(
         config: SupervisorConfig,
         runtime: Arc<dyn ContainerRuntime>,

@@ -21,17 +21,26 @@ use kat_api::wire::InstanceState;
 use kat_api::workload::{RestartCondition, RestartPolicy};
 use tokio::time::Instant;
 
+/// The backoff before the first restart; it doubles at each next one.
 pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
+/// The longest backoff.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(60);
+/// A container that ran this long resets the backoff to [`BACKOFF_BASE`].
 pub const BACKOFF_RESET: Duration = Duration::from_secs(60);
 
+/// What follows a container's exit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// Start the next attempt.
     Restart {
+        /// The backoff before it starts.
         after: Duration,
     },
+    /// No restart: the instance ends.
     Finish {
+        /// Its final state: `Succeeded`, `Failed` or `OOMKilled`.
         state: InstanceState,
+        /// Why it ended (the instance status's reason).
         reason: String,
     },
 }
@@ -41,7 +50,9 @@ pub enum Decision {
 pub struct Exit {
     /// `None` when the container could not even be created or started.
     pub code: Option<i32>,
+    /// Whether the kernel killed it for exceeding its memory limit.
     pub oom_killed: bool,
+    /// How long it ran.
     pub ran_for: Duration,
 }
 
@@ -58,6 +69,7 @@ struct Series {
     count: u32,
 }
 
+/// One instance's restart policy applied to its exits: restart counts and backoff.
 #[derive(Debug, Clone)]
 pub struct RestartTracker {
     condition: RestartCondition,
@@ -71,6 +83,8 @@ pub struct RestartTracker {
 }
 
 impl RestartTracker {
+    /// A tracker of `policy`; `is_job` for a Job's instance (under `Always`, its exit 0 is
+    /// final).
     pub fn new(policy: &RestartPolicy, is_job: bool) -> Self {
         RestartTracker {
             condition: policy.condition,
@@ -90,6 +104,7 @@ impl RestartTracker {
         self
     }
 
+    /// What follows `exit` at `now`: a restart after the backoff, or the final state and why.
     pub fn on_exit(&mut self, now: Instant, exit: Exit) -> Decision {
         let terminal = match (exit.oom_killed, exit.code) {
             (true, _) => InstanceState::OOMKilled,

@@ -21,22 +21,36 @@ use kat_api::host_paths::HostMountPolicy;
 use kat_api::workload::{EnsureType, Volume};
 use kat_runtime::volume_paths::open_beneath;
 
+/// Why a volume's host path could not be made ready.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
+    /// A `hostMount` path that cannot be used: refused by the node's policy, missing, of
+    /// another type than `ensureType`, or not creatable.
     #[error("volume {volume:?}: hostPath {path} {problem}")]
     HostPath {
+        /// The volume's name.
         volume: String,
+        /// The host path.
         path: PathBuf,
+        /// What is wrong with it.
         problem: String,
     },
+    /// A file-system operation on the volume's path failed.
     #[error("volume {volume:?}: cannot prepare {path}: {source}")]
     Io {
+        /// The volume's name.
         volume: String,
+        /// The path it failed on.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The volume names no source: neither `simpleClusterStorage` nor `hostMount`.
     #[error("volume {volume:?} has neither simpleClusterStorage nor hostMount")]
-    Empty { volume: String },
+    Empty {
+        /// The volume's name.
+        volume: String,
+    },
 }
 
 /// The host directory or file for `volume` of `ns/workload`, created or checked, as a

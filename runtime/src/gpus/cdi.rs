@@ -15,8 +15,11 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Spec {
+    /// The version of the CDI specification the file follows (`cdiVersion`).
     pub cdi_version: String,
+    /// The kind of its devices: `vendor.com/class`.
     pub kind: String,
+    /// The devices it describes.
     #[serde(default)]
     pub devices: Vec<Device>,
     /// Edits every device of this spec needs.
@@ -24,22 +27,28 @@ pub struct Spec {
     pub container_edits: ContainerEdits,
 }
 
+/// One device of a spec: its name and what it needs in a container.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
+    /// Its name within the spec's kind ([`qualified`] gives the full `kind=name`).
     pub name: String,
+    /// Edits this device needs, besides those of its spec.
     #[serde(default)]
     pub container_edits: ContainerEdits,
 }
 
+/// What a spec or one of its devices puts in a container.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerEdits {
     /// `NAME=VALUE`.
     #[serde(default)]
     pub env: Vec<String>,
+    /// Device nodes given to the container.
     #[serde(default)]
     pub device_nodes: Vec<DeviceNode>,
+    /// Host paths mounted in the container.
     #[serde(default)]
     pub mounts: Vec<Mount>,
     /// Programs run around the container's life, as the agent's user.
@@ -47,21 +56,28 @@ pub struct ContainerEdits {
     pub hooks: Vec<Hook>,
 }
 
+/// A program run at one stage of the container's life (an OCI hook).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Hook {
     /// The OCI stage: `prestart`, `createRuntime`, `createContainer`, `startContainer`,
     /// `poststart` or `poststop`.
     pub hook_name: String,
+    /// The program's absolute path: on the host, but in the container for a `startContainer`
+    /// hook.
     pub path: String,
+    /// Its arguments, as `execv`'s `argv` (the first is the program's name).
     #[serde(default)]
     pub args: Vec<String>,
+    /// Its environment, `NAME=VALUE`.
     #[serde(default)]
     pub env: Vec<String>,
+    /// Seconds it may run; absent, a default applies, and a longer one is cut to the maximum.
     #[serde(default)]
     pub timeout: Option<i64>,
 }
 
+/// A device node given to the container.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceNode {
@@ -72,11 +88,15 @@ pub struct DeviceNode {
     pub host_path: Option<String>,
 }
 
+/// A host path mounted in the container.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Mount {
+    /// Where it is on the host.
     pub host_path: String,
+    /// Where it appears in the container.
     pub container_path: String,
+    /// Mount options (`ro`, `bind`, ...); `ro` makes it read-only.
     #[serde(default)]
     pub options: Vec<String>,
 }
@@ -239,6 +259,7 @@ pub struct Edits {
     pub devices: Vec<(PathBuf, String)>,
     /// (host path, container path, read-only).
     pub mounts: Vec<(PathBuf, String, bool)>,
+    /// Environment variables, by name.
     pub env: BTreeMap<String, String>,
     /// Host paths under the root, but a `startContainer` hook's: that one runs in the
     /// container.

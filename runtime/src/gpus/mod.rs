@@ -20,8 +20,12 @@ pub const ROOT_ENV: &str = "KAT_GPU_ROOT";
 /// What the node knows of its GPUs, read once at start.
 #[derive(Debug, Clone, Default)]
 pub struct Gpus {
+    /// The directory everything was read under (`/` but in tests); the host paths of the
+    /// edits are taken under it too.
     pub root: PathBuf,
+    /// The CDI specifications read, one per kind.
     pub specs: Arc<Vec<cdi::Spec>>,
+    /// The GPUs described, each named by its CDI device name (`kind=name`).
     pub found: Vec<GpuInfo>,
 }
 
@@ -34,6 +38,7 @@ impl Gpus {
         Gpus::discover_under(&root)
     }
 
+    /// [`Gpus::discover`] with everything read under `root` rather than `/`.
     pub fn discover_under(root: &Path) -> Gpus {
         let dirs = [root.join("etc/cdi"), root.join("var/run/cdi")];
         let (specs, problems) = cdi::load(&dirs);

@@ -12,9 +12,11 @@ use anyhow::Result;
 use kat_api::wire::{DnsRecord, InstanceRecord, NodeHeartbeat, OverlayPeer, TemplateProblem};
 use tokio::sync::watch;
 
-use kat_node::link::{Assignments, ControlPlane, LeaderLink, StoreLink};
+use crate::link::{Assignments, ControlPlane, LeaderLink, StoreLink};
 
+/// The parent's leader link, with the local cluster's records added while detached.
 pub struct Uplink {
+    /// The link to the parent's leader.
     pub parent: Arc<LeaderLink>,
     /// The local cluster's link while the node is detached.
     pub local: watch::Receiver<Option<Arc<StoreLink>>>,
@@ -23,6 +25,7 @@ pub struct Uplink {
 }
 
 impl Uplink {
+    /// The parent's link, and the local cluster's while there is one.
     pub fn new(parent: Arc<LeaderLink>, local: watch::Receiver<Option<Arc<StoreLink>>>) -> Self {
         Uplink {
             parent,

@@ -5,7 +5,7 @@
 //! goes (kept as `detached.previous`) once the node has rejoined.
 //!
 //! The workloads the node ran for its parent keep running from the parent's last snapshot;
-//! the local cluster's own instances join them (see `super::merge_feeds`). The local cluster
+//! the local cluster's own instances join them (see `kat_node::detached::merge_feeds`). The local cluster
 //! is given the node's parent subnet, and sees the parent's containers in the heartbeats, so
 //! its addresses never collide with theirs.
 
@@ -32,6 +32,9 @@ use tokio::sync::watch;
 
 use crate::roles::assembly::{AdminToken, Assembled, Assembly};
 use crate::roles::NodeWork;
+use kat_api::wire::{ErrorCode, InstanceId};
+use kat_apiserver::http::ApiError;
+use kat_node::detached::{self as detaching, LocalWorkload};
 use kat_node::link::StoreLink;
 use kat_node::supervisor::assignments::{Snapshot, Source};
 use kat_node::supervisor::builds::Builds;
@@ -67,18 +70,8 @@ pub struct NodeParts {
     pub tick: Duration,
     /// Towards other nodes (the local cluster's own API calls): any node certificate.
     pub client: reqwest::Client,
-    /// Towards the parent's leader when rejoining: a control-plane certificate only, so a
-    /// node that offers itself as the leader with a worker's key gets no workload.
-    pub parent_client: reqwest::Client,
     /// Where resolving a git branch may connect (`kat-agent --allow-fetch-from`).
     pub outbound: kat_outbound::OutboundPolicy,
-}
-
-/// A workload created on the node while it was detached.
-pub struct LocalWorkload {
-    pub namespace: String,
-    pub name: String,
-    pub files: BTreeMap<String, Vec<u8>>,
 }
 
 pub struct LocalCluster {
@@ -398,4 +391,143 @@ async fn prepare(
         Ok(state)
     })
     .await?
+}
+
+/// What a local cluster changes in the node while it runs: the API the node serves, the
+/// supervisor's feed of local instances and the node network's link for DNS.
+pub struct NodeSwitches {
+    /// The local cluster's instances, merged with the parent's by
+    /// `kat_node::detached::merge_feeds`.
+    pub local_feed: watch::Sender<Option<(Source, Snapshot)>>,
+    /// The API the node serves: its worker API, or its local cluster's while detached.
+    pub routers: watch::Sender<Router>,
+    /// The node's worker API.
+    pub worker_router: Router,
+    /// The local cluster's link, for the node network's DNS (`kat_node::detached::uplink`).
+    pub local_link: watch::Sender<Option<Arc<StoreLink>>>,
+}
+
+/// The agent's local clusters for `kat_node::detached::Detacher`.
+pub struct DetachedClusters {
+    /// What the node lends them.
+    pub parts: NodeParts,
+    /// The cluster the node belongs to.
+    pub parent_cluster: String,
+    /// What they switch.
+    pub switches: Arc<NodeSwitches>,
+}
+
+/// A running local cluster and what it switched.
+pub struct Running {
+    cluster: Option<LocalCluster>,
+    switches: Arc<NodeSwitches>,
+}
+
+#[async_trait::async_trait]
+impl detaching::LocalClusters for DetachedClusters {
+    type Cluster = Running;
+
+    async fn left_over(&self) -> bool {
+        tokio::fs::try_exists(state_file(&self.parts.root))
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn start(&self, subnet: Option<String>, why: &str) -> Result<Running> {
+        let cluster = LocalCluster::start(
+            &self.parts,
+            &self.parent_cluster,
+            subnet,
+            self.switches.local_feed.clone(),
+        )
+        .await?;
+        let _ = self.switches.routers.send_replace(cluster.router.clone());
+        self.switches
+            .local_link
+            .send_replace(Some(cluster.link.clone()));
+        eprintln!(
+            "kat-agent: node {} is detached from {} since {}: {why}. Its workloads keep running; new ones go to its own API (KAT_CONFIG={} katcall apply …) and are pinned to it. It rejoins by itself.",
+            self.parts.node,
+            self.parent_cluster,
+            cluster.state.since,
+            cluster.client_config.display()
+        );
+        Ok(Running {
+            cluster: Some(cluster),
+            switches: self.switches.clone(),
+        })
+    }
+
+    fn rejoined(&self) {
+        let _ = self
+            .switches
+            .routers
+            .send_replace(self.switches.worker_router.clone());
+    }
+}
+
+#[async_trait::async_trait]
+impl detaching::LocalCluster for Running {
+    fn ended(&mut self) -> Option<String> {
+        self.cluster.as_mut()?.ended()
+    }
+
+    async fn close(&mut self) -> Vec<InstanceId> {
+        if let Some(cluster) = &self.cluster {
+            let _ = self
+                .switches
+                .routers
+                .send_replace(rejoining_router(&cluster.node));
+        }
+        if let Some(cluster) = &mut self.cluster {
+            cluster.stop_controllers().await;
+        }
+        let own: Vec<InstanceId> = self
+            .switches
+            .local_feed
+            .borrow()
+            .as_ref()
+            .map(|(_, s)| s.keys().cloned().collect())
+            .unwrap_or_default();
+        self.switches.local_feed.send_replace(None);
+        self.switches.local_link.send_replace(None);
+        own
+    }
+
+    async fn workloads(&self) -> Result<Vec<LocalWorkload>> {
+        match &self.cluster {
+            Some(cluster) => cluster.workloads().await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn forget(&mut self, ns: &str, name: &str) -> Result<()> {
+        match &self.cluster {
+            Some(cluster) => cluster.forget(ns, name).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn stop(mut self, retire_it: bool) {
+        let Some(cluster) = self.cluster.take() else {
+            return;
+        };
+        let dir = cluster.stop().await;
+        if retire_it {
+            if let Err(e) = retire(dir).await {
+                tracing::warn!(error = %format!("{e:#}"), "cannot move the local cluster's state aside");
+            }
+        }
+    }
+}
+
+/// The API while the node rejoins: nothing is taken (a workload applied now would be lost).
+fn rejoining_router(node: &str) -> Router {
+    let message = format!(
+        "node {node} is rejoining its parent cluster; apply there in a moment (its workloads move there too)"
+    );
+    Router::new().fallback(move || {
+        let message = message.clone();
+        async move { ApiError::new(ErrorCode::Unavailable, message) }
+    })
 }

@@ -17,7 +17,7 @@ use kat_pki::Pki;
 use kat_store::StateStore;
 use tokio::net::UdpSocket;
 
-use crate::detached::protocol::{self, Nonces, MAX_DATAGRAM};
+use super::protocol::{self, Nonces, MAX_DATAGRAM};
 
 /// Rejoin requests checked per second at most; the rest are ignored (a detached node sends
 /// one every 2 s).
@@ -25,14 +25,21 @@ const MAX_CHECKS_PER_SECOND: u32 = 50;
 /// Of those, from one address: one sender cannot take the whole budget.
 const MAX_CHECKS_PER_SOURCE: u32 = 5;
 
+/// A leader's listener for rejoin requests (see the module's documentation).
 #[derive(Clone)]
 pub struct RejoinListener {
+    /// The cluster's name: requests for another are ignored.
     pub cluster: String,
+    /// This node's certificate and key (offers are signed with them) and the cluster CA
+    /// (requests are checked against it).
     pub pki: Arc<Pki>,
+    /// The cluster's store: whether the node is known and not removed.
     pub store: Arc<dyn StateStore>,
+    /// Where `kat_rejoin_requests` is counted.
     pub metrics: Arc<Metrics>,
     /// This leader's API endpoint, which the offers name.
     pub endpoint: String,
+    /// `rejoinPort`.
     pub port: u16,
     /// The interface (by its address) to join the group on.
     pub interface: Ipv4Addr,
