@@ -2,8 +2,9 @@
 //!
 //! The runtime removes a container with its logs. A Job's instances are removed as soon as
 //! the leader has counted them, so without this `katcall logs JOB` would find nothing once
-//! the job ran. [`KeepingRuntime`] wraps the node's runtime: before it removes the newest
-//! container of an instance, it copies that container's log to
+//! the job ran. [`KeptLogs`] observes the node's runtime's removals
+//! ([`kat_runtime::RemovalObserver`]): before the runtime removes the newest container of an
+//! instance, it copies that container's log to
 //! `{agent dir}/finished-logs/{instance}/stdio.log` (the runtime's own format, so
 //! [`kat_runtime::logs::stream`] reads it back with tail and since), with a small
 //! `instance.json` saying whose it is. Older attempts removed while the instance still
@@ -16,17 +17,14 @@
 //! says so when asked (`katcall logs`).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use kat_runtime::labels;
 use kat_runtime::logs::LogReceiver;
 use kat_runtime::{
-    build, image, ContainerRuntime, ContainerStatus, ContainerUsage, CreateOptions, ExecHandle,
-    ExecOptions, ImageSummary, LogOptions, LogRecord, LogStream, NodeCapabilities, Result,
+    ContainerRuntime, ContainerStatus, LogOptions, LogRecord, RemovalObserver, Result,
 };
 use serde::{Deserialize, Serialize};
-
-use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
 
 /// Kept instance logs on one node, at most (the oldest go first).
 pub const MAX_KEPT: usize = 500;
@@ -114,7 +112,7 @@ impl KeptLogs {
             std::fs::create_dir_all(&dir)?;
             let mut text = String::new();
             for r in &records {
-                text.push_str(&record_line(r));
+                text.push_str(&kat_runtime::logs::format_line(r));
             }
             write_replacing(&dir.join("stdio.log"), text.as_bytes())?;
             write_replacing(&dir.join("instance.json"), &json)?;
@@ -126,7 +124,6 @@ impl KeptLogs {
     }
 }
 
-/// One record in the runtime's log format (`TIME STREAM F|P TEXT`).
 /// The newest records of `rx` that fit in about `cap` bytes: a workload writes its own log
 /// (the runtime reads up to 256 MiB a file), and keeping it must not cost the agent as much
 /// memory.
@@ -148,15 +145,6 @@ async fn newest_within(
         }
     }
     records.into()
-}
-
-fn record_line(r: &LogRecord) -> String {
-    let stream = match r.stream {
-        LogStream::Stdout => "stdout",
-        LogStream::Stderr => "stderr",
-    };
-    let tag = if r.partial { "P" } else { "F" };
-    format!("{} {stream} {tag} {}\n", r.time, r.text)
 }
 
 fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -196,58 +184,48 @@ pub fn prune(root: &Path, max_age: Duration, max_kept: usize, now: SystemTime) {
 }
 
 fn attempt(c: &ContainerStatus) -> u32 {
-    c.labels
-        .get(LABEL_ATTEMPT)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(0)
+    labels::attempt(&c.labels)
 }
 
 /// Whether `c` is the newest container of its instance among `all` (the one whose log is
 /// worth keeping).
 fn newest_of_instance(c: &ContainerStatus, all: &[ContainerStatus]) -> bool {
-    let Some(instance) = c.labels.get(LABEL_INSTANCE) else {
+    let Some(instance) = c.labels.get(labels::INSTANCE) else {
         return false;
     };
     all.iter()
-        .filter(|o| o.labels.get(LABEL_INSTANCE) == Some(instance))
+        .filter(|o| o.labels.get(labels::INSTANCE) == Some(instance))
         .all(|o| attempt(o) <= attempt(c))
 }
 
-/// The node's runtime, keeping an instance's log when its newest container is removed.
-pub struct KeepingRuntime {
-    /// The runtime wrapped.
-    pub inner: Arc<dyn ContainerRuntime>,
-    /// Where the logs are kept.
-    pub kept: KeptLogs,
-}
-
-impl KeepingRuntime {
-    async fn keep_before_removing(&self, id: &str) {
-        let Ok(status) = self.inner.status(id).await else {
+/// Keeps an instance's log when the runtime removes its newest container.
+#[async_trait::async_trait]
+impl RemovalObserver for KeptLogs {
+    async fn removing(&self, runtime: &dyn ContainerRuntime, id: &str) {
+        let Ok(status) = runtime.status(id).await else {
             return;
         };
         // Only a container of a real instance has a log worth keeping, under its id's name
         // (a directory: the id is checked before it names one).
         let Some(Ok(instance)) = status
             .labels
-            .get(LABEL_INSTANCE)
+            .get(labels::INSTANCE)
             .map(|l| kat_api::wire::InstanceId::parse(l.as_str()))
         else {
             return;
         };
-        let all = self.inner.list().await.unwrap_or_default();
+        let all = runtime.list().await.unwrap_or_default();
         if !newest_of_instance(&status, &all) {
             return;
         }
         // The instance's containers go newest first: once the newest is kept, the one
         // before it is the newest left, and must not replace it.
-        if let Some(kept) = self.kept.meta(&instance).await {
+        if let Some(kept) = self.meta(&instance).await {
             if kept.attempt > attempt(&status) {
                 return;
             }
         }
-        let mut rx = match self
-            .inner
+        let mut rx = match runtime
             .logs(
                 id,
                 LogOptions {
@@ -274,7 +252,7 @@ impl KeepingRuntime {
             exit_code: status.exit_code,
             kept_at: kat_api::wire::Timestamp::now(),
         };
-        match self.kept.keep(meta, records).await {
+        match self.keep(meta, records).await {
             Ok(()) => {
                 tracing::info!(%instance, container = %id, "kept the log of a removed container")
             }
@@ -285,77 +263,11 @@ impl KeepingRuntime {
     }
 }
 
-#[async_trait::async_trait]
-impl ContainerRuntime for KeepingRuntime {
-    fn capabilities(&self) -> &NodeCapabilities {
-        self.inner.capabilities()
-    }
-    async fn pull_image(
-        &self,
-        reference: &str,
-        progress: Option<image::ProgressSender>,
-    ) -> Result<ImageSummary> {
-        self.inner.pull_image(reference, progress).await
-    }
-    async fn import_image(&self, layout: &Path, reference: &str) -> Result<ImageSummary> {
-        self.inner.import_image(layout, reference).await
-    }
-    async fn list_images(&self) -> Result<Vec<ImageSummary>> {
-        self.inner.list_images().await
-    }
-    async fn remove_image(&self, reference: &str) -> Result<u64> {
-        self.inner.remove_image(reference).await
-    }
-    async fn prune_images(&self) -> Result<u64> {
-        self.inner.prune_images().await
-    }
-    async fn build_image(
-        &self,
-        request: &build::BuildRequest,
-        limits: build::BuildLimits,
-        progress: &tokio::sync::watch::Sender<build::BuildPhase>,
-    ) -> Result<build::BuildOutcome> {
-        self.inner.build_image(request, limits, progress).await
-    }
-    async fn create(&self, options: &CreateOptions) -> Result<ContainerStatus> {
-        self.inner.create(options).await
-    }
-    async fn start(&self, id: &str) -> Result<()> {
-        self.inner.start(id).await
-    }
-    async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus> {
-        self.inner.stop(id, grace).await
-    }
-    async fn remove(&self, id: &str, force: bool) -> Result<()> {
-        self.keep_before_removing(id).await;
-        self.inner.remove(id, force).await
-    }
-    async fn status(&self, id: &str) -> Result<ContainerStatus> {
-        self.inner.status(id).await
-    }
-    fn exits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.exits()
-    }
-    fn sees_exit(&self, id: &str) -> bool {
-        self.inner.sees_exit(id)
-    }
-    async fn usage(&self, id: &str) -> Result<ContainerUsage> {
-        self.inner.usage(id).await
-    }
-    async fn list(&self) -> Result<Vec<ContainerStatus>> {
-        self.inner.list().await
-    }
-    async fn logs(&self, id: &str, options: LogOptions) -> Result<LogReceiver> {
-        self.inner.logs(id, options).await
-    }
-    async fn exec(&self, id: &str, options: ExecOptions) -> Result<ExecHandle> {
-        self.inner.exec(id, options).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kat_runtime::{CreateOptions, LogStream};
+    use std::sync::Arc;
 
     fn record(text: &str, partial: bool) -> LogRecord {
         LogRecord {
@@ -478,10 +390,9 @@ mod tests {
         let fake = FakeRuntime::new(|_| Run::forever(), |_| 0);
         fake.add_image("busybox");
         let dir = tempfile::tempdir().unwrap();
-        let runtime = KeepingRuntime {
-            inner: fake.clone(),
-            kept: KeptLogs::new(dir.path().to_path_buf(), Duration::from_secs(3600)),
-        };
+        let kept = KeptLogs::new(dir.path().to_path_buf(), Duration::from_secs(3600));
+        let runtime: Arc<dyn ContainerRuntime> = fake.clone();
+        assert!(runtime.observe_removals(Arc::new(kept.clone())).is_ok());
         for (id, attempt) in [("job-a-0", "0"), ("job-a-1", "1")] {
             let options = CreateOptions {
                 id: id.into(),
@@ -489,8 +400,8 @@ mod tests {
                 workload: "job".into(),
                 image: "busybox".into(),
                 labels: [
-                    (LABEL_INSTANCE.to_string(), "job-a".to_string()),
-                    (LABEL_ATTEMPT.to_string(), attempt.to_string()),
+                    (labels::INSTANCE.to_string(), "job-a".to_string()),
+                    (labels::ATTEMPT.to_string(), attempt.to_string()),
                 ]
                 .into(),
                 ..Default::default()
@@ -507,7 +418,7 @@ mod tests {
         let forged = CreateOptions {
             id: "forged".into(),
             image: "busybox".into(),
-            labels: [(LABEL_INSTANCE.to_string(), "../escaped".to_string())].into(),
+            labels: [(labels::INSTANCE.to_string(), "../escaped".to_string())].into(),
             ..Default::default()
         };
         runtime.create(&forged).await.unwrap();
@@ -519,17 +430,17 @@ mod tests {
             !dir.path().join("../escaped").exists(),
             "kept outside its directory"
         );
-        let kept: Vec<_> = std::fs::read_dir(dir.path())
+        let kept_dirs: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .flatten()
             .map(|e| e.file_name())
             .collect();
         assert_eq!(
-            kept,
+            kept_dirs,
             vec![std::ffi::OsString::from("job-a")],
             "only job-a kept"
         );
-        let meta = runtime.kept.meta("job-a").await.expect("kept");
+        let meta = kept.meta("job-a").await.expect("kept");
         assert_eq!(
             (
                 meta.container.as_str(),
@@ -538,7 +449,7 @@ mod tests {
             ),
             ("job-a-1", 1, "job")
         );
-        assert!(runtime.kept.meta("plain").await.is_none());
+        assert!(kept.meta("plain").await.is_none());
         assert!(fake.containers().is_empty(), "all removed");
     }
 
@@ -568,8 +479,8 @@ mod tests {
             status(
                 id,
                 &[
-                    (LABEL_INSTANCE, instance.to_string()),
-                    (LABEL_ATTEMPT, attempt.to_string()),
+                    (labels::INSTANCE, instance.to_string()),
+                    (labels::ATTEMPT, attempt.to_string()),
                 ],
             )
         };

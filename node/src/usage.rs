@@ -16,7 +16,7 @@ use kat_api::wire::{InstanceState, InstanceStatus, Usage};
 use kat_runtime::{ContainerRuntime, ContainerState, ContainerStatus};
 use tokio::time::Instant;
 
-use crate::supervisor::LABEL_INSTANCE;
+use kat_runtime::labels;
 
 /// Readings closer together than this do not give a new CPU rate.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -99,7 +99,7 @@ impl UsageMeter {
             .iter()
             .filter(|c| c.state == ContainerState::Running)
         {
-            if let Some(instance) = c.labels.get(LABEL_INSTANCE) {
+            if let Some(instance) = c.labels.get(labels::INSTANCE) {
                 let newer = running
                     .get(instance.as_str())
                     .is_none_or(|o| o.created_at < c.created_at);

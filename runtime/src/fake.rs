@@ -117,6 +117,8 @@ pub struct FakeRuntime {
     capabilities: NodeCapabilities,
     /// Set by [`FakeRuntime::tell_exits`]: bumped when a container it started exits.
     exit_notices: std::sync::OnceLock<tokio::sync::watch::Sender<u64>>,
+    /// Told before a container is removed.
+    removals: std::sync::OnceLock<std::sync::Arc<dyn crate::RemovalObserver>>,
 }
 
 impl FakeRuntime {
@@ -148,6 +150,7 @@ impl FakeRuntime {
                 notes: vec!["fake runtime".into()],
             },
             exit_notices: std::sync::OnceLock::new(),
+            removals: std::sync::OnceLock::new(),
         })
     }
 
@@ -428,7 +431,17 @@ impl ContainerRuntime for FakeRuntime {
         Ok(c.status())
     }
 
+    fn observe_removals(
+        &self,
+        observer: std::sync::Arc<dyn crate::RemovalObserver>,
+    ) -> std::result::Result<(), std::sync::Arc<dyn crate::RemovalObserver>> {
+        self.removals.set(observer)
+    }
+
     async fn remove(&self, id: &str, _force: bool) -> Result<()> {
+        if let Some(observer) = self.removals.get() {
+            observer.removing(self, id).await;
+        }
         self.record(Call::Remove(id.to_string()));
         self.lock()
             .containers

@@ -29,6 +29,7 @@ pub mod id_slices;
 pub mod id_tool;
 pub mod idmap;
 pub mod image;
+pub mod labels;
 pub mod log_watch;
 pub mod logs;
 pub mod native;
@@ -61,6 +62,14 @@ pub(crate) static LIBCONTAINER_CWD: std::sync::Mutex<()> = std::sync::Mutex::new
 pub use exec::ExecHandle;
 pub use native::{NativeConfig, NativeRuntime};
 pub use types::*;
+
+/// Told before a runtime removes a container, while its status and log are still there
+/// ([`ContainerRuntime::observe_removals`]): the node keeps a finished instance's log this way.
+#[async_trait::async_trait]
+pub trait RemovalObserver: Send + Sync {
+    /// Container `id` of `runtime` is about to be removed.
+    async fn removing(&self, runtime: &dyn ContainerRuntime, id: &str);
+}
 
 /// What the node agent needs from a container runtime (RFC 001 §6.1, in Rust).
 #[async_trait::async_trait]
@@ -97,8 +106,15 @@ pub trait ContainerRuntime: Send + Sync {
     async fn start(&self, id: &str) -> Result<()>;
     /// SIGTERM, then SIGKILL to the whole container after `grace`.
     async fn stop(&self, id: &str, grace: Duration) -> Result<ContainerStatus>;
-    /// Removes the container, its cgroup, rootfs and logs. `force` stops it first.
+    /// Removes the container, its cgroup, rootfs and logs. `force` stops it first. The
+    /// removal observer, if one is set, is told first.
     async fn remove(&self, id: &str, force: bool) -> Result<()>;
+    /// From now on `observer` is told before each container is removed. Set once; a second
+    /// observer is refused (returned).
+    fn observe_removals(
+        &self,
+        observer: std::sync::Arc<dyn RemovalObserver>,
+    ) -> std::result::Result<(), std::sync::Arc<dyn RemovalObserver>>;
     /// The container's status now.
     async fn status(&self, id: &str) -> Result<ContainerStatus>;
     /// Changes each time the runtime sees one of its containers' processes end (those for

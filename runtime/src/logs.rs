@@ -50,6 +50,16 @@ pub fn parse_line(line: &str) -> Option<LogRecord> {
     })
 }
 
+/// `record` as one line of a log file, newline included: what [`parse_line`] reads back.
+pub fn format_line(record: &LogRecord) -> String {
+    let stream = match record.stream {
+        LogStream::Stdout => "stdout",
+        LogStream::Stderr => "stderr",
+    };
+    let tag = if record.partial { "P" } else { "F" };
+    format!("{} {stream} {tag} {}\n", record.time, record.text)
+}
+
 /// The most read from one log file at once; kat-init rotates far below this, so only a
 /// file a workload wrote itself can be larger.
 const MAX_READ: u64 = 256 * 1024 * 1024;

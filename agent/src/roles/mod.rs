@@ -25,7 +25,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::node::{read_cluster, read_identity, NodeOptions};
-use kat_node::kept_logs::{KeepingRuntime, KeptLogs};
+use kat_node::kept_logs::KeptLogs;
 use kat_node::layout::{Layout, NodeIdentity};
 use kat_node::link::ControlPlane;
 use kat_node::network::ContainerNetwork;
@@ -138,10 +138,11 @@ impl NodeBase {
             layout.finished_logs(),
             Duration::from_secs(u64::from(cluster.spec.finished_run_max_age_hours) * 3600),
         );
-        let runtime: Arc<dyn ContainerRuntime> = Arc::new(KeepingRuntime {
-            inner: Arc::new(NativeRuntime::new(native).context("starting the container runtime")?),
-            kept: kept.clone(),
-        });
+        let runtime: Arc<dyn ContainerRuntime> =
+            Arc::new(NativeRuntime::new(native).context("starting the container runtime")?);
+        if runtime.observe_removals(Arc::new(kept.clone())).is_err() {
+            anyhow::bail!("the container runtime already has a removal observer");
+        }
         let caps = runtime.capabilities();
         tracing::info!(rootless = caps.rootless, cgroups = ?caps.cgroup_mode, rootfs = ?caps.rootfs, "container runtime ready");
         for note in &caps.notes {

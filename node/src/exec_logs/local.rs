@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::kept_logs::KeptLogs;
 use crate::supervisor::builds::{BuildLog, Builds};
-use crate::supervisor::container_spec::{LABEL_ATTEMPT, LABEL_INSTANCE};
+use kat_runtime::labels;
 
 /// Logs and exec of the instances this node runs, answered from its runtime.
 pub struct LocalAccess {
@@ -49,17 +49,10 @@ impl LocalAccess {
             .into_iter()
             .filter(|c| {
                 c.labels
-                    .get(LABEL_INSTANCE)
+                    .get(labels::INSTANCE)
                     .is_some_and(|l| *l == record.instance_id)
             })
-            .map(|c| {
-                let attempt = c
-                    .labels
-                    .get(LABEL_ATTEMPT)
-                    .and_then(|a| a.parse::<u32>().ok())
-                    .unwrap_or(0);
-                (attempt, c.id)
-            })
+            .map(|c| (labels::attempt(&c.labels), c.id))
             .collect();
         attempts.sort_by_key(|a| std::cmp::Reverse(a.0));
         let wanted = attempts.into_iter().nth(usize::from(previous));

@@ -8,16 +8,9 @@ use std::sync::Arc;
 
 use kat_api::wire::InstanceRecord;
 use kat_api::Template;
-use kat_runtime::{CreateOptions, LogConfig, Resources, VolumeMount};
+use kat_runtime::{labels, CreateOptions, LogConfig, Resources, VolumeMount};
 
 use crate::network::{NetworkSettings, PublishedPort};
-
-/// Labels that tie a container to its instance; adoption after an agent restart reads them.
-pub const LABEL_INSTANCE: &str = "kat.instance";
-/// The label holding the container's attempt (0 for the first run).
-pub const LABEL_ATTEMPT: &str = "kat.attempt";
-/// The label holding the generation of the workload that made the instance.
-pub const LABEL_GENERATION: &str = "kat.generation";
 
 /// Every container gets a pids limit so that a fork bomb stays inside it.
 pub const DEFAULT_PIDS_LIMIT: u64 = 4096;
@@ -99,9 +92,12 @@ pub fn create_options(
         env,
         user: String::new(),
         labels: BTreeMap::from([
-            (LABEL_INSTANCE.to_string(), record.instance_id.to_string()),
-            (LABEL_ATTEMPT.to_string(), attempt.to_string()),
-            (LABEL_GENERATION.to_string(), record.generation.to_string()),
+            (labels::INSTANCE.to_string(), record.instance_id.to_string()),
+            (labels::ATTEMPT.to_string(), attempt.to_string()),
+            (
+                labels::GENERATION.to_string(),
+                record.generation.to_string(),
+            ),
         ]),
         resources: Resources {
             memory_limit_bytes: parsed.memory_limit.map_or(0, |b| b.0),

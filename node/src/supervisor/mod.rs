@@ -42,9 +42,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use assignments::{Assignment, Snapshot, Source};
-pub use container_spec::LABEL_INSTANCE;
 use container_spec::{
-    apply_gpu_edits, connect_options, container_id, create_options, published_ports, LABEL_ATTEMPT,
+    apply_gpu_edits, connect_options, container_id, create_options, published_ports,
 };
 
 use crate::network::{NetworkSettings, PublishedPort};
@@ -276,7 +275,7 @@ impl Supervisor {
         match self.runtime.list().await {
             Ok(containers) => {
                 for c in containers {
-                    let Some(label) = c.labels.get(LABEL_INSTANCE) else {
+                    let Some(label) = c.labels.get(kat_runtime::labels::INSTANCE) else {
                         continue;
                     };
                     let Ok(instance) = InstanceId::parse(label.as_str()) else {
@@ -285,11 +284,7 @@ impl Supervisor {
                         strays.push(c.id);
                         continue;
                     };
-                    let attempt = c
-                        .labels
-                        .get(LABEL_ATTEMPT)
-                        .and_then(|a| a.parse().ok())
-                        .unwrap_or(0);
+                    let attempt = kat_runtime::labels::attempt(&c.labels);
                     found.entry(instance).or_default().push((attempt, c.id));
                 }
             }

@@ -14,8 +14,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::assignments::{Assignment, Snapshot, Source};
-use super::container_spec::{container_id, LABEL_ATTEMPT, LABEL_INSTANCE};
+use super::container_spec::container_id;
 use super::{Supervisor, SupervisorConfig};
+use kat_runtime::labels::{ATTEMPT as LABEL_ATTEMPT, INSTANCE as LABEL_INSTANCE};
 
 const GRACE: Duration = Duration::from_secs(10);
 

@@ -109,6 +109,8 @@ pub struct NativeRuntime {
     /// Change notices for followed logs, made at the first `logs -f` (on the agent's
     /// runtime); `None` if inotify is unavailable (followers then read every 50 ms).
     log_watch: std::sync::OnceLock<Option<crate::log_watch::LogWatcher>>,
+    /// Told before a container is removed (`ContainerRuntime::observe_removals`).
+    removals: std::sync::OnceLock<Arc<dyn crate::RemovalObserver>>,
 }
 
 /// A create under way for a workload: counted in `NativeRuntime::creating` until dropped.
@@ -465,7 +467,17 @@ impl ContainerRuntime for NativeRuntime {
         Ok(read_in_place(|| self.status_of(id, meta)))
     }
 
+    fn observe_removals(
+        &self,
+        observer: Arc<dyn crate::RemovalObserver>,
+    ) -> std::result::Result<(), Arc<dyn crate::RemovalObserver>> {
+        self.removals.set(observer)
+    }
+
     async fn remove(&self, id: &str, force: bool) -> Result<()> {
+        if let Some(observer) = self.removals.get() {
+            observer.removing(self, id).await;
+        }
         let status =
             read_in_place(|| Ok::<_, RuntimeError>(self.status_of(id, self.read_meta(id)?)))?;
         if status.state == ContainerState::Running {

@@ -209,6 +209,7 @@ impl NativeRuntime {
             helpers,
             caps,
             log_watch: Default::default(),
+            removals: Default::default(),
         };
         if let Ok(copier) = runtime.slice_copier() {
             copier.remove_partials();
