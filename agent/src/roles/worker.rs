@@ -1,6 +1,6 @@
 //! A worker: the feed and heartbeat through the leader's API (no etcd here), and an API of
 //! its own that serves logs and exec of its instances to the control plane. With
-//! `--parent-cluster-name` it may run detached (`crate::detached`).
+//! `--parent-cluster-name` it may run detached (`kat_node::detached`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
