@@ -13,7 +13,7 @@ use kat_api::build_definition::local_reference;
 use kat_api::wire::{BuildReport, BuildState, EventType};
 use kat_api::WorkloadKey;
 
-use crate::controller::{Memory, Round};
+use crate::controller::Round;
 use crate::events::workload_ref;
 
 /// The longest build message kept in an event or a status (a failure's last lines).
@@ -35,7 +35,7 @@ pub struct BuildMemory {
 /// Every report that counts, with its node set and its message bounded.
 pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
     let any = round
-        .view
+        .view()
         .nodes
         .values()
         .any(|n| n.heartbeat.as_ref().is_some_and(|hb| !hb.builds.is_empty()));
@@ -44,13 +44,13 @@ pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
         return Vec::new();
     }
     let runs: HashSet<(&str, &str, &str)> = round
-        .view
+        .view()
         .instances
         .values()
         .map(|r| (r.node.as_str(), r.namespace.as_str(), r.workload.as_str()))
         .collect();
     let mut out = Vec::new();
-    for (node, entry) in &round.view.nodes {
+    for (node, entry) in &round.view().nodes {
         let Some(hb) = &entry.heartbeat else { continue };
         let mut seen = HashSet::new();
         for b in &hb.builds {
@@ -87,8 +87,7 @@ pub fn reported(round: &Round<'_>) -> Vec<BuildReport> {
 }
 
 /// Events for builds that started, succeeded or failed since the last round.
-pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, builds: &[BuildReport]) {
-    let memory = &mut memory.builds;
+pub fn reconcile(round: &mut Round<'_>, memory: &mut BuildMemory, builds: &[BuildReport]) {
     let mut live = HashSet::new();
     for b in builds {
         let node = b.node.clone().unwrap_or_default();

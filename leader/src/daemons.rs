@@ -17,11 +17,15 @@ use std::collections::HashMap;
 use kat_api::wire::{EventType, InstanceRecord, WorkloadStatus, DRAIN_TAINT_KEY};
 use kat_api::workload::UpdateStrategyType;
 
-use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::controller::{Round, WorkloadCtx, WorkloadMemory};
 use crate::replacement;
 use crate::scheduler;
 
-pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
+pub fn reconcile(
+    round: &mut Round<'_>,
+    memory: &mut WorkloadMemory,
+    w: &WorkloadCtx,
+) -> WorkloadStatus {
     let mut by_node: HashMap<String, Vec<&InstanceRecord>> = HashMap::new();
     for r in round.instances_of(&w.key) {
         by_node.entry(r.node.to_string()).or_default().push(r);
@@ -32,7 +36,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     // Nodes mid-replacement: a new instance beside an old one (the old one runs until its
     // node stops it, even once retired this round), or an old instance still stopping.
     // Counted before acting, so node order does not matter.
-    let mut in_progress = round.terminating.get(&w.key).copied().unwrap_or(0) as usize;
+    let mut in_progress = round.terminating(&w.key) as usize;
     for records in by_node.values() {
         let has_new = records.iter().any(|r| r.spec_hash == w.template_hash);
         let has_old = records.iter().any(|r| r.spec_hash != w.template_hash);
@@ -41,17 +45,17 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         }
     }
     let mut unschedulable = scheduler::Unschedulable {
-        total_nodes: round.nodes.len(),
+        total_nodes: round.nodes().len(),
         ..Default::default()
     };
-    let surge = w.max_surge.absolute(round.nodes.len() as u32) as usize;
+    let surge = w.max_surge.absolute(round.nodes().len() as u32) as usize;
 
     // Current instances that ended (the node gave up under its restartPolicy) on nodes that
     // can run a new one: replaced together once the backoff allows ([`replacement`]); the
     // node then gets a new instance below like a node without one.
     let draining = |round: &Round<'_>, node: &str| {
         round
-            .view
+            .view()
             .nodes
             .get(node)
             .and_then(|e| e.registration.as_ref())
@@ -85,22 +89,22 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
 
     // Nodes whose registration is gone: their instances go too.
     for (node, records) in &by_node {
-        if !round.node_index.contains_key(node) {
+        if round.node_position(node).is_none() {
             for r in records {
                 round.delete_instance(r);
             }
         }
     }
 
-    for i in 0..round.nodes.len() {
-        let name = round.nodes[i].name.clone();
+    for i in 0..round.nodes().len() {
+        let name = round.nodes()[i].name.clone();
         let records = by_node.remove(name.as_str()).unwrap_or_default();
         let ready = round.node_ready(&name);
         let draining = draining(round, &name);
         // A node that is merely NotReady or draining keeps what it has: readiness and the
         // drain taint do not make it ineligible.
         let static_ok = {
-            let mut node = round.nodes[i].clone();
+            let mut node = round.nodes()[i].clone();
             node.schedulable = true;
             node.taints.retain(|t| t.key != DRAIN_TAINT_KEY);
             scheduler::static_exclusion(&node, &req)
@@ -145,7 +149,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
                 in_progress += 1;
             }
             // Resources: the old instance's share is still counted, as it still runs.
-            if let Some(why) = scheduler::resource_exclusion(&round.nodes[i], &round.loads[i], &req)
+            if let Some(why) = scheduler::resource_exclusion(&round.nodes()[i], round.load(i), &req)
             {
                 // GPUs are not shared: the old instance holding them goes first.
                 if why == scheduler::Exclusion::GpuInUse {

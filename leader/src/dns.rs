@@ -42,7 +42,7 @@ pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {
         .iter()
         .map(|w| (&w.key, w.has_health_check))
         .collect();
-    let view = round.view;
+    let view = round.view();
     let mut desired: BTreeMap<String, DnsRecord> = BTreeMap::new();
     for r in view.instances.values() {
         let Some(ip) = r.ip else {
@@ -75,7 +75,7 @@ pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {
         if view.dns.get(key) != Some(record) {
             match TxnOp::put_json(key, record) {
                 Ok(op) => ops.push(op),
-                Err(e) => return round.plan.push_group(Err(e)),
+                Err(e) => return round.push_group(Err(e)),
             }
         }
     }
@@ -84,5 +84,7 @@ pub fn reconcile(round: &mut Round<'_>, workloads: &[WorkloadCtx]) {
             ops.push(TxnOp::delete(key));
         }
     }
-    round.plan.groups.extend(ops.into_iter().map(|op| vec![op]));
+    for op in ops {
+        round.push_ops(vec![op]);
+    }
 }

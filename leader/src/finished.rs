@@ -32,7 +32,7 @@ pub fn archive_op(
         exit_code: reported.and_then(|s| s.exit_code),
         reason,
         started_at: reported.and_then(|s| s.started_at),
-        finished_at: reported.and_then(|s| s.finished_at).unwrap_or(round.wall),
+        finished_at: reported.and_then(|s| s.finished_at).unwrap_or(round.wall()),
         finished_ms: finished_ms(round, reported.and_then(|s| s.finished_at)),
     };
     match serde_json::to_vec(&kept) {
@@ -55,7 +55,7 @@ pub fn archive_op(
 /// When it finished, in ms since the epoch: as its node reported it (the same every round),
 /// else now.
 fn finished_ms(round: &Round<'_>, reported: Option<Timestamp>) -> u64 {
-    reported.map_or(round.wall_ms, Timestamp::unix_millis)
+    reported.map_or(round.wall_ms(), Timestamp::unix_millis)
 }
 
 /// Keep Service instances that ended for good; drop what the retention no longer keeps and
@@ -64,14 +64,23 @@ fn finished_ms(round: &Round<'_>, reported: Option<Timestamp>) -> u64 {
 /// retention already dropped (or would drop at once) is never written again, so a
 /// workload with more ended instances than `finishedRunHistory` (or a history of 0) does
 /// not make every round save and prune the same records.
+/// What the finished-runs controller remembers.
+#[derive(Default)]
+pub struct FinishedMemory {
+    /// Ended Service instances already kept once: never kept again after the retention
+    /// dropped them.
+    pub archived: std::collections::HashSet<InstanceId>,
+}
+
 pub fn reconcile(
     round: &mut Round<'_>,
     workloads: &[WorkloadCtx],
     exists: impl Fn(&WorkloadKey) -> bool,
-    archived: &mut std::collections::HashSet<InstanceId>,
+    memory: &mut FinishedMemory,
 ) {
-    let view = round.view;
-    let retention = round.config.finished;
+    let archived = &mut memory.archived;
+    let view = round.view();
+    let retention = round.config().finished;
     for w in workloads {
         if w.workload_type == WorkloadType::Job {
             continue;
@@ -96,11 +105,11 @@ pub fn reconcile(
                 items.push((r.instance_id.to_string(), finished_ms(round, s.finished_at)));
                 let refs: Vec<(&str, u64)> =
                     items.iter().map(|(run, ms)| (run.as_str(), *ms)).collect();
-                if !retained(&refs, retention, round.wall_ms).contains(&(items.len() - 1)) {
+                if !retained(&refs, retention, round.wall_ms()).contains(&(items.len() - 1)) {
                     continue;
                 }
                 let op = archive_op(round, r, s.state, s.reason.clone());
-                round.plan.groups.push(vec![op]);
+                round.push_ops(vec![op]);
             }
         }
     }
@@ -108,7 +117,7 @@ pub fn reconcile(
     for (key, kept) in &view.finished {
         let items: Vec<(&str, u64)> = kept.values().map(|f| (f.run(), f.finished_ms)).collect();
         let keep = if exists(key) {
-            retained(&items, retention, round.wall_ms)
+            retained(&items, retention, round.wall_ms())
         } else {
             Default::default()
         };
@@ -119,7 +128,7 @@ pub fn reconcile(
             .map(|(_, id)| TxnOp::delete(keys::finished_instance(&key.namespace, &key.name, id)))
             .collect();
         if !ops.is_empty() {
-            round.plan.groups.push(ops);
+            round.push_ops(ops);
         }
     }
 }

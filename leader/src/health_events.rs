@@ -53,12 +53,12 @@ impl HealthMemory {
 }
 
 pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
-    let since = *memory.since.get_or_insert(round.wall);
+    let since = *memory.since.get_or_insert(round.wall());
     let last = &memory.seen;
     let mut now = HashMap::with_capacity(last.len());
     let mut found = Vec::new();
-    for (id, (node, status)) in &round.reported {
-        let Some(record) = round.view.instances.get(*id) else {
+    for (id, node, status) in round.reported() {
+        let Some(record) = round.view().instances.get(id) else {
             continue;
         };
         if record.node != *node {
@@ -70,7 +70,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
             unhealthy_transitions: 0,
         };
         let before = last
-            .get(*id)
+            .get(id)
             .copied()
             .or_else(|| (record.created_at >= since).then_some(new));
         if before.is_none_or(|b| b.unhealthy_transitions != count || b.known != status.health) {
@@ -79,7 +79,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
                 health = ?status.health,
                 count,
                 ?before,
-                remembered = last.contains_key(*id),
+                remembered = last.contains_key(id),
                 created = %record.created_at,
                 %since,
                 "health reported"
@@ -136,8 +136,8 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut HealthMemory) {
     // An instance this leader knows but its node has not reported yet is new to everyone:
     // its first report counts from nothing (a turn to Unhealthy before this leader first
     // heard of it is an event), unlike one already running when this leader took over.
-    for (id, record) in &round.view.instances {
-        if !round.reported.contains_key(id.as_str()) && !now.contains_key(id.as_str()) {
+    for (id, record) in &round.view().instances {
+        if !round.is_reported(id) && !now.contains_key(id.as_str()) {
             let seen = last.get(id.as_str()).copied().unwrap_or(Seen {
                 known: Health::Unknown,
                 unhealthy_transitions: 0,

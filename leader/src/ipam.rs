@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use kat_api::keys;
+use kat_api::wire::NodeName;
 use kat_store::TxnOp;
 use tokio::time::Instant;
 
@@ -108,16 +109,16 @@ pub struct Quarantine {
     /// The first round this leader made: addresses freed before it count as freed then.
     since: Option<Instant>,
     /// Addresses in use at the last round, per node.
-    in_use: HashMap<String, HashSet<IpAddr>>,
+    in_use: HashMap<NodeName, HashSet<IpAddr>>,
     /// Addresses freed less than [`QUARANTINE`] ago, per node, with when.
-    released: HashMap<String, HashMap<IpAddr, Instant>>,
+    released: HashMap<NodeName, HashMap<IpAddr, Instant>>,
 }
 
 impl Quarantine {
     /// Takes in a round's addresses in use (per node): those in use last round and no longer
     /// are freed `now`; a release older than [`QUARANTINE`] is forgotten, and so is one whose
     /// address is in use again.
-    pub fn observe(&mut self, in_use: &HashMap<String, HashSet<IpAddr>>, now: Instant) {
+    pub fn observe(&mut self, in_use: &HashMap<NodeName, HashSet<IpAddr>>, now: Instant) {
         self.since.get_or_insert(now);
         for (node, before) in &self.in_use {
             let current = in_use.get(node);
@@ -184,14 +185,14 @@ impl Quarantine {
 /// are gone (no registration, no instance). Newly given subnets count in this round already,
 /// so a node's first instances are placed in the round it gets its subnet.
 pub fn reconcile(round: &mut Round<'_>) {
-    let Some(plan) = round.config.addresses else {
+    let Some(plan) = round.config().addresses else {
         return;
     };
-    let view = round.view;
+    let view = round.view();
     let mut taken: BTreeSet<IpNet> = view.subnets.values().copied().collect();
-    let mut given: BTreeMap<String, IpNet> = BTreeMap::new();
+    let mut given: BTreeMap<NodeName, IpNet> = BTreeMap::new();
     for (name, entry) in &view.nodes {
-        if entry.registration.is_none() || view.subnets.contains_key(name.as_str()) {
+        if entry.registration.is_none() || view.subnets.contains_key(name) {
             continue;
         }
         let Some(subnet) = plan.free_subnet(&taken) else {
@@ -208,17 +209,14 @@ pub fn reconcile(round: &mut Round<'_>) {
         };
         taken.insert(subnet);
         let key = keys::node_subnet(name);
-        round
-            .plan
-            .groups
-            .push(vec![TxnOp::put(&key, subnet.to_string())]);
+        round.push_ops(vec![TxnOp::put(&key, subnet.to_string())]);
         round.event(
             kat_api::wire::EventType::Normal,
             "SubnetAssigned",
             crate::events::node_ref(name),
             format!("node {name} has subnet {subnet}"),
         );
-        given.insert(name.to_string(), subnet);
+        given.insert(name.clone(), subnet);
     }
     for (name, subnet) in given {
         round.give_subnet(&name, subnet);
@@ -230,10 +228,7 @@ pub fn reconcile(round: &mut Round<'_>) {
             .get(name.as_str())
             .is_some_and(|n| n.registration.is_some());
         if !registered && !in_use.contains(name.as_str()) {
-            round
-                .plan
-                .groups
-                .push(vec![TxnOp::delete(keys::node_subnet(name))]);
+            round.push_ops(vec![TxnOp::delete(keys::node_subnet(name))]);
         }
     }
 }
@@ -305,7 +300,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_freed_address_waits_out_its_quarantine_unless_none_other_is_free() {
         let subnet = net("10.0.0.0/29"); // .1 the node's, .2 to .6 for instances
-        let in_use = |list: &[&str]| HashMap::from([("n".to_string(), ips(list))]);
+        let in_use = |list: &[&str]| HashMap::from([(NodeName::parse("n").unwrap(), ips(list))]);
         let mut q = Quarantine::default();
         let now = Instant::now();
         q.observe(&in_use(&[]), now);

@@ -28,24 +28,41 @@ use kat_api::wire::{
 };
 use kat_store::TxnOp;
 
-use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::controller::{Round, WorkloadCtx, WorkloadMemory};
 use crate::finished;
 
-pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
+/// What the Job controller remembers per workload.
+#[derive(Default)]
+pub struct JobMemory {
+    /// When this leader first saw a scheduled Job whose creation time is unknown, in
+    /// minutes since the epoch: its ticks count from then.
+    pub first_seen: std::collections::HashMap<kat_api::WorkloadKey, u64>,
+}
+
+pub fn reconcile(
+    round: &mut Round<'_>,
+    memory: &mut JobMemory,
+    shared: &mut WorkloadMemory,
+    w: &WorkloadCtx,
+) -> WorkloadStatus {
     let spec = w
         .desired
         .job
         .as_ref()
         .map(|j| j.spec.clone())
         .unwrap_or_default();
-    let mut runs: BTreeMap<String, JobRun> =
-        round.view.job_runs.get(&w.key).cloned().unwrap_or_default();
+    let mut runs: BTreeMap<String, JobRun> = round
+        .view()
+        .job_runs
+        .get(&w.key)
+        .cloned()
+        .unwrap_or_default();
     start_due_runs(round, memory, w, &spec, &mut runs);
     let mut pending = None;
     let ids: Vec<String> = runs.keys().cloned().collect();
     for id in ids {
         if let Some(run) = runs.get_mut(&id).filter(|r| r.state == JobRunState::Active) {
-            if let Some(p) = advance_run(round, memory, w, &spec, run) {
+            if let Some(p) = advance_run(round, shared, w, &spec, run) {
                 pending = Some(p);
             }
         }
@@ -101,8 +118,8 @@ fn new_run(
         reason: None,
         succeeded: 0,
         failed: 0,
-        started_at: round.wall,
-        started_ms: round.wall_ms,
+        started_at: round.wall(),
+        started_ms: round.wall_ms(),
         finished_at: None,
         scheduled_minute,
     }
@@ -117,7 +134,7 @@ fn put_run_op(run: &JobRun) -> kat_store::Result<TxnOp> {
 
 /// Queue `group` with the run's record written last, in one transaction.
 fn push_with_run(round: &mut Round<'_>, mut group: Vec<TxnOp>, run: &JobRun) {
-    round.plan.push_group(put_run_op(run).map(|op| {
+    round.push_group(put_run_op(run).map(|op| {
         group.push(op);
         group
     }));
@@ -125,7 +142,7 @@ fn push_with_run(round: &mut Round<'_>, mut group: Vec<TxnOp>, run: &JobRun) {
 
 fn start_due_runs(
     round: &mut Round<'_>,
-    memory: &mut Memory,
+    memory: &mut JobMemory,
     w: &WorkloadCtx,
     spec: &JobSpec,
     runs: &mut BTreeMap<String, JobRun>,
@@ -159,7 +176,7 @@ fn start_due_runs(
         runs.insert(run.run_id.clone(), run);
         return;
     };
-    let now_minute = round.wall_ms / 60_000;
+    let now_minute = round.wall_ms() / 60_000;
     // Without earlier runs, ticks count from the workload's creation (or, if that is
     // unknown, from when this leader first saw it).
     let since = runs
@@ -208,7 +225,7 @@ fn start_due_runs(
 /// Count finished instances, check limits, start more instances. Returns a pending message.
 fn advance_run(
     round: &mut Round<'_>,
-    memory: &mut Memory,
+    memory: &mut WorkloadMemory,
     w: &WorkloadCtx,
     spec: &JobSpec,
     run: &mut JobRun,
@@ -283,7 +300,7 @@ fn advance_run(
         }
     }
     let changed = !group.is_empty();
-    let elapsed_s = round.wall_ms.saturating_sub(run.started_ms) / 1000;
+    let elapsed_s = round.wall_ms().saturating_sub(run.started_ms) / 1000;
     let verdict = if run.succeeded >= spec.completions {
         Some((
             JobRunState::Succeeded,
@@ -345,7 +362,7 @@ fn set_finished(
     reason: String,
 ) {
     run.state = state;
-    run.finished_at = Some(round.wall);
+    run.finished_at = Some(round.wall());
     let (t, r) = if state == JobRunState::Succeeded {
         (EventType::Normal, "JobRunSucceeded")
     } else {
@@ -388,9 +405,9 @@ fn prune_history(round: &mut Round<'_>, w: &WorkloadCtx, runs: &mut BTreeMap<Str
         .filter(|r| r.state != JobRunState::Active)
         .map(|r| r.run_id.clone())
         .collect();
-    let excess = finished.len().saturating_sub(round.config.job_history);
+    let excess = finished.len().saturating_sub(round.config().job_history);
     for id in finished.into_iter().take(excess) {
-        round.plan.groups.push(vec![TxnOp::delete(keys::job_run(
+        round.push_ops(vec![TxnOp::delete(keys::job_run(
             &w.key.namespace,
             &w.key.name,
             &id,

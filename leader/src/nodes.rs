@@ -2,21 +2,33 @@
 //! `nodeLossTimeoutSeconds` without one. Join, leave and readiness changes become events.
 //! What happens to a lost node's instances is each workload controller's business.
 
-use kat_api::wire::EventType;
+use kat_api::wire::{EventType, NodeName};
 
-use crate::controller::{Memory, Round};
+use std::collections::{HashMap, HashSet};
+
+use crate::controller::Round;
 use crate::events::node_ref;
 
-pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
-    let timeout = round.config.node_loss_timeout;
-    let now = round.now;
+/// What the node controller remembers: each node's readiness and the nodes it has seen join.
+#[derive(Default)]
+pub struct NodeMemory {
+    /// Each node's readiness at the last round.
+    pub ready: HashMap<NodeName, bool>,
+    /// Nodes whose join was told.
+    pub known: HashSet<NodeName>,
+}
+
+/// Readiness of every node this round, and its join, leave and readiness events.
+pub fn reconcile(round: &mut Round<'_>, memory: &mut NodeMemory) {
+    let timeout = round.config().node_loss_timeout;
+    let now = round.now();
     let mut transitions = Vec::new();
-    for (name, entry) in &round.view.nodes {
+    for (name, entry) in &round.view().nodes {
         let ready = entry.heartbeat.is_some()
             && entry
                 .last_seen
                 .is_some_and(|seen| now.saturating_duration_since(seen) <= timeout);
-        if entry.registration.is_some() && memory.known_nodes.insert(name.to_string()) {
+        if entry.registration.is_some() && memory.known.insert(name.clone()) {
             transitions.push((
                 EventType::Normal,
                 "NodeJoined",
@@ -24,7 +36,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
                 format!("node {name} registered"),
             ));
         }
-        match memory.ready.insert(name.to_string(), ready) {
+        match memory.ready.insert(name.clone(), ready) {
             Some(was) if was == ready => {}
             None if ready => transitions.push((
                 EventType::Normal,
@@ -50,12 +62,12 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
             )),
         }
     }
-    let gone: Vec<String> = memory
-        .known_nodes
+    let gone: Vec<NodeName> = memory
+        .known
         .iter()
         .filter(|n| {
             round
-                .view
+                .view()
                 .nodes
                 .get(n.as_str())
                 .is_none_or(|e| e.registration.is_none())
@@ -63,31 +75,17 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory) {
         .cloned()
         .collect();
     for name in gone {
-        memory.known_nodes.remove(&name);
+        memory.known.remove(&name);
         memory.ready.remove(&name);
         transitions.push((
             EventType::Normal,
             "NodeLeft",
-            name.clone(),
+            name.to_string(),
             format!("node {name} was removed"),
         ));
     }
     for (t, reason, name, message) in transitions {
         round.event(t, reason, node_ref(&name), message);
     }
-    round.ready = memory.ready.clone();
-    for node in &mut round.nodes {
-        let draining = round
-            .view
-            .nodes
-            .get(&node.name)
-            .and_then(|e| e.registration.as_ref())
-            .is_some_and(|r| r.draining);
-        node.schedulable = round
-            .ready
-            .get(node.name.as_str())
-            .copied()
-            .unwrap_or(false)
-            && !draining;
-    }
+    round.set_readiness(memory.ready.clone());
 }

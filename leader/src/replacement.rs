@@ -21,7 +21,7 @@ use std::time::Duration;
 use kat_api::wire::{EventType, InstanceRecord, InstanceState, InstanceStatus};
 use tokio::time::Instant;
 
-use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::controller::{Round, WorkloadCtx, WorkloadMemory};
 
 /// Replacements of one workload in a row, kept in leader memory.
 #[derive(Debug, Clone)]
@@ -38,8 +38,8 @@ pub fn ended(status: &InstanceStatus) -> bool {
 
 /// The delay after the previous replacement before the next one may happen.
 fn delay(round: &Round<'_>, streak: &Streak) -> Duration {
-    let base = round.config.replacement_backoff_base;
-    let cap = round.config.replacement_backoff_cap;
+    let base = round.config().replacement_backoff_base;
+    let cap = round.config().replacement_backoff_cap;
     if streak.count == 0 {
         return Duration::ZERO;
     }
@@ -48,12 +48,12 @@ fn delay(round: &Round<'_>, streak: &Streak) -> Duration {
 }
 
 /// How long until `w`'s ended instances may be replaced; zero when they may be now.
-pub fn wait(round: &Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> Duration {
-    let quiet = round.config.replacement_backoff_cap * 2;
+pub fn wait(round: &Round<'_>, memory: &mut WorkloadMemory, w: &WorkloadCtx) -> Duration {
+    let quiet = round.config().replacement_backoff_cap * 2;
     let Some(streak) = memory.replacements.get(&w.key) else {
         return Duration::ZERO;
     };
-    let since = round.now.saturating_duration_since(streak.last);
+    let since = round.now().saturating_duration_since(streak.last);
     if streak.template_hash != w.template_hash || since >= quiet {
         memory.replacements.remove(&w.key);
         return Duration::ZERO;
@@ -66,7 +66,7 @@ pub fn wait(round: &Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> Duration
 /// [`wait`] and places the new instances.
 pub fn replace(
     round: &mut Round<'_>,
-    memory: &mut Memory,
+    memory: &mut WorkloadMemory,
     w: &WorkloadCtx,
     ended: &[&InstanceRecord],
 ) {
@@ -106,10 +106,10 @@ pub fn replace(
         .or_insert_with(|| Streak {
             template_hash: w.template_hash.clone(),
             count: 0,
-            last: round.now,
+            last: round.now(),
         });
     streak.count += 1;
-    streak.last = round.now;
+    streak.last = round.now();
 }
 
 /// The status message while ended instances wait for their replacement.

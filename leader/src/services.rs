@@ -33,7 +33,7 @@ use kat_api::wire::{EventType, InstanceRecord, RolloutStatus, WorkloadStatus};
 use kat_api::workload::UpdateStrategyType;
 use tokio::time::Instant;
 
-use crate::controller::{Memory, Round, WorkloadCtx};
+use crate::controller::{Round, WorkloadCtx, WorkloadMemory};
 use crate::replacement;
 use crate::scheduler::Exclusion;
 
@@ -48,12 +48,26 @@ pub struct RolloutTracker {
     pub stalled: bool,
 }
 
-pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) -> WorkloadStatus {
+/// What the Service controller remembers per workload.
+#[derive(Default)]
+pub struct ServiceMemory {
+    /// Rollouts under way.
+    pub rollouts: std::collections::HashMap<kat_api::WorkloadKey, RolloutTracker>,
+    /// Since when a Service without a surge runs old and new instances at once.
+    pub simultaneous_since: std::collections::HashMap<kat_api::WorkloadKey, Instant>,
+}
+
+pub fn reconcile(
+    round: &mut Round<'_>,
+    memory: &mut ServiceMemory,
+    shared: &mut WorkloadMemory,
+    w: &WorkloadCtx,
+) -> WorkloadStatus {
     let replicas = w.replicas as usize;
-    let (kept, waiting) = drop_lost_and_ended(round, memory, w);
+    let (kept, waiting) = drop_lost_and_ended(round, shared, w);
     let draining = |r: &InstanceRecord| {
         round
-            .view
+            .view()
             .nodes
             .get(r.node.as_str())
             .and_then(|n| n.registration.as_ref())
@@ -62,7 +76,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     let (mut new, mut old): (Vec<&InstanceRecord>, Vec<&InstanceRecord>) = kept
         .iter()
         .partition(|r| r.spec_hash == w.template_hash && !draining(r));
-    let terminating = round.terminating.get(&w.key).copied().unwrap_or(0) as usize;
+    let terminating = round.terminating(&w.key) as usize;
     let healthy = |round: &Round<'_>, r: &InstanceRecord| round.healthy(r, w.has_health_check);
 
     // Simultaneous: all old go first; new ones start once the old have stopped.
@@ -73,7 +87,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         for r in old.drain(..) {
             round.delete_instance(r);
         }
-        memory.simultaneous_since.insert(w.key.clone(), round.now);
+        memory.simultaneous_since.insert(w.key.clone(), round.now());
         round.event(
             EventType::Normal,
             "RolloutStep",
@@ -86,7 +100,8 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         hold_creation = true;
     } else if let Some(since) = memory.simultaneous_since.get(&w.key).copied() {
         if terminating > 0
-            && round.now.saturating_duration_since(since) < round.config.simultaneous_stop_timeout
+            && round.now().saturating_duration_since(since)
+                < round.config().simultaneous_stop_timeout
         {
             hold_creation = true;
         } else {
@@ -115,7 +130,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
     }
     let (created, unschedulable) = round.place(w, want as u32, None);
     let missing = replicas.saturating_sub(new.len() + created.len());
-    let pending = round.note_pending(memory, w, missing as u32, unschedulable.as_ref());
+    let pending = round.note_pending(shared, w, missing as u32, unschedulable.as_ref());
     round.schedule(w, &created, &format!("generation {}", w.generation));
 
     // Retire old instances: unhealthy ones freely, healthy ones only above `replicas` healthy.
@@ -151,16 +166,16 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
         // Only on a node where the old instances' GPUs, once all free, let a new instance in
         // (a new version asking for another kind of GPU makes no room by stopping these).
         let helps = |r: &InstanceRecord| {
-            let Some(&i) = round.node_index.get(r.node.as_str()) else {
+            let Some(i) = round.node_position(&r.node) else {
                 return false;
             };
-            let mut load = round.loads[i].clone();
+            let mut load = round.load(i).clone();
             for o in old.iter().filter(|o| o.node == r.node) {
                 for g in &o.gpus {
                     load.gpus.remove(g);
                 }
             }
-            crate::scheduler::free_gpus(&round.nodes[i], &load, &req).is_some()
+            crate::scheduler::free_gpus(&round.nodes()[i], &load, &req).is_some()
         };
         if let Some(r) = old.iter().find(|r| !r.gpus.is_empty() && helps(r)) {
             retired.push(*r);
@@ -204,7 +219,7 @@ pub fn reconcile(round: &mut Round<'_>, memory: &mut Memory, w: &WorkloadCtx) ->
 /// status message saying so.
 fn drop_lost_and_ended<'a>(
     round: &mut Round<'a>,
-    memory: &mut Memory,
+    memory: &mut WorkloadMemory,
     w: &WorkloadCtx,
 ) -> (Vec<&'a InstanceRecord>, Option<String>) {
     let mut kept = Vec::new();
@@ -216,7 +231,7 @@ fn drop_lost_and_ended<'a>(
     let pinned = kat_api::pinning::pinned_node(&w.desired.workload);
     for r in round.instances_of(&w.key) {
         let registered = round
-            .view
+            .view()
             .nodes
             .get(r.node.as_str())
             .is_some_and(|n| n.registration.is_some());
@@ -259,7 +274,7 @@ fn drop_lost_and_ended<'a>(
 /// Update the rollout tracker; emit step, stall and completion events.
 fn track_rollout(
     round: &mut Round<'_>,
-    memory: &mut Memory,
+    memory: &mut ServiceMemory,
     w: &WorkloadCtx,
     healthy_new: usize,
     old_left: usize,
@@ -293,7 +308,7 @@ fn track_rollout(
                 .or_insert(RolloutTracker {
                     target: w.template_hash.clone(),
                     from_generations: from,
-                    last_progress: round.now,
+                    last_progress: round.now(),
                     healthy_new: 0,
                     old: old.len(),
                     stalled: false,
@@ -301,7 +316,7 @@ fn track_rollout(
         }
     };
     if healthy_new > tracker.healthy_new || old_left < tracker.old {
-        tracker.last_progress = round.now;
+        tracker.last_progress = round.now();
         tracker.healthy_new = healthy_new;
         tracker.old = old_left;
         tracker.stalled = false;
@@ -328,14 +343,14 @@ fn track_rollout(
     }
     let message;
     if !tracker.stalled
-        && round.now.saturating_duration_since(tracker.last_progress)
-            >= round.config.rollout_progress_deadline
+        && round.now().saturating_duration_since(tracker.last_progress)
+            >= round.config().rollout_progress_deadline
     {
         tracker.stalled = true;
         message = format!(
             "rollout to generation {} stalled: no new instance became healthy for {}s; {old_left} old instance(s) keep serving",
             w.generation,
-            round.config.rollout_progress_deadline.as_secs()
+            round.config().rollout_progress_deadline.as_secs()
         );
         round.event(
             EventType::Warning,

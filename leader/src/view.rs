@@ -50,7 +50,7 @@ pub struct ClusterView {
     /// written at.
     pub templates: BTreeMap<(String, String, String), Revision>,
     /// Each node's subnet of `clusterCIDR` (`crate::ipam`).
-    pub subnets: BTreeMap<String, IpNet>,
+    pub subnets: BTreeMap<NodeName, IpNet>,
     /// The cluster's DNS records by key (`crate::dns`).
     pub dns: BTreeMap<String, DnsRecord>,
     /// Finished instances kept for their exit codes and logs, by workload, then instance id
@@ -144,9 +144,13 @@ impl ClusterView {
                 self.forget_node_if_empty(node);
             }
             Key::NodeSubnet { node } => {
+                let Ok(name) = NodeName::parse(node) else {
+                    tracing::warn!(key, "a node key whose name is not a node name: ignored");
+                    return;
+                };
                 match value.and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok()) {
                     Some(subnet) => {
-                        self.subnets.insert(node.to_string(), subnet);
+                        self.subnets.insert(name, subnet);
                     }
                     None => {
                         self.subnets.remove(node);
@@ -252,7 +256,7 @@ impl ClusterView {
     /// (their containers still stopping), never for an instance assigned to another node nor
     /// for ids it makes up: a worker's heartbeat cannot change what the leader believes of
     /// its neighbours, nor hold back their rollouts with phantom "terminating" instances.
-    pub fn reported(&self) -> HashMap<&str, (&str, &InstanceStatus)> {
+    pub fn reported(&self) -> HashMap<&InstanceId, (&NodeName, &InstanceStatus)> {
         let mut out = HashMap::new();
         for (node, entry) in &self.nodes {
             if let Some(hb) = &entry.heartbeat {
@@ -264,7 +268,7 @@ impl ClusterView {
                     if !speaks_for {
                         continue;
                     }
-                    out.insert(s.instance_id.as_str(), (node.as_str(), s));
+                    out.insert(&s.instance_id, (node, s));
                 }
             }
         }

@@ -16,7 +16,7 @@
 mod memory;
 mod round;
 
-pub use memory::Memory;
+pub use memory::{Memory, WorkloadMemory};
 pub use round::{Plan, Round, WorkloadCtx};
 
 use std::collections::{BTreeMap, HashSet};
@@ -230,13 +230,13 @@ impl Leader {
             config,
             rng,
             clock,
-            &memory.ready,
+            &memory.nodes.ready,
             now,
             reported,
             used_ips,
             quarantine,
         );
-        nodes::reconcile(&mut round, memory);
+        nodes::reconcile(&mut round, &mut memory.nodes);
         ipam::reconcile(&mut round);
         let workloads: Vec<WorkloadCtx> =
             view.workloads.values().filter_map(workload_ctx).collect();
@@ -244,19 +244,23 @@ impl Leader {
         dns::reconcile(&mut round, &workloads);
         crate::stored_rules::reconcile(&mut round, &mut memory.refused_stored, &workloads);
         let builds = crate::builds::reported(&round);
-        crate::builds::reconcile(&mut round, memory, &builds);
+        crate::builds::reconcile(&mut round, &mut memory.builds, &builds);
         for w in &workloads {
             let mut status = match w.workload_type {
-                WorkloadType::Service => services::reconcile(&mut round, memory, w),
-                WorkloadType::DaemonService => daemons::reconcile(&mut round, memory, w),
-                WorkloadType::Job => jobs::reconcile(&mut round, memory, w),
+                WorkloadType::Service => {
+                    services::reconcile(&mut round, &mut memory.services, &mut memory.workloads, w)
+                }
+                WorkloadType::DaemonService => {
+                    daemons::reconcile(&mut round, &mut memory.workloads, w)
+                }
+                WorkloadType::Job => {
+                    jobs::reconcile(&mut round, &mut memory.jobs, &mut memory.workloads, w)
+                }
             };
             status.builds = crate::builds::of(&builds, &w.key);
             if memory.statuses.get(&w.key) != Some(&status) {
                 let key = keys::workload_status(&w.key.namespace, &w.key.name);
-                round
-                    .plan
-                    .push_group(TxnOp::put_json(key, &status).map(|op| vec![op]));
+                round.push_group(TxnOp::put_json(key, &status).map(|op| vec![op]));
                 memory.statuses.insert(w.key.clone(), status);
             }
         }
@@ -273,7 +277,7 @@ impl Leader {
         for r in orphans {
             round.delete_instance(r);
         }
-        crate::finished::reconcile(&mut round, &workloads, exists, &mut memory.archived);
+        crate::finished::reconcile(&mut round, &workloads, exists, &mut memory.finished);
         crate::health_events::reconcile(&mut round, &mut memory.health);
         for (key, runs) in &view.job_runs {
             if !exists(key) {
@@ -283,7 +287,7 @@ impl Leader {
                         TxnOp::delete(keys::job_run(&run.namespace, &run.workload, &run.run_id))
                     })
                     .collect();
-                round.plan.groups.push(ops);
+                round.push_ops(ops);
             }
         }
         // Templates no instance and no rollback target uses. Only those written before the
@@ -310,10 +314,15 @@ impl Leader {
                     && !used.contains(&(ns.as_str(), name.as_str(), hash.as_str()))
             })
             .map(|((ns, name, hash), _)| vec![TxnOp::delete(keys::template(ns, name, hash))]);
-        round.plan.groups.extend(unused);
+        for group in unused {
+            round.push_ops(group);
+        }
         memory.statuses.retain(|k, _| live.contains(k));
-        memory.replacements.retain(|k, _| live.contains(k));
-        round.plan
+        memory
+            .workloads
+            .replacements
+            .retain(|k, _| live.contains(k));
+        round.into_plan()
     }
 
     /// Write a plan in fenced transactions of at most [`MAX_TXN_OPS`] operations.

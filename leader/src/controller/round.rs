@@ -12,7 +12,7 @@ use kat_api::wire::{
     Event, EventType, Health, InstanceRecord, InstanceState, InstanceStatus, ObjectReference,
     ResourceList,
 };
-use kat_api::wire::{InstanceId, Timestamp};
+use kat_api::wire::{InstanceId, NodeName, Timestamp};
 use kat_api::workload::{GpuRequest, MaxSurge, Toleration, UpdateStrategyType, WorkloadType};
 use kat_api::WorkloadKey;
 use kat_store::{Result, StoreError, TxnOp};
@@ -26,7 +26,7 @@ use crate::ipam::{self};
 use crate::scheduler::{self, NodeLoad, Request, SchedNode, Unschedulable};
 use crate::view::ClusterView;
 
-use super::{LeaderConfig, Memory};
+use super::{LeaderConfig, WorkloadMemory};
 
 /// Decisions of one round: groups of writes (each group atomic) and events.
 #[derive(Default)]
@@ -94,51 +94,145 @@ impl WorkloadCtx {
     }
 }
 
-/// One round's working state.
+/// One round's working state: what the view says, with the nodes' loads and readiness, and
+/// the plan the controllers add to. Controllers read it and add to the plan through its
+/// methods.
 pub struct Round<'a> {
-    pub view: &'a ClusterView,
-    pub config: &'a LeaderConfig,
-    pub now: Instant,
-    pub wall: Timestamp,
-    pub wall_ms: u64,
-    pub nodes: Vec<SchedNode>,
-    pub node_index: HashMap<String, usize>,
-    pub loads: Vec<NodeLoad>,
-    pub ready: HashMap<String, bool>,
-    pub reported: HashMap<&'a str, (&'a str, &'a InstanceStatus)>,
-    pub by_workload: HashMap<WorkloadKey, Vec<&'a InstanceRecord>>,
+    view: &'a ClusterView,
+    config: &'a LeaderConfig,
+    now: Instant,
+    wall: Timestamp,
+    wall_ms: u64,
+    nodes: Vec<SchedNode>,
+    node_index: HashMap<NodeName, usize>,
+    loads: Vec<NodeLoad>,
+    ready: HashMap<NodeName, bool>,
+    reported: Reported<'a>,
+    by_workload: HashMap<WorkloadKey, Vec<&'a InstanceRecord>>,
     /// Instances nodes still report whose records are gone, per workload: still running.
-    pub terminating: HashMap<WorkloadKey, u32>,
-    pub plan: Plan,
-    pub rng: &'a mut StdRng,
+    terminating: HashMap<WorkloadKey, u32>,
+    plan: Plan,
+    rng: &'a mut StdRng,
     new_ids: HashSet<InstanceId>,
     /// Node subnets, with those given this round.
-    subnets: HashMap<String, IpNet>,
+    subnets: HashMap<NodeName, IpNet>,
     /// Addresses in use per node: its instances' and those of containers it still reports.
-    used_ips: HashMap<String, HashSet<IpAddr>>,
+    used_ips: HashMap<NodeName, HashSet<IpAddr>>,
     /// Addresses freed recently, not to be given again yet.
     quarantine: &'a ipam::Quarantine,
 }
 
 impl<'a> Round<'a> {
+    /// The cluster as the leader last read it.
+    pub fn view(&self) -> &'a ClusterView {
+        self.view
+    }
+
+    /// The leader's settings.
+    pub fn config(&self) -> &'a LeaderConfig {
+        self.config
+    }
+
+    /// The round's time (monotonic, simulated in tests).
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The round's wall-clock time.
+    pub fn wall(&self) -> Timestamp {
+        self.wall
+    }
+
+    /// The round's wall-clock time in milliseconds since the epoch.
+    pub fn wall_ms(&self) -> u64 {
+        self.wall_ms
+    }
+
+    /// The nodes instances may be placed on, as the scheduler sees them.
+    pub fn nodes(&self) -> &[SchedNode] {
+        &self.nodes
+    }
+
+    /// Where node `name` is in [`Round::nodes`].
+    pub fn node_position(&self, name: &str) -> Option<usize> {
+        self.node_index.get(name).copied()
+    }
+
+    /// What is placed on the node at `position` in [`Round::nodes`].
+    pub fn load(&self, position: usize) -> &NodeLoad {
+        &self.loads[position]
+    }
+
+    /// Instances of `workload` still stopping whose records are gone.
+    pub fn terminating(&self, workload: &WorkloadKey) -> u32 {
+        self.terminating.get(workload).copied().unwrap_or(0)
+    }
+
+    /// What nodes report: each instance, the node that runs it and its status.
+    pub fn reported(
+        &self,
+    ) -> impl Iterator<Item = (&'a InstanceId, &'a NodeName, &'a InstanceStatus)> + '_ {
+        self.reported.iter().map(|(id, (node, s))| (*id, *node, *s))
+    }
+
+    /// Whether a node reports instance `id`.
+    pub fn is_reported(&self, id: &InstanceId) -> bool {
+        self.reported.contains_key(id)
+    }
+
+    /// The nodes' readiness as the node controller decided it this round: a node takes new
+    /// instances when it is ready and not draining.
+    pub fn set_readiness(&mut self, ready: HashMap<NodeName, bool>) {
+        for node in &mut self.nodes {
+            let draining = self
+                .view
+                .nodes
+                .get(&node.name)
+                .and_then(|e| e.registration.as_ref())
+                .is_some_and(|r| r.draining);
+            node.schedulable = ready.get(&node.name).copied().unwrap_or(false) && !draining;
+        }
+        self.ready = ready;
+    }
+
+    /// Queue one atomic group of writes, or, if building it failed, fail the round.
+    pub fn push_group(&mut self, group: Result<Vec<TxnOp>>) {
+        self.plan.push_group(group);
+    }
+
+    /// Queue one atomic group of writes.
+    pub fn push_ops(&mut self, ops: Vec<TxnOp>) {
+        self.plan.groups.push(ops);
+    }
+
+    /// What the round decided.
+    pub fn into_plan(self) -> Plan {
+        self.plan
+    }
+
+    /// Whether node `node` is ready (heartbeats within `nodeLossTimeoutSeconds`).
     pub fn node_ready(&self, node: &str) -> bool {
         self.ready.get(node).copied().unwrap_or(false)
     }
 
-    pub fn status_of(&self, id: &str) -> Option<&'a InstanceStatus> {
+    /// What the node running `id` reports of it.
+    pub fn status_of(&self, id: &InstanceId) -> Option<&'a InstanceStatus> {
         self.reported.get(id).map(|(_, s)| *s)
     }
 
+    /// Whether `rec` runs (and, with a health check, is healthy).
     pub fn healthy(&self, rec: &InstanceRecord, has_health_check: bool) -> bool {
         self.status_of(&rec.instance_id).is_some_and(|s| {
             s.state == InstanceState::Running && (!has_health_check || s.health == Health::Healthy)
         })
     }
 
+    /// The instance records of `workload`.
     pub fn instances_of(&self, workload: &WorkloadKey) -> Vec<&'a InstanceRecord> {
         self.by_workload.get(workload).cloned().unwrap_or_default()
     }
 
+    /// Record an event of this round.
     pub fn event(
         &mut self,
         event_type: EventType,
@@ -161,8 +255,8 @@ impl<'a> Round<'a> {
     }
 
     /// Node `name` got `subnet` this round: its addresses count from now.
-    pub fn give_subnet(&mut self, name: &str, subnet: IpNet) {
-        self.subnets.insert(name.to_string(), subnet);
+    pub fn give_subnet(&mut self, name: &NodeName, subnet: IpNet) {
+        self.subnets.insert(name.clone(), subnet);
         if let Some(&i) = self.node_index.get(name) {
             let used = self.used_ips.get(name).map_or(0, HashSet::len);
             self.nodes[i].free_ips = ipam::free_count(&subnet, used);
@@ -181,7 +275,7 @@ impl<'a> Round<'a> {
         let id = self.new_id(&w.key.name);
         let name = &self.nodes[node].name;
         let ip = self.subnets.get(name.as_str()).and_then(|subnet| {
-            let used = self.used_ips.entry(name.to_string()).or_default();
+            let used = self.used_ips.entry(name.clone()).or_default();
             let ip = self.quarantine.pick(name, subnet, used, self.now)?;
             used.insert(ip);
             Some(ip)
@@ -312,7 +406,7 @@ impl<'a> Round<'a> {
     /// Record (as an event, once per change) why instances stay Pending.
     pub fn note_pending(
         &mut self,
-        memory: &mut Memory,
+        memory: &mut WorkloadMemory,
         w: &WorkloadCtx,
         missing: u32,
         why: Option<&Unschedulable>,
@@ -341,23 +435,23 @@ impl<'a> Round<'a> {
 }
 
 /// What nodes report, by instance id: the node and the instance's status.
-type Reported<'a> = HashMap<&'a str, (&'a str, &'a InstanceStatus)>;
+type Reported<'a> = HashMap<&'a InstanceId, (&'a NodeName, &'a InstanceStatus)>;
 
 /// Addresses in use: every record's, and every reported container's on its node (a deleted
 /// instance may still be stopping with its address).
 pub(super) fn addresses_in_use(
     view: &ClusterView,
     reported: &Reported<'_>,
-) -> HashMap<String, HashSet<IpAddr>> {
-    let mut used_ips: HashMap<String, HashSet<IpAddr>> = HashMap::new();
+) -> HashMap<NodeName, HashSet<IpAddr>> {
+    let mut used_ips: HashMap<NodeName, HashSet<IpAddr>> = HashMap::new();
     for r in view.instances.values() {
         if let Some(ip) = r.ip {
-            used_ips.entry(r.node.to_string()).or_default().insert(ip);
+            used_ips.entry(r.node.clone()).or_default().insert(ip);
         }
     }
     for (node, s) in reported.values() {
         if let Some(ip) = s.ip {
-            used_ips.entry(node.to_string()).or_default().insert(ip);
+            used_ips.entry((*node).clone()).or_default().insert(ip);
         }
     }
     used_ips
@@ -369,10 +463,10 @@ pub(super) fn build_round<'a>(
     config: &'a LeaderConfig,
     rng: &'a mut StdRng,
     clock: &Clock,
-    ready: &HashMap<String, bool>,
+    ready: &HashMap<NodeName, bool>,
     now: Instant,
     reported: Reported<'a>,
-    used_ips: HashMap<String, HashSet<IpAddr>>,
+    used_ips: HashMap<NodeName, HashSet<IpAddr>>,
     quarantine: &'a ipam::Quarantine,
 ) -> Round<'a> {
     let mut by_workload: HashMap<WorkloadKey, Vec<&InstanceRecord>> = HashMap::new();
@@ -388,17 +482,17 @@ pub(super) fn build_round<'a>(
                 | InstanceState::Failed
                 | InstanceState::OOMKilled
         );
-        if alive && !view.instances.contains_key(*id) {
+        if alive && !view.instances.contains_key(id.as_str()) {
             *terminating
                 .entry(WorkloadKey::new(&s.namespace, &s.workload))
                 .or_default() += 1;
         }
     }
     let nodes = sched_nodes(view, config, ready, &used_ips);
-    let node_index: HashMap<String, usize> = nodes
+    let node_index: HashMap<NodeName, usize> = nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| (n.name.to_string(), i))
+        .map(|(i, n)| (n.name.clone(), i))
         .collect();
     let mut loads = vec![NodeLoad::default(); nodes.len()];
     for r in view.instances.values() {
@@ -415,7 +509,7 @@ pub(super) fn build_round<'a>(
                 | InstanceState::Failed
                 | InstanceState::OOMKilled
         );
-        if !stopped && !s.gpus.is_empty() && !view.instances.contains_key(*id) {
+        if !stopped && !s.gpus.is_empty() && !view.instances.contains_key(id.as_str()) {
             if let Some(&i) = node_index.get(*node) {
                 loads[i].gpus.extend(s.gpus.iter().cloned());
             }
@@ -446,8 +540,8 @@ pub(super) fn build_round<'a>(
 fn sched_nodes(
     view: &ClusterView,
     config: &LeaderConfig,
-    ready: &HashMap<String, bool>,
-    used_ips: &HashMap<String, HashSet<IpAddr>>,
+    ready: &HashMap<NodeName, bool>,
+    used_ips: &HashMap<NodeName, HashSet<IpAddr>>,
 ) -> Vec<SchedNode> {
     view.nodes
         .iter()
