@@ -277,8 +277,9 @@ impl LocalCluster {
         let clock = Clock::system();
         let events = kat_leader::events::EventLog::new(16);
         // Gone already (an earlier, cut-short attempt): fine.
-        match kat_leader::workloads::delete(&*self.store, &events, &clock, ns, name).await {
-            Ok(()) | Err(kat_leader::workloads::WorkloadError::NotFound(..)) => {}
+        match kat_leader::desired::workloads::delete(&*self.store, &events, &clock, ns, name).await
+        {
+            Ok(()) | Err(kat_leader::desired::workloads::WorkloadError::NotFound(..)) => {}
             Err(e) => return Err(e.into()),
         }
         let records = self.store.list(&keys::node_instances(&self.node)).await?;

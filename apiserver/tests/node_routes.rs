@@ -777,7 +777,7 @@ fn pinned_bundle(name: &str, ns: &str, node: Option<&str>, command: &str) -> Vec
 async fn a_rejoining_node_submits_only_workloads_pinned_to_itself() {
     let api = Api::new(None).await;
     for ns in kat_api::namespace::SYSTEM_NAMESPACES {
-        kat_leader::namespaces::create(&*api.store, &Clock::system(), ns, true)
+        kat_leader::desired::namespaces::create(&*api.store, &Clock::system(), ns, true)
             .await
             .unwrap();
     }
@@ -869,7 +869,7 @@ async fn a_rejoining_node_submits_only_workloads_pinned_to_itself() {
 #[tokio::test]
 async fn a_node_certificate_cannot_take_an_ingress_host_or_a_published_port() {
     let api = Api::new(None).await;
-    kat_leader::namespaces::create(&*api.store, &Clock::system(), "default", true)
+    kat_leader::desired::namespaces::create(&*api.store, &Clock::system(), "default", true)
         .await
         .unwrap();
     let lb = |ingress: &str, host_port: u32| {
@@ -899,7 +899,7 @@ async fn a_node_certificate_cannot_take_an_ingress_host_or_a_published_port() {
         ),
     ))
     .unwrap();
-    kat_leader::workloads::apply(
+    kat_leader::desired::workloads::apply(
         &*api.store,
         &kat_leader::events::EventLog::new(10),
         &Clock::system(),
@@ -991,7 +991,7 @@ async fn a_detached_nodes_local_api_takes_no_node_certificate() {
 async fn a_detached_nodes_local_api_takes_no_more_than_its_parent_will() {
     let api = Api::with(None, Some("w1")).await;
     for ns in kat_api::namespace::SYSTEM_NAMESPACES {
-        kat_leader::namespaces::create(&*api.store, &Clock::system(), ns, true)
+        kat_leader::desired::namespaces::create(&*api.store, &Clock::system(), ns, true)
             .await
             .unwrap();
     }
@@ -1023,7 +1023,7 @@ async fn a_detached_nodes_local_api_takes_no_more_than_its_parent_will() {
 async fn parallel_pinned_submissions_stop_at_the_cap() {
     let api = Arc::new(Api::new(None).await);
     for ns in kat_api::namespace::SYSTEM_NAMESPACES {
-        kat_leader::namespaces::create(&*api.store, &Clock::system(), ns, true)
+        kat_leader::desired::namespaces::create(&*api.store, &Clock::system(), ns, true)
             .await
             .unwrap();
     }
@@ -1079,7 +1079,7 @@ async fn parallel_pinned_submissions_stop_at_the_cap() {
 #[tokio::test]
 async fn a_heartbeat_cannot_raise_a_nodes_approved_capacity() {
     let api = Api::new(None).await;
-    kat_leader::node_admin::register(&*api.store, "w1", vec![], Default::default())
+    kat_leader::desired::node_admin::register(&*api.store, "w1", vec![], Default::default())
         .await
         .unwrap();
     let claim = |cpu: u64, gpus: usize| {

@@ -17,8 +17,8 @@ use kat_store::{EtcdStore, StateStore};
 use tokio::time::Instant;
 
 use crate::clock::Clock;
+use crate::desired::node_admin;
 use crate::events::EventLog;
-use crate::node_admin;
 
 /// What the sweep needs.
 pub struct Sweep {

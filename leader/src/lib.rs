@@ -6,10 +6,11 @@
 //! - [`services`], [`daemons`], [`jobs`], [`nodes`]: the per-kind controllers; [`builds`]:
 //!   events and status of the builds nodes report; [`stored_rules`]: stored workloads a
 //!   newer rule refuses, told as events;
-//! - [`workloads`], [`node_admin`]: the desired-state writes the API makes;
+//! - [`desired`]: the desired-state writes the API makes (workloads, node administration,
+//!   namespaces), below the controllers;
 //! - [`events`]: the capped event log; [`backups`]: the leader's etcd snapshots;
 //! - [`election`]: campaigning and leading, forever, on a control-plane node;
-//! - [`metrics`]: the control plane's Prometheus families; [`namespaces`]: namespace records;
+//! - [`metrics`]: the control plane's Prometheus families;
 //! - [`sim`]: simulated nodes for deterministic tests and benchmarks.
 //!
 //! The HTTP API that drives these writes lives in `kat-apiserver`, over its own service layer.
@@ -24,6 +25,7 @@ pub mod clock;
 pub mod controller;
 pub mod daemons;
 pub mod departed;
+pub mod desired;
 pub mod dns;
 pub mod election;
 pub mod events;
@@ -32,8 +34,6 @@ pub mod health_events;
 pub mod ipam;
 pub mod jobs;
 pub mod metrics;
-pub mod namespaces;
-pub mod node_admin;
 pub mod nodes;
 pub mod overlay;
 pub mod replacement;
@@ -43,7 +43,6 @@ pub mod services;
 pub mod sim;
 pub mod stored_rules;
 pub mod view;
-pub mod workloads;
 
 pub use clock::Clock;
 pub use controller::{Leader, LeaderConfig, RoundReport};

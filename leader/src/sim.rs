@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::controller::{Leader, LeaderConfig, RoundReport};
-use crate::workloads;
+use crate::desired::workloads;
 
 /// How one simulated instance behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -58,7 +58,7 @@ async fn records_follow_instances_and_their_health() {
 
     // The workload is deleted: its records go.
     let log = kat_leader::events::EventLog::new(100);
-    kat_leader::workloads::delete(&*c.store, &log, &c.clock, "default", "web")
+    kat_leader::desired::workloads::delete(&*c.store, &log, &c.clock, "default", "web")
         .await
         .unwrap();
     c.run_until(30, |c| c.live_of("web").is_empty())

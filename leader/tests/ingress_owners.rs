@@ -7,7 +7,7 @@
 mod support;
 
 use kat_api::WorkloadBundle;
-use kat_leader::workloads::{self, WorkloadError};
+use kat_leader::desired::workloads::{self, WorkloadError};
 use support::*;
 
 fn routed(name: &str, host: &str) -> [(String, String); 2] {
@@ -51,7 +51,7 @@ async fn a_later_workload_cannot_take_an_ingress_host() {
         .expect("the first claim");
     let before = c.store.list("/kat/workloads/").await.unwrap().kvs.len();
 
-    kat_leader::namespaces::create(&*c.store, &c.clock, "team", false)
+    kat_leader::desired::namespaces::create(&*c.store, &c.clock, "team", false)
         .await
         .unwrap();
     let attempts = [

@@ -344,7 +344,7 @@ async fn a_lost_instance_is_kept_with_its_node_and_a_deleted_job_leaves_nothing(
     );
 
     let log = c.leader.events().clone();
-    kat_leader::workloads::delete(&*c.store, &log, &c.clock, "default", "report")
+    kat_leader::desired::workloads::delete(&*c.store, &log, &c.clock, "default", "report")
         .await
         .unwrap();
     c.run_until(3, |_| false).await.unwrap();

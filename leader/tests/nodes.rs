@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use kat_api::wire::InstanceId;
 use kat_api::wire::{Taint, DRAIN_TAINT_KEY};
 use kat_api::workload::TaintEffect;
-use kat_leader::node_admin;
+use kat_leader::desired::node_admin;
 use support::*;
 
 fn daemon(name: &str, extra: &str) -> String {

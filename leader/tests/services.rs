@@ -360,9 +360,15 @@ async fn rollback_reapplies_the_previous_generation() {
     .await
     .unwrap();
     let events_log = c.leader.events().clone();
-    let back = kat_leader::workloads::rollback(&*c.store, &events_log, &c.clock, "default", "web")
-        .await
-        .unwrap();
+    let back = kat_leader::desired::workloads::rollback(
+        &*c.store,
+        &events_log,
+        &c.clock,
+        "default",
+        "web",
+    )
+    .await
+    .unwrap();
     assert_eq!(back.generation, 3);
     c.run_until(20, |c| {
         c.live_of("web").iter().all(|r| r.generation == 3) && c.healthy_of("web") == 2
@@ -373,7 +379,7 @@ async fn rollback_reapplies_the_previous_generation() {
         c.live_of("web").iter().all(|r| r.spec_hash == v1_hash),
         "generation 3 runs generation 1's spec"
     );
-    let archive = kat_leader::workloads::archived(&*c.store, "default", "web")
+    let archive = kat_leader::desired::workloads::archived(&*c.store, "default", "web")
         .await
         .unwrap();
     assert_eq!(
@@ -394,7 +400,7 @@ async fn deleting_a_workload_stops_its_instances() {
         .await;
     c.run_until(5, |c| c.healthy_of("web") == 2).await.unwrap();
     let log = c.leader.events().clone();
-    kat_leader::workloads::delete(&*c.store, &log, &c.clock, "default", "web")
+    kat_leader::desired::workloads::delete(&*c.store, &log, &c.clock, "default", "web")
         .await
         .unwrap();
     c.run_until(5, |c| c.live_of("web").is_empty())

@@ -5,7 +5,7 @@
 mod support;
 
 use kat_api::WorkloadBundle;
-use kat_leader::workloads;
+use kat_leader::desired::workloads;
 use support::*;
 
 fn bundle(text: &str) -> WorkloadBundle {

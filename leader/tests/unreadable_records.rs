@@ -5,7 +5,7 @@
 mod support;
 
 use kat_api::WorkloadBundle;
-use kat_leader::workloads::{self, WorkloadError};
+use kat_leader::desired::workloads::{self, WorkloadError};
 use kat_store::StoreError;
 use support::*;
 

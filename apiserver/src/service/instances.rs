@@ -75,7 +75,7 @@ impl Service {
         ns: &str,
         workload: Option<&str>,
     ) -> Result<Vec<FinishedInstance>> {
-        kat_leader::namespaces::get(&*self.store, ns).await?;
+        kat_leader::desired::namespaces::get(&*self.store, ns).await?;
         let prefix = match workload {
             Some(w) => keys::finished_instances(ns, w),
             None => keys::finished_in_namespace(ns),
@@ -98,7 +98,7 @@ impl Service {
     /// (which must exist), or of every namespace. Sorted by namespace, workload, instance.
     pub async fn reported_instances(&self, ns: Option<&str>) -> Result<Vec<InstanceStatus>> {
         if let Some(ns) = ns {
-            kat_leader::namespaces::get(&*self.store, ns).await?;
+            kat_leader::desired::namespaces::get(&*self.store, ns).await?;
         }
         let mut out: Vec<InstanceStatus> = self
             .heartbeats()

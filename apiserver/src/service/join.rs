@@ -352,7 +352,7 @@ impl Service {
         if role == NodeRole::Worker {
             // A worker never writes to etcd: the cluster registers it and records its
             // certificate (so that removing the node revokes it) now.
-            kat_leader::node_admin::register(
+            kat_leader::desired::node_admin::register(
                 &*self.store,
                 &request.node_name,
                 vec![address.to_string()],

@@ -28,10 +28,10 @@ use std::sync::Arc;
 use kat_api::bundle::BundleLimits;
 use kat_api::cluster::ClusterConfiguration;
 use kat_api::wire::ErrorCode;
+use kat_leader::desired::namespaces::NamespaceError;
+use kat_leader::desired::node_admin::NodeAdminError;
+use kat_leader::desired::workloads::WorkloadError;
 use kat_leader::events::EventLog;
-use kat_leader::namespaces::NamespaceError;
-use kat_leader::node_admin::NodeAdminError;
-use kat_leader::workloads::WorkloadError;
 use kat_leader::Clock;
 use kat_store::{StateStore, StoreError};
 

@@ -1,7 +1,7 @@
 //! Namespaces: the leader's namespace records, as the API offers them.
 
 use kat_api::wire::NamespaceObject;
-use kat_leader::namespaces;
+use kat_leader::desired::namespaces;
 
 use super::{Result, Service};
 

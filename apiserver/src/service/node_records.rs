@@ -226,7 +226,7 @@ impl Service {
             .await?
             .and_then(|kv| kat_store::decode_or_skip(&kv));
         if hb.node == name {
-            kat_leader::node_admin::check_capacity(
+            kat_leader::desired::node_admin::check_capacity(
                 &*self.store,
                 &self.events,
                 &self.clock,

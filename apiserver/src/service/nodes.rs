@@ -7,7 +7,7 @@ use kat_api::keys;
 use kat_api::wire::{
     ErrorCode, LeaderRecord, Node, NodeHeartbeat, NodeRegistration, NodeState, ObjectMeta, Taint,
 };
-use kat_leader::node_admin;
+use kat_leader::desired::node_admin;
 
 use super::{Error, Result, Service};
 

@@ -12,8 +12,8 @@ use kat_api::wire::{
 };
 use kat_api::workload::WorkloadType;
 use kat_api::{bundle, keys, WorkloadBundle, WorkloadKey};
-use kat_leader::workloads::Applied;
-use kat_leader::{namespaces, workloads};
+use kat_leader::desired::workloads::Applied;
+use kat_leader::desired::{namespaces, workloads};
 use kat_store::Txn;
 
 use super::{Error, Result, Service};
@@ -100,7 +100,9 @@ impl Service {
         self.check_detached_room().await?;
         // Create only: a workload written since the check above is never replaced.
         match workloads::create(&*self.store, &self.events, &self.clock, &bundle).await {
-            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => return Err(exists()),
+            Err(kat_leader::desired::workloads::WorkloadError::Conflict(..)) => {
+                return Err(exists())
+            }
             other => other?,
         };
         self.workload(&key).await
@@ -189,7 +191,7 @@ impl Service {
         }
         // Create only: a workload written since the check above is never replaced.
         match workloads::create(&*self.store, &self.events, &self.clock, &bundle).await {
-            Err(kat_leader::workloads::WorkloadError::Conflict(..)) => {
+            Err(kat_leader::desired::workloads::WorkloadError::Conflict(..)) => {
                 // Someone else's write came between: the same bundle (a retried submission
                 // that won) is fine, another workload is a conflict, and anything else (the
                 // namespace changed) is worth another try.
@@ -287,7 +289,9 @@ impl Service {
             .check_bundle(&key.namespace, Some(&key.name), body)
             .await?;
         match workloads::update(&*self.store, &self.events, &self.clock, &bundle).await {
-            Err(kat_leader::workloads::WorkloadError::NotFound(..)) => return Err(not_yet(key)),
+            Err(kat_leader::desired::workloads::WorkloadError::NotFound(..)) => {
+                return Err(not_yet(key))
+            }
             other => other?,
         };
         self.workload(key).await

@@ -8,8 +8,8 @@ use kat_api::keys;
 use kat_api::wire::{InstanceStatus, WorkloadMeta, WorkloadObject};
 use kat_api::WorkloadKey;
 use kat_apiserver::service::{Result, Service};
+use kat_leader::desired::workloads::{archived, ARCHIVED_COMMIT};
 use kat_leader::events::EventFilter;
-use kat_leader::workloads::{archived, ARCHIVED_COMMIT};
 use kat_store::JsonStore;
 use maud::{html, Markup};
 

@@ -77,7 +77,7 @@ impl ControlPlane for StoreLink {
             .get(&keys::node_status(&self.node))
             .await?
             .and_then(|kv| kat_store::decode_or_skip(&kv));
-        kat_leader::node_admin::check_capacity(
+        kat_leader::desired::node_admin::check_capacity(
             &*self.store,
             &self.events,
             &kat_leader::Clock::system(),

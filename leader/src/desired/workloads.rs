@@ -21,8 +21,8 @@ use kat_api::WorkloadBundle;
 use kat_store::{Compare, StateStore, StoreError, Txn, TxnOp};
 
 use crate::clock::Clock;
+use crate::desired::namespaces;
 use crate::events::{event, workload_ref, EventLog};
-use crate::namespaces;
 
 pub const ARCHIVE_GENERATIONS: u64 = 10;
 
