@@ -370,7 +370,10 @@ async fn prepare(
     tokio::task::spawn_blocking(move || -> Result<DetachedState> {
         let file = dir.join("state.json");
         if let Ok(bytes) = std::fs::read(&file) {
-            return serde_json::from_slice(&bytes).with_context(|| {
+            // The local cluster's own state file, not a stored record.
+            #[allow(clippy::disallowed_methods)]
+            let state = serde_json::from_slice(&bytes);
+            return state.with_context(|| {
                 format!(
                     "{} is corrupt (move it aside to start the local cluster afresh)",
                     file.display()

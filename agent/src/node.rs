@@ -190,7 +190,10 @@ pub(crate) fn read_identity(layout: &Layout) -> Result<NodeIdentity> {
             layout.root.display()
         )
     })?;
-    serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", path.display()))
+    // The node's own identity file, not a stored record.
+    #[allow(clippy::disallowed_methods)]
+    let identity = serde_json::from_slice(&bytes);
+    identity.with_context(|| format!("{} is corrupt", path.display()))
 }
 
 /// `--parent-cluster-name` is for a worker of that cluster: checked before anything starts.

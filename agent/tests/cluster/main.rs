@@ -20,6 +20,9 @@
 //! Needs root (network namespaces, users), etcd, etcdctl, docker-registry and the fixtures of
 //! `scripts/test-fixtures.sh` (KAT_TEST_LAYOUT); `scripts/test.sh` provides all of them.
 
+// The tests read KAT's answers and files, never the store: no stored record to decode.
+#![allow(clippy::disallowed_methods)]
+
 use kat_api::wire::{
     BackupRecord, Health, InstanceState, InstanceStatus, JoinRole, NewJoinToken, NodeState,
     Timestamp, WorkloadObject,

@@ -26,7 +26,9 @@ pub mod parent;
 pub mod protocol;
 pub mod uplink;
 
+// Tests read back what they wrote.
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};

@@ -115,6 +115,8 @@ pub fn parse_request(
     cluster: &str,
     now: SystemTime,
 ) -> Result<RejoinRequest, String> {
+    // A datagram from the network, not a stored record.
+    #[allow(clippy::disallowed_methods)]
     let r: RejoinRequest =
         serde_json::from_slice(datagram).map_err(|e| format!("not a rejoin request: {e}"))?;
     if r.kind != REJOIN_REQUEST {
@@ -193,6 +195,8 @@ pub fn check_offer(
     outstanding: &[String],
     revoked: &std::collections::HashSet<String>,
 ) -> Result<RejoinOffer, String> {
+    // A datagram from the network, not a stored record.
+    #[allow(clippy::disallowed_methods)]
     let o: RejoinOffer =
         serde_json::from_slice(datagram).map_err(|e| format!("not a rejoin offer: {e}"))?;
     if o.kind != REJOIN_OFFER || o.parent_cluster != cluster {

@@ -216,7 +216,8 @@ impl Feed {
                 record.generation
             )));
         };
-        let template = match serde_json::from_slice::<Template>(&stored) {
+        let key = kat_api::keys::template(&record.namespace, &record.workload, &record.spec_hash);
+        let template = match kat_store::decode_value::<Template>(&key, &stored) {
             Ok(t) if t.hash() == record.spec_hash => Arc::new(t),
             Ok(_) => {
                 return Ok(Err(format!(
@@ -228,7 +229,7 @@ impl Feed {
             }
             Err(e) => {
                 return Ok(Err(format!(
-                    "template {} of {}/{} does not decode ({e}); the instance cannot run",
+                    "template {} of {}/{} cannot be read ({e}); the instance cannot run",
                     short(&record.spec_hash),
                     record.namespace,
                     record.workload
@@ -291,6 +292,8 @@ pub fn load_copy(state_dir: &Path) -> Option<Snapshot> {
     read_copy(&state_dir.join("assignments.json"))
 }
 
+// This node's local copy of its assignments, not a stored record.
+#[allow(clippy::disallowed_methods)]
 fn read_copy(path: &Path) -> Option<Snapshot> {
     let bytes = std::fs::read(path).ok()?;
     match serde_json::from_slice(&bytes) {
@@ -307,7 +310,9 @@ fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
 }
 
+// Tests read back what they wrote.
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)]
 mod tests {
     use std::collections::BTreeSet;
     use std::time::Duration;
