@@ -22,14 +22,14 @@
 //!
 //! Running `join` again on a joined node resumes it, as `run` does; it needs no token then.
 
-use kat_client::paths;
 use std::io::{BufRead, Read};
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use kat_api::wire::{JoinRequest, JoinResponse};
+use kat_api::wire::{ErrorCode, JoinRequest, JoinResponse};
+use kat_client::ClientError;
 use kat_pki::{write_secret, JoinToken};
 
 use crate::node::{self, NodeOptions};
@@ -220,17 +220,14 @@ fn verifying_client(ca: Option<&str>) -> Result<reqwest::Client> {
 }
 
 async fn fetch_ca(base: &str) -> Result<String> {
-    let response = verifying_client(None)?
-        .get(paths::url(base, &paths::ca()))
-        .send()
+    kat_client::join::fetch_ca(verifying_client(None)?, base)
         .await
-        .with_context(|| {
-            format!("cannot reach {base} (is --leader-api right, and its apiPort open?)")
-        })?;
-    if !response.status().is_success() {
-        bail!("{base} did not give its CA: {}", error_text(response).await);
-    }
-    response.text().await.context("reading the CA")
+        .map_err(|e| match e {
+            ClientError::Unreachable { .. } => anyhow::Error::new(e).context(format!(
+                "cannot reach {base} (is --leader-api right, and its apiPort open?)"
+            )),
+            e => anyhow::Error::new(e).context(format!("{base} did not give its CA")),
+        })
 }
 
 /// Send the join; while the cluster answers "unavailable, retry" (etcd busy with another
@@ -240,33 +237,21 @@ async fn send_join(base: &str, ca: &str, request: &JoinRequest) -> Result<JoinRe
     let client = verifying_client(Some(ca))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
-        let response = client
-            .post(paths::url(base, &paths::join()))
-            .json(request)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {base}"))?;
-        let status = response.status();
-        if status.is_success() {
-            return response.json().await.context("reading the join answer");
+        match kat_client::join::join(client.clone(), base, request).await {
+            Ok(response) => return Ok(response),
+            Err(e)
+                if e.code() == Some(ErrorCode::Unavailable)
+                    && std::time::Instant::now() < deadline =>
+            {
+                eprintln!("kat-agent: the cluster is busy ({e}); retrying the join in 2 s");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+            Err(e @ ClientError::Unreachable { .. }) => {
+                return Err(anyhow::Error::new(e).context(format!("cannot reach {base}")))
+            }
+            Err(e) => bail!("the cluster refused the join: {e}"),
         }
-        let message = error_text(response).await;
-        if status == reqwest::StatusCode::SERVICE_UNAVAILABLE
-            && std::time::Instant::now() < deadline
-        {
-            eprintln!("kat-agent: the cluster is busy ({message}); retrying the join in 2 s");
-            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            continue;
-        }
-        if status == reqwest::StatusCode::FORBIDDEN {
-            bail!("the cluster refused the join (403 forbidden): {message}");
-        }
-        bail!("the cluster refused the join: {message}");
     }
-}
-
-async fn error_text(response: reqwest::Response) -> String {
-    kat_client::message(response).await
 }
 
 fn write_files(

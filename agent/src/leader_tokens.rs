@@ -12,9 +12,9 @@
 
 use std::time::Duration;
 
-use kat_api::wire::WhoAmI;
+use kat_api::wire::{ErrorCode, WhoAmI};
 use kat_apiserver::http::TokenCheck;
-use kat_client::paths;
+use kat_client::{paths, Client};
 use tokio::sync::watch;
 
 pub struct LeaderTokens {
@@ -48,21 +48,18 @@ impl TokenCheck for LeaderTokens {
             .borrow()
             .clone()
             .ok_or_else(|| "no leader is known yet".to_string())?;
-        let url = paths::url(&leader, &paths::whoami());
-        let answer = self
-            .client
-            .get(&url)
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        match answer.status().as_u16() {
-            200 => {
-                let who: WhoAmI = answer.json().await.map_err(|e| format!("{url}: {e}"))?;
-                Ok(who.scope.is_some_and(|s| s.metrics))
+        let client = Client::new(self.client.clone(), &leader, Some(token.to_string()));
+        match client.get_json::<WhoAmI>(&paths::whoami()).await {
+            Ok(who) => Ok(who.scope.is_some_and(|s| s.metrics)),
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Some(ErrorCode::Unauthorized | ErrorCode::Forbidden)
+                ) =>
+            {
+                Ok(false)
             }
-            401 | 403 => Ok(false),
-            other => Err(format!("{url} answered {other}")),
+            Err(e) => Err(e.to_string()),
         }
     }
 }

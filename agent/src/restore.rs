@@ -8,7 +8,8 @@
 //! it rewrites the member list and cluster id in the backend, which no Rust crate writes);
 //! taking snapshots goes through the maintenance API instead (`kat_leader::backups`).
 
-use kat_client::paths::{self, NodeCall};
+use kat_client::node::NodeClient;
+use kat_client::ClientError;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -183,27 +184,19 @@ pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
         Ok((identity, pki))
     })
     .await??;
-    let client = crate::node::control_plane_client(&pki)?;
-    let base = format!("https://{}", leader_api.trim_start_matches("https://"));
-    let url = paths::url(
-        &base,
-        &paths::node_call(&identity.node_name, NodeCall::EtcdMember),
+    let client = NodeClient::new(
+        crate::node::control_plane_client(&pki)?,
+        &identity.node_name,
     );
-    let response =
-        client.post(&url).send().await.with_context(|| {
-            format!("cannot reach {url} (--leader-api: the restored node's API)")
-        })?;
-    let status = response.status();
-    let body = response.text().await.unwrap_or_default();
-    if !status.is_success() {
-        let message = serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["message"].as_str().map(str::to_string))
-            .unwrap_or(body);
-        bail!("the cluster refused: {status}: {message}");
-    }
-    let answer: kat_api::wire::EtcdMembership = serde_json::from_str(&body)
-        .context("the cluster's answer is not what kat-agent expects")?;
+    let base = format!("https://{}", leader_api.trim_start_matches("https://"));
+    let answer = match client.etcd_member(&base).await {
+        Ok(answer) => answer,
+        Err(e @ ClientError::Unreachable { .. }) => {
+            return Err(anyhow::Error::new(e)
+                .context("--leader-api: the restored node's API does not answer"))
+        }
+        Err(e) => bail!("the cluster refused: {e}"),
+    };
     let initial_cluster = answer.initial_cluster.clone();
     let aside = tokio::task::spawn_blocking(move || -> Result<_> {
         let aside = move_aside(&layout.etcd_data(), "rejoin")?;

@@ -12,6 +12,7 @@
 /// The typed calls an administrator makes.
 pub mod admin;
 pub mod https;
+pub mod join;
 pub mod node;
 /// Every API path, filled from `kat_api::routes`.
 pub mod paths;

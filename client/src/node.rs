@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use kat_api::node_limits::CHANGE_WAIT_MAX;
 use kat_api::wire::{
-    AssignmentUpdate, DnsRecord, HeartbeatAnswer, InstanceRecord, NodeHeartbeat, OverlayPeer,
-    TemplateProblem, WireguardKey, REVISION_HEADER,
+    AssignmentUpdate, DnsRecord, EtcdMembership, HeartbeatAnswer, InstanceRecord, NodeHeartbeat,
+    OverlayPeer, TemplateProblem, WireguardKey, REVISION_HEADER,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -198,6 +198,15 @@ impl NodeClient {
             .request(Method::GET, base, NodeCall::Dns)
             .timeout(PROBE_TIMEOUT);
         self.send(base, req).await.map(drop)
+    }
+
+    /// Makes this control-plane node an etcd member again (`kat-agent rejoin`, after a
+    /// restore): the member list its etcd starts with.
+    pub async fn etcd_member(&self, base: &str) -> Result<EtcdMembership> {
+        let req = self
+            .request(Method::POST, base, NodeCall::EtcdMember)
+            .timeout(SUBMIT_TIMEOUT);
+        json(self.send(base, req).await?, "the etcd membership").await
     }
 
     /// Submits a workload created while this node was detached (a bundle, `tar.gz`), to be

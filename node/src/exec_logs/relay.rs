@@ -5,6 +5,8 @@
 //! resize, stdin, exit codes and `logs -f` behave as on one node.
 
 use kat_client::paths::{self, Stream};
+use kat_client::{Client, ClientError};
+use reqwest::{Method, StatusCode};
 use std::sync::Arc;
 
 use super::{AccessError, ExecInput, ExecOutput, ExecSession, InstanceAccess, LogQuery};
@@ -31,8 +33,13 @@ pub struct ClusterAccess {
 }
 
 impl ClusterAccess {
-    /// The URL of `record`'s `stream` on the node that runs it.
-    async fn url(&self, record: &InstanceRecord, stream: Stream) -> Result<String, AccessError> {
+    /// A request for `record`'s `stream` to the node that runs it.
+    async fn request(
+        &self,
+        record: &InstanceRecord,
+        method: Method,
+        stream: Stream,
+    ) -> Result<(Client, reqwest::RequestBuilder), AccessError> {
         let kv = self
             .store
             .get(&keys::node_registration(&record.node))
@@ -57,7 +64,9 @@ impl ClusterAccess {
             &record.instance_id,
             stream,
         );
-        Ok(paths::url(&base, &path))
+        let client = Client::new(self.client.clone(), &base, None);
+        let request = client.request(method, &path);
+        Ok((client, request))
     }
 }
 
@@ -65,17 +74,16 @@ fn unreachable(node: &str, e: impl std::fmt::Display) -> AccessError {
     AccessError::Unavailable(format!("cannot reach node {node}: {e}"))
 }
 
-/// The other node's error body, or its status.
-async fn refused(node: &str, response: reqwest::Response) -> AccessError {
-    let status = response.status();
-    let message = response
-        .json::<kat_api::wire::ErrorBody>()
-        .await
-        .map(|b| b.message)
-        .unwrap_or_else(|_| status.to_string());
-    match status.as_u16() {
-        404 => AccessError::NotFound(message),
-        400 => AccessError::Failed(message),
+/// Why the other node gave no stream.
+fn refused(node: &str, e: ClientError) -> AccessError {
+    let message = match &e {
+        ClientError::Refused { message, .. } => message.clone(),
+        e => e.to_string(),
+    };
+    match e {
+        ClientError::Unreachable { .. } => unreachable(node, e),
+        e if e.status() == Some(StatusCode::NOT_FOUND) => AccessError::NotFound(message),
+        e if e.status() == Some(StatusCode::BAD_REQUEST) => AccessError::Failed(message),
         _ => AccessError::Unavailable(format!("node {node}: {message}")),
     }
 }
@@ -105,17 +113,11 @@ impl InstanceAccess for ClusterAccess {
         if let Some(since) = query.since {
             params.push(("since", humantime::format_rfc3339_nanos(since).to_string()));
         }
-        let url = self.url(record, Stream::Logs).await?;
-        let response = self
-            .client
-            .get(url)
-            .query(&params)
-            .send()
+        let (client, request) = self.request(record, Method::GET, Stream::Logs).await?;
+        let response = client
+            .send(request.query(&params))
             .await
-            .map_err(|e| unreachable(&record.node, e))?;
-        if !response.status().is_success() {
-            return Err(refused(&record.node, response).await);
-        }
+            .map_err(|e| refused(&record.node, e))?;
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             let mut response = response;
@@ -146,17 +148,21 @@ impl InstanceAccess for ClusterAccess {
         if record.node == self.local.node {
             return self.local.exec(record, request).await;
         }
-        let url = self.url(record, Stream::Exec).await?;
-        let response = self
-            .client
-            .post(url)
-            .header("connection", "upgrade")
-            .header("upgrade", kat_api::exec_stream::PROTOCOL)
-            .send()
+        let (client, upgrade) = self.request(record, Method::POST, Stream::Exec).await?;
+        let response = client
+            .send(
+                upgrade
+                    .header("connection", "upgrade")
+                    .header("upgrade", kat_api::exec_stream::PROTOCOL),
+            )
             .await
-            .map_err(|e| unreachable(&record.node, e))?;
-        if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
-            return Err(refused(&record.node, response).await);
+            .map_err(|e| refused(&record.node, e))?;
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            return Err(AccessError::Unavailable(format!(
+                "node {} answered an exec with {}, not an upgrade",
+                record.node,
+                response.status()
+            )));
         }
         let upgraded = response
             .upgrade()
