@@ -1,5 +1,6 @@
-//! KAT's API client, used by `katcall` and by the agent (join, restore, the worker's leader
-//! link, a detached node's submissions, remote logs and exec).
+//! KAT's API client: the one way to call the API, for `katcall`, the ingress, the dashboard's
+//! tests and nodes alike (join, restore, the worker's leader link, a detached node's
+//! submissions, logs and exec relayed between nodes).
 //!
 //! [`paths`] builds every API path; [`Client`] sends requests to one endpoint with an
 //! optional bearer token and turns refusals into a [`ClientError`] that keeps the API's
@@ -233,14 +234,5 @@ pub async fn refusal(resp: reqwest::Response) -> ClientError {
             message: String::from_utf8_lossy(&body).into_owned(),
             leader: None,
         },
-    }
-}
-
-/// The message of a refusal: the API's `ErrorBody`, else the status.
-pub async fn message(resp: reqwest::Response) -> String {
-    let status = resp.status();
-    match resp.json::<ErrorBody>().await {
-        Ok(body) => body.message,
-        Err(_) => status.to_string(),
     }
 }
