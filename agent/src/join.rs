@@ -1,13 +1,6 @@
-//! `kat-agent join`: make this machine a node of an existing cluster.
-//!
-//! 1. Fetch the cluster CA from the given API endpoint *without* trusting it, and compare it
-//!    with `--ca-pin` (what `kat-agent init` printed). A mismatch stops here: nothing about
-//!    this node has been sent (kubeadm's discovery-token CA hash, the same idea).
-//! 2. Make this node's key (it never leaves the node) and a signing request; send it with the
-//!    join token over TLS that trusts that CA only.
-//! 3. Write the certificate, the CA, `cluster.kat` and, for an etcd peer, the CA key and the
-//!    etcd member list, or for a worker the control plane's API endpoints, then the identity
-//!    file last (its presence means "joined"), and run.
+//! `kat-agent join`: make this machine a node of an existing cluster ([`kat_node::join`]
+//! checks the cluster's CA against `--ca-pin`, sends the join and writes the node's files),
+//! then run it.
 //!
 //! Without `--etcd-peer` the node is a worker: its certificate says so, etcd refuses it, and
 //! it talks to the leader's API only, about its own records. `--etcd-peer` needs a
@@ -23,17 +16,14 @@
 //! Running `join` again on a joined node resumes it, as `run` does; it needs no token then.
 
 use std::io::{BufRead, Read};
-use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use kat_api::wire::{ErrorCode, JoinRequest, JoinResponse};
-use kat_client::ClientError;
-use kat_pki::{write_secret, JoinToken};
+use kat_pki::JoinToken;
 
 use crate::node::{self, NodeOptions};
-use kat_node::layout::{Layout, NodeIdentity};
+use kat_node::layout::Layout;
 
 pub struct JoinOptions {
     /// `HOST:PORT` of a node of the cluster that holds the CA (one of the etcd quorum).
@@ -172,134 +162,22 @@ pub async fn join(join: JoinOptions, options: NodeOptions) -> Result<()> {
             "--advertise-address: required to join (the address the other nodes reach this one at)"
         )
     })?;
-    let base = format!("https://{}", join.leader_api.trim_end_matches('/'));
-
-    // 1. The CA, checked against the pin before anything else.
-    let ca = fetch_ca(&base).await?;
-    if !kat_pki::pin_matches(&join.ca_pin, &ca) {
-        bail!(
-            "the CA served at {} is {}, not --ca-pin {}: wrong address, another cluster, or someone in between; nothing was sent",
-            join.leader_api,
-            kat_pki::ca_pin(&ca).unwrap_or_else(|_| "unreadable".into()),
-            join.ca_pin
-        );
-    }
-
-    // 2. Our key and the join.
-    let (key_pem, csr) = kat_pki::key_and_csr(&node_name)?;
-    let request = JoinRequest {
-        token: token.to_string(),
-        node_name: node_name.to_string(),
-        csr,
-        address: advertise.to_string(),
+    kat_node::join::join(kat_node::join::Joining {
+        layout: &layout,
+        leader_api: &join.leader_api,
+        token: &token,
+        ca_pin: &join.ca_pin,
+        node_name: &node_name,
+        advertise,
         etcd_peer: join.etcd_peer,
         node_type: options.node_type.clone(),
-    };
-    let response = send_join(&base, &ca, &request).await?;
-
-    // 3. The node's files; the identity last.
-    write_files(&layout, &base, &key_pem, &response, &node_name, advertise)?;
+    })
+    .await?;
     eprintln!(
         "kat-agent: {} joined the cluster as node {node_name}",
         layout.root.display()
     );
     node::run(options).await
-}
-
-fn verifying_client(ca: Option<&str>) -> Result<reqwest::Client> {
-    let builder = match ca {
-        // The node that admits us holds the CA's key: a control-plane node.
-        Some(ca) => kat_client::https::joining(ca)?,
-        // Only to fetch the CA, which is then checked against the pin.
-        None => kat_client::https::unverified_for_pinned_ca(),
-    };
-    builder
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .context("making the HTTPS client")
-}
-
-async fn fetch_ca(base: &str) -> Result<String> {
-    kat_client::join::fetch_ca(verifying_client(None)?, base)
-        .await
-        .map_err(|e| match e {
-            ClientError::Unreachable { .. } => anyhow::Error::new(e).context(format!(
-                "cannot reach {base} (is --leader-api right, and its apiPort open?)"
-            )),
-            e => anyhow::Error::new(e).context(format!("{base} did not give its CA")),
-        })
-}
-
-/// Send the join; while the cluster answers "unavailable, retry" (etcd busy with another
-/// membership change, a leader election), try again for up to two minutes: a join is
-/// idempotent on the cluster's side (a member already added for this address is kept).
-async fn send_join(base: &str, ca: &str, request: &JoinRequest) -> Result<JoinResponse> {
-    let client = verifying_client(Some(ca))?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        match kat_client::join::join(client.clone(), base, request).await {
-            Ok(response) => return Ok(response),
-            Err(e)
-                if e.code() == Some(ErrorCode::Unavailable)
-                    && std::time::Instant::now() < deadline =>
-            {
-                eprintln!("kat-agent: the cluster is busy ({e}); retrying the join in 2 s");
-                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            }
-            Err(e @ ClientError::Unreachable { .. }) => {
-                return Err(anyhow::Error::new(e).context(format!("cannot reach {base}")))
-            }
-            Err(e) => bail!("the cluster refused the join: {e}"),
-        }
-    }
-}
-
-fn write_files(
-    layout: &Layout,
-    leader_api: &str,
-    key_pem: &str,
-    response: &JoinResponse,
-    node_name: &kat_api::wire::NodeName,
-    advertise: IpAddr,
-) -> Result<()> {
-    let cluster = kat_api::parse_cluster(
-        "cluster.kat (from the cluster)",
-        response.cluster_config.as_bytes(),
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
-    layout.create()?;
-    let pki = layout.pki();
-    write_public(&pki.join("ca.crt"), &response.ca)?;
-    write_public(&pki.join("node.crt"), &response.certificate)?;
-    write_secret(&pki.join("node.key"), key_pem)?;
-    if let Some(etcd) = &response.etcd {
-        write_secret(&pki.join("ca.key"), &etcd.ca_key)?;
-    }
-    write_public(&layout.cluster_config(), &response.cluster_config)?;
-    if response.etcd.is_none() {
-        let mut endpoints = response.api_endpoints.clone();
-        if !endpoints.contains(&leader_api.to_string()) {
-            endpoints.push(leader_api.to_string());
-        }
-        kat_node::link::write_endpoints(&layout.api_endpoints(), &endpoints)?;
-    }
-    let identity = NodeIdentity {
-        node_name: node_name.clone(),
-        cluster_name: cluster.metadata.name,
-        advertise_address: advertise.to_string(),
-        initialized_at: kat_api::wire::Timestamp::now(),
-        etcd_initial_cluster: response.etcd.as_ref().map(|e| e.initial_cluster.clone()),
-    };
-    kat_runtime::state_file::write_atomic(
-        &layout.identity(),
-        &serde_json::to_vec_pretty(&identity)?,
-        0o644,
-    )
-    .with_context(|| format!("cannot write {}", layout.identity().display()))
-}
-
-fn write_public(path: &Path, contents: &str) -> Result<()> {
-    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //!
 //! - [`supervisor`]: converges this node's containers on its assignments (pulls, builds,
 //!   volumes, health checks, restarts);
+//! - [`join`]: a machine joining a cluster as a node (the CA checked against its pin);
 //! - [`heartbeat`]: capacity, usage and instance states to the control plane, every tick and
 //!   on change; [`usage`]: what containers and the node use;
 //! - [`link`]: the node's link to the control plane, the one seam between this crate's work
@@ -25,6 +26,7 @@ pub mod detached;
 pub mod etcd_member;
 pub mod exec_logs;
 pub mod heartbeat;
+pub mod join;
 pub mod kept_logs;
 pub mod layout;
 pub mod link;
