@@ -221,18 +221,20 @@ pub fn check_offer(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use kat_pki::{key_and_csr, Authority};
 
-    struct Cluster {
+    /// A cluster's first (control-plane) node, a worker's certificate from its CA, and
+    /// another cluster's CA with a node of the worker's name.
+    pub(in crate::detached) struct Cluster {
         _dir: tempfile::TempDir,
-        leader: Pki,
-        laptop: Pki,
-        stranger: Pki,
+        pub(in crate::detached) leader: Pki,
+        pub(in crate::detached) laptop: Pki,
+        pub(in crate::detached) stranger: Pki,
     }
 
-    fn cluster() -> Cluster {
+    pub(in crate::detached) fn cluster() -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let leader = Pki::generate(
             &dir.path().join("n1"),

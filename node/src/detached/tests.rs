@@ -11,7 +11,7 @@ use kat_api::wire::{
     ErrorCode, InstanceId, InstanceRecord, InstanceState, InstanceStatus, RejoinRequest,
 };
 use kat_client::ClientError;
-use kat_pki::{key_and_csr, Authority, NodeRole, Pki};
+use kat_pki::Pki;
 use reqwest::StatusCode;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -67,6 +67,7 @@ struct World {
     contact: Arc<watch::Sender<Option<Instant>>>,
     statuses: watch::Sender<Statuses>,
     dir: tempfile::TempDir,
+    _cluster: super::protocol::tests::Cluster,
     laptop: Arc<Pki>,
     leader: Arc<Pki>,
     stranger: Arc<Pki>,
@@ -221,36 +222,19 @@ impl LocalCluster for FakeCluster {
     }
 }
 
-/// A cluster's CA and its first (control-plane) node, this worker's certificate from it, and
-/// another cluster's CA.
+/// A cluster (the leader's and this worker's keys, another cluster's) and nothing done yet.
 fn world() -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let leader = Pki::generate(
-        &dir.path().join("n1"),
-        "home",
-        "n1",
-        &["10.0.0.1".parse().unwrap()],
-    )
-    .unwrap();
-    let authority = Authority::load(&dir.path().join("n1")).unwrap();
-    let (key, csr) = key_and_csr("laptop").unwrap();
-    let cert = authority
-        .sign_csr(&csr, "laptop", &[], NodeRole::Worker)
-        .unwrap();
-    let mut laptop = Pki::generate(&dir.path().join("laptop"), "home", "laptop", &[]).unwrap();
-    laptop.node_cert_pem = cert;
-    laptop.node_key_pem = key;
-    laptop.ca_pem = leader.ca_pem.clone();
-    let stranger = Pki::generate(&dir.path().join("x"), "home", "n1", &[]).unwrap();
+    let cluster = super::protocol::tests::cluster();
     World {
         journal: Journal::default(),
         script: Arc::default(),
         contact: Arc::new(watch::channel(None).0),
         statuses: watch::channel(None).0,
-        dir,
-        laptop: Arc::new(laptop),
-        leader: Arc::new(leader),
-        stranger: Arc::new(stranger),
+        laptop: Arc::new(cluster.laptop.clone()),
+        leader: Arc::new(cluster.leader.clone()),
+        stranger: Arc::new(cluster.stranger.clone()),
+        dir: tempfile::tempdir().unwrap(),
+        _cluster: cluster,
     }
 }
 
