@@ -538,14 +538,7 @@ async fn nodes_mark_the_leader_from_its_record() {
     use kat_api::wire::{LeaderRecord, Node, NodeRegistration};
     let api = Api::new();
     for name in ["cp1", "cp2", "w1"] {
-        let reg = NodeRegistration {
-            name: name.into(),
-            addresses: vec![],
-            labels: BTreeMap::new(),
-            taints: vec![],
-            draining: false,
-            capacity: None,
-        };
+        let reg = NodeRegistration::new(name);
         api.store
             .put(
                 &keys::node_registration(name),
@@ -649,14 +642,7 @@ async fn logs_of_a_finished_instance_name_its_node_when_it_is_gone() {
             .unwrap();
     }
     // "quiet" is registered but has never sent a heartbeat: NotReady.
-    let reg = NodeRegistration {
-        name: "quiet".into(),
-        addresses: vec![],
-        labels: BTreeMap::new(),
-        taints: vec![],
-        draining: false,
-        capacity: None,
-    };
+    let reg = NodeRegistration::new("quiet");
     api.store
         .put(
             &keys::node_registration("quiet"),

@@ -222,12 +222,9 @@ impl SimNode {
 
     pub fn registration(&self) -> NodeRegistration {
         NodeRegistration {
-            name: self.name.to_string(),
-            addresses: vec![],
             labels: self.labels.clone(),
             taints: self.taints.clone(),
-            draining: false,
-            capacity: None,
+            ..NodeRegistration::new(self.name.to_string())
         }
     }
 }

@@ -393,6 +393,21 @@ pub struct NodeRegistration {
     pub capacity: Option<ApprovedCapacity>,
 }
 
+impl NodeRegistration {
+    /// Node `name` with nothing else known: no address, label or taint, not draining, no
+    /// approved capacity. Callers set what they know with struct update syntax.
+    pub fn new(name: impl Into<String>) -> NodeRegistration {
+        NodeRegistration {
+            name: name.into(),
+            addresses: Vec::new(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            draining: false,
+            capacity: None,
+        }
+    }
+}
+
 /// The capacity the scheduler uses for a node: recorded from its first heartbeat after it
 /// joined, changed only by an administrator (`katcall approve node NAME --capacity`). A
 /// heartbeat that claims more is not believed: a worker's certificate cannot draw other

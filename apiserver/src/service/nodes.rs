@@ -28,14 +28,7 @@ pub fn node_object(
         (true, true) => NodeState::Draining,
         (true, false) => NodeState::Ready,
     };
-    let reg = reg.unwrap_or(NodeRegistration {
-        name: name.into(),
-        addresses: vec![],
-        labels: BTreeMap::new(),
-        taints: vec![],
-        draining: false,
-        capacity: None,
-    });
+    let reg = reg.unwrap_or_else(|| NodeRegistration::new(name));
     Node {
         metadata: ObjectMeta {
             name: name.into(),

@@ -42,14 +42,7 @@ pub async fn register(
         let mut reg = match &current {
             Some(kv) => kat_store::decode::<NodeRegistration>(kv)
                 .map_err(|e| NodeAdminError::Corrupt(name.into(), e.to_string()))?,
-            None => NodeRegistration {
-                name: name.into(),
-                addresses: vec![],
-                labels: BTreeMap::new(),
-                taints: vec![],
-                draining: false,
-                capacity: None,
-            },
+            None => NodeRegistration::new(name),
         };
         reg.addresses = addresses.clone();
         for (k, v) in &labels {
