@@ -311,18 +311,19 @@ impl LocalCluster {
 pub async fn retire(dir: PathBuf) -> Result<()> {
     tokio::task::spawn_blocking(move || -> Result<()> {
         let previous = dir.with_file_name("detached.previous");
-        if previous.exists() {
-            std::fs::remove_dir_all(&previous)
-                .with_context(|| format!("cannot remove {}", previous.display()))?;
-        }
-        if let Err(e) = std::fs::rename(&dir, &previous) {
+        let moved = match std::fs::remove_dir_all(&previous) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(anyhow::Error::new(e).context(format!("cannot remove {}", previous.display())))
+            }
+            _ => std::fs::rename(&dir, &previous).map_err(|e| {
+                anyhow::Error::new(e).context(format!("cannot move {} aside", dir.display()))
+            }),
+        };
+        if moved.is_err() {
             // At least its state file goes, or the node would take itself for detached.
             let _ = std::fs::remove_file(dir.join("state.json"));
-            return Err(
-                anyhow::Error::new(e).context(format!("cannot move {} aside", dir.display()))
-            );
         }
-        Ok(())
+        moved
     })
     .await?
 }
@@ -468,6 +469,12 @@ impl detaching::LocalClusters for DetachedClusters {
             .routers
             .send_replace(self.switches.worker_router.clone());
     }
+
+    async fn retire(&self) {
+        if let Err(e) = retire(dir(&self.parts.root)).await {
+            tracing::warn!(error = %format!("{e:#}"), "cannot move the local cluster's state aside");
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -512,15 +519,9 @@ impl detaching::LocalCluster for Running {
         }
     }
 
-    async fn stop(mut self, retire_it: bool) {
-        let Some(cluster) = self.cluster.take() else {
-            return;
-        };
-        let dir = cluster.stop().await;
-        if retire_it {
-            if let Err(e) = retire(dir).await {
-                tracing::warn!(error = %format!("{e:#}"), "cannot move the local cluster's state aside");
-            }
+    async fn stop(mut self) {
+        if let Some(cluster) = self.cluster.take() {
+            cluster.stop().await;
         }
     }
 }

@@ -191,6 +191,9 @@ pub async fn rejoin(leader_api: &str, data_dir: &Path) -> Result<()> {
     let base = format!("https://{}", leader_api.trim_start_matches("https://"));
     let answer = match client.etcd_member(&base).await {
         Ok(answer) => answer,
+        Err(ClientError::Unreachable { source, .. }) if source.is_timeout() => bail!(
+            "the cluster did not answer within 2 minutes ({source}); it may still be adding this member: run `kat-agent rejoin` again (it does not add a member twice)"
+        ),
         Err(e @ ClientError::Unreachable { .. }) => {
             return Err(anyhow::Error::new(e)
                 .context("--leader-api: the restored node's API does not answer"))

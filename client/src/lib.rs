@@ -27,7 +27,7 @@ use serde::de::DeserializeOwned;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No answer: the endpoint is down, unreachable, or not the API.
-    #[error("cannot reach the KAT API at {base}: {source} (is kat-agent running? check the endpoint in your katcall config)")]
+    #[error("cannot reach the KAT API at {base}: {source}")]
     Unreachable {
         /// The endpoint.
         base: String,

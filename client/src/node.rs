@@ -27,6 +27,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const SUBMIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the check that a leader takes this node may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a rejoining etcd member waits for its answer: the server waits up to a minute for
+/// etcd to take a learner (one at a time, while the previous one catches up).
+const MEMBER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A node's client of the API: its name and an HTTPS client that carries its certificate
 /// (from [`crate::https`]).
@@ -205,7 +208,7 @@ impl NodeClient {
     pub async fn etcd_member(&self, base: &str) -> Result<EtcdMembership> {
         let req = self
             .request(Method::POST, base, NodeCall::EtcdMember)
-            .timeout(SUBMIT_TIMEOUT);
+            .timeout(MEMBER_TIMEOUT);
         json(self.send(base, req).await?, "the etcd membership").await
     }
 
@@ -221,16 +224,17 @@ impl NodeClient {
     }
 }
 
-/// The lines of an assignment stream, keepalives included (their silence is how the caller
-/// sees a leader gone).
+/// The lines of an assignment stream, keepalives included.
 pub struct AssignmentStream {
     response: reqwest::Response,
     pending: Vec<u8>,
 }
 
 impl AssignmentStream {
-    /// The next update; `None` when the leader ended the stream.
-    pub async fn next(&mut self) -> Result<Option<AssignmentUpdate>> {
+    /// The next update; `None` when the leader ended the stream. An error when no byte came
+    /// for `silence`: the leader (or the path to it) is gone. Any byte counts, so a long
+    /// snapshot on a slow link is not cut off while it arrives.
+    pub async fn next(&mut self, silence: Duration) -> Result<Option<AssignmentUpdate>> {
         loop {
             if let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=end).collect();
@@ -241,13 +245,20 @@ impl AssignmentStream {
                         detail: format!("has a malformed update: {e}"),
                     });
             }
-            match self.response.chunk().await {
-                Ok(Some(chunk)) => self.pending.extend_from_slice(&chunk),
-                Ok(None) => return Ok(None),
-                Err(e) => {
+            let chunk = tokio::time::timeout(silence, self.response.chunk()).await;
+            match chunk {
+                Ok(Ok(Some(chunk))) => self.pending.extend_from_slice(&chunk),
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Err(e)) => {
                     return Err(ClientError::Answer {
                         what: "the assignment stream".into(),
                         detail: format!("broke off: {e}"),
+                    })
+                }
+                Err(_) => {
+                    return Err(ClientError::Answer {
+                        what: "the assignment stream".into(),
+                        detail: format!("was silent for {} s", silence.as_secs()),
                     })
                 }
             }

@@ -429,6 +429,18 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
+            let unreachable = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<kat_client::ClientError>(),
+                    Some(kat_client::ClientError::Unreachable { .. })
+                )
+            });
+            if unreachable {
+                eprintln!(
+                    "hint: is kat-agent running? check the endpoint in your katcall config ({})",
+                    config.display()
+                );
+            }
             failure
         }
     }

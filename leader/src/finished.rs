@@ -58,12 +58,6 @@ fn finished_ms(round: &Round<'_>, reported: Option<Timestamp>) -> u64 {
     reported.map_or(round.wall_ms(), Timestamp::unix_millis)
 }
 
-/// Keep Service instances that ended for good; drop what the retention no longer keeps and
-/// what deleted workloads left. `exists` says whether a workload is still there.
-/// An ended instance is kept once, and only if the retention would keep it: one the
-/// retention already dropped (or would drop at once) is never written again, so a
-/// workload with more ended instances than `finishedRunHistory` (or a history of 0) does
-/// not make every round save and prune the same records.
 /// What the finished-runs controller remembers.
 #[derive(Default)]
 pub struct FinishedMemory {
@@ -72,6 +66,12 @@ pub struct FinishedMemory {
     pub archived: std::collections::HashSet<InstanceId>,
 }
 
+/// Keep Service instances that ended for good; drop what the retention no longer keeps and
+/// what deleted workloads left. `exists` says whether a workload is still there.
+/// An ended instance is kept once, and only if the retention would keep it: one the
+/// retention already dropped (or would drop at once) is never written again, so a
+/// workload with more ended instances than `finishedRunHistory` (or a history of 0) does
+/// not make every round save and prune the same records.
 pub fn reconcile(
     round: &mut Round<'_>,
     workloads: &[WorkloadCtx],

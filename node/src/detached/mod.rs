@@ -104,6 +104,9 @@ pub trait LocalClusters: Send + Sync {
     async fn start(&self, subnet: Option<String>, why: &str) -> Result<Self::Cluster>;
     /// The node's API is its worker API again: it rejoined.
     fn rejoined(&self);
+    /// After a rejoin: the stopped local cluster's state is moved aside for good, so that
+    /// nothing of it starts again.
+    async fn retire(&self);
 }
 
 /// A detached node's running local cluster.
@@ -118,9 +121,9 @@ pub trait LocalCluster: Send {
     async fn workloads(&self) -> Result<Vec<LocalWorkload>>;
     /// Removes a workload the parent has taken.
     async fn forget(&mut self, ns: &str, name: &str) -> Result<()>;
-    /// Stops it; with `retire` (the node rejoined) its state is moved aside for good, else it
-    /// is kept to start again.
-    async fn stop(self, retire: bool);
+    /// Stops it; its state stays, to start again or to be retired
+    /// ([`LocalClusters::retire`]).
+    async fn stop(self);
 }
 
 /// A workload created on the node while it was detached.
@@ -204,7 +207,7 @@ impl<L: LocalClusters> Detacher<L> {
                 Some(mut cluster) => {
                     if let Some(what) = cluster.ended() {
                         tracing::error!(%what, "a task of the local cluster ended; starting the local cluster again");
-                        cluster.stop(false).await;
+                        cluster.stop().await;
                         continue;
                     }
                     match self.seek(&contact).await {
@@ -261,63 +264,24 @@ impl<L: LocalClusters> Detacher<L> {
     /// Requests for one round (a minute at most): the leader endpoint of a valid offer, or
     /// the current one when the leader has been answering directly for [`DIRECT_RETURN`].
     async fn seek(&self, contact: &watch::Receiver<Option<Instant>>) -> Option<String> {
+        // Without a channel the round still watches for the leader answering directly.
         let mut channel = match self.transport.open().await {
-            Ok(c) => c,
+            Ok(c) => Some(c),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open a channel for rejoin requests");
-                tokio::time::sleep(REQUEST_EVERY).await;
-                return None;
+                None
             }
         };
         let mut outstanding: VecDeque<String> = VecDeque::new();
         let mut back_since: Option<Instant> = None;
-        let mut buf = vec![0u8; protocol::MAX_DATAGRAM];
         for _ in 0..REQUESTS_PER_CHANNEL {
-            match protocol::request(
-                &self.parent_cluster,
-                &self.node,
-                &self.pki,
-                SystemTime::now(),
-            ) {
-                Ok(request) => {
-                    outstanding.push_back(request.nonce.clone());
-                    if outstanding.len() > 5 {
-                        outstanding.pop_front();
-                    }
-                    if let Ok(bytes) = serde_json::to_vec(&request) {
-                        if let Err(e) = channel.send(&bytes).await {
-                            tracing::debug!(error = %e, "sending a rejoin request");
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot sign a rejoin request"),
-            }
             let deadline = Instant::now() + REQUEST_EVERY;
-            while let Ok(Ok((n, from))) =
-                tokio::time::timeout_at(deadline, channel.receive(&mut buf)).await
-            {
-                let nonces: Vec<String> = outstanding.iter().cloned().collect();
-                let revoked = self.parent.revoked();
-                match protocol::check_offer(
-                    &buf[..n],
-                    &self.parent_cluster,
-                    &self.pki.ca_pem,
-                    SystemTime::now(),
-                    &nonces,
-                    &revoked,
-                ) {
-                    Ok(offer) => {
-                        eprintln!(
-                            "kat-agent: the leader of {} answered this node's rejoin request from {from}: rejoining at {}",
-                            self.parent_cluster, offer.leader
-                        );
-                        return Some(offer.leader);
-                    }
-                    Err(why) => {
-                        tracing::warn!(%from, %why, "ignored an answer to a rejoin request")
-                    }
+            if let Some(channel) = channel.as_mut() {
+                if let Some(leader) = self.ask(channel, &mut outstanding, deadline).await {
+                    return Some(leader);
                 }
             }
+            tokio::time::sleep_until(deadline).await;
             let answering = contact
                 .borrow()
                 .is_some_and(|t| t.elapsed() < Duration::from_secs(5));
@@ -330,6 +294,62 @@ impl<L: LocalClusters> Detacher<L> {
                 if let Some(leader) = self.parent.leader() {
                     eprintln!("kat-agent: the leader of {} answers again (no rejoin offer came): rejoining at {leader}", self.parent_cluster);
                     return Some(leader);
+                }
+            }
+        }
+        None
+    }
+
+    /// Send one request on `channel` and read the answers until `deadline`: the leader
+    /// endpoint of a valid offer, if one came.
+    async fn ask(
+        &self,
+        channel: &mut Box<dyn RejoinChannel>,
+        outstanding: &mut VecDeque<String>,
+        deadline: Instant,
+    ) -> Option<String> {
+        match protocol::request(
+            &self.parent_cluster,
+            &self.node,
+            &self.pki,
+            SystemTime::now(),
+        ) {
+            Ok(request) => {
+                outstanding.push_back(request.nonce.clone());
+                if outstanding.len() > 5 {
+                    outstanding.pop_front();
+                }
+                if let Ok(bytes) = serde_json::to_vec(&request) {
+                    if let Err(e) = channel.send(&bytes).await {
+                        tracing::debug!(error = %e, "sending a rejoin request");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot sign a rejoin request"),
+        }
+        let mut buf = vec![0u8; protocol::MAX_DATAGRAM];
+        while let Ok(Ok((n, from))) =
+            tokio::time::timeout_at(deadline, channel.receive(&mut buf)).await
+        {
+            let nonces: Vec<String> = outstanding.iter().cloned().collect();
+            let revoked = self.parent.revoked();
+            match protocol::check_offer(
+                &buf[..n],
+                &self.parent_cluster,
+                &self.pki.ca_pem,
+                SystemTime::now(),
+                &nonces,
+                &revoked,
+            ) {
+                Ok(offer) => {
+                    eprintln!(
+                        "kat-agent: the leader of {} answered this node's rejoin request from {from}: rejoining at {}",
+                        self.parent_cluster, offer.leader
+                    );
+                    return Some(offer.leader);
+                }
+                Err(why) => {
+                    tracing::warn!(%from, %why, "ignored an answer to a rejoin request")
                 }
             }
         }
@@ -369,9 +389,10 @@ impl<L: LocalClusters> Detacher<L> {
         };
         match outcome {
             Ok((submitted, total)) => {
-                local.stop(true).await;
+                local.stop().await;
                 self.parent.follow(leader);
                 self.local.rejoined();
+                self.local.retire().await;
                 eprintln!(
                     "kat-agent: node {} rejoined {} at {leader}: {submitted} of {total} workload(s) created while detached were submitted",
                     self.node, self.parent_cluster
@@ -379,7 +400,7 @@ impl<L: LocalClusters> Detacher<L> {
                 Rejoin::Done
             }
             Err(e) => {
-                local.stop(false).await;
+                local.stop().await;
                 tracing::warn!(error = %format!("{e:#}"), %leader, "cannot rejoin yet; still detached");
                 // `None`: the run loop starts it again (its state is still there).
                 Rejoin::Failed(self.detach("the rejoin did not go through").await)

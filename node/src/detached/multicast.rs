@@ -18,8 +18,11 @@ pub struct Multicast {
 impl RejoinTransport for Multicast {
     async fn open(&self) -> std::io::Result<Box<dyn RejoinChannel>> {
         let socket = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0))).await?;
-        // One hop: the parent's control plane is on this LAN.
-        socket.set_multicast_ttl_v4(1)?;
+        // One hop: the parent's control plane is on this LAN. Where the option cannot be set
+        // the default (1) holds.
+        if let Err(e) = socket.set_multicast_ttl_v4(1) {
+            tracing::debug!(error = %e, "cannot set the rejoin requests' multicast TTL");
+        }
         Ok(Box::new(GroupSocket {
             socket,
             group: SocketAddr::from((REJOIN_GROUP, self.port)),

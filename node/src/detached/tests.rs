@@ -53,6 +53,8 @@ struct Script {
     submit: BTreeMap<String, fn() -> ClientError>,
     /// Whether the leader on the LAN answers requests, and with which CA's key.
     offers: Option<Arc<Pki>>,
+    /// Whether no channel for requests can be opened (no multicast here).
+    lan_down: bool,
     /// Whether a local cluster from before is there.
     left_over: bool,
     /// The local cluster's workloads.
@@ -134,6 +136,9 @@ struct LanChannel {
 #[async_trait::async_trait]
 impl RejoinTransport for Lan {
     async fn open(&self) -> std::io::Result<Box<dyn RejoinChannel>> {
+        if self.script.lock().unwrap().lan_down {
+            return Err(std::io::Error::other("no multicast on this host"));
+        }
         Ok(Box::new(LanChannel {
             script: self.script.clone(),
             answers: mpsc::channel(16),
@@ -191,6 +196,10 @@ impl LocalClusters for FakeClusters {
     fn rejoined(&self) {
         note(&self.journal, "worker API");
     }
+    async fn retire(&self) {
+        note(&self.journal, "retire");
+        self.script.lock().unwrap().left_over = false;
+    }
 }
 
 #[async_trait::async_trait]
@@ -214,11 +223,8 @@ impl LocalCluster for FakeCluster {
             .retain(|w| (w.namespace.as_str(), w.name.as_str()) != (ns, name));
         Ok(())
     }
-    async fn stop(self, retire: bool) {
-        note(&self.journal, format!("stop, retire: {retire}"));
-        if retire {
-            self.script.lock().unwrap().left_over = false;
-        }
+    async fn stop(self) {
+        note(&self.journal, "local cluster stopped");
     }
 }
 
@@ -371,22 +377,23 @@ async fn an_offer_rejoins_after_the_local_instances_stopped_and_hands_over_every
         "{:?}",
         w.journal()
     );
-    note(&w.journal, "stopped");
+    note(&w.journal, "instances stopped");
     w.running(&[&l1], InstanceState::Failed);
-    w.until("worker API", Duration::from_secs(10)).await;
+    w.until("retire", Duration::from_secs(10)).await;
     let journal = w.journal();
     let order = [
         "start",
         &format!("probe {LEADER}"),
         "close",
-        "stopped",
+        "instances stopped",
         "submit lab (workload.kat)",
         "forget lab/notes",
         "submit lab2 (workload.kat)",
         "forget lab2/db",
-        "stop, retire: true",
+        "local cluster stopped",
         &format!("follow {LEADER}"),
         "worker API",
+        "retire",
     ];
     let positions: Vec<usize> = order.iter().map(|o| position(&journal, o)).collect();
     assert!(
@@ -432,7 +439,7 @@ async fn a_refused_workload_is_kept_as_a_bundle_and_a_busy_parent_gets_the_rest_
     w.start(Duration::from_secs(1));
     w.until("start", Duration::from_secs(5)).await;
     w.script().offers = Some(w.leader.clone());
-    w.until("stop, retire: false", Duration::from_secs(10))
+    w.until("local cluster stopped", Duration::from_secs(10))
         .await;
     // The local cluster starts again at once; the next try waits longer.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -510,7 +517,16 @@ async fn a_leader_that_refuses_this_node_changes_nothing_and_one_out_of_reach_is
 
 #[tokio::test(start_paused = true)]
 async fn a_leader_that_answers_again_without_an_offer_is_rejoined_after_a_while() {
+    for lan_down in [false, true] {
+        rejoins_directly(lan_down).await;
+    }
+}
+
+/// With or without a channel for requests, a leader that answers the node's ordinary
+/// requests again is rejoined.
+async fn rejoins_directly(lan_down: bool) {
     let w = world();
+    w.script().lan_down = lan_down;
     w.start(Duration::from_secs(1));
     w.until("start", Duration::from_secs(5)).await;
     // No multicast on this LAN; the leader answers the node's ordinary requests again.

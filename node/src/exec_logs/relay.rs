@@ -77,7 +77,13 @@ fn unreachable(node: &str, e: impl std::fmt::Display) -> AccessError {
 /// Why the other node gave no stream.
 fn refused(node: &str, e: ClientError) -> AccessError {
     let message = match &e {
-        ClientError::Refused { message, .. } => message.clone(),
+        ClientError::Refused {
+            message,
+            code: Some(_),
+            ..
+        } => message.clone(),
+        // Not KAT's answer (a proxy's, an empty body): its status says more than its body.
+        ClientError::Refused { status, .. } => status.to_string(),
         e => e.to_string(),
     };
     match e {

@@ -184,18 +184,25 @@ impl LeaderLink {
             let Some(base) = self.current() else { break };
             let answer = call(self.client.clone(), base.clone()).await;
             match answer {
+                // `not_leader`, or its status from something that is not KAT's API.
                 Err(ClientError::Refused {
-                    code: Some(ErrorCode::NotLeader),
+                    status,
+                    code,
                     leader,
                     ..
-                }) => match leader {
-                    Some(leader) if leader != base => self.follow(&leader),
-                    _ => {
-                        last = format!("{base} does not lead and knows no leader yet");
-                        self.skip(&base);
-                        tokio::time::sleep(Duration::from_millis(300)).await;
+                }) if code == Some(ErrorCode::NotLeader)
+                    || (code.is_none()
+                        && status.as_u16() == ErrorCode::NotLeader.http_status()) =>
+                {
+                    match leader {
+                        Some(leader) if leader != base => self.follow(&leader),
+                        _ => {
+                            last = format!("{base} does not lead and knows no leader yet");
+                            self.skip(&base);
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
                     }
-                },
+                }
                 Err(ClientError::Unreachable { source, .. }) => {
                     last = format!("{base}: {source}");
                     self.skip(&base);
@@ -381,23 +388,19 @@ impl ControlPlane for LeaderLink {
     }
 }
 
-/// Updates from the leader into `tx`, keepalives dropped, until the stream ends, goes
-/// silent for [`STREAM_SILENCE`], or the receiver goes.
+/// Updates from the leader into `tx`, keepalives dropped, until the stream ends, sends no
+/// byte for [`STREAM_SILENCE`], or the receiver goes.
 async fn read_stream(mut stream: AssignmentStream, tx: mpsc::Sender<Result<AssignmentUpdate>>) {
     loop {
         let next = tokio::select! {
-            next = tokio::time::timeout(STREAM_SILENCE, stream.next()) => next,
+            next = stream.next(STREAM_SILENCE) => next,
             () = tx.closed() => return,
         };
         let update = match next {
-            Ok(Ok(Some(AssignmentUpdate::Keepalive))) => continue,
-            Ok(Ok(Some(update))) => Ok(update),
-            Ok(Ok(None)) => Err(anyhow::anyhow!("the leader ended the assignment stream")),
-            Ok(Err(e)) => Err(anyhow::Error::new(e)),
-            Err(_) => Err(anyhow::anyhow!(
-                "no word from the leader for {} s",
-                STREAM_SILENCE.as_secs()
-            )),
+            Ok(Some(AssignmentUpdate::Keepalive)) => continue,
+            Ok(Some(update)) => Ok(update),
+            Ok(None) => Err(anyhow::anyhow!("the leader ended the assignment stream")),
+            Err(e) => Err(anyhow::Error::new(e)),
         };
         let failed = update.is_err();
         if tx.send(update).await.is_err() || failed {
