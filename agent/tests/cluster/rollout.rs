@@ -73,7 +73,7 @@ fn samples(text: &str) -> Samples {
         .collect()
 }
 
-/// Rollouts lose no request (issue 28): a 3-replica Service with a health check and a
+/// Rollouts lose no request: a 3-replica Service with a health check and a
 /// hostPort on 3 nodes, a client on every node asking it by name (a DaemonService) and one on
 /// every test host through the published port (10 requests/s each), a Rolling update and a
 /// rollback. Replacements get fresh addresses (quarantine) with a MAC derived from them and
